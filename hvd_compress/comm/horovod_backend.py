@@ -1,0 +1,41 @@
+"""Asynchronous Horovod collectives behind the driver's three-verb interface."""
+import horovod.torch as hvd
+
+from hvd_compress.comm.rounds import Collective
+
+
+class HorovodBackend:
+    def __init__(self, process_set=hvd.global_process_set):
+        self.process_set = process_set
+
+    @property
+    def size(self):
+        return self.process_set.size()
+
+    @property
+    def rank(self):
+        return self.process_set.rank()
+
+    def start(self, op_name, round_):
+        payload = round_.payload
+        if round_.collective is Collective.ALLREDUCE:
+            handle = hvd.allreduce_async(payload, name=op_name, op=hvd.Average,
+                                         process_set=self.process_set)
+        elif round_.collective is Collective.ALLGATHER:
+            handle = hvd.allgather_async(payload.reshape(1, -1), name=op_name,
+                                         process_set=self.process_set)
+        else:
+            handle = hvd.alltoall_async(payload, name=op_name, process_set=self.process_set)
+        return handle, round_.collective, payload.shape
+
+    def done(self, handle):
+        return hvd.poll(handle[0])
+
+    def wait(self, handle):
+        hvd_handle, collective, shape = handle
+        output = hvd.synchronize(hvd_handle)
+        if collective is Collective.ALLGATHER:
+            return output.view(self.size, *shape)
+        if collective is Collective.ALLTOALL:
+            return output[0]
+        return output

@@ -1,0 +1,82 @@
+"""A compressor's exchange for one gradient is a chain of rounds.
+
+Each round hands a payload to one collective; its ``then`` receives the collective's result
+and returns either the next round or the final aggregated gradient. Compressors only build
+rounds; drivers (Horovod, or the simulated world in tests) decide when and how they run.
+"""
+import enum
+from dataclasses import dataclass, field
+from typing import Callable, Union
+
+import torch
+
+
+class Collective(enum.Enum):
+    ALLREDUCE = "allreduce"  # result: element-wise mean over ranks (float16/32/64 payloads)
+    ALLGATHER = "allgather"  # result: shape (W, *payload.shape), row j is rank j's payload
+    ALLTOALL = "alltoall"    # payload (W, c): row j goes to rank j; result row j came from rank j
+
+    def wire_bytes(self, payload_bytes, world_size):
+        """Bytes one rank sends for this collective under the bandwidth-optimal (ring) algorithms."""
+        w = world_size
+        if self is Collective.ALLREDUCE:
+            return 2 * (w - 1) * payload_bytes // w
+        if self is Collective.ALLGATHER:
+            return (w - 1) * payload_bytes
+        return (w - 1) * payload_bytes // w
+
+
+@dataclass
+class Round:
+    payload: torch.Tensor
+    collective: Collective
+    then: Callable[[torch.Tensor], Union["Round", torch.Tensor]]
+    # True when ``then`` returns the final gradient: a lone final all-reduce can ride
+    # Horovod's own all-reduce in the stock optimizer.
+    last: bool = False
+
+
+@dataclass
+class Traffic:
+    """Bytes handed to collectives, per step: what compression actually saved.
+
+    ``compression_ratio`` compares bytes on the wire: what a float32 ring all-reduce of the
+    same gradients would send, over what was sent. An all-gather's bytes grow with W, so its
+    ratio honestly falls as ranks are added."""
+    world_size: int = 1
+    steps: int = 0
+    dense_wire_bytes: int = 0
+    payload_bytes: int = 0
+    wire_bytes: int = 0
+    _current: list = field(default_factory=lambda: [0, 0, 0])
+
+    def add_gradient(self, grad):
+        self._current[0] += Collective.ALLREDUCE.wire_bytes(grad.numel() * 4, self.world_size)
+
+    def add_payload(self, payload, collective):
+        nbytes = payload.numel() * payload.element_size()
+        self._current[1] += nbytes
+        self._current[2] += collective.wire_bytes(nbytes, self.world_size)
+
+    def end_step(self):
+        if self._current == [0, 0, 0]:
+            return
+        self.steps += 1
+        self.dense_wire_bytes += self._current[0]
+        self.payload_bytes += self._current[1]
+        self.wire_bytes += self._current[2]
+        self._current = [0, 0, 0]
+
+    @property
+    def ratio(self):
+        return self.dense_wire_bytes / self.wire_bytes if self.wire_bytes else 1.0
+
+    def summary(self):
+        steps = max(self.steps, 1)
+        return {
+            "steps": self.steps,
+            "float32_allreduce_wire_bytes_per_step": self.dense_wire_bytes // steps,
+            "payload_bytes_per_step": self.payload_bytes // steps,
+            "wire_bytes_per_step": self.wire_bytes // steps,
+            "compression_ratio": round(self.ratio, 2),
+        }

@@ -1,0 +1,58 @@
+"""An in-process world of W ranks for the single-process unit tier and codec benchmarks.
+
+Each rank has its own compressor instance; rounds run in lockstep and collectives are
+computed exactly as their definitions say (mean, stack, transpose)."""
+import torch
+
+from hvd_compress.comm.rounds import Collective, Round
+
+
+def aggregate(payloads, collective):
+    """What each rank receives when every rank contributes ``payloads[rank]``."""
+    w = len(payloads)
+    if collective is Collective.ALLREDUCE:
+        mean = torch.stack(payloads).sum(dim=0) / w
+        return [mean.clone() for _ in range(w)]
+    if collective is Collective.ALLGATHER:
+        stacked = torch.stack(payloads)
+        return [stacked.clone() for _ in range(w)]
+    return [torch.stack([payloads[src][dst] for src in range(w)]) for dst in range(w)]
+
+
+class SimulatedWorld:
+    def __init__(self, compressors):
+        self.compressors = list(compressors)
+        for rank, compressor in enumerate(self.compressors):
+            compressor.bind_world(rank, len(self.compressors))
+
+    @property
+    def size(self):
+        return len(self.compressors)
+
+    def step(self, grads_per_rank):
+        """``grads_per_rank[r]`` maps names to rank r's gradients; returns the same shape of
+        aggregated gradients, one dict per rank."""
+        pending = []
+        for compressor, grads in zip(self.compressors, grads_per_rank):
+            exchanges = {}
+            for name, grad in grads.items():
+                compressor.traffic.add_gradient(grad)
+                exchanges[name] = compressor.begin(name, grad)
+            pending.append(exchanges)
+        results = [{} for _ in self.compressors]
+        while pending[0]:
+            for name in sorted(pending[0]):
+                rounds = [exchanges[name] for exchanges in pending]
+                for compressor, round_ in zip(self.compressors, rounds):
+                    compressor.traffic.add_payload(round_.payload, round_.collective)
+                received = aggregate([r.payload for r in rounds], rounds[0].collective)
+                for rank, (round_, result) in enumerate(zip(rounds, received)):
+                    following = round_.then(result)
+                    if isinstance(following, Round):
+                        pending[rank][name] = following
+                    else:
+                        results[rank][name] = following
+                        del pending[rank][name]
+        for compressor in self.compressors:
+            compressor.traffic.end_step()
+        return results

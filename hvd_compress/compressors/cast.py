@@ -1,0 +1,71 @@
+"""Stateless compressors: 16-bit casts, and the uncompressed baseline.
+
+FP16 rides Horovod's all-reduce; BF16 cannot, so it reduce-scatters."""
+import torch
+
+from hvd_compress.comm.rounds import Collective, Round
+from hvd_compress.compressors.base import Compressor
+
+
+class _Settingless(Compressor):
+    """No per-parameter setting and no state; applies to every gradient, whatever its shape."""
+
+    def __init__(self, named_parameters=None, *, min_numel=0):
+        super().__init__(named_parameters, default=None, min_numel=min_numel)
+
+    def _check_setting(self, name, value, numel):
+        if value is not None:
+            raise self._error(name, f"{type(self).__name__} has no per-parameter setting")
+
+    def _compressible(self, name, grad):
+        return True
+
+
+class FP16(_Settingless):
+    """Sends gradients as float16 through Horovod's all-reduce and casts the mean back to the
+    gradient's dtype. Halves bytes at any W. Values above 65504 overflow: prefer BF16 for
+    gradients with a wide range (or bf16 training)."""
+
+    needs_parameter_names = False
+
+    def _begin(self, name, grad):
+        dtype = grad.dtype
+        return Round(grad.to(torch.float16), Collective.ALLREDUCE,
+                     lambda mean: mean.to(dtype), last=True)
+
+
+class BF16(_Settingless):
+    """Sends gradients as bfloat16 while summing in float32.
+
+    Horovod's collectives have no bf16, and summing bf16 bit patterns as integers would be
+    wrong, so BF16 runs the two halves of a ring all-reduce itself: an all-to-all hands rank j
+    the j-th chunk of every rank's bf16 gradient (as int16 bits), rank j sums its chunk in
+    float32 in rank order and rounds the mean to bf16, and an all-gather returns the chunks.
+    Bytes per rank: 4n(W-1)/W, half of float32's ring all-reduce, with bf16's range.
+    The result is bit-identical on every rank."""
+
+    def _begin(self, name, grad):
+        shape, dtype, n, w = grad.shape, grad.dtype, grad.numel(), self.size
+        flat = grad.reshape(-1).to(torch.bfloat16)
+        pad = (-n) % w
+        if pad:
+            flat = torch.nn.functional.pad(flat, (0, pad))
+        chunks = flat.view(torch.int16).view(w, -1)
+
+        def after_scatter(received):
+            mean = received.view(torch.bfloat16).float().sum(dim=0) / w
+            return Round(mean.to(torch.bfloat16).view(torch.int16), Collective.ALLGATHER, after_gather)
+
+        def after_gather(rows):
+            return rows.view(torch.bfloat16).reshape(-1)[:n].view(shape).to(dtype)
+
+        return Round(chunks, Collective.ALLTOALL, after_scatter)
+
+
+class NoCompression(_Settingless):
+    """The uncompressed baseline: every gradient is all-reduced as it is (bf16 as float32)."""
+
+    needs_parameter_names = False
+
+    def _compressible(self, name, grad):
+        return False

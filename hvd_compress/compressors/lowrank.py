@@ -1,0 +1,97 @@
+"""State and checks shared by the low-rank compressors (PowerSGD, ACP-SGD)."""
+from dataclasses import dataclass
+
+import torch
+
+from hvd_compress.compressors.base import Compressor, check_positive_int, dense_round
+from hvd_compress.maths import lowrank
+
+
+@dataclass
+class LowRankState:
+    p: torch.Tensor       # n x r, warm start for ACP-SGD's Q steps
+    q: torch.Tensor       # m x r, warm start for the next P = M Q
+    memory: torch.Tensor  # n x m error feedback, float32
+    step: int = 0
+
+
+class LowRankCompressor(Compressor):
+    setting_name = "rank"
+
+    def __init__(self, named_parameters=None, rank=4, *, min_compression_rate=2.0,
+                 start_step=0, error_feedback=True, warm_start=True, seed=0, min_numel=1024):
+        if min_compression_rate <= 0:
+            raise ValueError(f"{type(self).__name__}: min_compression_rate must be > 0, "
+                             f"got {min_compression_rate!r}")
+        if not isinstance(start_step, int) or start_step < 0:
+            raise ValueError(f"{type(self).__name__}: start_step must be a non-negative integer, "
+                             f"got {start_step!r}")
+        self.min_compression_rate = min_compression_rate
+        self.start_step = start_step
+        self.error_feedback = error_feedback
+        self.warm_start = warm_start
+        self.seed = seed
+        super().__init__(named_parameters, default=rank, min_numel=min_numel)
+
+    def config(self):
+        return dict(super().config(), min_compression_rate=self.min_compression_rate,
+                    start_step=self.start_step, error_feedback=self.error_feedback,
+                    warm_start=self.warm_start, seed=self.seed)
+
+    def _check_setting(self, name, value, numel):
+        check_positive_int(self, name, "rank", value)
+
+    def _compressible(self, name, grad):
+        if grad.dim() < 2:
+            return False
+        n, m = lowrank.matrix_shape(grad.shape)
+        r = lowrank.effective_rank(self.setting(name), n, m)
+        return lowrank.worth_compressing(n, m, r, self.min_compression_rate)
+
+    def _new_state_from(self, values):
+        return LowRankState(**values)
+
+    def _prepare(self, name, grad):
+        """Returns (state, M, rank) with M = gradient + error feedback as an n x m float32
+        matrix, or None while the dense warm-up (``start_step``) lasts."""
+        n, m = lowrank.matrix_shape(grad.shape)
+        r = lowrank.effective_rank(self.setting(name), n, m)
+        st = self.state.get(name)
+        if st is None:
+            device = grad.device
+            st = LowRankState(p=lowrank.seeded_normal(n, r, self.seed, name, "p").to(device),
+                              q=lowrank.seeded_normal(m, r, self.seed, name, "q").to(device),
+                              memory=torch.zeros(n, m, device=device))
+            self.state[name] = st
+        if st.q.shape[1] != r:
+            st.p = lowrank.resize_columns(st.p, r, self.seed, f"{name}.p")
+            st.q = lowrank.resize_columns(st.q, r, self.seed, f"{name}.q")
+        st.step += 1
+        if st.step <= self.start_step:
+            return None
+        matrix = grad.reshape(n, m).float()
+        if self.error_feedback:
+            matrix = matrix + st.memory
+        return st, matrix, r
+
+    def _remember(self, st, matrix, sent):
+        """Error feedback: what this rank failed to send is added to its next gradient."""
+        if self.error_feedback:
+            st.memory = matrix - sent
+
+    def _reused(self, st, name, which):
+        """The factor (``"p"`` or ``"q"``) to start this step from: last step's (warm start), or
+        without warm start a fresh random one, identical on every rank."""
+        factor = getattr(st, which)
+        if self.warm_start:
+            return factor
+        return lowrank.seeded_normal(*factor.shape, self.seed, name, f"{which}{st.step}").to(factor)
+
+    def _begin(self, name, grad):
+        prepared = self._prepare(name, grad)
+        if prepared is None:
+            return dense_round(grad)
+        return self._rounds(name, grad, *prepared)
+
+    def _rounds(self, name, grad, st, matrix, r):
+        raise NotImplementedError

@@ -1,0 +1,29 @@
+"""Every rank must run the same compressor with the same settings, or payloads disagree."""
+import horovod.torch as hvd
+
+
+def verify_same_configuration(compressor):
+    """All-gathers ``compressor.describe()`` and raises ValueError on every rank, naming what
+    differs, if any rank disagrees. Collective: every rank must call it."""
+    mine = compressor.describe()
+    everyone = hvd.allgather_object(mine, name="hvd_compress.configuration")
+    for other_rank, theirs in enumerate(everyone):
+        if theirs != mine:
+            raise ValueError(describe_difference(mine, theirs, hvd.rank(), other_rank))
+
+
+def describe_difference(mine, theirs, my_rank, other_rank):
+    where = f"on rank {my_rank} but"
+    if mine["compressor"] != theirs["compressor"]:
+        return (f"compression differs across ranks: {mine['compressor']} {where} "
+                f"{theirs['compressor']} on rank {other_rank}")
+    cls = mine["compressor"]
+    for key in sorted(set(mine["config"]) | set(theirs["config"])):
+        a, b = mine["config"].get(key), theirs["config"].get(key)
+        if a != b:
+            return f"{cls}: {key} is {a!r} {where} {b!r} on rank {other_rank}"
+    for name in sorted(set(mine["settings"]) | set(theirs["settings"])):
+        a, b = mine["settings"].get(name, "default"), theirs["settings"].get(name, "default")
+        if a != b:
+            return f"{cls}: parameter {name!r} has setting {a!r} {where} {b!r} on rank {other_rank}"
+    return f"{cls}: configuration differs between rank {my_rank} and rank {other_rank}"

@@ -1,0 +1,35 @@
+"""Which parameter does a gradient belong to? Stock Horovod calls ``compress(p.grad)`` without
+the name, and ``p.grad`` is a new tensor every step under ``zero_grad(set_to_none=True)``."""
+
+
+class GradientOwners:
+    """Maps a gradient tensor to its parameter's name.
+
+    A post-accumulate-grad hook on each parameter records ``id(p.grad) -> name``; these hooks
+    fire before Horovod's hook on the same parameter calls ``compress``, so lookups are O(1).
+    Gradients created elsewhere (Horovod zero-fills parameters that got no gradient) are found
+    by identity among the parameters' current gradients."""
+
+    def __init__(self, named_parameters):
+        self.parameters = named_parameters
+        self._by_grad_id = {}
+        self._hooks = [param.register_post_accumulate_grad_hook(self._recorder(name))
+                       for name, param in named_parameters.items() if param.requires_grad]
+
+    def _recorder(self, name):
+        def record(param):
+            self._by_grad_id[id(param.grad)] = name
+        return record
+
+    def name_of(self, grad):
+        name = self._by_grad_id.get(id(grad))
+        if name is not None and self.parameters[name].grad is grad:
+            return name
+        for name, param in self.parameters.items():
+            if param.grad is grad:
+                return name
+        return None
+
+    def remove(self):
+        for hook in self._hooks:
+            hook.remove()

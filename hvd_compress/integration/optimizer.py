@@ -1,0 +1,164 @@
+"""``hvd_compress.DistributedOptimizer``: Horovod's signature, our exchange machinery."""
+from contextlib import contextmanager
+
+import horovod.torch as hvd
+import torch
+
+from hvd_compress.comm.driver import RoundDriver
+from hvd_compress.comm.horovod_backend import HorovodBackend
+from hvd_compress.compressors.base import Compressor
+from hvd_compress.compressors.cast import NoCompression
+from hvd_compress.integration.agreement import verify_same_configuration
+
+
+class _CompressedDistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 process_set):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        self._names = _parameter_names(self.param_groups, named_parameters)
+        self._op = op
+        self._process_set = process_set
+        self.backward_passes_per_step = backward_passes_per_step
+        self._delay = {p: backward_passes_per_step for p in self._names}
+        self._requires_update = [p for p in self._names if p.requires_grad]
+        self._started = set()
+        self._synchronized = False
+        self._should_synchronize = True
+        self._hooks = []
+        # As in Horovod: with one rank there is nothing to exchange, so nothing is compressed.
+        self._active = process_set.included() and process_set.size() > 1
+        if self._active:
+            compression.bind_world(process_set.rank(), process_set.size())
+            self._driver = RoundDriver(HorovodBackend(process_set), compression.traffic)
+            verify_same_configuration(compression)
+            self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook())
+                           for p in self._requires_update]
+
+    def _make_hook(self):
+        def hook(p):
+            if self._delay[p] <= 0:
+                raise AssertionError(
+                    f"gradient of {self._names[p]!r} was computed more than "
+                    f"backward_passes_per_step={self.backward_passes_per_step} times before "
+                    f"step(); increase backward_passes_per_step to accumulate locally")
+            self._delay[p] -= 1
+            if self._delay[p] == 0:
+                self._start(p)
+            self._driver.poll()
+        return hook
+
+    def _start(self, p):
+        name = self._names[p]
+        grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
+        self._driver.start(name, grad, self._compression.begin(name, grad))
+        self._started.add(p)
+
+    def synchronize(self):
+        """Finishes every exchange and writes the aggregated gradients into ``p.grad``."""
+        if not self._active:
+            self._synchronized = True
+            return
+        for p in self._requires_update:
+            if p not in self._started:
+                # Unused on this rank (or fewer backward passes): other ranks may have a
+                # gradient, so this rank must still take part, with zeros.
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                self._start(p)
+        results = self._driver.finish()
+        self._compression.traffic.end_step()
+        scale = self._process_set.size() if self._op == hvd.Sum else 1
+        for p in self._started:
+            grad = results[self._names[p]]
+            p.grad = grad * scale if scale != 1 else grad
+            self._delay[p] = self.backward_passes_per_step
+        self._started.clear()
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self):
+        """For ``optimizer.synchronize(); clip; with optimizer.skip_synchronize(): step()``."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        if self._started:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
+                                 "before optimizer.step() or optimizer.synchronize()")
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+    def load_state_dict(self, *args, **kwargs):
+        self._started.clear()
+        self._delay = {p: self.backward_passes_per_step for p in self._names}
+        return super(self.__class__, self).load_state_dict(*args, **kwargs)
+
+
+def _parameter_names(param_groups, named_parameters):
+    """{parameter: name}, with Horovod's checks and its default names."""
+    if named_parameters is None:
+        return {p: f"allreduce.noname.{i}.{j}"
+                for i, group in enumerate(param_groups) for j, p in enumerate(group["params"])}
+    named_parameters = list(named_parameters)
+    if any(not isinstance(item, tuple) or len(item) != 2 for item in named_parameters):
+        raise ValueError("named_parameters must be a sequence of (name, parameter) tuples, "
+                         "usually model.named_parameters()")
+    names = [name for name, _ in named_parameters]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"named_parameters: names must be unique, found duplicates: {duplicates}")
+    by_param = {p: name for name, p in named_parameters}
+    unnamed = [p for group in param_groups for p in group["params"] if p not in by_param]
+    if unnamed:
+        raise ValueError(f"named_parameters: {len(unnamed)} optimizer parameter(s) are not named, "
+                         f"with shapes {[tuple(p.shape) for p in unnamed]}")
+    return {p: by_param[p] for group in param_groups for p in group["params"]}
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
+                         backward_passes_per_step=1, op=hvd.Average,
+                         gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         sparse_as_dense=False, process_set=hvd.global_process_set):
+    """Drop-in for ``hvd.DistributedOptimizer`` (same positional signature) that runs
+    hvd_compress compressors with names and steps passed explicitly.
+
+    Compared with the stock optimizer it:
+      * needs no ``named_parameters`` on the compressor: names come from here;
+      * overlaps every round of multi-round compressors (PowerSGD's Q, BF16's all-gather)
+        with backward, starting each round as soon as the previous one lands;
+      * sends no placeholder all-reduce for compressors that all-gather.
+
+    ``compression`` must be an hvd_compress compressor (default: :class:`NoCompression`).
+    Sparse gradients are densified (as with ``sparse_as_dense=True``). ``op`` may be
+    ``hvd.Average`` or ``hvd.Sum``. ``gradient_predivide_factor``, ``num_groups`` and
+    ``groups`` are not supported; Horovod's tensor fusion (``HOROVOD_FUSION_THRESHOLD``)
+    still fuses the collectives.
+    """
+    compression = NoCompression() if compression is None else compression
+    if not isinstance(compression, Compressor):
+        raise ValueError(f"compression must be an hvd_compress compressor, got "
+                         f"{type(compression).__name__}; use hvd.DistributedOptimizer for "
+                         f"Horovod's own compressors")
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError("op: hvd_compress.DistributedOptimizer supports hvd.Average and hvd.Sum")
+    if gradient_predivide_factor != 1.0:
+        raise ValueError("gradient_predivide_factor: only 1.0 is supported")
+    if num_groups or groups is not None:
+        raise ValueError("num_groups/groups: not supported; Horovod's tensor fusion still fuses")
+    if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be a positive integer, "
+                         f"got {backward_passes_per_step!r}")
+    del sparse_as_dense  # sparse gradients are always densified
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_CompressedDistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression,
+               backward_passes_per_step, op, process_set)

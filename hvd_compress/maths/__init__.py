@@ -1,0 +1,1 @@
+"""Pure tensor functions: no communication, no per-parameter state."""

@@ -1,0 +1,59 @@
+"""Low-rank maths shared by PowerSGD and ACP-SGD."""
+import zlib
+
+import torch
+
+
+def matrix_shape(shape):
+    """The (n, m) matrix a gradient of ``shape`` is viewed as: first dim by the rest,
+    so a conv kernel (out, in, kh, kw) becomes out x (in*kh*kw), as in the PowerSGD paper."""
+    n = shape[0]
+    m = 1
+    for d in shape[1:]:
+        m *= d
+    return n, m
+
+
+def effective_rank(rank, n, m):
+    """A rank above min(n, m) cannot approximate anything better; clip it."""
+    return min(rank, n, m)
+
+
+def worth_compressing(n, m, rank, min_compression_rate):
+    """True when sending P (n x r) and Q (m x r) is at least ``min_compression_rate`` times
+    smaller than sending the n x m matrix."""
+    return n * m >= (n + m) * rank * min_compression_rate
+
+
+def orthogonalize(matrix, eps=1e-8):
+    """Orthonormal columns spanning ``matrix`` (n x r).
+
+    Rank 1 is a normalisation. For r >= 2 a reduced QR is used: on CPU it is faster than
+    the paper's Gram-Schmidt and numerically stable for rank-deficient inputs."""
+    if matrix.shape[1] == 1:
+        return matrix / (matrix.norm() + eps)
+    return torch.linalg.qr(matrix, mode="reduced").Q
+
+
+def project_left(matrix, p_hat):
+    """Q = M^T P, computed as (P^T M)^T: one pass over M in row-major order, several
+    times faster on CPU than the transposed product."""
+    return (p_hat.t() @ matrix).t()
+
+
+def seeded_normal(rows, cols, seed, name, salt=""):
+    """A standard-normal matrix that every rank draws identically from (seed, name):
+    PowerSGD's Q must start equal everywhere, and so must columns added when a rank grows."""
+    key = zlib.crc32(f"{seed}:{name}:{salt}".encode())
+    generator = torch.Generator().manual_seed(key)
+    return torch.randn(rows, cols, generator=generator)
+
+
+def resize_columns(matrix, rank, seed, name):
+    """Keeps the warm-started columns when a rank changes: truncate, or append seeded
+    random columns (identical on every rank)."""
+    have = matrix.shape[1]
+    if rank <= have:
+        return matrix[:, :rank].contiguous()
+    extra = seeded_normal(matrix.shape[0], rank - have, seed, name, salt=f"grow{rank}")
+    return torch.cat([matrix, extra.to(matrix)], dim=1)

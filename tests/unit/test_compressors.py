@@ -1,0 +1,184 @@
+"""Compressor invariants in a simulated world of W ranks (no Horovod collectives)."""
+import pytest
+import torch
+
+import hvd_compress as hc
+from hvd_compress.comm.simulated import SimulatedWorld
+
+SHAPES = {"conv.weight": (32, 16, 3, 3), "fc.weight": (64, 128), "fc.bias": (64,)}
+
+
+def grads(seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(*shape, generator=g) * scale for name, shape in SHAPES.items()}
+
+
+def world(make, w):
+    return SimulatedWorld([make() for _ in range(w)])
+
+
+def test_powersgd_recovers_exact_low_rank_matrix():
+    u, v = torch.randn(64, 3), torch.randn(128, 3)
+    m = u @ v.t()
+    sim = world(lambda: hc.PowerSGD(rank=3), 1)
+    out = sim.step([{"w": m}])[0]["w"]
+    assert torch.allclose(out, m, atol=1e-4 * m.abs().max())
+
+
+@pytest.mark.parametrize("make", [lambda: hc.PowerSGD(rank=2), lambda: hc.ACPSGD(rank=2),
+                                  lambda: hc.TopK(density=0.05)])
+def test_error_feedback_identity(make):
+    """compensated = sent + new residual, for every compressed gradient, at every step."""
+    compressor = make()
+    sim = SimulatedWorld([compressor])
+    for step in range(3):
+        g = grads(step)
+        before = {n: compressor.state[n].memory.clone() for n in compressor.state}
+        out = sim.step([g])[0]
+        assert set(compressor.state) == {"conv.weight", "fc.weight"}  # the bias went dense
+        for name in compressor.state:
+            residual = compressor.state[name].memory
+            compensated = g[name].reshape(residual.shape) + before.get(name, 0)
+            # With W = 1 the aggregate is exactly what this rank sent.
+            sent = out[name].reshape(residual.shape)
+            assert torch.allclose(compensated, sent + residual, atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [lambda: hc.PowerSGD(rank=2), lambda: hc.ACPSGD(rank=2)])
+def test_linearity_w_workers_equal_one_worker_at_w_times_batch(make):
+    """Mean over W workers of batch-B gradients == one worker with their mean (batch W*B),
+    step after step, because every operation is linear in the gradient given shared factors."""
+    w = 4
+    many, one = world(make, w), world(make, 1)
+    for step in range(4):
+        per_rank = [grads(100 * step + r) for r in range(w)]
+        mean = {n: sum(g[n] for g in per_rank) / w for n in SHAPES}
+        out_many = many.step(per_rank)
+        out_one = one.step([mean])[0]
+        for name in SHAPES:
+            for r in range(w):
+                assert torch.allclose(out_many[r][name], out_one[name], atol=1e-5), (step, name)
+
+
+def test_qsgd_aggregate_is_unbiased():
+    from hvd_compress.maths.quantize import bucket_norms, levels_for_bits
+    g = {"w": torch.randn(64, 64)}
+    w, bits, bucket, trials = 2, 3, 128, 1500
+    sim = SimulatedWorld([hc.QSGD(bits=bits, bucket_size=bucket, seed=s) for s in range(w)])
+    total = torch.zeros(64, 64)
+    for _ in range(trials):
+        total += sim.step([g] * w)[0]["w"]
+    error = total / trials - g["w"]
+    # Each entry's rounding noise is bounded by norm/s per rank; its mean over trials*W draws
+    # has standard error at most sigma below.
+    sigma = bucket_norms(g["w"].flatten(), bucket).max() / levels_for_bits(bits) / (trials * w) ** 0.5
+    assert error.abs().max() < 5 * sigma
+    assert error.mean().abs() < 5 * sigma / error.numel() ** 0.5
+
+
+def test_topk_keeps_k_entries():
+    compressor = hc.TopK(density=0.01, error_feedback=False)
+    g = torch.randn(100, 200)
+    payload = compressor.begin("w", g)
+    out = payload.then(payload.payload.unsqueeze(0))
+    assert (out != 0).sum() == 200
+    assert torch.equal(out.abs().flatten().topk(200).values, g.abs().flatten().topk(200).values)
+
+
+@pytest.mark.parametrize("make", [hc.FP16, hc.BF16, hc.NoCompression,
+                                  lambda: hc.QSGD(bits=8, bucket_size=16), lambda: hc.TopK(density=1.0),
+                                  lambda: hc.PowerSGD(rank=64, min_compression_rate=0.01)])
+@pytest.mark.parametrize("w", [1, 3])
+def test_aggregate_approximates_mean(make, w):
+    per_rank = [grads(r) for r in range(w)]
+    out = world(make, w).step(per_rank)
+    for name in SHAPES:
+        mean = sum(g[name] for g in per_rank) / w
+        for r in range(w):
+            assert out[r][name].shape == mean.shape
+            assert torch.equal(out[r][name], out[0][name])  # identical on every rank
+            assert torch.allclose(out[r][name], mean, atol=0.05, rtol=0.02), name
+
+
+def test_small_and_1d_tensors_travel_dense():
+    for compressor in [hc.PowerSGD(), hc.ACPSGD(), hc.QSGD(), hc.TopK()]:
+        for grad in [torch.randn(5000), torch.randn(10, 10)]:
+            r = compressor.begin("x", grad)
+            assert r.last and torch.equal(r.then(r.payload), grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("make", [hc.PowerSGD, hc.ACPSGD, hc.QSGD, hc.TopK, hc.FP16, hc.BF16])
+def test_half_precision_gradients_come_back_in_their_dtype(make, dtype):
+    g = {"w": torch.randn(64, 64).to(dtype), "b": torch.randn(64).to(dtype)}
+    out = world(make, 2).step([g, g])[0]
+    assert out["w"].dtype == dtype and out["b"].dtype == dtype
+    assert torch.isfinite(out["w"].float()).all()
+
+
+def test_bf16_dense_tensor_travels_as_float32():
+    r = hc.PowerSGD().begin("b", torch.randn(10).to(torch.bfloat16))
+    assert r.payload.dtype == torch.float32
+
+
+@pytest.mark.parametrize("make", [hc.PowerSGD, hc.TopK, hc.QSGD, hc.FP16])
+@pytest.mark.parametrize("grad", [torch.ones(64, 64, dtype=torch.int32), torch.zeros(0, 64)])
+def test_integer_or_empty_gradient_is_rejected_with_its_name(make, grad):
+    with pytest.raises((TypeError, ValueError), match="'layer.weight'"):
+        make().begin("layer.weight", grad)
+
+
+def test_invalid_settings_name_the_parameter():
+    param = torch.nn.Parameter(torch.zeros(10, 10))
+    with pytest.raises(ValueError, match="rank must be a positive integer"):
+        hc.PowerSGD(rank=0)
+    with pytest.raises(ValueError, match="'w'.*rank must be a positive integer, got -1"):
+        hc.ACPSGD([("w", param)]).set_setting("w", -1)
+    with pytest.raises(ValueError, match=r"'w'.*k=101 is outside \(0, 100\]"):
+        hc.TopK([("w", param)]).set_setting("w", 101)
+    with pytest.raises(ValueError, match="'w'.*k must be a positive integer, got 0"):
+        hc.TopK([("w", param)]).set_setting("w", 0)
+    with pytest.raises(ValueError, match="density must lie in"):
+        hc.TopK(density=0)
+    with pytest.raises(ValueError, match=r"'w'.*bits must be an integer in \[2, 8\], got 9"):
+        hc.QSGD([("w", param)]).set_setting("w", 9)
+    with pytest.raises(ValueError, match="bits must be"):
+        hc.QSGD(bits=1)
+
+
+def test_settings_change_between_steps():
+    compressor = hc.PowerSGD(rank=2)
+    sim = SimulatedWorld([compressor])
+    sim.step([{"w": torch.randn(64, 64)}])
+    compressor.set_setting("w", 5)
+    r = compressor.begin("w", torch.randn(64, 64))
+    assert r.payload.shape == (64, 5)
+    assert compressor.settings() == {} and compressor.setting("w") == 5
+
+
+def test_topk_k_checked_against_the_gradient_when_unbound():
+    compressor = hc.TopK()
+    compressor.set_setting("w", 5000)
+    with pytest.raises(ValueError, match=r"'w'.*k=5000 is outside \(0, 4096\]"):
+        compressor.begin("w", torch.randn(64, 64))
+
+
+def test_state_dict_roundtrip_resumes_identically():
+    a = hc.ACPSGD(rank=2)
+    sim_a = SimulatedWorld([a])
+    for step in range(3):
+        sim_a.step([grads(step)])
+    b = hc.ACPSGD(rank=2)
+    b.load_state_dict(a.state_dict())
+    sim_b = SimulatedWorld([b])
+    out_a, out_b = sim_a.step([grads(9)])[0], sim_b.step([grads(9)])[0]
+    for name in SHAPES:
+        assert torch.equal(out_a[name], out_b[name])
+
+
+def test_pickle_drops_communication_state():
+    import pickle
+    compressor = hc.PowerSGD(rank=2)
+    SimulatedWorld([compressor]).step([grads(0)])
+    restored = pickle.loads(pickle.dumps(compressor))
+    assert restored._stock_bridge is None and set(restored.state) == set(compressor.state)
