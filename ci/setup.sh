@@ -14,7 +14,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 
 log() { echo "[setup] $*"; }
 
-if ! command -v mpirun >/dev/null || [ ! -e /usr/include/x86_64-linux-gnu/openmpi ] && [ ! -e /usr/lib/x86_64-linux-gnu/openmpi/include ]; then
+# mpicc comes with the development headers that Horovod's MPI build needs.
+if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
     log "installing Open MPI from apt"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
@@ -32,8 +33,6 @@ have_py mpi4py || missing+=(mpi4py)
 have_py numpy || missing+=(numpy)
 have_py pytest || missing+=(pytest)
 have_py sklearn || missing+=(scikit-learn)
-have_py scipy || missing+=(scipy)
-have_py matplotlib || missing+=(matplotlib)
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]}"
     "$PYTHON" -m pip install -q "${missing[@]}"
@@ -74,8 +73,11 @@ if ! horovod_ok; then
     horovod_ok
 fi
 
-if ! "$PYTHON" -c "import hvd_compress" 2>/dev/null; then
-    log "installing hvd_compress (editable)"
+# Checked from / so that the source tree in the working directory does not count as installed,
+# and against this checkout so that an install from another clone does not either.
+if [ "$(cd / && "$PYTHON" -c 'import hvd_compress, os; print(os.path.dirname(os.path.dirname(os.path.realpath(hvd_compress.__file__))))' 2>/dev/null)" != "$(realpath "$REPO_ROOT")" ]; then
+    log "installing hvd_compress from $REPO_ROOT (editable)"
     "$PYTHON" -m pip install -q --no-deps --no-build-isolation -e "$REPO_ROOT"
 fi
+horovodrun --check-build
 log "ready"

@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash ci/setup.sh
-python3 -m pytest -v -rs "$@"
+python3 -m pytest -v -rs --durations=10 "$@"

@@ -16,9 +16,10 @@ CONFIGS = {
 PATHS = ["stock", "wrapper"]
 
 
-def distributed(model, optimizer, compressor_name, path, **kwargs):
+def distributed(model, optimizer, compressor_name, path, broadcast=True, **kwargs):
     """Wraps ``optimizer`` the way a user would, on the stock or the wrapper path."""
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    if broadcast:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     if path == "stock":
         compressor = CONFIGS[compressor_name](model.named_parameters())
         opt = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),

@@ -61,6 +61,29 @@ def test_aggregate_matches_reference_from_allgathered_gradients(method, path):
             opt.step()
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("method", ["powersgd", "topk", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_models(dtype, method, path):
+    """Gradients come back in the model's dtype and ranks stay identical; bf16 dense tensors
+    cross Horovod (which has no bf16) as float32."""
+    torch.manual_seed(0)  # identical weights everywhere: Horovod cannot broadcast bf16
+    model = DigitsCNN().to(dtype)
+    opt, _ = distributed(model, torch.optim.SGD(model.parameters(), lr=0.05), method, path,
+                         broadcast=False)
+    for x, y in rank_batches(3, seed=3):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x.to(dtype)).float(), y).backward()
+        opt.synchronize()
+        assert all(p.grad.dtype == dtype and torch.isfinite(p.grad.float()).all()
+                   for p in model.parameters())
+        with opt.skip_synchronize():
+            opt.step()
+    for name, p in model.named_parameters():
+        rows = gathered(p.float(), f"half.{dtype}.{method}.{path}.{name}")
+        assert all(torch.equal(rows[0], row) for row in rows), name
+
+
 class PartlyUsed(nn.Module):
     """``extra`` gets a gradient on rank 0 only."""
 
