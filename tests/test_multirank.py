@@ -12,7 +12,13 @@ import pytest
 
 HERE = Path(__file__).parent / "multirank"
 # Seconds per launch; a healthy run takes a fraction of this on 2 cores.
-TIMEOUTS = {"test_exchange.py": 300, "test_digits.py": 600}
+TIMEOUTS = {"test_exchange.py": 300, "test_digits.py": 600, "test_lgreco.py": 300}
+# Convergence runs about 14,000 optimizer steps. With 4 ranks on this 2-core machine Gloo takes
+# 74 ms a step against MPI's 9.6 ms (PowerSGD on the digits CNN, HOROVOD_CYCLE_TIME 0.1-20 ms
+# changed nothing), so that one launch alone would exceed the suite's budget. Gloo's
+# correctness at np 4 is covered by the other files; convergence at np 4 runs under MPI.
+SKIPPED = {("gloo", 4, "test_digits.py"):
+           "Gloo with 4 ranks on 2 cores: 74 ms/step vs MPI's 9.6 ms; convergence at np 4 runs under MPI"}
 
 
 def command(launcher, np, test_file):
@@ -29,6 +35,8 @@ def command(launcher, np, test_file):
 @pytest.mark.parametrize("np", [2, 4])
 @pytest.mark.parametrize("launcher", ["gloo", "mpi"])
 def test_launch(launcher, np, test_file):
+    if (launcher, np, test_file) in SKIPPED:
+        pytest.skip(SKIPPED[launcher, np, test_file])
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     process = subprocess.Popen(command(launcher, np, test_file), cwd=HERE, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

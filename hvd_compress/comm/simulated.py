@@ -54,5 +54,5 @@ class SimulatedWorld:
                         results[rank][name] = following
                         del pending[rank][name]
         for compressor in self.compressors:
-            compressor.traffic.end_step()
+            compressor.end_step()
         return results

@@ -17,6 +17,10 @@ class ACPSGD(LowRankCompressor):
     BERT; both reuse and error feedback are needed for accuracy (its Fig. 7).
     """
 
+    def _compressed_bytes(self, shape, setting):
+        n, m, r = self._factor_elements(shape, setting)
+        return 2 * (n + m) * r  # 4nr and 4mr bytes on alternate steps
+
     def _rounds(self, name, grad, st, matrix, r):
         shape, dtype = grad.shape, grad.dtype
         if st.step % 2 == 1:  # P step

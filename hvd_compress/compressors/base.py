@@ -5,6 +5,8 @@ A compressor is a state object (settings and per-parameter state, keyed by param
 plus ``begin(name, grad) -> Round``: pure tensor work, no communication. The integration
 layer (``hvd_compress.integration``) runs the rounds on Horovod.
 """
+import math
+
 import torch
 from horovod.torch.compression import Compressor as HorovodCompressor
 
@@ -77,14 +79,34 @@ class Compressor(HorovodCompressor):
         if grad.numel() == 0:
             raise ValueError(f"{type(self).__name__}: parameter {name!r}: gradient is empty "
                              f"(shape {tuple(grad.shape)})")
-        if grad.numel() < self.min_numel or not self._compressible(name, grad):
+        setting = self.setting(name)
+        if not self.compresses(grad.shape, setting):
             return dense_round(grad)
-        self._check_setting(name, self.setting(name), grad.numel())
+        self._check_setting(name, setting, grad.numel())
         return self._begin(name, grad)
 
-    def _compressible(self, name, grad):
+    def compresses(self, shape, setting):
+        """Whether a gradient of ``shape`` is compressed at ``setting`` (else sent dense)."""
+        return math.prod(shape) >= self.min_numel and self._compressible(shape, setting)
+
+    def _compressible(self, shape, setting):
         """1-D gradients (biases, norms) are a tiny share of the bytes: send them dense."""
-        return grad.dim() >= 2
+        return len(shape) >= 2
+
+    def payload_bytes(self, shape, setting):
+        """Bytes handed to collectives per step for a float32 gradient of ``shape`` at
+        ``setting``: what L-GreCo's size table counts (indices and norms included)."""
+        if not self.compresses(shape, setting):
+            return 4 * math.prod(shape)
+        return self._compressed_bytes(shape, setting)
+
+    def _compressed_bytes(self, shape, setting):
+        raise NotImplementedError
+
+    def end_step(self, comm_seconds=None):
+        """Called by the integration once per optimizer step, after every gradient landed;
+        ``comm_seconds``: how long the step waited for communication, where measured."""
+        self.traffic.end_step()
 
     def _begin(self, name, grad):
         raise NotImplementedError

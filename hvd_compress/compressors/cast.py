@@ -1,6 +1,8 @@
 """Stateless compressors: 16-bit casts, and the uncompressed baseline.
 
 FP16 rides Horovod's all-reduce; BF16 cannot, so it reduce-scatters."""
+import math
+
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
@@ -17,7 +19,7 @@ class _Settingless(Compressor):
         if value is not None:
             raise self._error(name, f"{type(self).__name__} has no per-parameter setting")
 
-    def _compressible(self, name, grad):
+    def _compressible(self, shape, setting):
         return True
 
 
@@ -27,6 +29,9 @@ class FP16(_Settingless):
     gradients with a wide range (or bf16 training)."""
 
     needs_parameter_names = False
+
+    def _compressed_bytes(self, shape, setting):
+        return 2 * math.prod(shape)
 
     def _begin(self, name, grad):
         dtype = grad.dtype
@@ -43,6 +48,11 @@ class BF16(_Settingless):
     float32 in rank order and rounds the mean to bf16, and an all-gather returns the chunks.
     Bytes per rank: 4n(W-1)/W, half of float32's ring all-reduce, with bf16's range.
     The result is bit-identical on every rank."""
+
+    def _compressed_bytes(self, shape, setting):
+        # The all-to-all carries every chunk, the all-gather one chunk per rank.
+        chunk = -(-math.prod(shape) // self.size)
+        return 2 * chunk * (self.size + 1)
 
     def _begin(self, name, grad):
         shape, dtype, n, w = grad.shape, grad.dtype, grad.numel(), self.size
@@ -67,5 +77,5 @@ class NoCompression(_Settingless):
 
     needs_parameter_names = False
 
-    def _compressible(self, name, grad):
+    def _compressible(self, shape, setting):
         return False

@@ -41,12 +41,16 @@ class LowRankCompressor(Compressor):
     def _check_setting(self, name, value, numel):
         check_positive_int(self, name, "rank", value)
 
-    def _compressible(self, name, grad):
-        if grad.dim() < 2:
+    def _compressible(self, shape, setting):
+        if len(shape) < 2:
             return False
-        n, m = lowrank.matrix_shape(grad.shape)
-        r = lowrank.effective_rank(self.setting(name), n, m)
+        n, m = lowrank.matrix_shape(shape)
+        r = lowrank.effective_rank(setting, n, m)
         return lowrank.worth_compressing(n, m, r, self.min_compression_rate)
+
+    def _factor_elements(self, shape, setting):
+        n, m = lowrank.matrix_shape(shape)
+        return n, m, lowrank.effective_rank(setting, n, m)
 
     def _new_state_from(self, values):
         return LowRankState(**values)

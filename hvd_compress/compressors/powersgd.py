@@ -22,6 +22,10 @@ class PowerSGD(LowRankCompressor):
     start keeps the first columns when the rank changes.
     """
 
+    def _compressed_bytes(self, shape, setting):
+        n, m, r = self._factor_elements(shape, setting)
+        return 4 * (n + m) * r
+
     def _rounds(self, name, grad, st, matrix, r):
         shape, dtype = grad.shape, grad.dtype
         p = matrix @ self._reused(st, name, "q")

@@ -1,4 +1,5 @@
 """QSGD: unbiased stochastic quantisation to a few bits per entry."""
+import math
 import zlib
 from dataclasses import dataclass
 
@@ -46,6 +47,11 @@ class QSGD(Compressor):
     def _check_setting(self, name, value, numel):
         if isinstance(value, bool) or not isinstance(value, int) or not MIN_BITS <= value <= MAX_BITS:
             raise self._error(name, f"bits must be an integer in [{MIN_BITS}, {MAX_BITS}], got {value!r}")
+
+    def _compressed_bytes(self, shape, setting):
+        numel = math.prod(shape)
+        buckets = -(-numel // self.bucket_size)
+        return quantize.packed_size(numel, setting) + 4 * (buckets + buckets % 2)
 
     def _new_state_from(self, values):
         return QSGDState(**values)

@@ -46,16 +46,19 @@ class TopK(Compressor):
         if value is not None:  # None: k follows ``density``
             check_positive_int(self, name, "k", value, upper=numel)
 
-    def k_for(self, name, numel):
-        k = self.setting(name)
-        return k if k is not None else max(1, math.ceil(self.density * numel))
+    def k_for(self, setting, numel):
+        """k at ``setting``; None means ``density`` of the gradient."""
+        return setting if setting is not None else max(1, math.ceil(self.density * numel))
+
+    def _compressed_bytes(self, shape, setting):
+        return 8 * self.k_for(setting, math.prod(shape))
 
     def _new_state_from(self, values):
         return TopKState(**values)
 
     def _begin(self, name, grad):
         shape, dtype, n = grad.shape, grad.dtype, grad.numel()
-        k = self.k_for(name, n)
+        k = self.k_for(self.setting(name), n)
         check_positive_int(self, name, "k", k, upper=n)
         acc = grad.reshape(-1).float()
         st = self.state.get(name)

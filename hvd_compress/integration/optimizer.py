@@ -1,4 +1,5 @@
 """``hvd_compress.DistributedOptimizer``: Horovod's signature, our exchange machinery."""
+import time
 from contextlib import contextmanager
 
 import horovod.torch as hvd
@@ -66,8 +67,9 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 self._start(p)
+        waited = time.perf_counter()
         results = self._driver.finish()
-        self._compression.traffic.end_step()
+        self._compression.end_step(comm_seconds=time.perf_counter() - waited)
         scale = self._process_set.size() if self._op == hvd.Sum else 1
         for p in self._started:
             grad = results[self._names[p]]

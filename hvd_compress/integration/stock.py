@@ -1,4 +1,6 @@
 """Serves stock ``hvd.DistributedOptimizer``'s ``compress``/``decompress`` calls."""
+import time
+
 import horovod.torch as hvd
 import torch
 
@@ -44,6 +46,7 @@ class StockBridge:
         self.driver = RoundDriver(HorovodBackend(), compressor.traffic)
         self._results = {}
         self._outstanding = 0
+        self._first_decompress = None
         self._verified = False
 
     def compress(self, tensor):
@@ -66,6 +69,8 @@ class StockBridge:
     def decompress(self, tensor, ctx):
         if ctx is None:  # Horovod's sparse all-gather path: nothing was compressed
             return tensor
+        if self._first_decompress is None:
+            self._first_decompress = time.perf_counter()
         if isinstance(ctx, _RidesHorovod):
             result = ctx.round.then(tensor)
         else:
@@ -74,7 +79,10 @@ class StockBridge:
             result = self._results.pop(ctx.name)
         self._outstanding -= 1
         if self._outstanding == 0:
-            self.compressor.traffic.end_step()
+            # From the first decompress to the last: the time synchronize() spent waiting.
+            waited = time.perf_counter() - self._first_decompress
+            self._first_decompress = None
+            self.compressor.end_step(comm_seconds=waited)
         return result
 
     def _name_of(self, tensor):

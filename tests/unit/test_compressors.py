@@ -182,3 +182,16 @@ def test_pickle_drops_communication_state():
     SimulatedWorld([compressor]).step([grads(0)])
     restored = pickle.loads(pickle.dumps(compressor))
     assert restored._stock_bridge is None and set(restored.state) == set(compressor.state)
+
+
+@pytest.mark.parametrize("make", [hc.PowerSGD, hc.ACPSGD, hc.QSGD, hc.TopK, hc.FP16, hc.BF16,
+                                  hc.NoCompression])
+def test_payload_bytes_count_what_is_sent(make):
+    """L-GreCo's size table must count the bytes actually handed to collectives."""
+    sim = world(make, 2)
+    for step in range(2):
+        sim.step([grads(step), grads(step + 10)])
+    compressor = sim.compressors[0]
+    predicted = sum(compressor.payload_bytes(shape, compressor.setting(name))
+                    for name, shape in SHAPES.items())
+    assert compressor.traffic.payload_bytes == 2 * predicted

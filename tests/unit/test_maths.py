@@ -68,3 +68,35 @@ def test_topk_indices_with_many_ties():
     x[:5] = 1.0
     ours = topk_indices(x, 100)
     assert ours.numel() == 100 and set(range(5)) <= set(ours.tolist())
+
+
+def test_lowrank_errors_match_truncated_svd_both_ways():
+    from hvd_compress.maths.errors import lowrank_errors
+    matrix = torch.randn(60, 40) @ torch.diag(torch.logspace(0, -2, 40))
+    u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
+    for r in [1, 3, 8]:
+        best = (matrix - u[:, :r] @ torch.diag(s[:r]) @ vh[:r]).norm().item()
+        # Five power steps approximate the optimum (paper, appendix B); the SVD path is exact.
+        assert abs(lowrank_errors(matrix, [r])[0] - best) < 1e-2 * best
+        assert abs(lowrank_errors(matrix, [r, 40, 40, 40])[0] - best) < 1e-6 * matrix.norm()  # SVD
+
+
+def test_topk_errors_are_exact():
+    from hvd_compress.maths.errors import topk_errors
+    x = torch.randn(1000)
+    for k, err in zip([1, 10, 999, 1000, 2000], topk_errors(x, [1, 10, 999, 1000, 2000])):
+        kept = torch.zeros_like(x)
+        idx = x.abs().topk(min(k, 1000)).indices
+        kept[idx] = x[idx]
+        assert abs(err - (x - kept).norm().item()) < 1e-5
+
+
+def test_qsgd_errors_equal_the_mean_error_of_many_draws():
+    from hvd_compress.maths.errors import qsgd_errors
+    x = torch.randn(512)
+    generator = torch.Generator().manual_seed(0)
+    for bits, expected in zip([2, 4], qsgd_errors(x, [2, 4], 64)):
+        draws = torch.stack([quantize.dequantize(*quantize.quantize(x, bits, 64, generator), bits, 64) - x
+                             for _ in range(400)])
+        mean_squared = draws.square().sum(dim=1).mean().item()
+        assert abs(mean_squared - expected ** 2) < 0.1 * expected ** 2

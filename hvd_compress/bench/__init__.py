@@ -1,0 +1,1 @@
+"""Benchmarks: reproducible measurements, not tests."""

@@ -1,0 +1,357 @@
+"""L-GreCo (Markov et al., MLSys 2024): per-layer compression settings chosen by dynamic
+programming under an error budget, decided on rank 0 and applied by every rank at one step."""
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from hvd_compress.compressors.base import Compressor
+from hvd_compress.compressors.lowrank import LowRankCompressor
+from hvd_compress.compressors.qsgd import MAX_BITS, MIN_BITS, QSGD
+from hvd_compress.compressors.topk import TopK
+from hvd_compress.control.service import DecisionService
+from hvd_compress.control.solver import solve
+from hvd_compress.maths import errors as error_maths
+from hvd_compress.maths.lowrank import matrix_shape
+
+OBJECTIVES = ("size", "time", "accordion")
+
+
+@dataclass
+class Decision:
+    version: int
+    decided_at: int       # the step whose accumulated gradients were analysed
+    effective_step: int   # the first step that runs with these settings
+    settings: dict        # parameter name -> setting of the wrapped compressor
+    total_bytes: int
+    uniform_bytes: int
+    total_error: float
+    budget: float
+    objective: str
+    seconds: float = 0.0
+    notes: list = field(default_factory=list)
+
+
+@dataclass
+class Accordion:
+    """Accordion's critical-regime rule (Agarwal et al., 2021): a layer whose accumulated
+    gradient norm changed by at least ``threshold`` (relative) since the last decision is in a
+    critical regime and gets the ``critical`` default (less compression); others get ``normal``.
+    L-GreCo then distributes that error budget over layers (the paper's best, Table 4)."""
+    critical: object
+    normal: object
+    threshold: float = 0.5
+
+
+class LGreCo(Compressor):
+    """Wraps PowerSGD, ACPSGD, TopK or QSGD and owns each layer's setting.
+
+    Every ``decide_every`` steps after ``warmup_steps``, rank 0 takes the gradients it
+    accumulated since the last decision, builds error(layer, candidate) (the L2 norm of the
+    compression error, without error feedback) and size(layer, candidate) (bytes actually sent)
+    tables, and solves min total size s.t. total error <= the uniform default's error, in a
+    background thread. The decision reaches every rank ``apply_delay`` steps later, is checked
+    to be identical everywhere, and takes effect on every rank at that same step.
+
+    Tuning guide:
+      * The wrapped compressor's default (e.g. ``PowerSGD(rank=32)``, ``TopK(density=0.01)``,
+        ``QSGD(bits=4)``) should be a uniform setting known to keep accuracy; L-GreCo matches
+        its total error with fewer bytes.
+      * ``candidates``: settings to search (ranks, densities for TopK, bits). Default: the
+        paper's ranges, [D/2, 2D] for ranks and bits, [D/10, 10D] in steps of D/10 for density.
+      * ``decide_every``: steps between decisions, or "epoch" with ``steps_per_epoch``; the
+        paper decides once an epoch. ``warmup_steps``: steps before the first decision
+        (the paper uses the learning-rate warm-up).
+      * ``objective``: "size" (default), "time" (sizes weighted by per-bucket seconds per byte
+        from a linear model of measured communication time), or "accordion" (pass
+        ``accordion=Accordion(critical, normal)``).
+      * ``timeout``: seconds a rank waits for rank 0 before failing loudly.
+    """
+
+    def __init__(self, compressor, *, candidates=None, decide_every=1000, steps_per_epoch=None,
+                 warmup_steps=1000, apply_delay=10, objective="size", accordion=None,
+                 time_buckets=4, discretization=10000, transport="auto", timeout=60.0,
+                 log=print):
+        if not isinstance(compressor, (LowRankCompressor, TopK, QSGD)):
+            raise ValueError(f"LGreCo: compressor must be PowerSGD, ACPSGD, TopK or QSGD, got "
+                             f"{type(compressor).__name__}")
+        if decide_every == "epoch":
+            if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
+                raise ValueError("LGreCo: decide_every='epoch' needs steps_per_epoch, a positive integer")
+            decide_every = steps_per_epoch
+        for label, value, least in [("decide_every", decide_every, 1), ("warmup_steps", warmup_steps, 0),
+                                    ("apply_delay", apply_delay, 1), ("time_buckets", time_buckets, 1),
+                                    ("discretization", discretization, 1)]:
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"LGreCo: {label} must be an integer >= {least}, got {value!r}")
+        if apply_delay >= decide_every:
+            raise ValueError(f"LGreCo: apply_delay ({apply_delay}) must be smaller than "
+                             f"decide_every ({decide_every})")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"LGreCo: objective must be one of {OBJECTIVES}, got {objective!r}")
+        if (objective == "accordion") != (accordion is not None):
+            raise ValueError("LGreCo: objective='accordion' and accordion=Accordion(...) go together")
+        self.inner = compressor
+        self.candidates = None if candidates is None else list(candidates)
+        if self.candidates is not None:
+            for value in self.candidates:
+                self._check_candidate(value)
+        self.decide_every, self.warmup_steps, self.apply_delay = decide_every, warmup_steps, apply_delay
+        self.objective, self.accordion = objective, accordion
+        self.time_buckets, self.discretization = time_buckets, discretization
+        self.service = DecisionService(transport, timeout)
+        self.log = log
+        # Shared with the wrapped compressor: the integration layer sees one object.
+        self.parameters, self.min_numel, self.traffic = compressor.parameters, compressor.min_numel, compressor.traffic
+        self.rank, self.size, self._stock_bridge = 0, 1, None
+        self.step = 0
+        self.version = 0
+        self.decisions = []
+        self._next_decision = warmup_steps
+        self._pending = None  # (version, decided_at, effective_step)
+        self._sums = {}
+        self._shapes = {}      # in the order gradients first arrived (about backward order)
+        self._previous_norms = {}
+        self._time_samples = []  # (bytes per time bucket, seconds)
+        self._step_bucket_bytes = None
+
+    # ----- delegation to the wrapped compressor ------------------------------------------
+    def setting(self, name):
+        return self.inner.setting(name)
+
+    def set_setting(self, name, value):
+        self.inner.set_setting(name, value)
+
+    def settings(self):
+        return self.inner.settings()
+
+    def bind_world(self, rank, size):
+        self.inner.bind_world(rank, size)
+        self.rank, self.size = rank, size
+
+    def config(self):
+        return {"inner": self.inner.describe(), "candidates": self.candidates,
+                "decide_every": self.decide_every, "warmup_steps": self.warmup_steps,
+                "apply_delay": self.apply_delay, "objective": self.objective,
+                "accordion": None if self.accordion is None else asdict(self.accordion),
+                "time_buckets": self.time_buckets, "discretization": self.discretization}
+
+    def describe(self):
+        return {"compressor": "LGreCo", "config": self.config(), "settings": {}}
+
+    def begin(self, name, grad):
+        if name not in self._shapes:
+            self._shapes[name] = tuple(grad.shape)
+        if self.rank == 0 and self._next_decision - self.step <= self.decide_every \
+                and self._tunable(name):
+            accumulated = self._sums.get(name)
+            self._sums[name] = grad.detach().float() if accumulated is None else accumulated + grad.detach().float()
+        round_ = self.inner.begin(name, grad)
+        if self.objective == "time":
+            self._count_bucket_bytes(name, round_.payload)
+        return round_
+
+    # ----- the schedule ---------------------------------------------------------------------
+    def end_step(self, comm_seconds=None):
+        self.inner.end_step()
+        if comm_seconds is not None and self._step_bucket_bytes is not None:
+            self._time_samples.append((self._step_bucket_bytes, comm_seconds))
+        self._step_bucket_bytes = None
+        self.step += 1
+        if self.step == self._next_decision:
+            self.version += 1
+            self._pending = (self.version, self.step, self.step + self.apply_delay)
+            if self.rank == 0:
+                # The thread gets snapshots: training goes on mutating the live state.
+                sums, self._sums = self._sums, {}
+                shapes, samples = dict(self._shapes), list(self._time_samples)
+                pending = self._pending
+                self.service.submit(lambda: self._decide(sums, shapes, samples, *pending))
+            self._next_decision += self.decide_every
+        if self._pending is not None and self.step == self._pending[2]:
+            version, _, effective = self._pending
+            self._pending = None
+            self._apply(self.service.exchange(version, effective))
+
+    def _apply(self, decision):
+        for name, value in decision.settings.items():
+            self.inner.set_setting(name, value)
+        self.decisions.append(decision)
+        if self.rank == 0 and self.log is not None:
+            self.log(format_decision(decision, self.inner))
+
+    # ----- the decision (rank 0, background thread) -----------------------------------------
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.traffic = self.inner.traffic  # one Traffic, shared with the wrapped compressor
+
+    def _tunable(self, name):
+        shape = self._shapes[name]
+        return len(shape) >= 2 and math.prod(shape) >= self.inner.min_numel
+
+    def _check_candidate(self, value):
+        if isinstance(self.inner, TopK):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
+            kind = "a density in (0, 1]"
+        elif isinstance(self.inner, QSGD):
+            ok = isinstance(value, int) and not isinstance(value, bool) and MIN_BITS <= value <= MAX_BITS
+            kind = f"bits in [{MIN_BITS}, {MAX_BITS}]"
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+            kind = "a positive rank"
+        if not ok:
+            raise ValueError(f"LGreCo: candidates must each be {kind}, got {value!r}")
+
+    def _layer_candidates(self, shape, default):
+        """Settings searched for one layer, the default among them."""
+        numel = math.prod(shape)
+        if isinstance(self.inner, TopK):
+            density = self.inner.density if default is None else default / numel
+            densities = self.candidates or [density * i / 10 for i in range(1, 101)]
+            options = {max(1, min(numel, math.ceil(d * numel))) for d in densities}
+            options.add(self.inner.k_for(default, numel))
+            return sorted(options)
+        if self.candidates is not None:
+            return sorted(set(self.candidates) | {default})
+        low, high = max(1, default // 2), 2 * default
+        if isinstance(self.inner, QSGD):
+            low, high = max(MIN_BITS, low), min(MAX_BITS, high)
+        return list(range(low, high + 1))
+
+    def _layer_errors(self, gradient, options):
+        if isinstance(self.inner, LowRankCompressor):
+            return error_maths.lowrank_errors(gradient.reshape(matrix_shape(gradient.shape)), options)
+        if isinstance(self.inner, TopK):
+            return error_maths.topk_errors(gradient.flatten(), options)
+        return error_maths.qsgd_errors(gradient.flatten(), options, self.inner.bucket_size)
+
+    def _defaults(self, sums):
+        """Each layer's default setting, whose total error is the budget: the wrapped
+        compressor's uniform default, or Accordion's choice (densities become k for TopK)."""
+        if self.objective != "accordion":
+            return {name: self.inner.default for name in sums}
+        defaults = {}
+        for name, gradient in sums.items():
+            norm = gradient.norm().item()
+            before = self._previous_norms.get(name)
+            critical = before is None or abs(norm - before) >= self.accordion.threshold * before
+            value = self.accordion.critical if critical else self.accordion.normal
+            if isinstance(self.inner, TopK):
+                value = max(1, math.ceil(value * gradient.numel()))
+            defaults[name] = value
+            self._previous_norms[name] = norm
+        return defaults
+
+    def _decide(self, sums, shapes, samples, version, decided_at, effective_step):
+        start = time.perf_counter()
+        notes = []
+        names = sorted(sums)
+        defaults = self._defaults(sums)
+        weights = self._time_weights(names, shapes, samples, notes) if self.objective == "time" else None
+        width = 0
+        rows = []
+        for name in names:
+            shape, default = shapes[name], defaults[name]
+            options = self._layer_candidates(shape, default)
+            errors = [0.0 if not self.inner.compresses(shape, o) else e
+                      for o, e in zip(options, self._layer_errors(sums[name], options))]
+            sizes = [self.inner.payload_bytes(shape, o) for o in options]
+            rows.append((options, sizes, errors, options.index(self.inner.k_for(default, math.prod(shape))
+                                                                if isinstance(self.inner, TopK) else default)))
+            width = max(width, len(options))
+        size_table = np.full((len(names), width), np.inf)
+        error_table = np.full((len(names), width), np.inf)
+        for i, (options, sizes, errors, _) in enumerate(rows):
+            size_table[i, :len(options)] = sizes
+            error_table[i, :len(options)] = errors
+        defaults_at = [row[3] for row in rows]
+        budget = float(sum(error_table[i, d] for i, d in enumerate(defaults_at)))
+        uniform_bytes = int(sum(size_table[i, d] for i, d in enumerate(defaults_at)))
+        cost = size_table if weights is None else size_table * weights[:, None]
+        # The uniform default meets the budget exactly; the solver, which rounds errors up to
+        # stay feasible, can miss it by up to one step per layer. Keep whichever costs less.
+        uniform = np.array(defaults_at)
+        choice, total_error = uniform, budget
+        try:
+            solved, _, solved_error = solve(cost, error_table, budget, self.discretization)
+            if cost[np.arange(len(names)), solved].sum() < cost[np.arange(len(names)), uniform].sum():
+                choice, total_error = solved, solved_error
+        except ValueError as error:
+            notes.append(f"kept the defaults: {error}")
+        settings = {}
+        for name, (options, _, _, _), c in zip(names, rows, choice):
+            value = options[c]
+            settings[name] = value if not isinstance(self.inner, TopK) else int(value)
+        total_bytes = int(sum(size_table[i, c] for i, c in enumerate(choice)))
+        return Decision(version, decided_at, effective_step, settings, total_bytes, uniform_bytes,
+                        float(total_error), budget, self.objective, time.perf_counter() - start, notes)
+
+    # ----- the time objective -------------------------------------------------------------
+    def _bucket_of(self, name, shapes):
+        """Layers split into ``time_buckets`` consecutive groups in the order gradients arrive."""
+        order = list(shapes)
+        return min(self.time_buckets - 1, order.index(name) * self.time_buckets // len(order))
+
+    def _count_bucket_bytes(self, name, payload):
+        if self._step_bucket_bytes is None:
+            self._step_bucket_bytes = [0] * self.time_buckets
+        bucket = self._bucket_of(name, self._shapes)
+        self._step_bucket_bytes[bucket] += payload.numel() * payload.element_size()
+
+    def _time_weights(self, names, shapes, samples, notes):
+        coefficients = fit_bucket_seconds_per_byte(samples, self.time_buckets)
+        if coefficients is None:
+            notes.append(f"time model not identifiable from {len(samples)} samples; "
+                         f"optimised size instead")
+            return None
+        return np.array([coefficients[self._bucket_of(name, shapes)] for name in names])
+
+    # ----- checkpointing ----------------------------------------------------------------------
+    def state_dict(self):
+        return {"inner": self.inner.state_dict(), "step": self.step, "version": self.version,
+                "next_decision": self._next_decision, "shapes": dict(self._shapes),
+                "decisions": [asdict(d) for d in self.decisions],
+                "previous_norms": dict(self._previous_norms),
+                "time_samples": list(self._time_samples)}
+
+    def load_state_dict(self, state_dict):
+        """Restores the wrapped compressor (so the current per-layer settings) and the schedule.
+        A decision computed but not yet applied when the checkpoint was taken is dropped; the
+        next one comes at the next decision step."""
+        self.inner.load_state_dict(state_dict["inner"])
+        self.step, self.version = state_dict["step"], state_dict["version"]
+        self._next_decision = state_dict["next_decision"]
+        self._shapes = dict(state_dict["shapes"])
+        self.decisions = [Decision(**d) for d in state_dict["decisions"]]
+        self._previous_norms = dict(state_dict["previous_norms"])
+        self._time_samples = list(state_dict["time_samples"])
+        self._pending, self._sums = None, {}
+
+
+def fit_bucket_seconds_per_byte(samples, buckets):
+    """Least squares fit of seconds = a + sum_b t_b * bytes_b over measured steps: the paper's
+    per-bucket time coefficients. None while the samples cannot identify every t_b > 0."""
+    if len(samples) < buckets + 2:
+        return None
+    x = np.array([[1.0] + list(b) for b, _ in samples])
+    y = np.array([s for _, s in samples])
+    if np.linalg.matrix_rank(x) < buckets + 1:
+        return None
+    coefficients = np.linalg.lstsq(x, y, rcond=None)[0][1:]
+    if not np.all(coefficients > 0):
+        return None
+    return coefficients
+
+
+def format_decision(decision, inner):
+    label = inner.setting_name
+    lines = [f"L-GreCo decision {decision.version} ({decision.objective}; gradients up to step "
+             f"{decision.decided_at}, effective from step {decision.effective_step}, computed in "
+             f"{decision.seconds:.2f} s): {decision.total_bytes} bytes/step vs "
+             f"{decision.uniform_bytes} uniform ({decision.uniform_bytes / max(decision.total_bytes, 1):.2f}x "
+             f"fewer); error {decision.total_error:.4g} of budget {decision.budget:.4g}"]
+    lines += [f"  {note}" for note in decision.notes]
+    lines += [f"  {name}: {label} {value}" for name, value in sorted(decision.settings.items())]
+    return "\n".join(lines)

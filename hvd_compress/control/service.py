@@ -1,0 +1,168 @@
+"""The rank-0 decision service.
+
+Rank 0 computes a decision in a background thread while training goes on. At a step fixed in
+advance, every rank takes part in one exchange: rank 0 broadcasts the decision (or the error
+that stopped it), then all ranks all-gather a digest and fail loudly if any disagree. Every
+wait has a deadline, so a dead or stalled rank 0 makes the others raise instead of hang.
+
+Transports: under ``mpirun``/``horovodrun`` with MPI, an mpi4py communicator of our own (a
+duplicate of COMM_WORLD, so our messages never interleave with Horovod's); under
+``horovodrun --gloo``, Horovod's own asynchronous collectives.
+"""
+import hashlib
+import os
+import pickle
+import threading
+import time
+
+
+class DecisionTimeout(RuntimeError):
+    pass
+
+
+def launched_under_mpi():
+    return "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
+
+
+def _poll(ready, deadline, what):
+    while not ready():
+        if time.monotonic() > deadline:
+            raise DecisionTimeout(f"{what}: no answer before the deadline; is rank 0 dead or stalled?")
+        time.sleep(0.0005)
+
+
+class MpiTransport:
+    def __init__(self):
+        from mpi4py import MPI  # MPI is already initialised by Horovod or by the user
+        self.comm = MPI.COMM_WORLD.Dup()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def broadcast(self, obj, tag, deadline, what):
+        if self.rank == 0:
+            requests = [self.comm.isend(obj, dest=r, tag=tag) for r in range(1, self.size)]
+            _poll(lambda: all(r.test()[0] for r in requests), deadline, what)
+            return obj
+        _poll(lambda: self.comm.iprobe(source=0, tag=tag), deadline, what)
+        return self.comm.recv(source=0, tag=tag)
+
+    def allgather(self, obj, tag, deadline, what):
+        others = [r for r in range(self.size) if r != self.rank]
+        requests = [self.comm.isend(obj, dest=r, tag=tag) for r in others]
+        gathered = [None] * self.size
+        gathered[self.rank] = obj
+        for r in others:
+            _poll(lambda: self.comm.iprobe(source=r, tag=tag), deadline, what)
+            gathered[r] = self.comm.recv(source=r, tag=tag)
+        _poll(lambda: all(q.test()[0] for q in requests), deadline, what)
+        return gathered
+
+
+class HorovodTransport:
+    def __init__(self):
+        import horovod.torch as hvd
+        self.hvd = hvd
+        self.rank, self.size = hvd.rank(), hvd.size()
+
+    def _wait(self, handle, deadline, what):
+        _poll(lambda: self.hvd.poll(handle), deadline, what)
+        return self.hvd.synchronize(handle)
+
+    def broadcast(self, obj, tag, deadline, what):
+        import torch
+        data = pickle.dumps(obj) if self.rank == 0 else b""
+        length = torch.tensor([len(data)], dtype=torch.int64)
+        length = self._wait(self.hvd.broadcast_async(length, 0, name=f"{tag}.length"), deadline, what)
+        buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == 0
+                  else torch.empty(int(length[0]), dtype=torch.uint8))
+        buffer = self._wait(self.hvd.broadcast_async(buffer, 0, name=f"{tag}.data"), deadline, what)
+        return pickle.loads(buffer.numpy().tobytes())
+
+    def allgather(self, obj, tag, deadline, what):
+        import torch
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        lengths = self._wait(self.hvd.allgather_async(torch.tensor([data.numel()]), name=f"{tag}.length"),
+                             deadline, what)
+        gathered = self._wait(self.hvd.allgather_async(data, name=f"{tag}.data"), deadline, what)
+        pieces = gathered.split(lengths.tolist())
+        return [pickle.loads(piece.numpy().tobytes()) for piece in pieces]
+
+
+class LocalTransport:
+    """One process, no peers: for single-process tests and tools."""
+    rank, size = 0, 1
+
+    def broadcast(self, obj, tag, deadline, what):
+        return obj
+
+    def allgather(self, obj, tag, deadline, what):
+        return [obj]
+
+
+TRANSPORTS = ("auto", "mpi", "horovod", "local")
+
+
+def make_transport(kind):
+    if kind == "auto":
+        kind = "mpi" if launched_under_mpi() else "horovod"
+    return {"mpi": MpiTransport, "horovod": HorovodTransport, "local": LocalTransport}[kind]()
+
+
+def digest(obj):
+    return hashlib.sha256(repr(obj).encode()).hexdigest()[:16]
+
+
+class DecisionService:
+    """``submit`` (rank 0 only) starts a computation in the background; ``exchange`` (every rank,
+    at the same step) returns its result on every rank, verified identical everywhere."""
+
+    def __init__(self, transport="auto", timeout=60.0):
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.kind = transport
+        self.timeout = timeout
+        self._transport = None
+        self._thread = None
+        self._outcome = None
+
+    def __getstate__(self):
+        # Communicators and threads cannot be checkpointed; they are rebuilt on first use.
+        state = dict(self.__dict__)
+        state.update(_transport=None, _thread=None, _outcome=None)
+        return state
+
+    def submit(self, compute):
+        def run():
+            try:
+                self._outcome = ("ok", compute())
+            except Exception as error:  # carried to every rank by exchange()
+                self._outcome = ("error", f"{type(error).__name__}: {error}")
+        self._outcome = None
+        self._thread = threading.Thread(target=run, name="hvd_compress-decision", daemon=True)
+        self._thread.start()
+
+    def exchange(self, version, effective_step):
+        if self._transport is None:
+            self._transport = make_transport(self.kind)
+        transport = self._transport
+        deadline = time.monotonic() + self.timeout
+        what = f"L-GreCo decision {version} (effective at step {effective_step}), rank {transport.rank}"
+        outcome = None
+        if transport.rank == 0:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+            if self._thread.is_alive():
+                raise DecisionTimeout(f"{what}: rank 0 did not finish its computation in "
+                                      f"{self.timeout} s")
+            outcome = self._outcome
+        outcome = transport.broadcast(outcome, 2 * version, deadline, what)
+        if outcome[0] == "error":
+            raise RuntimeError(f"{what}: the computation failed on rank 0: {outcome[1]}")
+        decision = outcome[1]
+        mine = (version, effective_step, digest(decision))
+        everyone = transport.allgather(mine, 2 * version + 1, deadline, what)
+        for rank, theirs in enumerate(everyone):
+            if theirs != mine:
+                raise RuntimeError(f"{what}: ranks disagree on the decision: {mine} here, "
+                                   f"{theirs} on rank {rank}")
+        return decision

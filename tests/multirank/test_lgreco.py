@@ -1,0 +1,72 @@
+"""L-GreCo on real ranks: every rank applies every decision at the same step, parameters stay
+identical, and a stalled rank 0 makes every rank fail within the timeout. Under mpirun the
+service runs over its own mpi4py communicator; under horovodrun --gloo over Horovod."""
+import time
+
+import horovod.torch as hvd
+import pytest
+import torch
+from torch import nn
+
+import hvd_compress as hc
+from hvd_compress.control.service import DecisionTimeout
+from hvd_compress.workloads.digits import DigitsCNN
+
+from helpers import PATHS, gathered, rank_batches
+
+INNER = {
+    "powersgd": lambda named: hc.PowerSGD(named, rank=2),
+    "acpsgd": lambda named: hc.ACPSGD(named, rank=4),
+    "topk": lambda named: hc.TopK(named, density=0.05),
+    "qsgd": lambda named: hc.QSGD(named, bits=4, bucket_size=128),
+}
+
+
+def lgreco_optimizer(model, inner, path, **kwargs):
+    options = dict(warmup_steps=4, decide_every=6, apply_delay=2, log=None)
+    options.update(kwargs)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if path == "stock":
+        lgreco = hc.LGreCo(INNER[inner](model.named_parameters()), **options)
+        return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                        compression=lgreco), lgreco
+    lgreco = hc.LGreCo(INNER[inner](None), **options)
+    return hc.DistributedOptimizer(opt, model.named_parameters(), lgreco), lgreco
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("inner", sorted(INNER))
+def test_every_rank_applies_each_decision_at_the_same_step(inner, path):
+    model = DigitsCNN()
+    opt, lgreco = lgreco_optimizer(model, inner, path)
+    names = [name for name, _ in model.named_parameters()]
+    history = []
+    for x, y in rank_batches(20, seed=4):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        history.append(tuple(lgreco.setting(name) for name in names))
+    decisions = [(d.version, d.decided_at, d.effective_step, sorted(d.settings.items()))
+                 for d in lgreco.decisions]
+    assert [d[:3] for d in decisions] == [(1, 4, 6), (2, 10, 12), (3, 16, 18)]
+    everyone = hvd.allgather_object((decisions, history), name=f"lgreco.{inner}.{path}")
+    assert all(theirs == everyone[0] for theirs in everyone)
+    for name, p in model.named_parameters():
+        rows = gathered(p, f"lgreco.{inner}.{path}.{name}")
+        assert all(torch.equal(rows[0], row) for row in rows), name
+
+
+def test_stalled_rank0_fails_every_rank_within_the_timeout():
+    """Runs last in this file: it leaves rank 0's decision thread asleep."""
+    model = DigitsCNN()
+    opt, lgreco = lgreco_optimizer(model, "powersgd", "wrapper", timeout=3.0)
+    if hvd.rank() == 0:
+        lgreco._decide = lambda *args: time.sleep(8)  # longer than the 3 s timeout
+    start = time.monotonic()
+    with pytest.raises(DecisionTimeout, match="L-GreCo decision 1"):
+        for x, y in rank_batches(10, seed=5):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert time.monotonic() - start < 3.0 + 10.0

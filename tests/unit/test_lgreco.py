@@ -1,0 +1,140 @@
+"""L-GreCo in one process: the schedule, the decisions, the objectives, checkpoints."""
+import numpy as np
+import pytest
+import torch
+
+import hvd_compress as hc
+from hvd_compress.comm.simulated import SimulatedWorld
+from hvd_compress.control.lgreco import fit_bucket_seconds_per_byte
+
+SHAPES = {"a": (96, 96), "b": (64, 256), "c": (128, 32), "bias": (32,)}
+
+
+def layered_gradients(step, decay):
+    """Layers whose spectra decay at different speeds, so one rank does not fit all."""
+    g = torch.Generator().manual_seed(step)
+    grads = {}
+    for name, shape in SHAPES.items():
+        if len(shape) == 1:
+            grads[name] = torch.randn(shape, generator=g)
+            continue
+        n, m = shape
+        r = min(n, m)
+        u, v = torch.randn(n, r, generator=g), torch.randn(m, r, generator=g)
+        grads[name] = (u * torch.logspace(0, -decay[name], r)) @ v.t() / r
+    return grads
+
+
+DECAY = {"a": 3.0, "b": 0.3, "c": 1.5}
+
+
+def run(lgreco, steps):
+    sim = SimulatedWorld([lgreco])
+    shapes_seen = []
+    for step in range(steps):
+        sim.step([layered_gradients(step, DECAY)])
+        shapes_seen.append(dict(lgreco.settings()))
+    return shapes_seen
+
+
+def make(inner, **kwargs):
+    options = dict(warmup_steps=3, decide_every=5, apply_delay=2, transport="local", log=None)
+    options.update(kwargs)
+    return hc.LGreCo(inner, **options)
+
+
+def test_decisions_take_effect_at_the_announced_step():
+    lgreco = make(hc.PowerSGD(rank=4, min_numel=0))
+    sim = SimulatedWorld([lgreco])
+    payload_rank = []
+    for step in range(13):
+        g = layered_gradients(step, DECAY)
+        payload_rank.append(lgreco.inner.begin("probe", torch.randn(64, 64)).payload.shape[1])
+        sim.step([g])
+    assert [(d.version, d.decided_at, d.effective_step) for d in lgreco.decisions] == [(1, 3, 5), (2, 8, 10)]
+    before = {n: 4 for n in ["a", "b", "c"]}
+    assert all(lgreco.setting(n) == lgreco.decisions[-1].settings[n] for n in before)
+    assert lgreco.decisions[0].settings != before  # the spectra differ, so do the ranks
+
+
+@pytest.mark.parametrize("inner", [lambda: hc.PowerSGD(rank=4, min_numel=0),
+                                   lambda: hc.ACPSGD(rank=4, min_numel=0),
+                                   lambda: hc.TopK(density=0.05, min_numel=0),
+                                   lambda: hc.QSGD(bits=4, bucket_size=64, min_numel=0)])
+def test_decision_meets_budget_with_fewer_bytes(inner):
+    lgreco = make(inner())
+    run(lgreco, 6)
+    decision = lgreco.decisions[0]
+    assert decision.total_error <= decision.budget * (1 + 1e-9)
+    assert decision.total_bytes <= decision.uniform_bytes
+    assert set(decision.settings) == {"a", "b", "c"}  # the 1-D bias is never tuned
+
+
+def test_lowrank_decision_spends_rank_where_error_falls_fastest_per_byte():
+    """Layer c (128 x 32) is cheap per rank and its error falls fast with rank; b's flat
+    spectrum gains little per rank. The optimum moves rank from b to c."""
+    lgreco = make(hc.PowerSGD(rank=4, min_numel=0))
+    run(lgreco, 6)
+    decision = lgreco.decisions[0]
+    assert decision.settings["c"] > 4 > decision.settings["b"]
+    assert decision.total_bytes < decision.uniform_bytes
+
+
+def test_accordion_picks_the_critical_default_first():
+    lgreco = make(hc.PowerSGD(rank=4, min_numel=0), objective="accordion",
+                  accordion=hc.Accordion(critical=8, normal=2))
+    run(lgreco, 6)
+    decision = lgreco.decisions[0]
+    # Everything is critical at the first decision: the budget is that of rank 8 everywhere.
+    uniform8 = sum(lgreco.inner.payload_bytes(SHAPES[n], 8) for n in "abc")
+    assert decision.uniform_bytes == uniform8
+
+
+def test_time_model_fit_recovers_per_bucket_coefficients():
+    rng = np.random.default_rng(0)
+    truth = np.array([1e-9, 5e-9, 2e-9])
+    samples = [(list(b), 0.01 + float(truth @ b)) for b in rng.integers(1, 10**6, size=(20, 3))]
+    assert np.allclose(fit_bucket_seconds_per_byte(samples, 3), truth, rtol=1e-6)
+    assert fit_bucket_seconds_per_byte(samples[:3], 3) is None  # too few samples
+
+
+def test_time_objective_falls_back_to_size_without_measurements():
+    lgreco = make(hc.PowerSGD(rank=4, min_numel=0), objective="time")
+    run(lgreco, 6)
+    assert "not identifiable" in lgreco.decisions[0].notes[0]
+
+
+def test_state_dict_resumes_with_the_same_decisions():
+    a = make(hc.ACPSGD(rank=4, min_numel=0))
+    run(a, 7)
+    b = make(hc.ACPSGD(rank=4, min_numel=0))
+    b.load_state_dict(a.state_dict())
+    assert b.settings() == a.settings() == {}  # names are unbound in the simulated world
+    assert all(b.setting(n) == a.setting(n) for n in "abc")
+    assert b.step == a.step and b.decisions == a.decisions
+    out_a = SimulatedWorld([a]).step([layered_gradients(99, DECAY)])[0]
+    out_b = SimulatedWorld([b]).step([layered_gradients(99, DECAY)])[0]
+    assert all(torch.equal(out_a[n], out_b[n]) for n in SHAPES)
+
+
+def test_decision_log_names_every_layer():
+    lines = []
+    lgreco = make(hc.TopK(density=0.05, min_numel=0), log=lines.append)
+    run(lgreco, 6)
+    assert "bytes/step vs" in lines[0] and "of budget" in lines[0]
+    assert all(f"  {n}: k " in lines[0] for n in "abc")
+
+
+def test_bad_configuration_is_named():
+    with pytest.raises(ValueError, match="compressor must be PowerSGD, ACPSGD, TopK or QSGD"):
+        hc.LGreCo(hc.FP16())
+    with pytest.raises(ValueError, match="apply_delay"):
+        hc.LGreCo(hc.PowerSGD(), decide_every=5, apply_delay=5)
+    with pytest.raises(ValueError, match="candidates must each be a density"):
+        hc.LGreCo(hc.TopK(), candidates=[0.5, 2])
+    with pytest.raises(ValueError, match="objective"):
+        hc.LGreCo(hc.PowerSGD(), objective="speed")
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        hc.LGreCo(hc.PowerSGD(), decide_every="epoch")
+    with pytest.raises(ValueError, match="transport"):
+        hc.LGreCo(hc.PowerSGD(), transport="tcp")
