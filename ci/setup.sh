@@ -33,6 +33,7 @@ have_py mpi4py || missing+=(mpi4py)
 have_py numpy || missing+=(numpy)
 have_py pytest || missing+=(pytest)
 have_py sklearn || missing+=(scikit-learn)
+have_py matplotlib || missing+=(matplotlib)  # benchmark plots
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]}"
     "$PYTHON" -m pip install -q "${missing[@]}"

@@ -12,7 +12,7 @@ import pytest
 
 HERE = Path(__file__).parent / "multirank"
 # Seconds per launch; a healthy run takes a fraction of this on 2 cores.
-TIMEOUTS = {"test_exchange.py": 300, "test_digits.py": 600, "test_lgreco.py": 300}
+TIMEOUTS = {"test_exchange.py": 300, "test_digits.py": 600, "test_lgreco.py": 300, "test_gravac.py": 300}
 # Convergence runs about 14,000 optimizer steps. With 4 ranks on this 2-core machine Gloo takes
 # 74 ms a step against MPI's 9.6 ms (PowerSGD on the digits CNN, HOROVOD_CYCLE_TIME 0.1-20 ms
 # changed nothing), so that one launch alone would exceed the suite's budget. Gloo's

@@ -24,6 +24,9 @@ class HorovodBackend:
         elif round_.collective is Collective.ALLGATHER:
             handle = hvd.allgather_async(payload.reshape(1, -1), name=op_name,
                                          process_set=self.process_set)
+        elif round_.collective is Collective.BROADCAST:
+            handle = hvd.broadcast_async(payload, round_.root, name=op_name,
+                                         process_set=self.process_set)
         else:
             handle = hvd.alltoall_async(payload, name=op_name, process_set=self.process_set)
         return handle, round_.collective, payload.shape

@@ -15,6 +15,7 @@ class Collective(enum.Enum):
     ALLREDUCE = "allreduce"  # result: element-wise mean over ranks (float16/32/64 payloads)
     ALLGATHER = "allgather"  # result: shape (W, *payload.shape), row j is rank j's payload
     ALLTOALL = "alltoall"    # payload (W, c): row j goes to rank j; result row j came from rank j
+    BROADCAST = "broadcast"  # result: the root's payload (other ranks' payloads only give the shape)
 
     def wire_bytes(self, payload_bytes, world_size):
         """Bytes one rank sends for this collective under the bandwidth-optimal (ring) algorithms."""
@@ -23,6 +24,8 @@ class Collective(enum.Enum):
             return 2 * (w - 1) * payload_bytes // w
         if self is Collective.ALLGATHER:
             return (w - 1) * payload_bytes
+        # All-to-all sends (W-1)/W of the payload; a pipelined broadcast forwards it W-1 times
+        # among W ranks.
         return (w - 1) * payload_bytes // w
 
 
@@ -34,6 +37,7 @@ class Round:
     # True when ``then`` returns the final gradient: a lone final all-reduce can ride
     # Horovod's own all-reduce in the stock optimizer.
     last: bool = False
+    root: int = 0  # BROADCAST only
 
 
 @dataclass

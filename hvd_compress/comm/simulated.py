@@ -7,8 +7,9 @@ import torch
 from hvd_compress.comm.rounds import Collective, Round
 
 
-def aggregate(payloads, collective):
-    """What each rank receives when every rank contributes ``payloads[rank]``."""
+def aggregate(rounds):
+    """What each rank receives when rank r contributes ``rounds[r]``."""
+    payloads, collective = [r.payload for r in rounds], rounds[0].collective
     w = len(payloads)
     if collective is Collective.ALLREDUCE:
         mean = torch.stack(payloads).sum(dim=0) / w
@@ -16,6 +17,8 @@ def aggregate(payloads, collective):
     if collective is Collective.ALLGATHER:
         stacked = torch.stack(payloads)
         return [stacked.clone() for _ in range(w)]
+    if collective is Collective.BROADCAST:
+        return [payloads[rounds[0].root].clone() for _ in range(w)]
     return [torch.stack([payloads[src][dst] for src in range(w)]) for dst in range(w)]
 
 
@@ -45,7 +48,7 @@ class SimulatedWorld:
                 rounds = [exchanges[name] for exchanges in pending]
                 for compressor, round_ in zip(self.compressors, rounds):
                     compressor.traffic.add_payload(round_.payload, round_.collective)
-                received = aggregate([r.payload for r in rounds], rounds[0].collective)
+                received = aggregate(rounds)
                 for rank, (round_, result) in enumerate(zip(rounds, received)):
                     following = round_.then(result)
                     if isinstance(following, Round):

@@ -3,10 +3,11 @@ from hvd_compress.compressors.base import Compressor
 from hvd_compress.compressors.cast import BF16, FP16, NoCompression
 from hvd_compress.compressors.powersgd import PowerSGD
 from hvd_compress.compressors.qsgd import QSGD
+from hvd_compress.compressors.scalecom import ScaleCom
 from hvd_compress.compressors.topk import TopK
 
-__all__ = ["ACPSGD", "BF16", "Compressor", "FP16", "NoCompression", "PowerSGD", "QSGD", "TopK"]
+__all__ = ["ACPSGD", "BF16", "Compressor", "FP16", "NoCompression", "PowerSGD", "QSGD", "ScaleCom", "TopK"]
 
 # Command-line names, for the example, the benchmarks and the tests.
 BY_NAME = {"none": NoCompression, "fp16": FP16, "bf16": BF16, "powersgd": PowerSGD,
-           "acpsgd": ACPSGD, "qsgd": QSGD, "topk": TopK}
+           "acpsgd": ACPSGD, "qsgd": QSGD, "topk": TopK, "scalecom": ScaleCom}

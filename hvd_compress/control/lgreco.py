@@ -7,12 +7,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from hvd_compress.compressors.base import Compressor
 from hvd_compress.compressors.lowrank import LowRankCompressor
 from hvd_compress.compressors.qsgd import MAX_BITS, MIN_BITS, QSGD
 from hvd_compress.compressors.topk import TopK
 from hvd_compress.control.service import DecisionService
 from hvd_compress.control.solver import solve
+from hvd_compress.control.wrapping import Controller
 from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths.lowrank import matrix_shape
 
@@ -45,7 +45,7 @@ class Accordion:
     threshold: float = 0.5
 
 
-class LGreCo(Compressor):
+class LGreCo(Controller):
     """Wraps PowerSGD, ACPSGD, TopK or QSGD and owns each layer's setting.
 
     Every ``decide_every`` steps after ``warmup_steps``, rank 0 takes the gradients it
@@ -74,9 +74,7 @@ class LGreCo(Compressor):
                  warmup_steps=1000, apply_delay=10, objective="size", accordion=None,
                  time_buckets=4, discretization=10000, transport="auto", timeout=60.0,
                  log=print):
-        if not isinstance(compressor, (LowRankCompressor, TopK, QSGD)):
-            raise ValueError(f"LGreCo: compressor must be PowerSGD, ACPSGD, TopK or QSGD, got "
-                             f"{type(compressor).__name__}")
+        super().__init__(compressor)
         if decide_every == "epoch":
             if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
                 raise ValueError("LGreCo: decide_every='epoch' needs steps_per_epoch, a positive integer")
@@ -93,7 +91,6 @@ class LGreCo(Compressor):
             raise ValueError(f"LGreCo: objective must be one of {OBJECTIVES}, got {objective!r}")
         if (objective == "accordion") != (accordion is not None):
             raise ValueError("LGreCo: objective='accordion' and accordion=Accordion(...) go together")
-        self.inner = compressor
         self.candidates = None if candidates is None else list(candidates)
         if self.candidates is not None:
             for value in self.candidates:
@@ -103,9 +100,6 @@ class LGreCo(Compressor):
         self.time_buckets, self.discretization = time_buckets, discretization
         self.service = DecisionService(transport, timeout)
         self.log = log
-        # Shared with the wrapped compressor: the integration layer sees one object.
-        self.parameters, self.min_numel, self.traffic = compressor.parameters, compressor.min_numel, compressor.traffic
-        self.rank, self.size, self._stock_bridge = 0, 1, None
         self.step = 0
         self.version = 0
         self.decisions = []
@@ -117,29 +111,12 @@ class LGreCo(Compressor):
         self._time_samples = []  # (bytes per time bucket, seconds)
         self._step_bucket_bytes = None
 
-    # ----- delegation to the wrapped compressor ------------------------------------------
-    def setting(self, name):
-        return self.inner.setting(name)
-
-    def set_setting(self, name, value):
-        self.inner.set_setting(name, value)
-
-    def settings(self):
-        return self.inner.settings()
-
-    def bind_world(self, rank, size):
-        self.inner.bind_world(rank, size)
-        self.rank, self.size = rank, size
-
     def config(self):
         return {"inner": self.inner.describe(), "candidates": self.candidates,
                 "decide_every": self.decide_every, "warmup_steps": self.warmup_steps,
                 "apply_delay": self.apply_delay, "objective": self.objective,
                 "accordion": None if self.accordion is None else asdict(self.accordion),
                 "time_buckets": self.time_buckets, "discretization": self.discretization}
-
-    def describe(self):
-        return {"compressor": "LGreCo", "config": self.config(), "settings": {}}
 
     def begin(self, name, grad):
         if name not in self._shapes:
@@ -183,10 +160,6 @@ class LGreCo(Compressor):
             self.log(format_decision(decision, self.inner))
 
     # ----- the decision (rank 0, background thread) -----------------------------------------
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self.traffic = self.inner.traffic  # one Traffic, shared with the wrapped compressor
-
     def _tunable(self, name):
         shape = self._shapes[name]
         return len(shape) >= 2 and math.prod(shape) >= self.inner.min_numel

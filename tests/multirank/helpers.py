@@ -12,6 +12,7 @@ CONFIGS = {
     "acpsgd": lambda named: hc.ACPSGD(named, rank=4),
     "qsgd": lambda named: hc.QSGD(named, bits=4, bucket_size=128),
     "topk": lambda named: hc.TopK(named, density=0.05),
+    "scalecom": lambda named: hc.ScaleCom(named, density=0.05),
 }
 PATHS = ["stock", "wrapper"]
 

@@ -19,6 +19,13 @@ SEEDS = range(3)
 
 
 LGRECO = "lgreco(powersgd)"
+GRAVAC = "gravac(topk)"
+CONTROLLERS = {
+    LGRECO: lambda named: hc.LGreCo(CONFIGS["powersgd"](named), warmup_steps=100,
+                                    decide_every=100, apply_delay=5, log=None),
+    GRAVAC: lambda named: hc.GraVAC(hc.TopK(named), theta_min=10, theta_max=100, window=50,
+                                    epsilon=0.5),
+}
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,18 +34,18 @@ def train(method, path="stock"):
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         if method == "none":
             return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-        if method == LGRECO:
-            make_optimizer.compressor = hc.LGreCo(
-                CONFIGS["powersgd"](model.named_parameters()), warmup_steps=100,
-                decide_every=100, apply_delay=5, log=None)
+        if method in CONTROLLERS:
+            make_optimizer.compressor = CONTROLLERS[method](model.named_parameters())
             return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                             compression=make_optimizer.compressor)
         opt, make_optimizer.compressor = distributed(model, optimizer, method, path, broadcast=False)
         return opt
     accuracies = [digits.train(make_optimizer, hvd.rank(), hvd.size(), epochs=EPOCHS_PER_RANK * hvd.size(), lr=0.1,
                                seed=seed)[1] for seed in SEEDS]
-    ratio = make_optimizer.compressor.traffic.ratio if method != "none" else 1.0
-    return sum(accuracies) / len(accuracies), ratio
+    compressor = getattr(make_optimizer, "compressor", None)
+    ratio = compressor.traffic.ratio if compressor is not None else 1.0
+    factor = compressor.average_cf if method == GRAVAC else None
+    return sum(accuracies) / len(accuracies), ratio, factor
 
 
 @pytest.fixture(scope="module")
@@ -46,20 +53,28 @@ def baseline():
     return train("none")[0]
 
 
-def test_lgreco_accuracy_within_one_point_of_its_uniform_setting():
-    uniform, uniform_ratio = train("powersgd")
-    acc, ratio = train(LGRECO)
+def assert_within_one_point(label, acc, reference, reference_label, details):
     if hvd.rank() == 0:
-        print(f"\nL-GreCo over PowerSGD rank 2: mean test accuracy {acc:.4f} (uniform rank 2 "
-              f"{uniform:.4f}), {ratio:.1f}x fewer bytes on the wire (uniform {uniform_ratio:.1f}x)",
-              flush=True)
-    assert acc >= uniform - 0.01
+        print(f"\n{label}: mean test accuracy {acc:.4f} ({reference_label} {reference:.4f}), "
+              f"{details}", flush=True)
+    assert acc >= reference - 0.01
+
+
+def test_gravac_accuracy_within_one_point_of_uncompressed(baseline):
+    acc, ratio, factor = train(GRAVAC)
+    assert_within_one_point("GraVAC over Top-K", acc, baseline, "uncompressed",
+                            f"average compression factor {factor:.1f}x, {ratio:.1f}x fewer bytes "
+                            f"on the wire")
+
+
+def test_lgreco_accuracy_within_one_point_of_its_uniform_setting():
+    uniform, uniform_ratio, _ = train("powersgd")
+    acc, ratio, _ = train(LGRECO)
+    assert_within_one_point("L-GreCo over PowerSGD rank 2", acc, uniform, "uniform rank 2",
+                            f"{ratio:.1f}x fewer bytes on the wire (uniform {uniform_ratio:.1f}x)")
 
 
 @pytest.mark.parametrize("method", sorted(CONFIGS))
 def test_accuracy_within_one_point_of_uncompressed(method, baseline):
-    acc, ratio = train(method)
-    if hvd.rank() == 0:
-        print(f"\n{method}: mean test accuracy {acc:.4f} (uncompressed {baseline:.4f}), "
-              f"{ratio:.1f}x fewer bytes on the wire", flush=True)
-    assert acc >= baseline - 0.01
+    acc, ratio, _ = train(method)
+    assert_within_one_point(method, acc, baseline, "uncompressed", f"{ratio:.1f}x fewer bytes on the wire")

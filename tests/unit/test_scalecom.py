@@ -1,0 +1,87 @@
+"""ScaleCom's cyclic local top-k in a simulated world."""
+import pytest
+import torch
+
+import hvd_compress as hc
+from hvd_compress.comm.simulated import SimulatedWorld
+from hvd_compress.maths.chunked_topk import chunked_topk_indices
+
+W = 3
+
+
+def rank_grads(step, n=4096):
+    return [{"w": torch.randn(64, n // 64, generator=torch.Generator().manual_seed(100 * step + r))}
+            for r in range(W)]
+
+
+def test_chunked_topk_is_exact_when_large_entries_are_spread():
+    x = torch.rand(10_000) * 0.1
+    spikes = torch.arange(0, 10_000, 100)  # one large entry in every chunk of 100
+    x[spikes] = 1 + torch.rand(100)
+    assert set(chunked_topk_indices(x, 100, chunks=100).tolist()) == set(spikes.tolist())
+    picked = chunked_topk_indices(torch.rand(1001), 37, chunks=8)
+    assert picked.numel() == 37 and picked.unique().numel() == 37 and picked.max() < 1001
+
+
+def test_cltk_is_commutative_sum_of_compressed_equals_compression_of_sum():
+    world = SimulatedWorld([hc.ScaleCom(density=0.05) for _ in range(W)])
+    grads = rank_grads(0)
+    out = world.step(grads)
+    k = 205  # ceil(0.05 * 4096)
+    leader_indices = chunked_topk_indices(grads[0]["w"].flatten().abs(), k, 64)
+    mean = sum(g["w"] for g in grads).flatten() / W
+    expected = torch.zeros_like(mean)
+    expected[leader_indices] = mean[leader_indices]  # CLT-k of the mean, with the leader's indices
+    for r in range(W):
+        assert torch.allclose(out[r]["w"].flatten(), expected, atol=1e-6)
+        assert torch.equal(out[r]["w"], out[0]["w"])
+
+
+def test_leader_rotates_every_step():
+    compressors = [hc.ScaleCom(density=0.05) for _ in range(W)]
+    world = SimulatedWorld(compressors)
+    for step in range(5):
+        grads = rank_grads(step)
+        leader = step % W
+        before = compressors[leader].state["w"].memory.clone() if step else torch.zeros(4096)
+        acc = before + grads[leader]["w"].flatten()
+        out = world.step(grads)[0]["w"].flatten()
+        chosen = set(chunked_topk_indices(acc.abs(), 205, 64).tolist())
+        assert set(out.nonzero().flatten().tolist()) <= chosen
+        assert compressors[0].leader(step + 1) == leader
+
+
+def test_beta_one_is_plain_error_feedback_and_beta_filters():
+    for beta in [1.0, 0.1]:
+        compressor = hc.ScaleCom(density=0.05, beta=beta)
+        world = SimulatedWorld([compressor])
+        memory = torch.zeros(4096)
+        for step in range(3):
+            g = rank_grads(step)[0]
+            sent = world.step([g])[0]["w"].flatten()
+            acc = memory + g["w"].flatten()
+            residual = acc - sent  # one rank: what was sent is C(m + g)
+            memory = residual if beta == 1.0 else (1 - beta) * memory + beta * residual
+            assert torch.allclose(compressor.state["w"].memory, memory, atol=1e-6)
+
+
+def test_warmup_steps_are_dense():
+    world = SimulatedWorld([hc.ScaleCom(density=0.01, warmup_steps=2) for _ in range(2)])
+    for step in range(3):
+        grads = rank_grads(step)[:2]
+        out = world.step(grads)[0]["w"]
+        dense = (grads[0]["w"] + grads[1]["w"]) / 2
+        assert torch.allclose(out, dense) == (step < 2)
+
+
+def test_flops_rule_and_bad_settings():
+    param = torch.nn.Parameter(torch.zeros(100, 100))
+    compressor = hc.ScaleCom([("a", param), ("b", param), ("c", param)])
+    rates = compressor.set_rates_from_flops({"a": 200 * 10_000, "b": 150 * 10_000, "c": 10 * 10_000},
+                                            {"a": 10_000, "b": 10_000, "c": 10_000})
+    assert rates == {"a": 25, "b": 50, "c": 400}
+    assert compressor.setting("a") == 400 and compressor.setting("c") == 25
+    with pytest.raises(ValueError, match="beta must lie in"):
+        hc.ScaleCom(beta=0)
+    with pytest.raises(ValueError, match=r"'a'.*k=20000 is outside"):
+        compressor.set_setting("a", 20_000)
