@@ -16,6 +16,7 @@ or with the wrapper, which overlaps multi-round compressors with backward::
 
     opt = hvd_compress.DistributedOptimizer(opt, model.named_parameters(), hvd_compress.PowerSGD(rank=4))
 """
+from hvd_compress.comm.fusion import ScaledFusion
 from hvd_compress.compressors import (ACPSGD, BF16, FP16, QSGD, Compressor, NoCompression,
                                       PowerSGD, ScaleCom, TopK)
 from hvd_compress.control.gravac import GraVAC, GraVACPolicy
@@ -23,4 +24,4 @@ from hvd_compress.control.lgreco import Accordion, LGreCo
 from hvd_compress.integration.optimizer import DistributedOptimizer
 
 __all__ = ["ACPSGD", "Accordion", "BF16", "GraVAC", "GraVACPolicy", "LGreCo", "ScaleCom", "Compressor", "DistributedOptimizer", "FP16", "NoCompression",
-           "PowerSGD", "QSGD", "TopK"]
+           "PowerSGD", "QSGD", "ScaledFusion", "TopK"]

@@ -1,7 +1,10 @@
 """Runs compressors' rounds on a backend, overlapped and deadlock-free."""
 import torch
 
-from hvd_compress.comm.rounds import Round
+from hvd_compress.comm.rounds import Collective, Round
+
+# Collectives whose payloads concatenate: element-wise sums, and per-rank byte strings.
+_FUSABLE = (Collective.ALLREDUCE, Collective.ALLGATHER)
 
 
 class RoundDriver:
@@ -16,27 +19,71 @@ class RoundDriver:
     def __init__(self, backend, traffic):
         self.backend = backend
         self.traffic = traffic
-        self._inflight = {}  # name -> (round, handle, round_index)
+        self._inflight = {}  # name, or a bucket key -> (round, handle, round_index)
         self._results = {}
+        self._bucket_of = {}
+        self._buckets = ()
+        self._waiting = {}  # bucket index -> {name: first round}
+
+    def use_plan(self, plan):
+        """Fuses first rounds by ``plan`` (a FusionPlan, or None) from now on."""
+        self._bucket_of = plan.bucket_of() if plan is not None else {}
+        self._buckets = plan.buckets if plan is not None else ()
 
     def start(self, name, grad, round_):
         self.traffic.add_gradient(grad)
-        self._submit(name, round_, 0)
+        bucket = self._bucket_of.get(name)
+        if bucket is None:
+            self._submit(name, round_, 0)
+            return
+        waiting = self._waiting.setdefault(bucket, {})
+        waiting[name] = round_
+        if len(waiting) == len(self._buckets[bucket].members):
+            self._submit_bucket(bucket, self._waiting.pop(bucket))
+
+    def _submit_bucket(self, bucket, rounds):
+        """One collective per (collective, dtype) among the bucket's members, in plan order."""
+        groups = {}
+        for name in self._buckets[bucket].members:
+            round_ = rounds[name]
+            if round_.collective in _FUSABLE:
+                groups.setdefault((round_.collective, round_.payload.dtype), []).append(name)
+            else:
+                self._submit(name, round_, 0)
+        for (collective, dtype), names in groups.items():
+            payloads = [rounds[name].payload for name in names]
+            fused = torch.cat([p.reshape(-1) for p in payloads])
+            key = f"\0bucket{bucket}.{collective.value}.{str(dtype)[6:]}"
+            self.traffic.add_payload(fused, collective)
+            handle = self.backend.start(f"hvd_compress.{key[1:]}", Round(fused, collective, None))
+            self._inflight[key] = (_FusedRounds(names, [rounds[n] for n in names]), handle, 0)
 
     def poll(self):
         """Advances every exchange whose collective has landed; never blocks."""
-        for name, (round_, handle, index) in list(self._inflight.items()):
-            if self.backend.done(handle):
-                self._advance(name, round_, self.backend.wait(handle), index)
+        for key, entry in list(self._inflight.items()):
+            if self.backend.done(entry[1]):
+                self._advance_any(key, entry, self.backend.wait(entry[1]))
 
     def finish(self):
         """Waits for every exchange started since the last finish; returns {name: gradient}."""
+        if self._waiting:
+            raise RuntimeError(f"fusion buckets {sorted(self._waiting)} never got all their "
+                               f"members; every parameter must be started before finish()")
         while self._inflight:
-            name = min(self._inflight)
-            round_, handle, index = self._inflight[name]
-            self._advance(name, round_, self.backend.wait(handle), index)
+            key = min(self._inflight)  # buckets ("\0bucket...") first, then names
+            entry = self._inflight[key]
+            self._advance_any(key, entry, self.backend.wait(entry[1]))
         results, self._results = self._results, {}
         return results
+
+    def _advance_any(self, key, entry, result):
+        round_, _, index = entry
+        if isinstance(round_, _FusedRounds):
+            del self._inflight[key]
+            for name, member, piece in round_.split(result):
+                self._advance_member(name, member, piece, index)
+        else:
+            self._advance(key, round_, result, index)
 
     def _submit(self, name, round_, index):
         self.traffic.add_payload(round_.payload, round_.collective)
@@ -45,9 +92,27 @@ class RoundDriver:
 
     def _advance(self, name, round_, result, index):
         del self._inflight[name]
+        self._advance_member(name, round_, result, index)
+
+    def _advance_member(self, name, round_, result, index):
         following = round_.then(result)
         if isinstance(following, Round):
             self._submit(name, following, index + 1)
         else:
             assert isinstance(following, torch.Tensor)
             self._results[name] = following
+
+
+class _FusedRounds:
+    """The members of one fused collective, and how to cut its result back into their parts."""
+
+    def __init__(self, names, rounds):
+        self.names, self.rounds = names, rounds
+
+    def split(self, result):
+        sizes = [r.payload.numel() for r in self.rounds]
+        if self.rounds[0].collective is Collective.ALLGATHER:  # rows: one per rank
+            pieces = [piece.contiguous() for piece in result.split(sizes, dim=1)]
+        else:
+            pieces = [piece.view(r.payload.shape) for piece, r in zip(result.split(sizes), self.rounds)]
+        return zip(self.names, self.rounds, pieces)

@@ -6,6 +6,7 @@ import horovod.torch as hvd
 import torch
 
 from hvd_compress.comm.driver import RoundDriver
+from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.comm.horovod_backend import HorovodBackend
 from hvd_compress.compressors.base import Compressor
 from hvd_compress.compressors.cast import NoCompression
@@ -14,7 +15,7 @@ from hvd_compress.integration.agreement import verify_same_configuration
 
 class _CompressedDistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 process_set):
+                 process_set, fusion):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         self._names = _parameter_names(self.param_groups, named_parameters)
@@ -32,6 +33,10 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         if self._active:
             compression.bind_world(process_set.rank(), process_set.size())
             self._driver = RoundDriver(HorovodBackend(process_set), compression.traffic)
+            # Backward order: gradients of the last-registered parameters are ready first.
+            shapes = {self._names[p]: tuple(p.shape) for p in reversed(self._requires_update)}
+            self._scheduler = (FusionScheduler(compression, shapes, fusion, process_set.rank())
+                               if fusion is not None else None)
             verify_same_configuration(compression)
             self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook())
                            for p in self._requires_update]
@@ -50,6 +55,8 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         return hook
 
     def _start(self, p):
+        if not self._started and self._scheduler is not None:
+            self._driver.use_plan(self._scheduler.plan())  # settings may have changed last step
         name = self._names[p]
         grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
         self._driver.start(name, grad, self._compression.begin(name, grad))
@@ -129,7 +136,8 @@ def _parameter_names(param_groups, named_parameters):
 def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
                          backward_passes_per_step=1, op=hvd.Average,
                          gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=hvd.global_process_set):
+                         sparse_as_dense=False, process_set=hvd.global_process_set, *,
+                         fusion=ScaledFusion()):
     """Drop-in for ``hvd.DistributedOptimizer`` (same positional signature) that runs
     hvd_compress compressors with names and steps passed explicitly.
 
@@ -137,13 +145,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
       * needs no ``named_parameters`` on the compressor: names come from here;
       * overlaps every round of multi-round compressors (PowerSGD's Q, BF16's all-gather)
         with backward, starting each round as soon as the previous one lands;
-      * sends no placeholder all-reduce for compressors that all-gather.
+      * sends no placeholder all-reduce for compressors that all-gather;
+      * fuses payloads into buckets sized by the compression rate (ACP-SGD's scaled tensor
+        fusion), re-planned when L-GreCo or GraVAC change per-layer settings, identically on
+        every rank; parameters unused on a rank cannot stall a bucket, since ``synchronize``
+        submits them as zeros. ``fusion=ScaledFusion(log=True)`` prints the plans;
+        ``fusion=None`` leaves fusion to Horovod's background cycle.
 
     ``compression`` must be an hvd_compress compressor (default: :class:`NoCompression`).
     Sparse gradients are densified (as with ``sparse_as_dense=True``). ``op`` may be
     ``hvd.Average`` or ``hvd.Sum``. ``gradient_predivide_factor``, ``num_groups`` and
-    ``groups`` are not supported; Horovod's tensor fusion (``HOROVOD_FUSION_THRESHOLD``)
-    still fuses the collectives.
+    ``groups`` are not supported: ``fusion`` replaces them.
     """
     compression = NoCompression() if compression is None else compression
     if not isinstance(compression, Compressor):
@@ -155,12 +167,14 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     if gradient_predivide_factor != 1.0:
         raise ValueError("gradient_predivide_factor: only 1.0 is supported")
     if num_groups or groups is not None:
-        raise ValueError("num_groups/groups: not supported; Horovod's tensor fusion still fuses")
+        raise ValueError("num_groups/groups: not supported; use fusion=ScaledFusion(...)")
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be a positive integer, "
                          f"got {backward_passes_per_step!r}")
     del sparse_as_dense  # sparse gradients are always densified
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_CompressedDistributedOptimizer.__dict__))
+    if fusion is not None and not isinstance(fusion, ScaledFusion):
+        raise ValueError(f"fusion must be a ScaledFusion or None, got {type(fusion).__name__}")
     return cls(optimizer.param_groups, named_parameters, compression,
-               backward_passes_per_step, op, process_set)
+               backward_passes_per_step, op, process_set, fusion)

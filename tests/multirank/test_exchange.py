@@ -146,3 +146,41 @@ def test_compressors_configured_differently_fail_loudly(path):
             nn.functional.cross_entropy(model(x), y).backward()
         else:
             hc.DistributedOptimizer(opt, model.named_parameters(), hc.PowerSGD(rank=rank_setting))
+
+
+FUSIONS = {"tiny buckets": hc.ScaledFusion(4096, scaled=False), "scaled default": hc.ScaledFusion(),
+           "whole model": hc.ScaledFusion(2 ** 62, scaled=False)}
+
+
+@pytest.mark.parametrize("fusion", sorted(FUSIONS))
+@pytest.mark.parametrize("method", ["acpsgd", "topk"])
+def test_fused_aggregates_match_reference_and_plans_agree(method, fusion):
+    model = DigitsCNN()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                  model.named_parameters(), CONFIGS[method](None),
+                                  fusion=FUSIONS[fusion])
+    reference = SimulatedWorld([CONFIGS[method](None) for _ in range(hvd.size())])
+    digests = []
+    for step, (x, y) in enumerate(rank_batches(3, seed=7)):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        names, params = zip(*model.named_parameters())
+        raw = dict(zip(names, torch.autograd.grad(loss, params, retain_graph=True)))
+        loss.backward()
+        opt.synchronize()
+        digests.append(opt._scheduler.plan().digest())
+        per_rank = [{} for _ in range(hvd.size())]
+        for name, grad in raw.items():
+            for r, row in enumerate(gathered(grad, f"fused.{method}.{fusion}.{step}.{name}")):
+                per_rank[r][name] = row.view_as(grad)
+        expected = reference.step(per_rank)[hvd.rank()]
+        for name, p in model.named_parameters():
+            tol = 1e-5 * expected[name].abs().max().item() + 1e-7
+            assert torch.allclose(p.grad, expected[name], rtol=0, atol=tol), (step, name)
+        with opt.skip_synchronize():
+            opt.step()
+    everyone = hvd.allgather_object(digests, name=f"plans.{method}.{fusion}")
+    assert all(theirs == digests for theirs in everyone)
+    if method == "acpsgd":
+        assert digests[0] != digests[1] or fusion == "whole model"  # P and Q steps differ

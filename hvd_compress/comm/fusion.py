@@ -1,0 +1,125 @@
+"""Fusion plans: which payloads travel together in one collective (ACP-SGD, section IV-B).
+
+Compressed payloads are far smaller than gradients, so a buffer sized for dense gradients
+fuses nearly everything and loses the overlap with backward. The threshold is therefore the
+dense threshold times the compression rate, compressed bytes / dense bytes, so a buffer holds
+about as many layers as it would uncompressed. A plan depends only on parameter names, shapes,
+settings and the order given, so every rank computes the same plan without communicating.
+"""
+import hashlib
+import math
+import os
+from dataclasses import dataclass
+
+# Horovod's own default for HOROVOD_FUSION_THRESHOLD.
+DEFAULT_DENSE_THRESHOLD = 64 * 1024 * 1024
+
+
+def dense_threshold_from_env():
+    return int(os.environ.get("HOROVOD_FUSION_THRESHOLD", DEFAULT_DENSE_THRESHOLD))
+
+
+@dataclass(frozen=True)
+class Bucket:
+    members: tuple   # parameter names, in the order their gradients become ready
+    nbytes: int      # payload bytes fused
+
+
+@dataclass(frozen=True)
+class FusionPlan:
+    phase: str        # "P" or "Q" for ACP-SGD's alternate steps, "" otherwise
+    threshold: int    # payload bytes per bucket at most (a larger single payload goes alone)
+    buckets: tuple
+
+    def bucket_of(self):
+        return {name: i for i, bucket in enumerate(self.buckets) for name in bucket.members}
+
+    def digest(self):
+        return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
+
+    def describe(self):
+        lines = [f"fusion plan {self.digest()}{' for ' + self.phase + ' steps' if self.phase else ''}: "
+                 f"{len(self.buckets)} buckets under {self.threshold} bytes"]
+        lines += [f"  bucket {i}: {b.nbytes} bytes, {len(b.members)} members: {', '.join(b.members)}"
+                  for i, b in enumerate(self.buckets)]
+        return "\n".join(lines)
+
+
+def scaled_threshold(dense_threshold, compressed_bytes, dense_bytes):
+    """The dense threshold scaled by the compression rate (never below one byte)."""
+    if dense_bytes <= 0:
+        return dense_threshold
+    return max(1, math.floor(dense_threshold * compressed_bytes / dense_bytes))
+
+
+def plan_buckets(payloads, threshold, phase=""):
+    """Greedy in ready order: a bucket closes when the next payload would cross ``threshold``.
+    ``payloads``: (name, nbytes) pairs in the order gradients become ready in backward."""
+    buckets, members, total = [], [], 0
+    for name, nbytes in payloads:
+        if members and total + nbytes > threshold:
+            buckets.append(Bucket(tuple(members), total))
+            members, total = [], 0
+        members.append(name)
+        total += nbytes
+    if members:
+        buckets.append(Bucket(tuple(members), total))
+    return FusionPlan(phase, threshold, tuple(buckets))
+
+
+@dataclass(frozen=True)
+class ScaledFusion:
+    """How ``hvd_compress.DistributedOptimizer`` fuses payloads.
+
+    ``dense_threshold``: the buffer size for dense gradients (default: HOROVOD_FUSION_THRESHOLD,
+    else Horovod's 64 MiB); with ``scaled`` it is multiplied by the compression rate, otherwise
+    used as is for payload bytes (``ScaledFusion(2**62, scaled=False)``: the whole model in one
+    buffer). ``log``: print each new plan on rank 0."""
+    dense_threshold: int = None
+    scaled: bool = True
+    log: bool = False
+
+
+class FusionScheduler:
+    """Plans each step's buckets from the compressor's current settings, in backward order
+    (reverse registration order, as DDP's buckets), re-planning when settings change (L-GreCo,
+    GraVAC) or, for ACP-SGD, between P and Q steps. Settings change at the same step on every
+    rank, so plans do too."""
+
+    def __init__(self, compressor, shapes, config, rank=0):
+        self.compressor = compressor
+        self.shapes = shapes  # name -> shape, in backward order
+        self.config = config
+        self.rank = rank
+        self._cache = {}
+        self._last_digest = None
+
+    def plan(self):
+        from hvd_compress.compressors.acpsgd import ACPSGD
+        inner = getattr(self.compressor, "inner", self.compressor)
+        settings = tuple(self.compressor.setting(name) for name in self.shapes)
+        # ACP-SGD's phase, from a parameter it compresses (dense ones keep no state).
+        phase = (next((inner.phase(name) for name in self.shapes if name in inner.state), "P")
+                 if isinstance(inner, ACPSGD) else "")
+        key = (settings, phase)
+        if key not in self._cache:
+            payloads = [(name, _payload_bytes(inner, shape, setting, phase))
+                        for (name, shape), setting in zip(self.shapes.items(), settings)]
+            dense = sum(4 * math.prod(shape) for shape in self.shapes.values())
+            threshold = self.config.dense_threshold or dense_threshold_from_env()
+            if self.config.scaled:
+                threshold = scaled_threshold(threshold, sum(b for _, b in payloads), dense)
+            self._cache[key] = plan_buckets(payloads, threshold, phase)
+        plan = self._cache[key]
+        if self.config.log and self.rank == 0 and plan.digest() != self._last_digest:
+            print(plan.describe(), flush=True)
+        self._last_digest = plan.digest()
+        return plan
+
+
+def _payload_bytes(compressor, shape, setting, phase):
+    """First-round payload bytes of one gradient; ACP-SGD sends P (n x r) or Q (m x r)."""
+    if phase and compressor.compresses(shape, setting):
+        n, m, r = compressor._factor_elements(shape, setting)
+        return 4 * (n if phase == "P" else m) * r
+    return compressor.payload_bytes(shape, setting)
