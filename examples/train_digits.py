@@ -1,6 +1,7 @@
 """Data-parallel training of a small CNN on scikit-learn's digits with gradient compression.
 
     horovodrun -np 2 python examples/train_digits.py --compression powersgd --rank 2
+    horovodrun -np 2 python examples/train_digits.py --compression acpsgd --rank 4 --adapt lgreco
 
 Prints loss and test accuracy per epoch, then bytes sent per step and the compression ratio.
 """
@@ -22,23 +23,38 @@ def main():
     parser.add_argument("--bits", type=int, default=4, help="QSGD bits")
     parser.add_argument("--optimizer", choices=["stock", "wrapper"], default="stock",
                         help="hvd.DistributedOptimizer or hvd_compress.DistributedOptimizer")
+    parser.add_argument("--adapt", choices=["none", "lgreco", "gravac"], default="none",
+                        help="wrap the compressor in L-GreCo (per-layer settings) or GraVAC "
+                             "(adaptive factor; Top-K, low-rank or QSGD)")
     parser.add_argument("--epochs", type=int, default=12)
     args = parser.parse_args()
 
     hvd.init()
     torch.set_num_threads(1)
     options = {"powersgd": {"rank": args.rank}, "acpsgd": {"rank": args.rank},
-               "topk": {"density": args.density}, "qsgd": {"bits": args.bits}}
+               "topk": {"density": args.density}, "qsgd": {"bits": args.bits},
+               "scalecom": {"density": args.density}}
     kwargs = options.get(args.compression, {})
     made = {}
+    steps_per_epoch = len(digits.load_digits_split()[1]) // hvd.size() // 32
+
+    def adapted(compressor):
+        if args.adapt == "lgreco":
+            return hvd_compress.LGreCo(compressor, warmup_steps=steps_per_epoch,
+                                       decide_every="epoch", steps_per_epoch=steps_per_epoch,
+                                       apply_delay=5)
+        if args.adapt == "gravac":
+            return hvd_compress.GraVAC(compressor, theta_min=10, theta_max=100,
+                                       window=steps_per_epoch, epsilon=0.5)
+        return compressor
 
     def make_optimizer(model, optimizer):
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         if args.optimizer == "stock":
-            made["compressor"] = BY_NAME[args.compression](model.named_parameters(), **kwargs)
+            made["compressor"] = adapted(BY_NAME[args.compression](model.named_parameters(), **kwargs))
             return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                             compression=made["compressor"])
-        made["compressor"] = BY_NAME[args.compression](**kwargs)
+        made["compressor"] = adapted(BY_NAME[args.compression](**kwargs))
         return hvd_compress.DistributedOptimizer(optimizer, model.named_parameters(),
                                                  made["compressor"])
 
@@ -48,7 +64,7 @@ def main():
 
     if hvd.rank() == 0:
         print(f"{hvd.size()} ranks, compression={args.compression} {kwargs}, "
-              f"optimizer={args.optimizer}", flush=True)
+              f"adapt={args.adapt}, optimizer={args.optimizer}", flush=True)
     _, acc = digits.train(make_optimizer, hvd.rank(), hvd.size(), epochs=args.epochs, lr=0.1,
                           log=log)
     if hvd.rank() == 0:
