@@ -139,6 +139,7 @@ class GraVAC(Controller):
         self.cf = self.policy.choose()
         self.history = []  # per step: (cf, gain_min, gain_candidate, seconds)
         self._projections = {}  # warm-started Q for low-rank gains
+        self._shapes = {}  # compressed parameters seen so far
         self._step_stats = {}  # name -> this step's stats, averaged over ranks
         self._last_end = None
         self._last_seconds = 0.0
@@ -174,6 +175,9 @@ class GraVAC(Controller):
         shape = tuple(grad.shape)
         if len(shape) < 2 or grad.numel() < self.inner.min_numel:
             return self.inner.begin(name, grad)
+        if name not in self._shapes:
+            self._shapes[name] = shape
+            self._apply_factor(name)
         x = grad.detach().reshape(-1).float()
         st = self.inner.state.get(name)
         if st is not None and hasattr(st, "memory"):
@@ -186,7 +190,6 @@ class GraVAC(Controller):
                 st.memory.zero_()
             round_ = dense_round(x.view(shape).to(grad.dtype))
         else:
-            self.inner.set_setting(name, self.setting_for(self.cf, shape))
             round_ = self.inner.begin(name, grad)
         return self._carrying(name, round_, stats)
 
@@ -256,6 +259,14 @@ class GraVAC(Controller):
         self.history.append((self.cf, gain_min, gain_candidate, seconds))
         self.policy.observe(self.cf, gain_min, gain_candidate, seconds)
         self.cf = self.policy.choose()
+        # Applied now, not at the next begin, so that a fusion plan made before the next
+        # step's first gradient already sees the new settings.
+        for name in self._shapes:
+            self._apply_factor(name)
+
+    def _apply_factor(self, name):
+        if self.cf != DENSE:
+            self.inner.set_setting(name, self.setting_for(self.cf, self._shapes[name]))
 
     def state_dict(self):
         return {"inner": self.inner.state_dict(), "policy": self.policy.state(), "cf": self.cf,

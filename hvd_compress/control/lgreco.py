@@ -184,7 +184,7 @@ class LGreCo(Controller):
             density = self.inner.density if default is None else default / numel
             densities = self.candidates or [density * i / 10 for i in range(1, 101)]
             options = {max(1, min(numel, math.ceil(d * numel))) for d in densities}
-            options.add(self.inner.k_for(default, numel))
+            options.add(self._default_option(shape, default))
             return sorted(options)
         if self.candidates is not None:
             return sorted(set(self.candidates) | {default})
@@ -192,6 +192,10 @@ class LGreCo(Controller):
         if isinstance(self.inner, QSGD):
             low, high = max(MIN_BITS, low), min(MAX_BITS, high)
         return list(range(low, high + 1))
+
+    def _default_option(self, shape, default):
+        """The default as it appears among the candidates (TopK's None becomes its k)."""
+        return self.inner.k_for(default, math.prod(shape)) if isinstance(self.inner, TopK) else default
 
     def _layer_errors(self, gradient, options):
         if isinstance(self.inner, LowRankCompressor):
@@ -231,8 +235,7 @@ class LGreCo(Controller):
             errors = [0.0 if not self.inner.compresses(shape, o) else e
                       for o, e in zip(options, self._layer_errors(sums[name], options))]
             sizes = [self.inner.payload_bytes(shape, o) for o in options]
-            rows.append((options, sizes, errors, options.index(self.inner.k_for(default, math.prod(shape))
-                                                                if isinstance(self.inner, TopK) else default)))
+            rows.append((options, sizes, errors, options.index(self._default_option(shape, default))))
             width = max(width, len(options))
         size_table = np.full((len(names), width), np.inf)
         error_table = np.full((len(names), width), np.inf)
@@ -253,10 +256,7 @@ class LGreCo(Controller):
                 choice, total_error = solved, solved_error
         except ValueError as error:
             notes.append(f"kept the defaults: {error}")
-        settings = {}
-        for name, (options, _, _, _), c in zip(names, rows, choice):
-            value = options[c]
-            settings[name] = value if not isinstance(self.inner, TopK) else int(value)
+        settings = {name: options[c] for name, (options, _, _, _), c in zip(names, rows, choice)}
         total_bytes = int(sum(size_table[i, c] for i, c in enumerate(choice)))
         return Decision(version, decided_at, effective_step, settings, total_bytes, uniform_bytes,
                         float(total_error), budget, self.objective, time.perf_counter() - start, notes)
