@@ -1,0 +1,221 @@
+"""An emulated cluster on one machine: one network namespace per rank, joined by a bridge,
+with every rank's link rate-limited by ``tc tbf``, and the ``mpirun`` command that starts rank
+r inside namespace r.
+
+Why: fusion and overlap only matter when bytes cost time, and ranks on one host otherwise talk
+through shared memory or loopback at memory speed. In the testbed each rank has one veth link
+to the bridge, shaped in both directions (the rank's end shapes what it sends, the bridge's end
+what it receives), like a host on a full-duplex Ethernet switch port.
+
+    with emulated_cluster(ranks=4, rate_gbit=1.0) as cluster:
+        returncode, stdout, stderr = cluster.run(["python", "train.py"], timeout=120)
+
+Addresses: a private /24 (default 10.77.0.0/24), the bridge .1 (where mpirun's PMIx server
+listens), rank r .(r + 2). The namespaces have no default route, so ranks can reach only each
+other and the bridge, never any other address.
+
+Shaping (``tbf``): ``burst`` is one millisecond of traffic at the rate (125 kB at 1 Gbit/s),
+at least 128 KiB. A real NIC has no credit: after an idle period tbf lets ``burst`` bytes
+through at memory speed, so a message arrives at most about 1 ms early (2 ms at 0.5 Gbit/s),
+below the resolution of a training step. The floor admits a whole 64 KiB GSO segment of the
+veth with its headers, which tbf would otherwise split in software: at 0.5 Gbit/s with a 64 KiB
+burst, 6-10% of the CPU went to work charged to no process during jobs with large buckets. ``latency`` 50 ms bounds the queue at rate x 50 ms + burst (6.3 MB at 1 Gbit/s): enough
+that TCP never sees drops, and so never a retransmission timeout of 200 ms, which a switch port
+that pauses (as data-centre Ethernet does) would not cause either. TCP Small Queues keep the
+queue actually used far shorter.
+
+Open MPI runs over TCP only (``pml ob1``, ``btl tcp,self``: no shared memory between the
+namespaces), and rank r is bound to core r mod cores (``pin_ranks``).
+
+Every namespace, link and the bridge carry a fixed prefix (``hvdc`` by default). A set-up first
+takes a lock file for that prefix, so two testbeds with the same prefix cannot overlap; whatever
+a killed earlier run left under the prefix is then removed. Leaving the context, also on errors,
+Ctrl-C and SIGTERM, removes everything it created. Every command runs under a timeout.
+"""
+import contextlib
+import fcntl
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+COMMAND_TIMEOUT = 10  # seconds for one ip/tc command
+
+
+class NetworkNamespacesUnavailable(RuntimeError):
+    """The testbed could not be built here: no ``ip``/``tc``, or no permission to create
+    namespaces, bridges or qdiscs (not root, a sandbox)."""
+
+
+@dataclass(frozen=True)
+class EmulatedCluster:
+    ranks: int
+    rate_gbit: float
+    prefix: str = "hvdc"
+    subnet: str = "10.77.0"  # first three octets of a private /24
+    pin_ranks: bool = True
+
+    @property
+    def bridge(self):
+        return f"{self.prefix}br"
+
+    @property
+    def bridge_address(self):
+        return f"{self.subnet}.1"
+
+    def namespace(self, rank):
+        return f"{self.prefix}{rank}"
+
+    def address(self, rank):
+        return f"{self.subnet}.{rank + 2}"
+
+    def tbf_parameters(self):
+        rate_bytes = self.rate_gbit * 1e9 / 8
+        burst = max(128 * 1024, int(rate_bytes * 1e-3))
+        return ["rate", f"{self.rate_gbit}gbit", "burst", str(burst), "latency", "50ms"]
+
+    def mpirun_command(self, argv, env=None):
+        """``mpirun`` starting ``argv`` as rank r inside namespace r, exporting the variables
+        named in ``env`` to every rank; run it with :meth:`mpirun_environment`."""
+        exports = [item for name in sorted(env or {}) for item in ("-x", name)]
+        # $OMPI_COMM_WORLD_RANK is expanded by each rank's own shell, after mpirun set it.
+        enter = f'exec ip netns exec "{self.prefix}$OMPI_COMM_WORLD_RANK" "$@"'
+        # Rank r bound to core r mod cores: unbound, the scheduler moves oversubscribed ranks
+        # around and step times of two identical jobs differ several times more.
+        placement = (["--map-by", "core:OVERSUBSCRIBE", "--bind-to", "core:overload-allowed"]
+                     if self.pin_ranks else ["--bind-to", "none"])
+        return (["mpirun", "--allow-run-as-root", "--oversubscribe", *placement,
+                 "-np", str(self.ranks),
+                 # TCP on the shaped links only: no shared memory, no UCX or other fabrics.
+                 "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+                 "--mca", "btl_tcp_if_include", f"{self.subnet}.0/24",
+                 "--mca", "oob_tcp_if_include", self.bridge,
+                 "-x", "PMIX_MCA_ptl_tcp_remote_connections", "-x", "PMIX_MCA_ptl_tcp_if_include",
+                 *exports, "sh", "-c", enter, "sh", *argv])
+
+    def mpirun_environment(self, env=None):
+        """The environment for :meth:`mpirun_command`: ranks in other namespaces reach mpirun's
+        PMIx server only over TCP on the bridge."""
+        return {**os.environ, **(env or {}), "PMIX_MCA_ptl_tcp_remote_connections": "1",
+                "PMIX_MCA_ptl_tcp_if_include": self.bridge}
+
+    def run(self, argv, timeout, env=None):
+        """Runs ``argv`` on every rank under :func:`run_bounded`; ``env`` is added to this
+        process's environment."""
+        return run_bounded(self.mpirun_command(argv, env), timeout, self.mpirun_environment(env))
+
+    def describe(self):
+        return (f"{self.ranks} network namespaces {self.namespace(0)}..{self.namespace(self.ranks - 1)} "
+                f"on bridge {self.bridge} ({self.subnet}.0/24), each link shaped both ways by "
+                f"tc tbf {' '.join(self.tbf_parameters())}; ranks "
+                f"{'bound to core r mod cores' if self.pin_ranks else 'not bound to cores'}")
+
+
+def _run(*args, namespace=None):
+    """Runs one command (``ip ...``, ``tc ...``), inside ``namespace`` if given."""
+    command = (["ip", "netns", "exec", namespace] if namespace else []) + list(args)
+    return subprocess.run(command, check=True, capture_output=True, text=True,
+                          timeout=COMMAND_TIMEOUT).stdout
+
+
+def _remove(cluster_prefix):
+    """Removes every namespace and link named with ``cluster_prefix`` (errors ignored)."""
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                timeout=COMMAND_TIMEOUT).stdout.split()
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
+                           timeout=COMMAND_TIMEOUT).stdout
+    link_names = [line.split(":")[1].strip().split("@")[0] for line in links.splitlines()]
+    for name in namespaces:
+        if name.startswith(cluster_prefix) and name[len(cluster_prefix):].isdigit():
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=COMMAND_TIMEOUT)
+    # Deleting a namespace deletes the veth ends in it, and so their peers on the bridge;
+    # a namespace still held by a lingering process keeps them, hence the explicit deletes.
+    for name in link_names:
+        if name.startswith(cluster_prefix):
+            subprocess.run(["ip", "link", "delete", name], capture_output=True, timeout=COMMAND_TIMEOUT)
+
+
+def _build(cluster):
+    try:
+        _build_links(cluster)
+    except (OSError, subprocess.CalledProcessError) as error:
+        detail = getattr(error, "stderr", None) or error
+        command = getattr(error, "cmd", None)
+        raise NetworkNamespacesUnavailable(
+            f"{shlex.join(command) + ': ' if command else ''}{str(detail).strip()}") from error
+
+
+def _build_links(cluster):
+    tbf = cluster.tbf_parameters()
+    _run("ip", "link", "add", cluster.bridge, "type", "bridge")
+    _run("ip", "addr", "add", f"{cluster.bridge_address}/24", "dev", cluster.bridge)
+    _run("ip", "link", "set", cluster.bridge, "up")
+    for rank in range(cluster.ranks):
+        namespace = cluster.namespace(rank)
+        host_end, rank_end = f"{namespace}b", f"{namespace}e"
+        _run("ip", "netns", "add", namespace)
+        _run("ip", "link", "add", host_end, "type", "veth", "peer", "name", rank_end, "netns", namespace)
+        _run("ip", "link", "set", host_end, "master", cluster.bridge, "up")
+        _run("tc", "qdisc", "add", "dev", host_end, "root", "tbf", *tbf)  # what the rank receives
+        _run("ip", "link", "set", "lo", "up", namespace=namespace)
+        _run("ip", "addr", "add", f"{cluster.address(rank)}/24", "dev", rank_end, namespace=namespace)
+        _run("ip", "link", "set", rank_end, "up", namespace=namespace)
+        _run("tc", "qdisc", "add", "dev", rank_end, "root", "tbf", *tbf, namespace=namespace)  # sends
+
+
+def _raise_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def emulated_cluster(ranks, rate_gbit=1.0, prefix="hvdc", subnet="10.77.0", pin_ranks=True):
+    """Sets up an :class:`EmulatedCluster`, yields it, and always removes it again."""
+    cluster = EmulatedCluster(ranks, rate_gbit, prefix, subnet, pin_ranks)
+    lock_path = Path(tempfile.gettempdir()) / f"hvd_compress-testbed-{prefix}.lock"
+    with open(lock_path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"another process holds testbed prefix {prefix!r} ({lock_path})") from None
+        # SIGTERM becomes SystemExit so that the teardown below runs, as on Ctrl-C.
+        previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+        try:
+            _remove(prefix)  # left by an earlier run that was killed: it no longer holds the lock
+            _build(cluster)
+            yield cluster
+        finally:
+            _remove(prefix)
+            signal.signal(signal.SIGTERM, previous)
+
+
+def run_bounded(command, timeout, env=None):
+    """Runs ``command`` in a session of its own; past ``timeout`` seconds (or on any exception
+    here, Ctrl-C included) the whole session is terminated, then killed. Returns
+    (returncode, stdout, stderr); returncode is None after a timeout."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+        return process.returncode, stdout, stderr
+    except subprocess.TimeoutExpired:
+        _stop_session(process)
+        stdout, stderr = process.communicate()
+        return None, stdout, stderr + f"\n[timed out after {timeout} s: {shlex.join(command)}]"
+    except BaseException:
+        _stop_session(process)
+        raise
+
+
+def _stop_session(process, grace=5):
+    """SIGTERM to the session (mpirun forwards it to its ranks), then SIGKILL to whatever is
+    left of it."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace)
