@@ -41,24 +41,31 @@ def test_aggregate_matches_reference_from_allgathered_gradients(method, path):
     opt, _ = distributed(model, torch.optim.SGD(model.parameters(), lr=0.05), method, path)
     reference = SimulatedWorld([CONFIGS[method](None) for _ in range(hvd.size())])
     for step, (x, y) in enumerate(rank_batches(4, seed=1)):
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        # autograd.grad fires no accumulate hooks, so these are untouched by communication
-        # (Horovod all-reduces dense gradients in place, asynchronously).
-        names, params = zip(*model.named_parameters())
-        raw = dict(zip(names, torch.autograd.grad(loss, params, retain_graph=True)))
-        loss.backward()
-        opt.synchronize()
-        per_rank = [{} for _ in range(hvd.size())]
-        for name, grad in raw.items():
-            for r, row in enumerate(gathered(grad, f"raw.{method}.{path}.{step}.{name}")):
-                per_rank[r][name] = row.view_as(grad)
-        expected = reference.step(per_rank)[hvd.rank()]
-        for name, p in model.named_parameters():
-            tol = TOLERANCE.get(method, 1e-5) * expected[name].abs().max().item() + 1e-7
-            assert torch.allclose(p.grad, expected[name], rtol=0, atol=tol), (step, name)
+        check_step_against_reference(model, opt, reference, method, x, y, f"raw.{method}.{path}.{step}")
         with opt.skip_synchronize():
             opt.step()
+
+
+def check_step_against_reference(model, opt, reference, method, x, y, tag):
+    """Synchronizes one step; the aggregate in every p.grad must equal what ``reference`` (a
+    simulated world of W identically configured compressors) computes from every rank's raw
+    gradients, all-gathered."""
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    # autograd.grad fires no accumulate hooks, so these are untouched by communication
+    # (Horovod all-reduces dense gradients in place, asynchronously).
+    names, params = zip(*model.named_parameters())
+    raw = dict(zip(names, torch.autograd.grad(loss, params, retain_graph=True)))
+    loss.backward()
+    opt.synchronize()
+    per_rank = [{} for _ in range(hvd.size())]
+    for name, grad in raw.items():
+        for r, row in enumerate(gathered(grad, f"{tag}.{name}")):
+            per_rank[r][name] = row.view_as(grad)
+    expected = reference.step(per_rank)[hvd.rank()]
+    for name, p in model.named_parameters():
+        tol = TOLERANCE.get(method, 1e-5) * expected[name].abs().max().item() + 1e-7
+        assert torch.allclose(p.grad, expected[name], rtol=0, atol=tol), (tag, name)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -163,21 +170,9 @@ def test_fused_aggregates_match_reference_and_plans_agree(method, fusion):
     reference = SimulatedWorld([CONFIGS[method](None) for _ in range(hvd.size())])
     digests = []
     for step, (x, y) in enumerate(rank_batches(3, seed=7)):
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        names, params = zip(*model.named_parameters())
-        raw = dict(zip(names, torch.autograd.grad(loss, params, retain_graph=True)))
-        loss.backward()
-        opt.synchronize()
+        check_step_against_reference(model, opt, reference, method, x, y,
+                                     f"fused.{method}.{fusion}.{step}")
         digests.append(opt._scheduler.plan().digest())
-        per_rank = [{} for _ in range(hvd.size())]
-        for name, grad in raw.items():
-            for r, row in enumerate(gathered(grad, f"fused.{method}.{fusion}.{step}.{name}")):
-                per_rank[r][name] = row.view_as(grad)
-        expected = reference.step(per_rank)[hvd.rank()]
-        for name, p in model.named_parameters():
-            tol = 1e-5 * expected[name].abs().max().item() + 1e-7
-            assert torch.allclose(p.grad, expected[name], rtol=0, atol=tol), (step, name)
         with opt.skip_synchronize():
             opt.step()
     everyone = hvd.allgather_object(digests, name=f"plans.{method}.{fusion}")
