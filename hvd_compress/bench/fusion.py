@@ -39,17 +39,16 @@ import argparse
 import json
 import math
 import os
-import platform
-import resource
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from hvd_compress.bench.report import (checkout_pythonpath, cluster_job, describe_machine, machine,
+                                       summarise, timed_step, undisturbed)
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.compressors.acpsgd import ACPSGD
 from hvd_compress.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
@@ -116,28 +115,25 @@ def worker(args):
     planner = FusionScheduler(compressor, backward_order_shapes(model), fusion)
     train_ids, _ = load_corpus(max_chars=400_000)
     data = batches(train_ids, args.batch, args.context, torch.Generator().manual_seed(hvd.rank()))
-    phases, times = {}, {"step": [], "backward": [], "synchronize": []}
+    phases, times, losses = {}, {"step": [], "backward": [], "synchronize": []}, []
+
+    def forward_backward():
+        optimizer.zero_grad()
+        loss = cross_entropy(model, *next(data))
+        loss.backward()  # every bucket is submitted from the hooks, during backward
+        losses.append(loss.item())
+
     for step in range(args.warmup + args.steps):
-        x, y = next(data)
         plan = planner.plan()
         phases[plan.phase] = {"threshold": plan.threshold, "buckets": len(plan.buckets),
                               "payload_bytes": sum(b.nbytes for b in plan.buckets)}
-        start = time.perf_counter()
-        optimizer.zero_grad()
-        loss = cross_entropy(model, x, y)
-        loss.backward()  # every bucket is submitted from the hooks, during backward
-        backward_done = time.perf_counter()
-        optimizer.synchronize()  # what is left of communication, then the decompression
-        synchronized = time.perf_counter()
-        with optimizer.skip_synchronize():
-            optimizer.step()
+        timed = timed_step(optimizer, forward_backward)
         if step >= args.warmup:
-            times["step"].append(time.perf_counter() - start)
-            times["backward"].append(backward_done - start)
-            times["synchronize"].append(synchronized - backward_done)
+            for part, seconds in timed.items():
+                times[part].append(seconds)
     if hvd.rank() == 0:
         print(RESULT_PREFIX + json.dumps({"phases": phases, "seconds": times,
-                                          "final_loss": loss.item()}), flush=True)
+                                          "final_loss": losses[-1]}), flush=True)
 
 
 # ----- the sweep --------------------------------------------------------------------------------
@@ -168,40 +164,10 @@ def run_configuration(cluster, args, threshold, scaled):
     argv = [sys.executable, "-m", "hvd_compress.bench.fusion", "--worker",
             "--threshold", str(threshold), *(["--scaled"] if scaled else []),
             *_shared_flags(args)]
-    env = {"HOROVOD_FUSION_THRESHOLD": "0", "OMP_NUM_THREADS": "1",
-           # Rank r imports hvd_compress from this checkout, whatever is installed.
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[2]),
-                                                       os.environ.get("PYTHONPATH")]))}
+    env = {"HOROVOD_FUSION_THRESHOLD": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
     if args.cycle_time_ms is not None:
         env["HOROVOD_CYCLE_TIME"] = str(args.cycle_time_ms)
-    started, busy, ours = time.perf_counter(), busy_cpu_seconds(), children_cpu_seconds()
-    returncode, stdout, stderr = cluster.run(argv, timeout=args.job_timeout, env=env)
-    wall = time.perf_counter() - started
-    ours = children_cpu_seconds() - ours
-    other = busy_cpu_seconds() - busy - ours
-    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-    if returncode != 0 or not lines:
-        raise RuntimeError(f"job failed (exit {returncode}) after {wall:.0f} s:\n"
-                           f"{stdout[-2000:]}\n{stderr[-4000:]}")
-    result = json.loads(lines[-1][len(RESULT_PREFIX):])
-    result.update(wall_seconds=wall, other_cpu_seconds=other)
-    return result
-
-
-def busy_cpu_seconds():
-    """Busy CPU seconds of all cores since boot (/proc/stat), interrupts left out: most of
-    them are the testbed's own network traffic, charged to no process."""
-    user, nice, system, _idle, _iowait, _irq, _softirq, steal = map(
-        int, Path("/proc/stat").read_text().split()[1:9])
-    return (user + nice + system + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def children_cpu_seconds():
-    """CPU seconds of this process's finished descendants: mpirun and, through it, the ranks.
-    Busy time beyond it during a job went to other processes (or was stolen by the
-    hypervisor): the ranks did not have the machine to themselves."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    return cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX)
 
 
 def _shared_flags(args):
@@ -215,26 +181,6 @@ def run_key(args):
     return (f"rate {args.rate:g} Gbit/s, np {args.np}, cycle {cycle}, d{args.d_model}x{args.layers}, "
             f"batch {args.batch}x{args.context}, ACP-SGD rank {args.acp_rank}"
             f"{', unpinned' if args.unpinned else ''}")
-
-
-def summarise(seconds):
-    ms = sorted(1000 * s for s in seconds)
-    quartiles = statistics.quantiles(ms, n=4)
-    return {"median": statistics.median(ms), "p25": quartiles[0], "p75": quartiles[2],
-            "min": ms[0], "max": ms[-1]}
-
-
-def machine():
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    memory_kib = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                          if line.startswith("MemTotal")))
-    mpirun = subprocess.run(["mpirun", "--version"], capture_output=True, text=True,
-                            timeout=10).stdout.splitlines()[0]
-    import horovod
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(memory_kib / 2 ** 20, 1),
-            "kernel": platform.release(), "python": platform.python_version(),
-            "torch": torch.__version__, "horovod": horovod.__version__, "mpi": mpirun}
 
 
 def sweep(args):
@@ -262,36 +208,9 @@ def sweep(args):
     return run
 
 
-def undisturbed_job(cluster, args, label, threshold, scaled, attempts=3):
-    """A job during which the ranks had the machine to themselves: one during which more than
-    ``--max-other-cpu`` of the cores' time went elsewhere (another user's processes) runs again,
-    up to ``attempts`` times in all; the last one is kept, marked, if none was undisturbed."""
-    for attempt in range(attempts):
-        wait_until_idle(args.max_other_cpu)
-        job = run_configuration(cluster, args, threshold, scaled)
-        job["disturbed_attempts"] = attempt
-        _print_job(label, job)
-        share = job["other_cpu_seconds"] / (job["wall_seconds"] * os.cpu_count())
-        if share <= args.max_other_cpu:
-            return job
-        print(f"  {100 * share:.0f}% of the CPU went to other processes during that job", flush=True)
-    job["disturbed_attempts"] = attempts
-    return job
-
-
-def wait_until_idle(max_share, interval=2.0, patience=300):
-    """Waits, at most ``patience`` seconds, until the cores were busy less than ``max_share``
-    of an ``interval``: on a shared machine another user's tests would otherwise share the
-    cores with the ranks."""
-    started = time.monotonic()
-    while time.monotonic() - started < patience:
-        busy = busy_cpu_seconds()
-        time.sleep(interval)
-        if (busy_cpu_seconds() - busy) / (interval * os.cpu_count()) <= max_share:
-            break
-    waited = time.monotonic() - started - interval
-    if waited >= 1:
-        print(f"  waited {waited:.0f} s for other processes to leave the cores", flush=True)
+def undisturbed_job(cluster, args, label, threshold, scaled):
+    return undisturbed(lambda: run_configuration(cluster, args, threshold, scaled),
+                       args.max_other_cpu, lambda job: _job_line(label, job))
 
 
 def pooled_entry(label, threshold, scaled, jobs):
@@ -308,12 +227,12 @@ def pooled_entry(label, threshold, scaled, jobs):
             "step_ms_each": [[round(1000 * s, 1) for s in job["seconds"]["step"]] for job in jobs]}
 
 
-def _print_job(label, job):
+def _job_line(label, job):
     step, sync = (summarise(job["seconds"][part]) for part in ("step", "synchronize"))
     buckets = "/".join(str(phase["buckets"]) for _, phase in sorted(job["phases"].items()))
-    print(f"{label:28} median step {step['median']:7.1f} ms (p25-p75 {step['p25']:.1f}-"
+    return (f"{label:28} median step {step['median']:7.1f} ms (p25-p75 {step['p25']:.1f}-"
           f"{step['p75']:.1f}), synchronize {sync['median']:.1f} ms, buckets {buckets}, "
-          f"job {job['wall_seconds']:.0f} s, other CPU {job['other_cpu_seconds']:.1f} s", flush=True)
+          f"job {job['wall_seconds']:.0f} s, other CPU {job['other_cpu_seconds']:.1f} s")
 
 
 # ----- outputs ----------------------------------------------------------------------------------
@@ -414,9 +333,7 @@ def results_section(runs, main_key):
         m = run["machine"]
         lines += [f"### {key}", "", f"    {run['command']}", "",
                   *([f"Note: {run['note']}.", ""] if "note" in run else []),
-                  f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}; "
-                  f"Python {m['python']}, torch {m['torch']}, Horovod {m['horovod']}, {m['mpi']}. "
-                  f"Load average before/after: {', '.join(f'{v:.2f}' for v in run['load_average_before'])}"
+                  f"{describe_machine(m)} Load average before/after: {', '.join(f'{v:.2f}' for v in run['load_average_before'])}"
                   f" / {', '.join(f'{v:.2f}' for v in run['load_average_after'])}. "
                   f"Testbed: {run['testbed']}. Whole sweep {run['wall_seconds']} s.", "",
                   f"Model: {model['parameters']:,} parameters in {model['tensors']} tensors "

@@ -52,6 +52,9 @@ class Traffic:
     dense_wire_bytes: int = 0
     payload_bytes: int = 0
     wire_bytes: int = 0
+    # collective name -> [calls, payload bytes] since the start: what an alpha-beta model of
+    # the exchange at another world size or link rate needs.
+    by_collective: dict = field(default_factory=dict)
     _current: list = field(default_factory=lambda: [0, 0, 0])
 
     def add_gradient(self, grad):
@@ -61,6 +64,9 @@ class Traffic:
         nbytes = payload.numel() * payload.element_size()
         self._current[1] += nbytes
         self._current[2] += collective.wire_bytes(nbytes, self.world_size)
+        counts = self.by_collective.setdefault(collective.value, [0, 0])
+        counts[0] += 1
+        counts[1] += nbytes
 
     def end_step(self):
         if self._current == [0, 0, 0]:

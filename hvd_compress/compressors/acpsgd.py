@@ -26,7 +26,7 @@ class ACPSGD(LowRankCompressor):
         if st.step % 2 == 1:  # P step
             q_hat = lowrank.orthogonalize(self._reused(st, name, "q"))
             p = matrix @ q_hat
-            self._remember(st, matrix, p @ q_hat.t())
+            self._remember(st, matrix, p, q_hat)
 
             def after_p(p_mean):
                 st.p, st.q = p_mean, q_hat
@@ -36,7 +36,7 @@ class ACPSGD(LowRankCompressor):
 
         p_hat = lowrank.orthogonalize(self._reused(st, name, "p"))
         q = lowrank.project_left(matrix, p_hat)
-        self._remember(st, matrix, p_hat @ q.t())
+        self._remember(st, matrix, p_hat, q)
 
         def after_q(q_mean):
             st.p, st.q = p_hat, q_mean

@@ -73,15 +73,26 @@ class LowRankCompressor(Compressor):
         st.step += 1
         if st.step <= self.start_step:
             return None
-        matrix = grad.reshape(n, m).float()
+        matrix = grad.reshape(n, m)
         if self.error_feedback:
-            matrix = matrix + st.memory
-        return st, matrix, r
+            # M is built in the error-feedback buffer itself, and ``_remember`` leaves the new
+            # residual there: no gradient-sized allocation (and page faults) per step.
+            return st, st.memory.add_(matrix.float()), r
+        return st, matrix.float(), r
 
-    def _remember(self, st, matrix, sent):
-        """Error feedback: what this rank failed to send is added to its next gradient."""
+    def _remember(self, st, matrix, p, q):
+        """Error feedback: what this rank failed to send, M - P Q^T, is added to its next
+        gradient. ``matrix`` is M in the error-feedback buffer; nothing reads M afterwards."""
         if self.error_feedback:
-            st.memory = matrix - sent
+            matrix.addmm_(p, q.t(), alpha=-1)
+
+    def state_dict(self):
+        """As :meth:`Compressor.state_dict`, with tensors copied: error feedback is updated in
+        place, and a checkpoint must not change as training goes on."""
+        return _copy_tensors(super().state_dict())
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(_copy_tensors(state_dict))
 
     def _reused(self, st, name, which):
         """The factor (``"p"`` or ``"q"``) to start this step from: last step's (warm start), or
@@ -99,3 +110,10 @@ class LowRankCompressor(Compressor):
 
     def _rounds(self, name, grad, st, matrix, r):
         raise NotImplementedError
+
+
+def _copy_tensors(state_dict):
+    return {"settings": dict(state_dict["settings"]),
+            "state": {name: {key: value.clone() if torch.is_tensor(value) else value
+                             for key, value in values.items()}
+                      for name, values in state_dict["state"].items()}}

@@ -33,7 +33,7 @@ class PowerSGD(LowRankCompressor):
         def after_p(p_mean):
             p_hat = lowrank.orthogonalize(p_mean)
             q = lowrank.project_left(matrix, p_hat)
-            self._remember(st, matrix, p_hat @ q.t())
+            self._remember(st, matrix, p_hat, q)
 
             def after_q(q_mean):
                 st.q = q_mean

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.compressors.base import Compressor, check_positive_int, dense_round
+from hvd_compress.compressors.base import check_positive_int, dense_round
+from hvd_compress.compressors.topk import KSparse
 from hvd_compress.maths.chunked_topk import chunked_topk_indices
 
 
@@ -15,7 +16,7 @@ class ScaleComState:
     step: int = 0
 
 
-class ScaleCom(Compressor):
+class ScaleCom(KSparse):
     """Cyclic local top-k (CLT-k) with a low-pass filter on error feedback.
 
     At step t the leader is rank t mod W. The leader selects the top-k indices of its
@@ -33,33 +34,18 @@ class ScaleCom(Compressor):
     gradient element: :meth:`set_rates_from_flops`.
     """
 
-    setting_name = "k"
-
     def __init__(self, named_parameters=None, density=0.01, *, beta=1.0, chunks=64, warmup_steps=0,
                  min_numel=1024):
-        if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
-            raise ValueError(f"ScaleCom: density must lie in (0, 1], got {density!r}")
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 < beta <= 1:
             raise ValueError(f"ScaleCom: beta must lie in (0, 1], got {beta!r}")
         check_positive_int(self, None, "chunks", chunks)
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"ScaleCom: warmup_steps must be a non-negative integer, got {warmup_steps!r}")
-        self.density, self.beta, self.chunks, self.warmup_steps = float(density), float(beta), chunks, warmup_steps
-        super().__init__(named_parameters, default=None, min_numel=min_numel)
+        self.beta, self.chunks, self.warmup_steps = float(beta), chunks, warmup_steps
+        super().__init__(named_parameters, density, min_numel=min_numel)
 
     def config(self):
-        return dict(super().config(), density=self.density, beta=self.beta, chunks=self.chunks,
-                    warmup_steps=self.warmup_steps)
-
-    def _check_setting(self, name, value, numel):
-        if value is not None:  # None: k follows ``density``
-            check_positive_int(self, name, "k", value, upper=numel)
-
-    def k_for(self, setting, numel):
-        return setting if setting is not None else max(1, math.ceil(self.density * numel))
-
-    def _compressed_bytes(self, shape, setting):
-        return 8 * self.k_for(setting, math.prod(shape))
+        return dict(super().config(), beta=self.beta, chunks=self.chunks, warmup_steps=self.warmup_steps)
 
     def _new_state_from(self, values):
         return ScaleComState(**values)

@@ -14,7 +14,34 @@ class TopKState:
     memory: torch.Tensor  # flat float32 error feedback
 
 
-class TopK(Compressor):
+class KSparse(Compressor):
+    """What compressors that send k values and their int32 indices per gradient share: the
+    setting is k, or None for ``density`` of the gradient's entries."""
+
+    setting_name = "k"
+
+    def __init__(self, named_parameters=None, density=0.01, *, min_numel=1024):
+        if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
+            raise ValueError(f"{type(self).__name__}: density must lie in (0, 1], got {density!r}")
+        self.density = float(density)
+        super().__init__(named_parameters, default=None, min_numel=min_numel)
+
+    def config(self):
+        return dict(super().config(), density=self.density)
+
+    def _check_setting(self, name, value, numel):
+        if value is not None:  # None: k follows ``density``
+            check_positive_int(self, name, "k", value, upper=numel)
+
+    def k_for(self, setting, numel):
+        """k at ``setting``; None means ``density`` of the gradient."""
+        return setting if setting is not None else max(1, math.ceil(self.density * numel))
+
+    def _compressed_bytes(self, shape, setting):
+        return 8 * self.k_for(setting, math.prod(shape))
+
+
+class TopK(KSparse):
     """Each rank sends its k largest-magnitude entries of (gradient + error feedback) as
     float32 values and int32 indices; what it did not send is fed back next step.
 
@@ -29,29 +56,13 @@ class TopK(Compressor):
     the candidates above it, which is exact and much faster than ``torch.topk`` at low density.
     """
 
-    setting_name = "k"
-
     def __init__(self, named_parameters=None, density=0.01, *, error_feedback=True,
                  min_numel=1024):
-        if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
-            raise ValueError(f"TopK: density must lie in (0, 1], got {density!r}")
-        self.density = float(density)
         self.error_feedback = error_feedback
-        super().__init__(named_parameters, default=None, min_numel=min_numel)
+        super().__init__(named_parameters, density, min_numel=min_numel)
 
     def config(self):
-        return dict(super().config(), density=self.density, error_feedback=self.error_feedback)
-
-    def _check_setting(self, name, value, numel):
-        if value is not None:  # None: k follows ``density``
-            check_positive_int(self, name, "k", value, upper=numel)
-
-    def k_for(self, setting, numel):
-        """k at ``setting``; None means ``density`` of the gradient."""
-        return setting if setting is not None else max(1, math.ceil(self.density * numel))
-
-    def _compressed_bytes(self, shape, setting):
-        return 8 * self.k_for(setting, math.prod(shape))
+        return dict(super().config(), error_feedback=self.error_feedback)
 
     def _new_state_from(self, values):
         return TopKState(**values)
@@ -67,16 +78,17 @@ class TopK(Compressor):
                 st = self.state[name] = TopKState(memory=torch.zeros(n, device=grad.device))
             acc = acc + st.memory
         indices = topk_indices(acc.abs(), k)
-        values = acc[indices]
+        values = acc.index_select(0, indices)
         if self.error_feedback:
-            acc[indices] = 0
-            st.memory = acc
+            st.memory = acc.index_fill_(0, indices, 0)
         payload = torch.cat([values.view(torch.uint8), indices.to(torch.int32).view(torch.uint8)])
 
         def after_gather(rows):
             total = torch.zeros(n, device=rows.device)
             for row in rows:
                 total.index_add_(0, row[4 * k:].view(torch.int32).long(), row[:4 * k].view(torch.float32))
-            return (total / rows.shape[0]).view(shape).to(dtype)
+            if rows.shape[0] > 1:  # dividing by one would only cost a pass
+                total.div_(rows.shape[0])
+            return total.view(shape).to(dtype)
 
         return Round(payload, Collective.ALLGATHER, after_gather)

@@ -1,0 +1,32 @@
+"""One entry point for every benchmark: ``python -m hvd_compress.bench <benchmark> [options]``.
+
+Each benchmark is a module of this package with a ``main()`` that reads its options from
+``sys.argv``; ``<benchmark> --help`` lists them."""
+import importlib
+import sys
+
+BENCHMARKS = {
+    "codec": "compress + error feedback + decompress per step, against torch's PowerSGD hook",
+    "convergence": "final accuracy / perplexity, compression ratio and wall time of each method, 4 ranks",
+    "endtoend": "step time of every method on an emulated cluster: compute, compression, exposed communication",
+    "fusion": "ACP-SGD step time against the fusion buffer size, on an emulated cluster",
+    "projection": "alpha-beta projection of the end-to-end results to 8-64 workers and 1-100 Gbit/s",
+    "solver": "the L-GreCo DP solver on a realistic instance",
+}
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in BENCHMARKS:
+        listing = "\n".join(f"  {name:8} {summary}" for name, summary in BENCHMARKS.items())
+        print(f"usage: python -m hvd_compress.bench <benchmark> [options]\n\nbenchmarks:\n{listing}",
+              file=sys.stderr)
+        return 2
+    name, options = argv[0], argv[1:]
+    sys.argv = [f"python -m hvd_compress.bench {name}"] + options
+    importlib.import_module(f"hvd_compress.bench.{name}").main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,442 @@
+"""Codec cost: what compressing, error feedback and decompressing cost per training step, on
+the gradient shapes of real models, side by side with PyTorch's own PowerSGD comm hook.
+
+    python -m hvd_compress.bench codec [--shapes resnet50,bert-base,transformer-xl] [--rank 4]
+        [--density 0.01] [--bits 4] [--repeats 3] [--out docs/] [--quick]
+
+Communication is left out: each compressor runs on one rank and every collective's result is
+the rank's own payload (what a world of one returns), so the time is encode + error feedback +
+decode. Torch's ``powerSGD_hook`` runs in a gloo process group of one over DDP-style buckets
+(reverse parameter order, 25 MiB cap); its all-reduces of one rank are part of its time.
+Each method runs in a fresh process, so none inherits another's allocator state.
+
+Besides the per-step table the run measures Top-K selection alone (``topk_indices`` against
+``torch.topk`` on the same magnitudes) and one memory pass over each shape set (``clone`` and
+``sum`` of every gradient), the yardstick for QSGD. Writes ``codec.json`` (raw numbers) and
+PNGs under ``<out>/benchmarks/`` and the "## Codec cost" section of ``<out>/benchmarks.md``.
+"""
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+
+import hvd_compress as hc
+from hvd_compress.bench.report import OthersShare, describe_machine, machine, method_bars, panels, write_section
+from hvd_compress.bench.shapes import DESCRIPTIONS, parameter_count, shape_set
+from hvd_compress.comm.rounds import Collective, Round
+from hvd_compress.maths.sparsify import topk_indices
+
+HOOK = "torch powerSGD_hook"
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+TOPK_SIZES = [1 << 20, 1 << 22, 25_000_000]
+TOPK_REPEATS = 11  # selection takes milliseconds: more repeats steady the median
+# Each timed cycle is two steps, so ACP-SGD's P and Q steps weigh equally.
+STEPS_PER_CYCLE = 2
+WARMUP_STEPS = 2
+# Targets of issue 6 on this CPU: (label, numerator, denominator, limit).
+RATIO_TARGETS = [("ACP-SGD / torch hook", "ACP-SGD", HOOK, 0.5),
+                 ("PowerSGD / torch hook", "PowerSGD", HOOK, 0.8)]
+QSGD_LIMIT, TOPK_SPEEDUP = 10.0, 10.0
+SECTION = "Codec cost"
+
+def compressors(args):
+    """(label, factory) for every compressor at the command line's settings."""
+    return [("PowerSGD", lambda: hc.PowerSGD(rank=args.rank)),
+            ("ACP-SGD", lambda: hc.ACPSGD(rank=args.rank)),
+            ("TopK", lambda: hc.TopK(density=args.density)),
+            ("QSGD", lambda: hc.QSGD(bits=args.bits)),
+            ("FP16", hc.FP16), ("BF16", hc.BF16), ("NoCompression", hc.NoCompression)]
+
+
+def gradients(shapes, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(*shape, generator=generator) for name, shape in shapes}
+
+
+def exchange_alone(compressor, name, grad):
+    """Runs every round of one gradient's exchange with a world of one: each collective
+    returns the rank's own payload (an all-gather stacks it as the only row)."""
+    round_ = compressor.begin(name, grad)
+    while isinstance(round_, Round):
+        received = round_.payload.unsqueeze(0) if round_.collective is Collective.ALLGATHER else round_.payload
+        round_ = round_.then(received)
+    return round_
+
+
+def time_cycles(step, cycles):
+    """Seconds per step, one value per cycle; ``step()`` runs a training step's codec work and
+    returns the seconds that count."""
+    for _ in range(WARMUP_STEPS):
+        step()
+    return [sum(step() for _ in range(STEPS_PER_CYCLE)) / STEPS_PER_CYCLE for _ in range(cycles)]
+
+
+def seconds_of(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def time_ours(make, grads, cycles):
+    compressor = make()
+
+    def step():
+        for name, grad in grads.items():
+            exchange_alone(compressor, name, grad)
+
+    return time_cycles(lambda: seconds_of(step), cycles)
+
+
+class Bucket:
+    """What ``powerSGD_hook`` reads from a ``dist.GradBucket`` (which has no Python
+    constructor): a flat buffer, per-parameter views into it, its index, whether it is last."""
+
+    def __init__(self, index, grads, last):
+        self._index, self._last = index, last
+        self._buffer = torch.empty(sum(g.numel() for g in grads))
+        self._views, offset = [], 0
+        for grad in grads:
+            self._views.append(self._buffer[offset:offset + grad.numel()].view(grad.shape))
+            offset += grad.numel()
+
+    def fill(self, grads):
+        """DDP copies gradients into the bucket before the hook runs: not part of its cost."""
+        for view, grad in zip(self._views, grads):
+            view.copy_(grad)
+
+    def buffer(self):
+        return self._buffer
+
+    def gradients(self):
+        return self._views
+
+    def parameters(self):
+        return self._views
+
+    def index(self):
+        return self._index
+
+    def is_last(self):
+        return self._last
+
+
+def ddp_buckets(grads):
+    """Gradients grouped as DDP does by default: reverse parameter order, about 25 MiB each."""
+    groups, current, size = [], [], 0
+    for grad in reversed(list(grads.values())):
+        if current and size + 4 * grad.numel() > DDP_BUCKET_BYTES:
+            groups.append(current)
+            current, size = [], 0
+        current.append(grad)
+        size += 4 * grad.numel()
+    groups.append(current)
+    return [(Bucket(i, group, last=i == len(groups) - 1), group) for i, group in enumerate(groups)]
+
+
+def time_torch_hook(grads, rank, cycles):
+    """Seconds per step of ``powerSGD_hook`` over every bucket, after its dense start-up."""
+    state = PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
+                          min_compression_rate=2, use_error_feedback=True, warm_start=True)
+    buckets = ddp_buckets(grads)
+    for _ in range(state.start_powerSGD_iter):
+        for bucket, group in buckets:
+            bucket.fill(group)
+            powerSGD_hook(state, bucket).wait()
+
+    def hooks():
+        for bucket, _ in buckets:
+            powerSGD_hook(state, bucket).wait()
+
+    def step():
+        for bucket, group in buckets:
+            bucket.fill(group)
+        return seconds_of(hooks)
+
+    return time_cycles(step, cycles)
+
+
+def time_memory_pass(grads, repeats):
+    """Milliseconds for one pass over every gradient: ``clone`` (read + write) and ``sum`` (read)."""
+    def over_all(op):
+        return lambda: [op(grad) for grad in grads.values()]
+
+    return {"clone_ms": 1e3 * median_seconds(over_all(torch.clone), repeats),
+            "sum_ms": 1e3 * median_seconds(over_all(torch.sum), repeats)}
+
+
+def time_topk_selection(sizes, density, repeats, seed=0):
+    """``topk_indices`` against ``torch.topk`` (sorted, the default, and unsorted) on the same
+    magnitudes of a standard-normal gradient."""
+    rows = []
+    for numel in sizes:
+        magnitudes = torch.randn(numel, generator=torch.Generator().manual_seed(seed)).abs()
+        k = max(1, math.ceil(density * numel))
+        timings = {label: median_seconds(fn, repeats) for label, fn in [
+            ("torch_topk_ms", lambda: torch.topk(magnitudes, k)),
+            ("torch_topk_unsorted_ms", lambda: torch.topk(magnitudes, k, sorted=False)),
+            ("ours_ms", lambda: topk_indices(magnitudes, k))]}
+        row = {"numel": numel, "k": k, **{key: 1e3 * value for key, value in timings.items()}}
+        row["speedup"] = row["torch_topk_ms"] / row["ours_ms"]
+        row["speedup_vs_unsorted"] = row["torch_topk_unsorted_ms"] / row["ours_ms"]
+        rows.append(row)
+    return rows
+
+
+def median_seconds(fn, repeats):
+    """Median over ``repeats`` timed calls, after one untimed call."""
+    fn()
+    return statistics.median(seconds_of(fn) for _ in range(repeats))
+
+
+def world_of_one():
+    """A gloo process group of one for the torch hook; returns whether this call created it."""
+    if dist.is_initialized():
+        return False
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    return True
+
+
+def measure(set_name, label, options):
+    """Seconds per step, one value per cycle, of method ``label`` on shape set ``set_name``."""
+    grads = gradients(shape_set(set_name))
+    if label == HOOK:
+        created = world_of_one()
+        try:
+            return time_torch_hook(grads, options.rank, options.repeats)
+        finally:
+            if created:
+                dist.destroy_process_group()
+    return time_ours(dict(compressors(options))[label], grads, options.repeats)
+
+
+def measure_in_fresh_process(*task):
+    """``measure(*task)`` in a new interpreter; its result, or its error as a RuntimeError."""
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_measure_and_exit, args=(sender, task))
+    process.start()
+    sender.close()
+    try:
+        outcome, value = receiver.recv()
+    except EOFError:  # it died before answering
+        outcome, value = "error", None
+    process.join()
+    if outcome == "error":
+        raise RuntimeError(f"measuring {task[:2]} failed: {value or f'exit code {process.exitcode}'}")
+    return value
+
+
+def _measure_and_exit(sender, task):
+    try:
+        sender.send(("ok", measure(*task)))
+    except Exception:  # handed to the parent, which raises it
+        sender.send(("error", traceback.format_exc()))
+    sender.close()
+    # Skip interpreter teardown: gloo's threads can abort it once the process group is gone.
+    os._exit(0)
+
+
+def run(args):
+    """Every measurement. Each method runs in a fresh process: what one method allocated
+    (and the allocator's state it leaves) would otherwise change the next one's page faults
+    by tens of percent. ``--quick`` stays in this process."""
+    started, others = time.perf_counter(), OthersShare()
+    if args.quick:
+        args.shapes, args.repeats = ["tiny"], 1
+    results = {"command": command_line(), "machine": dict(machine(), load_average_start=os.getloadavg()[0]),
+               "options": {"shapes": args.shapes, "rank": args.rank, "density": args.density,
+                           "bits": args.bits, "repeats": args.repeats},
+               "codec": {}, "memory_pass": {}}
+    call = measure if args.quick else measure_in_fresh_process
+    for set_name in args.shapes:
+        shapes = shape_set(set_name)
+        entry = {"parameters": parameter_count(shapes), "tensors": len(shapes),
+                 "gradient_bytes": 4 * parameter_count(shapes), "methods": {}}
+        for label in [HOOK] + [label for label, _ in compressors(args)]:
+            per_step = call(set_name, label, args)
+            seconds = statistics.median(per_step)
+            entry["methods"][label] = {"step_ms": 1e3 * seconds,
+                                       "gb_per_s": entry["gradient_bytes"] / seconds / 1e9,
+                                       "step_ms_each_cycle": [1e3 * s for s in per_step]}
+            print(f"{set_name:>15} {label:>20}: {1e3 * seconds:9.2f} ms/step", flush=True)
+        results["codec"][set_name] = entry
+        results["memory_pass"][set_name] = time_memory_pass(gradients(shapes), max(args.repeats, 3))
+    sizes = [1 << 16] if args.quick else TOPK_SIZES
+    results["topk_selection"] = time_topk_selection(sizes, args.density, TOPK_REPEATS)
+    results["targets"] = targets(results)
+    seconds = time.perf_counter() - started
+    results["minutes"] = seconds / 60
+    # Other work on the machine distorts every number: say how busy it was.
+    results["machine"]["load_average_end"] = os.getloadavg()[0]
+    results["machine"]["others_cpu_percent"] = 100 * others.share()
+    return results
+
+
+def targets(results):
+    rows = []
+    for set_name, entry in results["codec"].items():
+        methods = entry["methods"]
+        for label, numerator, denominator, limit in RATIO_TARGETS:
+            value = methods[numerator]["step_ms"] / methods[denominator]["step_ms"]
+            rows.append({"target": f"{label} ({set_name})", "value": value, "limit": f"<= {limit}",
+                         "met": value <= limit})
+        value = methods["QSGD"]["step_ms"] / results["memory_pass"][set_name]["clone_ms"]
+        rows.append({"target": f"QSGD / memory pass ({set_name})", "value": value,
+                     "limit": f"<= {QSGD_LIMIT}", "met": value <= QSGD_LIMIT})
+    for row in results["topk_selection"]:
+        rows.append({"target": f"Top-K selection speed-up over torch.topk (n = {row['numel']:,})",
+                     "value": row["speedup"], "limit": f">= {TOPK_SPEEDUP}",
+                     "met": row["speedup"] >= TOPK_SPEEDUP})
+    return rows
+
+
+def markdown(results, figures):
+    """The section's body: what was run, where, and every number as a table."""
+    info, options = results["machine"], results["options"]
+    sets = list(results["codec"])
+    lines = [f"Command: `{results['command']}` ({results['minutes']:.1f} min)", "",
+             f"Machine: {describe_machine(info)} Torch ran with {info['torch_threads']} threads "
+             f"(its default). Other processes used {_percent(info['others_cpu_percent'])} of "
+             f"the CPUs during the run (1-minute load average {info['load_average_start']:.2f} "
+             f"at the start, {info['load_average_end']:.2f} at the end).", "",
+             "Per step: compress + error feedback + decompress of every gradient of the model on "
+             "one rank, communication left out (each collective returns the rank's own payload), "
+             "each method in a fresh process. "
+             f"Torch's `powerSGD_hook` runs over DDP-style 25 MiB buckets in a gloo group of one "
+             f"(its one-rank all-reduces included), after its dense start-up. PowerSGD and ACP-SGD "
+             f"rank {options['rank']}, Top-K density {options['density']}, QSGD {options['bits']} "
+             f"bits; median over {options['repeats']} cycles of two steps after two warm-up steps. "
+             "Cells: ms per step, gradient GB/s, time relative to the torch hook.", "",
+             "Shape sets (`hvd_compress/bench/shapes.py`, every parameter's gradient, 1-D ones "
+             "included): " + "; ".join(f"{name}: {DESCRIPTIONS[name]}, {results['codec'][name]['tensors']} "
+                                        f"tensors" for name in sets) + ".", "",
+             "| method | " + " | ".join(f"{name} ({results['codec'][name]['parameters'] / 1e6:.1f} M "
+                                         f"parameters)" for name in sets) + " |",
+             "|---" * (len(sets) + 1) + "|"]
+    for method in results["codec"][sets[0]]["methods"]:
+        cells = []
+        for name in sets:
+            methods = results["codec"][name]["methods"]
+            entry = methods[method]
+            cells.append(f"{_ms(entry['step_ms'])}, {entry['gb_per_s']:.2f} GB/s, "
+                         f"{entry['step_ms'] / methods[HOOK]['step_ms']:.2f}x")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    lines += ["", "Top-K selection alone: `topk_indices(m, k)` against `torch.topk(m, k)` on the same "
+              "magnitudes `m = x.abs()` of a standard-normal `x` (median of repeats).", "",
+              "| entries | k | torch.topk | torch.topk(sorted=False) | topk_indices | speed-up "
+              "(vs unsorted) |", "|---|---|---|---|---|---|"]
+    for row in results["topk_selection"]:
+        lines.append(f"| {row['numel']:,} | {row['k']:,} | {_ms(row['torch_topk_ms'])} | "
+                     f"{_ms(row['torch_topk_unsorted_ms'])} | {_ms(row['ours_ms'])} | "
+                     f"{row['speedup']:.1f}x ({row['speedup_vs_unsorted']:.1f}x) |")
+    lines += ["", "QSGD against one memory pass over the same gradients: `clone` reads and writes "
+              "each once into fresh memory, whose first-touch page faults cost most of its time "
+              "(as they do for every codec that returns a new gradient); `sum` only reads.", "",
+              "| shape set | QSGD step | clone | sum | QSGD / clone |", "|---|---|---|---|---|"]
+    for name in sets:
+        qsgd, memory = results["codec"][name]["methods"]["QSGD"]["step_ms"], results["memory_pass"][name]
+        lines.append(f"| {name} | {_ms(qsgd)} | {_ms(memory['clone_ms'])} | "
+                     f"{_ms(memory['sum_ms'])} | {qsgd / memory['clone_ms']:.1f}x |")
+    lines += ["", "Targets (issue 6):", "", "| target | value | limit | met |", "|---|---|---|---|"]
+    lines += [f"| {row['target']} | {row['value']:.2f} | {row['limit']} | {'yes' if row['met'] else 'no'} |"
+              for row in results["targets"]]
+    lines += [""] + [f"![{path.stem}]({path.as_posix()})" for path in figures]
+    return "\n".join(lines) + "\n"
+
+
+def _percent(value):
+    return "an unknown share" if value is None else f"{value:.1f}%"
+
+
+def _ms(value):
+    """Milliseconds with three significant digits, without scientific notation."""
+    return f"{value:.{max(0, 2 - math.floor(math.log10(max(value, 1e-3))))}f} ms"
+
+
+def draw_figures(results, out):
+    """Per-step cost per shape set, and Top-K selection time; small PNGs."""
+    sets = list(results["codec"])
+    plt, figure, axes = panels(len(sets), 4, 3.2)
+    for axis, name in zip(axes, sets):
+        methods = results["codec"][name]["methods"]
+        method_bars(axis, {label: entry["step_ms"] for label, entry in methods.items()}, HOOK)
+        axis.set_title(name, fontsize=9)
+        axis.set_xlabel("ms per step", fontsize=8)
+        axis.tick_params(labelsize=7)
+    figure.suptitle("Codec cost per step (compress + error feedback + decompress)", fontsize=9)
+    figure.tight_layout()
+    codec_png = out / "codec_cost.png"
+    figure.savefig(codec_png, dpi=80)
+    plt.close(figure)
+
+    rows = results["topk_selection"]
+    figure, axis = plt.subplots(figsize=(5, 3))
+    labels = [f"{row['numel']:,}" for row in rows]
+    width = 0.27
+    for offset, (key, label) in enumerate([("torch_topk_ms", "torch.topk"),
+                                           ("torch_topk_unsorted_ms", "torch.topk(sorted=False)"),
+                                           ("ours_ms", "topk_indices")]):
+        axis.bar([i + (offset - 1) * width for i in range(len(rows))], [row[key] for row in rows],
+                 width, label=label)
+    axis.set_xticks(range(len(rows)), labels, fontsize=7)
+    axis.set_yscale("log")
+    axis.set_xlabel("entries", fontsize=8)
+    axis.set_ylabel("ms (log)", fontsize=8)
+    axis.set_title(f"Top-K selection at density {results['options']['density']}", fontsize=9)
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    topk_png = out / "topk_selection.png"
+    figure.savefig(topk_png, dpi=80)
+    plt.close(figure)
+    return [codec_png, topk_png]
+
+
+def command_line():
+    return " ".join(["python -m hvd_compress.bench codec"] + sys.argv[1:])
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m hvd_compress.bench codec",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", type=lambda text: text.split(","),
+                        default=["resnet50", "bert-base", "transformer-xl"])
+    parser.add_argument("--rank", type=int, default=4, help="PowerSGD and ACP-SGD rank")
+    parser.add_argument("--density", type=float, default=0.01, help="Top-K density")
+    parser.add_argument("--bits", type=int, default=4, help="QSGD bits")
+    parser.add_argument("--repeats", type=int, default=3, help="timed two-step cycles per method")
+    parser.add_argument("--out", type=Path, default=Path("docs"))
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, one cycle: a smoke test")
+    args = parser.parse_args(argv)
+    for name in args.shapes:
+        try:
+            shape_set(name)
+        except KeyError as error:
+            parser.error(error.args[0])
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    results = run(args)
+    out = args.out / "benchmarks"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "codec.json").write_text(json.dumps(results, indent=1) + "\n")
+    figures = [path.relative_to(args.out) for path in draw_figures(results, out)]
+    write_section(args.out / "benchmarks.md", SECTION, markdown(results, figures))
+    print(f"other processes used {_percent(results['machine']['others_cpu_percent'])} of the CPUs")
+    for row in results["targets"]:
+        print(f"{'met' if row['met'] else 'NOT met'}: {row['target']} = {row['value']:.3g} ({row['limit']})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,456 @@
+"""End to end: step time of every method on an emulated cluster, split into compute,
+compression and exposed communication, with the bytes each rank actually sent.
+
+    python -m hvd_compress.bench endtoend [--models charlm,cnn] [--rates 0.5,1,2.5] [--np 4]
+        [--methods ...] [--warmup 8] [--steps 12] [--out docs/]
+
+For every link rate an :mod:`emulated cluster <hvd_compress.bench.testbed>` of ``--np`` ranks
+is built (one network namespace per rank, ``tc tbf`` both ways), and for every model and method
+one job runs under mpirun. A job has three phases, every rank in step with the others, so the
+cores are shared the same way in each:
+
+1. compute alone: forward, backward and the optimizer step of a plain local optimizer;
+2. training with the method: ``--warmup`` steps, then ``--steps`` timed on rank 0 from
+   ``zero_grad`` to the end of ``optimizer.step()``; each rank reads its link's transmitted
+   bytes from the kernel (``/sys/class/net/*/statistics/tx_bytes`` inside its namespace)
+   before and after, so "sent" counts every byte on the wire, headers and Horovod's own
+   negotiation included;
+3. compression alone: a copy of the method's compressor, with the settings it ended training
+   with, compresses, feeds back error and decompresses the last step's gradients, every
+   collective answered by the rank's own payload.
+
+Exposed communication is the median step minus the medians of phases 1 and 3: what the step
+waited for the network beyond the work it had to do anyway. A controller's own work (L-GreCo
+accumulating gradients on rank 0 between decisions, GraVAC measuring the gain of its candidate
+factor) is not in phase 3, so it shows up there too.
+
+Methods (the rank of the low-rank methods is ``--rank``):
+
+* S-SGD: ``hvd.DistributedOptimizer`` with no compression and Horovod's default fusion;
+* FP16, PowerSGD, ACP-SGD, ScaleCom: ``compression=`` of stock ``hvd.DistributedOptimizer``
+  (single all-reduce payloads such as ACP-SGD's ride Horovod's own fused all-reduce);
+* ACP-SGD+fusion, L-GreCo, GraVAC: ``hvd_compress.DistributedOptimizer`` with its scaled
+  fusion (``ScaledFusion()``, 25 MiB dense) and ``HOROVOD_FUSION_THRESHOLD=0``; L-GreCo and
+  GraVAC wrap ACP-SGD and decide during the warm-up (L-GreCo at step 3, applied at step 5).
+
+A probe job per rate times Horovod's all-reduce and all-gather of 4 KiB to 16 MiB; the
+projection (``python -m hvd_compress.bench projection``) fits its alpha-beta model to it.
+Writes ``<out>/benchmarks/endtoend.json``, ``endtoend.png`` and the "End to end" section of
+``<out>/benchmarks.md``. Each job is bounded (``--job-timeout``); the namespaces are removed
+at the end, also on errors and Ctrl-C.
+"""
+import argparse
+import copy
+import json
+import os
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from hvd_compress.bench.codec import exchange_alone
+from hvd_compress.bench.report import (checkout_pythonpath, cluster_job, describe_machine, machine,
+                                       panels, summarise, timed_step, undisturbed, write_section)
+
+RESULT_PREFIX = "ENDTOEND_RESULT "
+SECTION = "End to end"
+PROBE_BYTES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20]
+COMPUTE_STEPS, CODEC_STEPS = 6, 6  # even: ACP-SGD's P and Q steps weigh equally
+METHODS = ["S-SGD", "FP16", "PowerSGD", "ACP-SGD", "ACP-SGD+fusion", "L-GreCo", "GraVAC", "ScaleCom"]
+WRAPPED = {"ACP-SGD+fusion", "L-GreCo", "GraVAC"}  # hvd_compress.DistributedOptimizer + fusion
+# Targets of issue 6, at 1 Gbit/s: (method, baseline, least speed-up).
+TARGETS = [("L-GreCo", "S-SGD", 2.5), ("L-GreCo", "PowerSGD", 1.2)]
+
+
+# ----- workloads ------------------------------------------------------------------------------
+def charlm(batch_generator):
+    """The fusion benchmark's character transformer: d_model 256, 24 layers, 19.1 M parameters,
+    one 64-token sequence per rank and step."""
+    from hvd_compress.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
+    model = CharTransformer(d_model=256, layers=24, heads=4, context=64)
+    train_ids, _ = load_corpus(max_chars=400_000)
+    return model, batches(train_ids, 1, 64, batch_generator), cross_entropy
+
+
+def cnn(batch_generator):
+    """SmallVGG on synthetic 32 x 32 images, 16 per rank and step."""
+    from torch.nn import functional as F
+
+    from hvd_compress.workloads.vgg import SmallVGG, synthetic_batches
+    return SmallVGG(), synthetic_batches(16, batch_generator), lambda model, x, y: F.cross_entropy(model(x), y)
+
+
+WORKLOADS = {"charlm": charlm, "cnn": cnn}
+
+
+def build_compression(method, rank, named):
+    """The compressor of ``method`` for the parameters ``named`` (None: plain Horovod)."""
+    import hvd_compress as hc
+
+    if method == "S-SGD":
+        return None
+    if method == "FP16":
+        return hc.FP16(named)
+    if method == "PowerSGD":
+        return hc.PowerSGD(named, rank=rank)
+    if method in ("ACP-SGD", "ACP-SGD+fusion"):
+        return hc.ACPSGD(named, rank=rank)
+    if method == "L-GreCo":
+        return hc.LGreCo(hc.ACPSGD(named, rank=rank), warmup_steps=3, apply_delay=2, decide_every=1000,
+                         log=lambda *_: None)
+    if method == "GraVAC":
+        return hc.GraVAC(hc.ACPSGD(named, rank=rank), window=2)
+    if method == "ScaleCom":
+        return hc.ScaleCom(named, density=0.01)
+    raise ValueError(f"endtoend: unknown method {method!r}; known: {', '.join(METHODS)}")
+
+
+# ----- one rank of one job --------------------------------------------------------------------
+def worker(args):
+    import horovod.torch as hvd
+
+    import hvd_compress
+
+    torch.set_num_threads(1)  # W ranks share the machine's cores
+    hvd.init()
+    torch.manual_seed(0)
+    model, data, loss_of = WORKLOADS[args.model](torch.Generator().manual_seed(hvd.rank()))
+
+    def forward_backward(optimizer):
+        x, y = next(data)
+        optimizer.zero_grad()
+        loss_of(model, x, y).backward()
+
+    local = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    compute = []
+    for step in range(2 + COMPUTE_STEPS):
+        started = time.perf_counter()
+        forward_backward(local)
+        local.step()
+        compute.append(time.perf_counter() - started)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    compression = build_compression(args.method, args.rank, list(model.named_parameters()))
+    inner = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if args.method in WRAPPED:
+        optimizer = hvd_compress.DistributedOptimizer(inner, model.named_parameters(), compression)
+    else:
+        optimizer = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
+                                             compression=compression or hvd.Compression.none)
+    times = {"step": [], "backward": [], "synchronize": []}
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            sent_before = transmitted_bytes()
+            traffic_before = traffic_snapshot(compression)
+        timed = timed_step(optimizer, lambda: forward_backward(optimizer))
+        if step >= args.warmup:
+            for part, seconds in timed.items():
+                times[part].append(seconds)
+    sent_per_step = (transmitted_bytes() - sent_before) / args.steps
+    counted = traffic_per_step(compression, traffic_before, args.steps)
+    sent = hvd.allgather_object(sent_per_step)
+
+    codec = codec_seconds(compression, model) if compression is not None else [0.0]
+    if hvd.rank() == 0:
+        print(RESULT_PREFIX + json.dumps({
+            "seconds": times, "compute_seconds": compute[2:], "codec_seconds": codec,
+            "sent_bytes_per_step_per_rank": sent, "traffic": counted,
+            "settings": settings_of(compression)}), flush=True)
+
+
+def transmitted_bytes():
+    """Bytes this rank's network namespace sent on its links (all but loopback)."""
+    root = Path("/sys/class/net")
+    return sum(int((root / link / "statistics" / "tx_bytes").read_text())
+               for link in os.listdir(root) if link != "lo")
+
+
+def traffic_snapshot(compression):
+    if compression is None:
+        return None
+    traffic = compression.traffic
+    return {"steps": traffic.steps, "dense": traffic.dense_wire_bytes, "payload": traffic.payload_bytes,
+            "wire": traffic.wire_bytes, "by_collective": copy.deepcopy(traffic.by_collective)}
+
+
+def traffic_per_step(compression, before, steps):
+    """Bytes handed to collectives per step during the timed steps, by collective: what the
+    projection scales to other world sizes and link rates."""
+    if compression is None:
+        return None
+    after = traffic_snapshot(compression)
+    by_collective = {}
+    for name, (calls, nbytes) in after["by_collective"].items():
+        calls_before, bytes_before = before["by_collective"].get(name, (0, 0))
+        by_collective[name] = {"calls": (calls - calls_before) / steps,
+                               "payload_bytes": (nbytes - bytes_before) / steps}
+    return {"payload_bytes": (after["payload"] - before["payload"]) / steps,
+            "compression_ratio": (after["dense"] - before["dense"]) / max(1, after["wire"] - before["wire"]),
+            "by_collective": by_collective}
+
+
+def settings_of(compression):
+    """The compression factor or per-layer settings a controller ended with (None otherwise)."""
+    if compression is None or not hasattr(compression, "inner"):
+        return None
+    settings = compression.inner.settings()
+    values = sorted({str(v) for v in settings.values()})
+    return {"cf": getattr(compression, "cf", None), "distinct_settings": values}
+
+
+def codec_seconds(compression, model):
+    """Seconds per step of compressing, error feedback and decompressing the last gradients,
+    with a copy of the method's compressor (a controller's inner one, at its settings)."""
+    import horovod.torch as hvd
+
+    codec = copy.deepcopy(getattr(compression, "inner", compression))
+    codec.bind_world(0, 1)
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    hvd.allreduce(torch.zeros(1), name="endtoend.codec_phase")  # every rank starts it together
+    seconds = []
+    for _ in range(2 + CODEC_STEPS):
+        started = time.perf_counter()
+        for name, grad in grads.items():
+            exchange_alone(codec, name, grad)
+        codec.end_step()
+        seconds.append(time.perf_counter() - started)
+    return seconds[2:]
+
+
+def probe(args):
+    """Rank 0 prints the median seconds of Horovod's all-reduce and all-gather per size."""
+    import horovod.torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    timings = {"allreduce": {}, "allgather": {}}
+    for nbytes in PROBE_BYTES:
+        tensor = torch.ones(nbytes // 4)
+        for collective, call in (("allreduce", hvd.allreduce), ("allgather", hvd.allgather)):
+            seconds = []
+            for repeat in range(6):
+                hvd.allreduce(torch.zeros(1), name="probe.barrier")
+                started = time.perf_counter()
+                call(tensor, name=f"probe.{collective}.{nbytes}")
+                seconds.append(time.perf_counter() - started)
+            timings[collective][str(nbytes)] = statistics.median(seconds[1:])
+    if hvd.rank() == 0:
+        print(RESULT_PREFIX + json.dumps(timings), flush=True)
+
+
+# ----- the sweep ------------------------------------------------------------------------------
+def run_job(cluster, args, flags, env=None):
+    argv = [sys.executable, "-m", "hvd_compress.bench.endtoend", *flags]
+    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath(), **(env or {})}
+    return cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX)
+
+
+def method_job(cluster, args, model, method):
+    flags = ["--worker", "--model", model, "--method", method, "--rank", str(args.rank),
+             "--warmup", str(args.warmup), "--steps", str(args.steps)]
+    # Our buckets are the only fusion for the wrapper; stock runs keep Horovod's.
+    env = {"HOROVOD_FUSION_THRESHOLD": "0"} if method in WRAPPED else None
+    job = undisturbed(lambda: run_job(cluster, args, flags, env), args.max_other_cpu,
+                      lambda result: job_line(cluster.rate_gbit, model, method, result))
+    return summarise_job(job)
+
+
+def summarise_job(job):
+    step = statistics.median(job["seconds"]["step"])
+    compute = statistics.median(job["compute_seconds"])
+    codec = statistics.median(job["codec_seconds"])
+    return {"step_ms": summarise(job["seconds"]["step"]),
+            "backward_ms": summarise(job["seconds"]["backward"]),
+            "synchronize_ms": summarise(job["seconds"]["synchronize"]),
+            "compute_ms": 1e3 * compute, "codec_ms": 1e3 * codec,
+            "exposed_comm_ms": max(0.0, 1e3 * (step - compute - codec)),
+            "sent_bytes_per_step": statistics.mean(job["sent_bytes_per_step_per_rank"]),
+            "traffic": job["traffic"], "settings": job["settings"],
+            "wall_seconds": round(job["wall_seconds"], 1),
+            "other_cpu_seconds": round(job["other_cpu_seconds"], 1),
+            "disturbed_attempts": job["disturbed_attempts"],
+            "step_ms_each": [round(1e3 * s, 1) for s in job["seconds"]["step"]]}
+
+
+def job_line(rate, model, method, job):
+    step = statistics.median(job["seconds"]["step"])
+    sent = statistics.mean(job["sent_bytes_per_step_per_rank"])
+    return (f"{rate:g} Gbit/s {model:7} {method:17} median step {1e3 * step:7.1f} ms, compute "
+            f"{1e3 * statistics.median(job['compute_seconds']):6.1f} ms, codec "
+            f"{1e3 * statistics.median(job['codec_seconds']):6.1f} ms, sent {sent / 2**20:7.2f} MiB/step, "
+            f"job {job['wall_seconds']:.0f} s, other CPU {job['other_cpu_seconds']:.1f} s")
+
+
+def model_summary(model):
+    with torch.device("meta"):
+        built = WORKLOADS[model](torch.Generator())[0]
+    return {"parameters": sum(p.numel() for p in built.parameters()),
+            "tensors": len(list(built.parameters()))}
+
+
+def sweep(args):
+    from hvd_compress.bench.testbed import emulated_cluster
+
+    results = {"command": command_line(), "machine": machine(), "np": args.np, "rank": args.rank,
+               "warmup": args.warmup, "steps": args.steps, "load_average_before": os.getloadavg(),
+               "models": {model: model_summary(model) for model in args.models}, "rates": {}}
+    started = time.perf_counter()
+    for rate in args.rates:
+        with emulated_cluster(args.np, rate) as cluster:
+            results["testbed"] = cluster.describe()
+            probed = run_job(cluster, args, ["--probe"])
+            entry = results["rates"][f"{rate:g}"] = {
+                "probe": {collective: probed[collective] for collective in ("allreduce", "allgather")},
+                "models": {}}
+            for model in args.models:
+                entry["models"][model] = {method: method_job(cluster, args, model, method)
+                                          for method in args.methods}
+    results["minutes"] = round((time.perf_counter() - started) / 60, 1)
+    results["load_average_after"] = os.getloadavg()
+    results["targets"] = targets(results)
+    return results
+
+
+def targets(results):
+    rows = []
+    rate = results["rates"].get("1")
+    for model, methods in (rate or {}).get("models", {}).items():
+        for method, baseline, least in TARGETS:
+            if method in methods and baseline in methods:
+                speedup = methods[baseline]["step_ms"]["median"] / methods[method]["step_ms"]["median"]
+                rows.append({"target": f"{method} vs {baseline} at 1 Gbit/s ({model})",
+                             "value": speedup, "limit": f">= {least}", "met": speedup >= least})
+    return rows
+
+
+# ----- outputs --------------------------------------------------------------------------------
+def markdown(results, figure):
+    m = results["machine"]
+    lines = [f"Command: `{results['command']}` ({results['minutes']} min)", "",
+             f"Machine: {describe_machine(m)} Load average before/after: "
+             f"{', '.join(f'{v:.2f}' for v in results['load_average_before'])} / "
+             f"{', '.join(f'{v:.2f}' for v in results['load_average_after'])}.", "",
+             f"Testbed: {results['testbed']}. {results['np']} ranks, one torch thread each; "
+             f"{results['warmup']} warm-up and {results['steps']} timed steps per job; low-rank "
+             f"methods at rank {results['rank']}; how each method is run, and what the columns "
+             "mean, in `hvd_compress/bench/endtoend.py`'s docstring. *Exposed comm* is the "
+             "median step less compute and compression, so it also holds the controllers' own "
+             "work (L-GreCo's gradient accumulation on rank 0, GraVAC's gain measurement). "
+             "*Sent*: bytes each rank's link transmitted, read from the kernel (headers "
+             "included); *ratio*: float32 ring all-reduce bytes over the bytes the compressor "
+             "handed to collectives.", "",
+             "Models: " + "; ".join(f"{model} ({s['parameters'] / 1e6:.1f} M parameters in "
+                                    f"{s['tensors']} tensors, {4 * s['parameters'] / 2**20:.1f} MiB "
+                                    "of float32 gradients)" for model, s in results["models"].items()) + ".", "",
+             f"![step time split]({figure})", ""]
+    for rate, entry in results["rates"].items():
+        for model, methods in entry["models"].items():
+            baseline = methods.get("S-SGD", {}).get("step_ms", {}).get("median")
+            lines += [f"**{model}, {rate} Gbit/s**", "",
+                      "| method | median step ms (p25-p75) | vs S-SGD | compute ms | compression ms | "
+                      "exposed comm ms | sent MiB/step/rank | ratio (counted) | settings |",
+                      "|---|---|---|---|---|---|---|---|---|"]
+            for method, e in methods.items():
+                step = e["step_ms"]
+                ratio = f"{e['traffic']['compression_ratio']:.1f}x" if e["traffic"] else "1x"
+                lines.append(
+                    f"| {method} | **{step['median']:.1f}** ({step['p25']:.1f}-{step['p75']:.1f}) | "
+                    f"{baseline / step['median']:.2f}x | {e['compute_ms']:.1f} | {e['codec_ms']:.1f} | "
+                    f"{e['exposed_comm_ms']:.1f} | {e['sent_bytes_per_step'] / 2**20:.2f} | {ratio} | "
+                    f"{describe_settings(e['settings'])}{rerun_note(e)} |")
+            lines.append("")
+    lines += ["Targets (issue 6):", "", "| target | value | limit | met |", "|---|---|---|---|"]
+    lines += [f"| {row['target']} | {row['value']:.2f} | {row['limit']} | {'yes' if row['met'] else 'no'} |"
+              for row in results["targets"]]
+    return "\n".join(lines) + "\n"
+
+
+def describe_settings(settings):
+    if settings is None:
+        return ""
+    chosen = f"cf {settings['cf']:.0f}, " if settings.get("cf") else ""
+    return chosen + "settings " + "/".join(settings["distinct_settings"])
+
+
+def rerun_note(entry):
+    return f" (run again {entry['disturbed_attempts']}x: other load)" if entry["disturbed_attempts"] else ""
+
+
+def draw_figure(results, path):
+    """Per model (rows) and rate (columns): each method's step split into its three parts."""
+    models = list(next(iter(results["rates"].values()))["models"])
+    plt, figure, axes = panels(len(results["rates"]), 4.2, 3.4, rows=len(models))
+    parts = [("compute_ms", "compute", "#4c72b0"), ("codec_ms", "compression", "#dd8452"),
+             ("exposed_comm_ms", "exposed communication", "#c44e52")]
+    cells = [(model, rate) for model in models for rate in results["rates"]]
+    for axis, (model, rate) in zip(axes, cells):
+        methods = results["rates"][rate]["models"][model]
+        labels = list(methods)
+        bottom = [0.0] * len(labels)
+        for key, label, colour in parts:
+            values = [methods[m][key] for m in labels]
+            axis.bar(range(len(labels)), values, bottom=bottom, color=colour, label=label)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        axis.plot(range(len(labels)), [methods[m]["step_ms"]["median"] for m in labels], "k_",
+                  markersize=14, label="median step")
+        axis.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=7)
+        axis.set_title(f"{model}, {rate} Gbit/s", fontsize=9)
+        axis.set_ylabel("ms per step", fontsize=8)
+    axes[0].legend(fontsize=6)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def command_line():
+    return " ".join(["python -m hvd_compress.bench endtoend"] + [shlex.quote(a) for a in sys.argv[1:]])
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m hvd_compress.bench endtoend",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=lambda text: text.split(","), default=list(WORKLOADS))
+    parser.add_argument("--rates", type=lambda text: [float(v) for v in text.split(",")],
+                        default=[0.5, 1.0, 2.5], help="link rates, Gbit/s")
+    parser.add_argument("--methods", type=lambda text: text.split(","), default=METHODS)
+    parser.add_argument("--np", type=int, default=4)
+    parser.add_argument("--rank", type=int, default=4, help="rank of the low-rank methods")
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--job-timeout", type=int, default=240)
+    parser.add_argument("--max-other-cpu", type=float, default=0.05,
+                        help="rerun a job when this share of the CPU went to other processes")
+    parser.add_argument("--out", type=Path, default=Path("docs"))
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--method", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for label, chosen, known in [("--models", args.models, WORKLOADS), ("--methods", args.methods, METHODS)]:
+        unknown = [value for value in chosen if value not in known]
+        if unknown:
+            parser.error(f"{label}: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.worker:
+        return worker(args)
+    if args.probe:
+        return probe(args)
+    results = sweep(args)
+    out = args.out / "benchmarks"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "endtoend.json").write_text(json.dumps(results, indent=1) + "\n")
+    draw_figure(results, out / "endtoend.png")
+    write_section(args.out / "benchmarks.md", SECTION, markdown(results, "benchmarks/endtoend.png"))
+    for row in results["targets"]:
+        print(f"{'met' if row['met'] else 'NOT met'}: {row['target']} = {row['value']:.2f} ({row['limit']})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""What every benchmark shares: a description of the machine, CPU accounting that tells
+whether a measurement had the cores to itself, step-time statistics, and the writer of one
+"## section" of ``docs/benchmarks.md``."""
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+BENCHMARKS_PREAMBLE = ("# Benchmarks\n\nOne section per benchmark, each written by the command "
+                       "it names (`python -m hvd_compress.bench <benchmark>`); raw numbers and "
+                       "figures are in `benchmarks/`.\n")
+
+
+def machine():
+    """CPU, cores, memory, kernel and the versions that set the numbers."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown")
+    memory_kib = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                          if line.startswith("MemTotal")))
+    described = {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(memory_kib / 2 ** 20, 1),
+                 "kernel": platform.release(), "python": platform.python_version(),
+                 "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+                 "date": datetime.date.today().isoformat()}
+    try:
+        import horovod
+        described["horovod"] = horovod.__version__
+        described["mpi"] = subprocess.run(["mpirun", "--version"], capture_output=True, text=True,
+                                          timeout=10).stdout.splitlines()[0]
+    except (ImportError, OSError, IndexError, subprocess.TimeoutExpired):
+        pass
+    return described
+
+
+def describe_machine(m):
+    """One line for a markdown section."""
+    versions = f"Python {m['python']}, torch {m['torch']}"
+    if "horovod" in m:
+        versions += f", Horovod {m['horovod']}, {m.get('mpi', 'no mpirun')}"
+    return (f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}; "
+            f"{versions}; {m['date']}.")
+
+
+def busy_cpu_seconds():
+    """Busy CPU seconds of all cores since boot (/proc/stat), interrupts left out: most of
+    them are the testbed's own network traffic, charged to no process."""
+    user, nice, system, _idle, _iowait, _irq, _softirq, steal = map(
+        int, Path("/proc/stat").read_text().split()[1:9])
+    return (user + nice + system + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds():
+    """CPU seconds of this process and its finished descendants (mpirun and, through it, the
+    ranks). Busy time beyond it went to other processes, or was stolen by the hypervisor."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+class OthersShare:
+    """The share of the machine's CPU capacity that other processes used between its
+    creation and :meth:`share`."""
+
+    def __init__(self):
+        self.started, self.busy, self.own = time.perf_counter(), busy_cpu_seconds(), own_cpu_seconds()
+
+    def seconds(self):
+        return max(0.0, busy_cpu_seconds() - self.busy - (own_cpu_seconds() - self.own))
+
+    def share(self):
+        return self.seconds() / ((time.perf_counter() - self.started) * os.cpu_count())
+
+
+def wait_until_idle(max_share, interval=2.0, patience=300):
+    """Waits, at most ``patience`` seconds, until the cores were busy less than ``max_share``
+    of an ``interval``: on a shared machine another user's work would otherwise share the
+    cores with what is measured."""
+    started = time.monotonic()
+    while time.monotonic() - started < patience:
+        busy = busy_cpu_seconds()
+        time.sleep(interval)
+        if (busy_cpu_seconds() - busy) / (interval * os.cpu_count()) <= max_share:
+            break
+    waited = time.monotonic() - started - interval
+    if waited >= 1:
+        print(f"  waited {waited:.0f} s for other processes to leave the cores", flush=True)
+
+
+def summarise(seconds):
+    """Median, quartiles and extremes, in ms, of a list of seconds."""
+    ms = sorted(1000 * s for s in seconds)
+    quartiles = statistics.quantiles(ms, n=4) if len(ms) > 1 else [ms[0]] * 3
+    return {"median": statistics.median(ms), "p25": quartiles[0], "p75": quartiles[2],
+            "min": ms[0], "max": ms[-1]}
+
+
+def write_section(path, heading, body):
+    """Replaces the "## heading" section of ``path`` (up to the next "## ") with ``body``,
+    appending it if absent; other benchmarks' sections are left as they are."""
+    text = path.read_text() if path.exists() else BENCHMARKS_PREAMBLE
+    lines = text.splitlines(keepends=True)
+    title = f"## {heading}\n"
+    if title in lines:
+        start = lines.index(title)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines[start:end] = [title, "\n", body, "\n"] if end < len(lines) else [title, "\n", body]
+    else:
+        lines += (["\n"] if lines and lines[-1] != "\n" else []) + [title, "\n", body]
+    path.write_text("".join(lines))
+
+
+def cluster_job(cluster, argv, env, timeout, result_prefix):
+    """Runs ``argv`` on every rank of ``cluster`` and returns the JSON that rank 0 printed
+    after ``result_prefix``, with the job's ``wall_seconds`` and the ``other_cpu_seconds``
+    that went to other processes meanwhile; a failed job raises with its output's tail."""
+    started, others = time.perf_counter(), OthersShare()
+    returncode, stdout, stderr = cluster.run(argv, timeout=timeout, env=env)
+    wall = time.perf_counter() - started
+    lines = [line for line in stdout.splitlines() if line.startswith(result_prefix)]
+    if returncode != 0 or not lines:
+        raise RuntimeError(f"job failed (exit {returncode}) after {wall:.0f} s:\n"
+                           f"{stdout[-2000:]}\n{stderr[-4000:]}")
+    result = json.loads(lines[-1][len(result_prefix):])
+    result.update(wall_seconds=wall, other_cpu_seconds=others.seconds())
+    return result
+
+
+def undisturbed(job, max_other_cpu, describe, attempts=3):
+    """``job()`` run until the ranks had the machine to themselves: a run during which more
+    than ``max_other_cpu`` of the cores' time went elsewhere runs again, up to ``attempts``
+    times in all; the last one is kept, its ``disturbed_attempts`` saying so. ``describe(result)``
+    is the progress line."""
+    for attempt in range(attempts):
+        wait_until_idle(max_other_cpu)
+        result = job()
+        result["disturbed_attempts"] = attempt
+        print(describe(result), flush=True)
+        share = result["other_cpu_seconds"] / (result["wall_seconds"] * os.cpu_count())
+        if share <= max_other_cpu:
+            return result
+        print(f"  {100 * share:.0f}% of the CPU went to other processes during that job", flush=True)
+    result["disturbed_attempts"] = attempts
+    return result
+
+
+def checkout_pythonpath():
+    """PYTHONPATH with this checkout first, so ranks import this hvd_compress, whatever is
+    installed."""
+    return os.pathsep.join(filter(None, [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH")]))
+
+
+def timed_step(optimizer, forward_backward):
+    """One step of a Horovod distributed optimizer, timed: seconds of the whole step, of
+    ``forward_backward()`` (zero_grad, forward, backward: the hooks compress and submit
+    gradients during it) and of ``synchronize`` (what is left of communication, then the
+    decompression)."""
+    started = time.perf_counter()
+    forward_backward()
+    backward_done = time.perf_counter()
+    optimizer.synchronize()
+    synchronized = time.perf_counter()
+    with optimizer.skip_synchronize():
+        optimizer.step()
+    return {"step": time.perf_counter() - started, "backward": backward_done - started,
+            "synchronize": synchronized - backward_done}
+
+
+def panels(columns, width, height, rows=1, dpi=80):
+    """(pyplot, figure, the ``rows`` x ``columns`` axes row by row in one list), each panel
+    ``width`` x ``height`` inches, for a PNG written without a display."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), dpi=dpi,
+                                squeeze=False)
+    return plt, figure, list(axes.flat)
+
+
+def method_bars(axis, values, reference):
+    """Horizontal bars, one per method from the top down (``values``: method -> value), the
+    ``reference`` method's bar grey and its value marked across the panel."""
+    bars = axis.barh(list(values), list(values.values()),
+                     color=["tab:gray" if label == reference else "tab:blue" for label in values])
+    if reference in values:
+        axis.axvline(values[reference], color="tab:gray", linestyle="--", linewidth=0.8)
+    axis.invert_yaxis()
+    return bars

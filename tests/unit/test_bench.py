@@ -1,0 +1,95 @@
+"""Smoke test of the benchmark harness: it runs end to end on tiny shapes and writes its
+outputs (no timing assertions: timings belong in docs/benchmarks.md, not in tests)."""
+import argparse
+import json
+import sys
+
+import pytest
+
+from hvd_compress.bench import __main__ as bench
+from hvd_compress.bench.codec import HOOK, measure_in_fresh_process
+from hvd_compress.bench.shapes import parameter_count, shape_set
+
+
+def test_shape_sets_match_the_published_parameter_counts():
+    assert parameter_count(shape_set("resnet50")) == 25_557_032
+    assert parameter_count(shape_set("bert-base")) == 109_482_240
+
+
+def test_codec_quick_writes_json_figures_and_its_section(tmp_path, monkeypatch):
+    (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\n## Other\n\nkept\n")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert bench.main(["codec", "--quick", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "benchmarks" / "codec.json").read_text())
+    methods = results["codec"]["tiny"]["methods"]
+    assert {"torch powerSGD_hook", "PowerSGD", "ACP-SGD", "TopK", "QSGD"} <= set(methods)
+    assert all(entry["step_ms"] > 0 for entry in methods.values())
+    for png in ["codec_cost.png", "topk_selection.png"]:
+        assert (tmp_path / "benchmarks" / png).stat().st_size > 0
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## Other\n\nkept\n" in text and text.count("## Codec cost") == 1
+    assert "python -m hvd_compress.bench codec --quick" in text
+    # A second run replaces the section instead of appending another.
+    assert bench.main(["codec", "--quick", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "benchmarks.md").read_text().count("## Codec cost") == 1
+
+
+def test_unknown_benchmark_prints_usage(capsys):
+    assert bench.main(["nope"]) == 2
+    assert "codec" in capsys.readouterr().err
+
+
+def test_full_runs_measure_each_method_in_a_fresh_process():
+    options = argparse.Namespace(rank=2, density=0.01, bits=4, repeats=1)
+    per_step = measure_in_fresh_process("tiny", HOOK, options)
+    assert len(per_step) == 1 and per_step[0] > 0
+
+
+def test_convergence_quick_trains_every_method_under_mpirun_and_writes_its_section(tmp_path, monkeypatch):
+    from hvd_compress.bench.convergence import METHODS
+    (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\n## Convergence\n\nstale\n\n## Other\n\nkept\n")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert bench.main(["convergence", "--quick", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "benchmarks" / "convergence.json").read_text())
+    assert set(results["workloads"]) == {"digits", "charlm"}
+    for workload in results["workloads"].values():
+        methods = workload["methods"]
+        assert list(methods) == METHODS
+        assert all(record["steps"] > 0 and record["world_size"] == 2 for record in methods.values())
+        # Counted bytes: every compressor sent fewer than a float32 all-reduce would have.
+        assert all(record["compression_ratio"] > 1
+                   for name, record in methods.items() if name != "uncompressed")
+    assert 0 <= results["workloads"]["digits"]["methods"]["uncompressed"]["metric"] <= 1
+    assert results["workloads"]["charlm"]["methods"]["uncompressed"]["metric"] > 1  # a perplexity
+    assert (tmp_path / "benchmarks" / "convergence.png").stat().st_size > 0
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert text.count("## Convergence") == 1 and "stale" not in text and "## Other\n\nkept\n" in text
+    assert "python -m hvd_compress.bench convergence --quick" in text
+    assert "](benchmarks/convergence.png)" in text
+
+
+def test_endtoend_on_the_testbed_then_its_projection(tmp_path, monkeypatch):
+    from hvd_compress.bench.testbed import NetworkNamespacesUnavailable
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    try:
+        assert bench.main(["endtoend", "--np", "2", "--rates", "1,2.5", "--models", "cnn",
+                           "--methods", "S-SGD,ACP-SGD+fusion", "--warmup", "1", "--steps", "2",
+                           "--max-other-cpu", "1", "--out", str(tmp_path)]) == 0
+    except NetworkNamespacesUnavailable as error:
+        pytest.skip(f"no network namespaces here: {error}")
+    results = json.loads((tmp_path / "benchmarks" / "endtoend.json").read_text())
+    methods = results["rates"]["2.5"]["models"]["cnn"]
+    dense = 4 * results["models"]["cnn"]["parameters"]
+    # Counted by the kernel: S-SGD's ring all-reduce sends about the gradient's size at np 2,
+    # ACP-SGD a small fraction of it.
+    assert 0.95 * dense < methods["S-SGD"]["sent_bytes_per_step"] < 1.2 * dense
+    assert methods["ACP-SGD+fusion"]["sent_bytes_per_step"] < 0.1 * dense
+    assert methods["ACP-SGD+fusion"]["traffic"]["by_collective"]["allreduce"]["calls"] > 0
+    assert bench.main(["projection", "--from", str(tmp_path / "benchmarks" / "endtoend.json"),
+                       "--out", str(tmp_path)]) == 0
+    projection = json.loads((tmp_path / "benchmarks" / "projection.json").read_text())
+    assert projection["alpha_us"] >= 0 and 0 < projection["efficiency"] <= 1.5
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert text.count("## End to end") == 1 and text.count("## Projection") == 1
+    for png in ["endtoend.png", "projection.png"]:
+        assert (tmp_path / "benchmarks" / png).stat().st_size > 0
