@@ -18,7 +18,8 @@ BENCHMARKS = {
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in BENCHMARKS:
-        listing = "\n".join(f"  {name:8} {summary}" for name, summary in BENCHMARKS.items())
+        width = max(map(len, BENCHMARKS))
+        listing = "\n".join(f"  {name:{width}} {summary}" for name, summary in BENCHMARKS.items())
         print(f"usage: python -m hvd_compress.bench <benchmark> [options]\n\nbenchmarks:\n{listing}",
               file=sys.stderr)
         return 2
