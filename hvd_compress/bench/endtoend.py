@@ -31,7 +31,9 @@ Methods (the rank of the low-rank methods is ``--rank``):
   (single all-reduce payloads such as ACP-SGD's ride Horovod's own fused all-reduce);
 * ACP-SGD+fusion, L-GreCo, GraVAC: ``hvd_compress.DistributedOptimizer`` with its scaled
   fusion (``ScaledFusion()``, 25 MiB dense) and ``HOROVOD_FUSION_THRESHOLD=0``; L-GreCo and
-  GraVAC wrap ACP-SGD and decide during the warm-up (L-GreCo at step 3, applied at step 5).
+  GraVAC wrap ACP-SGD and decide during the warm-up (L-GreCo at step 3, applied at step 5;
+  GraVAC with a window of 2 steps, so it has settled on a factor before the timed steps: this
+  measures the speed of what it chose, not whether it chose well).
 
 A probe job per rate times Horovod's all-reduce and all-gather of 4 KiB to 16 MiB; the
 projection (``python -m hvd_compress.bench projection``) fits its alpha-beta model to it.

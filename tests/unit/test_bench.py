@@ -39,6 +39,12 @@ def test_unknown_benchmark_prints_usage(capsys):
     assert "codec" in capsys.readouterr().err
 
 
+def test_hvd_compress_command_runs_benchmarks(capsys):
+    from hvd_compress.cli import main
+    assert main(["list"]) == 2 and "hvd-compress bench <benchmark>" in capsys.readouterr().err
+    assert main(["bench"]) == 2 and "endtoend" in capsys.readouterr().err
+
+
 def test_full_runs_measure_each_method_in_a_fresh_process():
     options = argparse.Namespace(rank=2, density=0.01, bits=4, repeats=1)
     per_step = measure_in_fresh_process("tiny", HOOK, options)
