@@ -61,6 +61,7 @@ RESULT_PREFIX = "ENDTOEND_RESULT "
 SECTION = "End to end"
 PROBE_BYTES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20]
 COMPUTE_STEPS, CODEC_STEPS = 6, 6  # even: ACP-SGD's P and Q steps weigh equally
+UNTIMED_STEPS = 2  # before each timed phase: first-touch allocations, lazy initialisation
 METHODS = ["S-SGD", "FP16", "PowerSGD", "ACP-SGD", "ACP-SGD+fusion", "L-GreCo", "GraVAC", "ScaleCom"]
 WRAPPED = {"ACP-SGD+fusion", "L-GreCo", "GraVAC"}  # hvd_compress.DistributedOptimizer + fusion
 # Targets of issue 6, at 1 Gbit/s: (method, baseline, least speed-up).
@@ -128,7 +129,7 @@ def worker(args):
 
     local = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     compute = []
-    for step in range(2 + COMPUTE_STEPS):
+    for _ in range(UNTIMED_STEPS + COMPUTE_STEPS):
         started = time.perf_counter()
         forward_backward(local)
         local.step()
@@ -158,7 +159,7 @@ def worker(args):
     codec = codec_seconds(compression, model) if compression is not None else [0.0]
     if hvd.rank() == 0:
         print(RESULT_PREFIX + json.dumps({
-            "seconds": times, "compute_seconds": compute[2:], "codec_seconds": codec,
+            "seconds": times, "compute_seconds": compute[UNTIMED_STEPS:], "codec_seconds": codec,
             "sent_bytes_per_step_per_rank": sent, "traffic": counted,
             "settings": settings_of(compression)}), flush=True)
 
@@ -174,8 +175,7 @@ def traffic_snapshot(compression):
     if compression is None:
         return None
     traffic = compression.traffic
-    return {"steps": traffic.steps, "dense": traffic.dense_wire_bytes, "payload": traffic.payload_bytes,
-            "wire": traffic.wire_bytes, "by_collective": copy.deepcopy(traffic.by_collective)}
+    return {"dense": traffic.dense_wire_bytes, "payload": traffic.payload_bytes, "wire": traffic.wire_bytes, "by_collective": copy.deepcopy(traffic.by_collective)}
 
 
 def traffic_per_step(compression, before, steps):
@@ -213,13 +213,13 @@ def codec_seconds(compression, model):
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
     hvd.allreduce(torch.zeros(1), name="endtoend.codec_phase")  # every rank starts it together
     seconds = []
-    for _ in range(2 + CODEC_STEPS):
+    for _ in range(UNTIMED_STEPS + CODEC_STEPS):
         started = time.perf_counter()
         for name, grad in grads.items():
             exchange_alone(codec, name, grad)
         codec.end_step()
         seconds.append(time.perf_counter() - started)
-    return seconds[2:]
+    return seconds[UNTIMED_STEPS:]
 
 
 def probe(args):
