@@ -302,9 +302,9 @@ def sweep(args):
     started = time.perf_counter()
     for rate in args.rates:
         with emulated_cluster(args.np, rate) as cluster:
-            results["testbed"] = cluster.describe()
             probed = run_job(cluster, args, ["--probe"])
             entry = results["rates"][f"{rate:g}"] = {
+                "testbed": cluster.describe(),
                 "probe": {collective: probed[collective] for collective in ("allreduce", "allgather")},
                 "models": {}}
             for model in args.models:
@@ -335,7 +335,9 @@ def markdown(results, figure):
              f"Machine: {describe_machine(m)} Load average before/after: "
              f"{', '.join(f'{v:.2f}' for v in results['load_average_before'])} / "
              f"{', '.join(f'{v:.2f}' for v in results['load_average_after'])}.", "",
-             f"Testbed: {results['testbed']}. {results['np']} ranks, one torch thread each; "
+             "Testbed: " + "; ".join(f"at {rate} Gbit/s, {entry['testbed']}"
+                                    for rate, entry in results["rates"].items()) + ". "
+             f"{results['np']} ranks, one torch thread each; "
              f"{results['warmup']} warm-up and {results['steps']} timed steps per job; low-rank "
              f"methods at rank {results['rank']}; how each method is run, and what the columns "
              "mean, in `hvd_compress/bench/endtoend.py`'s docstring. *Exposed comm* is the "
