@@ -23,5 +23,6 @@ from hvd_compress.control.gravac import GraVAC, GraVACPolicy
 from hvd_compress.control.lgreco import Accordion, LGreCo
 from hvd_compress.integration.optimizer import DistributedOptimizer
 
-__all__ = ["ACPSGD", "Accordion", "BF16", "GraVAC", "GraVACPolicy", "LGreCo", "ScaleCom", "Compressor", "DistributedOptimizer", "FP16", "NoCompression",
-           "PowerSGD", "QSGD", "ScaledFusion", "TopK"]
+__all__ = ["ACPSGD", "Accordion", "BF16", "Compressor", "DistributedOptimizer", "FP16", "GraVAC",
+           "GraVACPolicy", "LGreCo", "NoCompression", "PowerSGD", "QSGD", "ScaleCom", "ScaledFusion",
+           "TopK"]

@@ -35,7 +35,7 @@ import torch
 
 import hvd_compress as hc
 from hvd_compress.bench.report import (OthersShare, checkout_pythonpath, describe_machine, machine, method_bars, panels,
-                                       write_section)
+                                       printed_results, write_section)
 from hvd_compress.bench.testbed import run_bounded
 from hvd_compress.comm.rounds import Collective
 from hvd_compress.workloads import charlm, digits
@@ -209,12 +209,9 @@ def run_job(spec, args):
     started = time.perf_counter()
     returncode, stdout, stderr = run_bounded(argv, args.job_timeout, env)
     wall = time.perf_counter() - started
-    records = [json.loads(line[len(RESULT_PREFIX):]) for line in stdout.splitlines()
-               if line.startswith(RESULT_PREFIX)]
-    if returncode != 0 or len(records) != len(spec["methods"]):
-        raise RuntimeError(f"{spec['workload']} {', '.join(spec['methods'])}: job failed (exit "
-                           f"{returncode}) after {wall:.0f} s: {shlex.join(argv)}\n"
-                           f"{stdout[-2000:]}\n{stderr[-4000:]}")
+    records = printed_results(returncode, stdout, stderr, RESULT_PREFIX, wall,
+                              f"{spec['workload']} {', '.join(spec['methods'])}: {shlex.join(argv)}",
+                              expected=len(spec["methods"]))
     for record in records:
         record["job_seconds"] = wall
     return records

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from hvd_compress.bench.endtoend import WRAPPED
 from hvd_compress.bench.report import panels, write_section
+from hvd_compress.comm.rounds import Collective
 
 SECTION = "Projection"
 WORKERS = [8, 16, 32, 64]
@@ -46,13 +47,12 @@ HOROVOD_FUSION_BYTES = 64 << 20
 
 
 def ring_terms(collective, nbytes, world):
-    """(alpha coefficient, beta coefficient) of one collective of ``nbytes`` per rank."""
-    if collective == "allreduce":
-        return 2 * (world - 1), 2 * (world - 1) / world * nbytes
-    if collective == "allgather":
-        return world - 1, (world - 1) * nbytes
-    # all-to-all and broadcast: (W-1)/W of the payload, W-1 messages.
-    return world - 1, (world - 1) / world * nbytes
+    """(alpha coefficient, beta coefficient) of one collective (its name) of ``nbytes`` per
+    rank: the messages a rank sends in turn, and the bytes it sends (``Collective.wire_bytes``,
+    as ``Traffic`` counts them). A ring all-reduce is a reduce-scatter then an all-gather:
+    2(W-1) messages; the others W-1."""
+    messages = 2 * (world - 1) if collective == Collective.ALLREDUCE.value else world - 1
+    return messages, Collective(collective).wire_bytes(nbytes, world)
 
 
 def fit(probes, world):

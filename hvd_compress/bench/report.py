@@ -122,13 +122,20 @@ def cluster_job(cluster, argv, env, timeout, result_prefix):
     started, others = time.perf_counter(), OthersShare()
     returncode, stdout, stderr = cluster.run(argv, timeout=timeout, env=env)
     wall = time.perf_counter() - started
-    lines = [line for line in stdout.splitlines() if line.startswith(result_prefix)]
-    if returncode != 0 or not lines:
-        raise RuntimeError(f"job failed (exit {returncode}) after {wall:.0f} s:\n"
-                           f"{stdout[-2000:]}\n{stderr[-4000:]}")
-    result = json.loads(lines[-1][len(result_prefix):])
+    result = printed_results(returncode, stdout, stderr, result_prefix, wall, "job")[-1]
     result.update(wall_seconds=wall, other_cpu_seconds=others.seconds())
     return result
+
+
+def printed_results(returncode, stdout, stderr, result_prefix, wall, what, expected=None):
+    """The JSON records a job printed after ``result_prefix``, in order; a job that failed,
+    printed none, or printed other than ``expected`` records raises with its output's tail."""
+    records = [json.loads(line[len(result_prefix):]) for line in stdout.splitlines()
+               if line.startswith(result_prefix)]
+    if returncode != 0 or not records or (expected is not None and len(records) != expected):
+        raise RuntimeError(f"{what} failed (exit {returncode}) after {wall:.0f} s:\n"
+                           f"{stdout[-2000:]}\n{stderr[-4000:]}")
+    return records
 
 
 def undisturbed(job, max_other_cpu, describe, attempts=3):
