@@ -124,7 +124,10 @@ class LGreCo(Controller):
         if self.rank == 0 and self._next_decision - self.step <= self.decide_every \
                 and self._tunable(name):
             accumulated = self._sums.get(name)
-            self._sums[name] = grad.detach().float() if accumulated is None else accumulated + grad.detach().float()
+            if accumulated is None:
+                self._sums[name] = grad.detach().to(torch.float32, copy=True)
+            else:  # in place: a gradient-sized allocation per layer and step would cost more
+                accumulated.add_(grad.detach())
         round_ = self.inner.begin(name, grad)
         if self.objective == "time":
             self._count_bucket_bytes(name, round_.payload)
