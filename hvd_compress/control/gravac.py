@@ -182,8 +182,9 @@ class GraVAC(Controller):
         st = self.inner.state.get(name)
         if st is not None and hasattr(st, "memory"):
             x = x + st.memory.reshape(-1)
+        # On the gradient's device: it travels appended to the payload.
         stats = torch.tensor([x.square().sum().item(), *self._kept_energies(name, x, shape),
-                              self._last_seconds])
+                              self._last_seconds], device=x.device)
         if self.cf == DENSE:
             # Line 23 of Algorithm 1: send g + e uncompressed, and the residual becomes 0.
             if st is not None and hasattr(st, "memory"):
