@@ -55,7 +55,8 @@ def test_convergence_quick_trains_every_method_under_mpirun_and_writes_its_secti
     from hvd_compress.bench.convergence import METHODS
     (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\n## Convergence\n\nstale\n\n## Other\n\nkept\n")
     monkeypatch.setattr(sys, "argv", list(sys.argv))
-    assert bench.main(["convergence", "--quick", "--out", str(tmp_path)]) == 0
+    # A hang fails in two minutes, not the default five per job.
+    assert bench.main(["convergence", "--quick", "--job-timeout", "120", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "benchmarks" / "convergence.json").read_text())
     assert set(results["workloads"]) == {"digits", "charlm"}
     for workload in results["workloads"].values():
@@ -80,7 +81,7 @@ def test_endtoend_on_the_testbed_then_its_projection(tmp_path, monkeypatch):
     try:
         assert bench.main(["endtoend", "--np", "2", "--rates", "1,2.5", "--models", "cnn",
                            "--methods", "S-SGD,ACP-SGD+fusion", "--warmup", "1", "--steps", "2",
-                           "--max-other-cpu", "1", "--out", str(tmp_path)]) == 0
+                           "--max-other-cpu", "1", "--job-timeout", "120", "--out", str(tmp_path)]) == 0
     except NetworkNamespacesUnavailable as error:
         pytest.skip(f"no network namespaces here: {error}")
     results = json.loads((tmp_path / "benchmarks" / "endtoend.json").read_text())
