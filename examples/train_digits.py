@@ -11,13 +11,12 @@ import horovod.torch as hvd
 import torch
 
 import hvd_compress
-from hvd_compress.compressors import BY_NAME
 from hvd_compress.workloads import digits
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compression", choices=sorted(BY_NAME), default="powersgd")
+    parser.add_argument("--compression", choices=sorted(hvd_compress.COMPRESSORS), default="powersgd")
     parser.add_argument("--rank", type=int, default=2, help="PowerSGD/ACP-SGD rank")
     parser.add_argument("--density", type=float, default=0.01, help="Top-K density")
     parser.add_argument("--bits", type=int, default=4, help="QSGD bits")
@@ -31,10 +30,10 @@ def main():
 
     hvd.init()
     torch.set_num_threads(1)
-    options = {"powersgd": {"rank": args.rank}, "acpsgd": {"rank": args.rank},
-               "topk": {"density": args.density}, "qsgd": {"bits": args.bits},
-               "scalecom": {"density": args.density}}
-    kwargs = options.get(args.compression, {})
+    method = hvd_compress.COMPRESSORS[args.compression]
+    # The command line's values for whichever settings this method has.
+    given = {"rank": args.rank, "density": args.density, "bits": args.bits}
+    kwargs = {key: given[key] for key in method.defaults if key in given}
     made = {}
     steps_per_epoch = len(digits.load_digits_split()[1]) // hvd.size() // 32
 
@@ -51,10 +50,10 @@ def main():
     def make_optimizer(model, optimizer):
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         if args.optimizer == "stock":
-            made["compressor"] = adapted(BY_NAME[args.compression](model.named_parameters(), **kwargs))
+            made["compressor"] = adapted(method.build(model.named_parameters(), **kwargs))
             return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                             compression=made["compressor"])
-        made["compressor"] = adapted(BY_NAME[args.compression](**kwargs))
+        made["compressor"] = adapted(method.build(**kwargs))
         return hvd_compress.DistributedOptimizer(optimizer, model.named_parameters(),
                                                  made["compressor"])
 

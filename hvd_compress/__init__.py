@@ -1,11 +1,13 @@
 """hvd_compress: gradient compression for Horovod + PyTorch.
 
-Layers, from the bottom up:
+Layers, from the bottom up (each imports only the ones below it):
   maths/         pure tensor functions (low-rank, quantisation, top-k); no communication
-  comm/          the communication plan: rounds, collectives, the driver, a simulated world
+  comm/          the communication plan: rounds, collectives, the driver, backends, a simulated world
   compressors/   per-parameter state and settings; each builds rounds from a gradient
-  control/       adaptive controllers (L-GreCo, GraVAC) and the rank-0 decision service
+  control/       adaptive controllers (L-GreCo, GraVAC) and the rank-0 decision service; they use
+                 compressors only through the controller protocol of ``compressors/base.py``
   integration/   Horovod: the stock optimizer's Compression API, and our DistributedOptimizer
+``registry.py`` names every method once; the classes exported here come from it.
 
 Use with stock Horovod::
 
@@ -17,12 +19,13 @@ or with the wrapper, which overlaps multi-round compressors with backward::
     opt = hvd_compress.DistributedOptimizer(opt, model.named_parameters(), hvd_compress.PowerSGD(rank=4))
 """
 from hvd_compress.comm.fusion import ScaledFusion
-from hvd_compress.compressors import (ACPSGD, BF16, FP16, QSGD, Compressor, NoCompression,
-                                      PowerSGD, ScaleCom, TopK)
-from hvd_compress.control.gravac import GraVAC, GraVACPolicy
-from hvd_compress.control.lgreco import Accordion, LGreCo
+from hvd_compress.compressors.base import Compressor
+from hvd_compress.control.gravac import GraVACPolicy
+from hvd_compress.control.lgreco import Accordion
 from hvd_compress.integration.optimizer import DistributedOptimizer
+from hvd_compress.registry import COMPRESSORS, CONTROLLERS, PUBLIC
 
-__all__ = ["ACPSGD", "Accordion", "BF16", "Compressor", "DistributedOptimizer", "FP16", "GraVAC",
-           "GraVACPolicy", "LGreCo", "NoCompression", "PowerSGD", "QSGD", "ScaleCom", "ScaledFusion",
-           "TopK"]
+globals().update(PUBLIC)
+
+__all__ = sorted(["Accordion", "COMPRESSORS", "CONTROLLERS", "Compressor", "DistributedOptimizer",
+                  "GraVACPolicy", "ScaledFusion", *PUBLIC])

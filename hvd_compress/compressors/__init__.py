@@ -7,7 +7,3 @@ from hvd_compress.compressors.scalecom import ScaleCom
 from hvd_compress.compressors.topk import TopK
 
 __all__ = ["ACPSGD", "BF16", "Compressor", "FP16", "NoCompression", "PowerSGD", "QSGD", "ScaleCom", "TopK"]
-
-# Command-line names, for the example, the benchmarks and the tests.
-BY_NAME = {"none": NoCompression, "fp16": FP16, "bf16": BF16, "powersgd": PowerSGD,
-           "acpsgd": ACPSGD, "qsgd": QSGD, "topk": TopK, "scalecom": ScaleCom}

@@ -8,15 +8,13 @@ layer (``hvd_compress.integration``) runs the rounds on Horovod.
 import math
 
 import torch
-from horovod.torch.compression import Compressor as HorovodCompressor
-
 from hvd_compress.comm.rounds import Collective, Round, Traffic
 
 # Horovod's all-reduce sums these dtypes; anything else (bf16) travels as float32.
 _ALLREDUCE_DTYPES = (torch.float16, torch.float32, torch.float64)
 
 
-class Compressor(HorovodCompressor):
+class Compressor:
     """Base class. Subclasses set ``setting_name`` and implement ``_check_setting``,
     ``_compressible`` and ``_begin``.
 
@@ -42,7 +40,6 @@ class Compressor(HorovodCompressor):
         self.state = {}
         self.rank, self.size = 0, 1
         self.traffic = Traffic()
-        self._stock_bridge = None
 
     # ----- settings, addressable by parameter name ---------------------------------------
     def setting(self, name):
@@ -111,19 +108,6 @@ class Compressor(HorovodCompressor):
     def _begin(self, name, grad):
         raise NotImplementedError
 
-    # ----- Horovod's Compression API (stock hvd.DistributedOptimizer) ----------------------
-    def compress(self, tensor):
-        return self._bridge().compress(tensor)
-
-    def decompress(self, tensor, ctx):
-        return self._bridge().decompress(tensor, ctx)
-
-    def _bridge(self):
-        if self._stock_bridge is None:
-            from hvd_compress.integration.stock import StockBridge
-            self._stock_bridge = StockBridge(self)
-        return self._stock_bridge
-
     # ----- configuration, checkpointing -------------------------------------------------------
     def config(self):
         """Constructor settings that must agree on every rank."""
@@ -146,9 +130,8 @@ class Compressor(HorovodCompressor):
         raise NotImplementedError
 
     def __getstate__(self):
-        # Hooks and Horovod handles cannot be pickled; a restored compressor rebinds lazily.
+        # Traffic counts this process's steps; a restored compressor starts counting afresh.
         state = dict(self.__dict__)
-        state["_stock_bridge"] = None
         state["traffic"] = Traffic(world_size=self.size)
         return state
 

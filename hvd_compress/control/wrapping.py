@@ -14,7 +14,7 @@ class Controller(Compressor):
         self.inner = compressor
         self.parameters, self.min_numel = compressor.parameters, compressor.min_numel
         self.traffic = compressor.traffic
-        self.rank, self.size, self._stock_bridge = 0, 1, None
+        self.rank, self.size = 0, 1
 
     def setting(self, name):
         return self.inner.setting(name)

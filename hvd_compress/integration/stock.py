@@ -1,8 +1,10 @@
-"""Serves stock ``hvd.DistributedOptimizer``'s ``compress``/``decompress`` calls."""
+"""Horovod's Compression API for hvd_compress compressors: stock ``hvd.DistributedOptimizer``
+calls ``compress``/``decompress``, which :class:`StockBridge` serves with our round driver."""
 import time
 
 import horovod.torch as hvd
 import torch
+from horovod.torch.compression import Compressor as HorovodCompressor
 
 from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.horovod_backend import HorovodBackend
@@ -96,3 +98,35 @@ class StockBridge:
             raise ValueError(f"{cls}: got a gradient of shape {tuple(tensor.shape)} that belongs "
                              f"to none of the named_parameters it was given")
         return name
+
+
+class StockCompression(HorovodCompressor):
+    """Mixin that gives an hvd_compress compressor (or controller) Horovod's Compression API.
+
+    The bridge is built at the first ``compress``, when Horovod is initialised, and dropped when
+    pickled (it holds hooks and Horovod handles); a restored compressor rebuilds it."""
+
+    _stock_bridge = None
+
+    def compress(self, tensor):
+        return self._bridge().compress(tensor)
+
+    def decompress(self, tensor, ctx):
+        return self._bridge().decompress(tensor, ctx)
+
+    def _bridge(self):
+        if self._stock_bridge is None:
+            self._stock_bridge = StockBridge(self)
+        return self._stock_bridge
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_stock_bridge", None)
+        return state
+
+
+def horovod_compression(cls):
+    """``cls`` with Horovod's Compression API: the class ``hvd_compress`` exports under the
+    same name, which stock ``hvd.DistributedOptimizer(compression=...)`` accepts."""
+    return type(cls.__name__, (StockCompression, cls),
+                {"__module__": "hvd_compress", "__qualname__": cls.__name__, "__doc__": cls.__doc__})

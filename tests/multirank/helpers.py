@@ -4,16 +4,8 @@ import torch
 import hvd_compress as hc
 from hvd_compress.workloads import digits
 
-# Small settings so that every compressor actually compresses the digits CNN's layers.
-CONFIGS = {
-    "fp16": lambda named: hc.FP16(named),
-    "bf16": lambda named: hc.BF16(named),
-    "powersgd": lambda named: hc.PowerSGD(named, rank=2),
-    "acpsgd": lambda named: hc.ACPSGD(named, rank=4),
-    "qsgd": lambda named: hc.QSGD(named, bits=4, bucket_size=128),
-    "topk": lambda named: hc.TopK(named, density=0.05),
-    "scalecom": lambda named: hc.ScaleCom(named, density=0.05),
-}
+# Every registered compressor but the baseline, at settings that compress the digits CNN's layers.
+CONFIGS = sorted(name for name in hc.COMPRESSORS if name != "none")
 PATHS = ["stock", "wrapper"]
 
 
@@ -22,11 +14,11 @@ def distributed(model, optimizer, compressor_name, path, broadcast=True, **kwarg
     if broadcast:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     if path == "stock":
-        compressor = CONFIGS[compressor_name](model.named_parameters())
+        compressor = hc.COMPRESSORS[compressor_name].build(model.named_parameters(), small=True)
         opt = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                        compression=compressor, **kwargs)
     else:
-        compressor = CONFIGS[compressor_name](None)
+        compressor = hc.COMPRESSORS[compressor_name].build(small=True)
         opt = hc.DistributedOptimizer(optimizer, model.named_parameters(), compressor, **kwargs)
     return opt, compressor
 
