@@ -7,8 +7,11 @@ about as many layers as it would uncompressed. A plan depends only on parameter 
 settings and the order given, so every rank computes the same plan without communicating.
 """
 import hashlib
+import logging
 import math
 from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
 
 # The dense buffer that gets scaled: ACP-SGD's (and PyTorch DDP's) 25 MB. On the emulated
 # 1 Gbit/s cluster it landed within 4% of the best buffer, Horovod's 64 MiB 9-12% (docs/fusion.md).
@@ -71,20 +74,20 @@ class ScaledFusion:
     HOROVOD_FUSION_THRESHOLD, which sizes Horovod's own background fusion and is often set to 0
     so that it leaves these buckets alone); with ``scaled`` it is multiplied by the compression rate, otherwise
     used as is for payload bytes (``ScaledFusion(2**62, scaled=False)``: the whole model in one
-    buffer). ``log``: print each new plan on rank 0."""
+    buffer). Each new plan is logged on rank 0 at INFO (logger ``hvd_compress.comm.fusion``)."""
     dense_threshold: int = None
     scaled: bool = True
-    log: bool = False
 
 
 class FusionScheduler:
-    """Plans each step's buckets from the compressor's current settings, in backward order
-    (reverse registration order, as DDP's buckets), re-planning when settings change (L-GreCo,
-    GraVAC) or, for ACP-SGD, between P and Q steps. Settings change at the same step on every
-    rank, so plans do too."""
+    """Plans each step's buckets from the payload sizes the compression reports for its next
+    step (``next_payload_bytes``, the ``GradientCompression`` contract), in backward order
+    (reverse registration order, as DDP's buckets). Sizes change when settings do (L-GreCo,
+    GraVAC) or, for ACP-SGD, between P and Q steps, at the same step on every rank, so plans
+    change together everywhere."""
 
-    def __init__(self, compressor, shapes, config, rank=0):
-        self.compressor = compressor
+    def __init__(self, compression, shapes, config, rank=0):
+        self.compression = compression
         self.shapes = shapes  # name -> shape, in backward order
         self.config = config
         self.rank = rank
@@ -92,31 +95,18 @@ class FusionScheduler:
         self._last_digest = None
 
     def plan(self):
-        from hvd_compress.compressors.acpsgd import ACPSGD
-        inner = getattr(self.compressor, "inner", self.compressor)
-        settings = tuple(self.compressor.setting(name) for name in self.shapes)
-        # ACP-SGD's phase, from a parameter it compresses (dense ones keep no state).
-        phase = (next((inner.phase(name) for name in self.shapes if name in inner.state), "P")
-                 if isinstance(inner, ACPSGD) else "")
-        key = (settings, phase)
+        payloads = tuple((name, self.compression.next_payload_bytes(name, shape))
+                         for name, shape in self.shapes.items())
+        phase = self.compression.schedule_phase()
+        key = (payloads, phase)
         if key not in self._cache:
-            payloads = [(name, _payload_bytes(inner, shape, setting, phase))
-                        for (name, shape), setting in zip(self.shapes.items(), settings)]
             dense = sum(4 * math.prod(shape) for shape in self.shapes.values())
             threshold = self.config.dense_threshold or DEFAULT_DENSE_THRESHOLD
             if self.config.scaled:
                 threshold = scaled_threshold(threshold, sum(b for _, b in payloads), dense)
             self._cache[key] = plan_buckets(payloads, threshold, phase)
         plan = self._cache[key]
-        if self.config.log and self.rank == 0 and plan.digest() != self._last_digest:
-            print(plan.describe(), flush=True)
+        if self.rank == 0 and plan.digest() != self._last_digest:
+            logger.info("%s", plan.describe())
         self._last_digest = plan.digest()
         return plan
-
-
-def _payload_bytes(compressor, shape, setting, phase):
-    """First-round payload bytes of one gradient; ACP-SGD sends P (n x r) or Q (m x r)."""
-    if phase and compressor.compresses(shape, setting):
-        n, m, r = compressor._factor_elements(shape, setting)
-        return 4 * (n if phase == "P" else m) * r
-    return compressor.payload_bytes(shape, setting)

@@ -1,6 +1,6 @@
 """ACP-SGD (Zhang et al., 2023): PowerSGD's two half-steps on alternate training steps."""
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.compressors.lowrank import LowRankCompressor
+from hvd_compress.compressors.lowrank import LowRankCompressor, factor_bytes
 from hvd_compress.maths import lowrank
 
 
@@ -18,15 +18,20 @@ class ACPSGD(LowRankCompressor):
     """
 
     def _compressed_bytes(self, shape, setting):
-        n, m, r = self._factor_elements(shape, setting)
-        return 2 * (n + m) * r  # 4nr and 4mr bytes on alternate steps
+        return factor_bytes(shape, setting, "pq") // 2  # P and Q on alternate steps
+
+    def next_payload_bytes(self, name, shape):
+        setting = self.setting(name)
+        if not self.compresses(shape, setting):
+            return self.payload_bytes(shape, setting)
+        return factor_bytes(shape, setting, self.phase(name).lower())
 
     def _rounds(self, name, grad, st, matrix, r):
         shape, dtype = grad.shape, grad.dtype
         if st.step % 2 == 1:  # P step
             q_hat = lowrank.orthogonalize(self._reused(st, name, "q"))
             p = matrix @ q_hat
-            self._remember(st, matrix, p, q_hat)
+            self._remember(matrix, p, q_hat)
 
             def after_p(p_mean):
                 st.p, st.q = p_mean, q_hat
@@ -36,7 +41,7 @@ class ACPSGD(LowRankCompressor):
 
         p_hat = lowrank.orthogonalize(self._reused(st, name, "p"))
         q = lowrank.project_left(matrix, p_hat)
-        self._remember(st, matrix, p_hat, q)
+        self._remember(matrix, p_hat, q)
 
         def after_q(q_mean):
             st.p, st.q = p_hat, q_mean
@@ -48,3 +53,7 @@ class ACPSGD(LowRankCompressor):
         """'P' or 'Q': what parameter ``name`` sends at its next step."""
         st = self.state.get(name)
         return "P" if st is None or st.step % 2 == 0 else "Q"
+
+    def schedule_phase(self):
+        """The phase of the next step, from any compressed parameter (all move together)."""
+        return self.phase(next(iter(self.state), None))

@@ -1,22 +1,96 @@
-"""What every compressor shares: per-parameter settings and state, input checks, the dense
-path, and Horovod's ``compress``/``decompress`` entry points.
+"""The two contracts of this layer.
 
-A compressor is a state object (settings and per-parameter state, keyed by parameter name)
-plus ``begin(name, grad) -> Round``: pure tensor work, no communication. The integration
-layer (``hvd_compress.integration``) runs the rounds on Horovod.
+``GradientCompression``: what the integration layer (Horovod's stock optimizer, our wrapper,
+the simulated world) and the fusion planner use. A compressor, or a controller wrapping one,
+turns each gradient into a chain of ``Round``s (pure tensor work, no communication) and is told
+when a step ends. Drivers in ``comm/`` run the rounds.
+
+``Compressor``: a ``GradientCompression`` with per-parameter settings and state keyed by
+parameter name, plus the **controller protocol**, the only way controllers (L-GreCo, GraVAC)
+look inside a compressor:
+
+=============================================  =================================================
+``controllable``                               whether the protocol below is implemented
+``tunable(shape)``                             whether any setting compresses such a gradient
+``check_value(value, label)``                  a user-facing value (a candidate, an Accordion
+                                               setting) is valid, or ``ValueError``
+``setting_for_value(shape, value)``            that value as a setting (Top-K: density -> k)
+``resolve(shape, setting)``                    the concrete setting (Top-K: ``None`` -> its k)
+``candidates(shape, default, values)``         the settings L-GreCo searches for one layer
+``errors(gradient, settings)``                 compression error norms, one per setting
+``payload_bytes(shape, setting)``              bytes handed to collectives per step
+``setting_for_factor(shape, factor)``          the setting that compresses about ``factor``-fold
+``kept_energies(name, x, settings, memo)``    ||C(x)||^2 for nested settings (GraVAC's gains)
+``residual(name)`` / ``clear_residual(name)``  the error feedback waiting for ``name``
+=============================================  =================================================
+
+A new compressor subclasses ``Compressor`` and implements ``_check_setting``, ``_begin`` and
+``_compressed_bytes`` (plus the protocol, to be controllable); error feedback comes from
+``compressors.feedback.ErrorFeedback``. Nothing here knows Horovod: its Compression API is added
+by ``integration.stock.horovod_compression``.
 """
 import math
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
+
 from hvd_compress.comm.rounds import Collective, Round, Traffic
+from hvd_compress.compressors.feedback import ErrorFeedback
 
 # Horovod's all-reduce sums these dtypes; anything else (bf16) travels as float32.
 _ALLREDUCE_DTYPES = (torch.float16, torch.float32, torch.float64)
 
+Shape = Tuple[int, ...]
 
-class Compressor:
-    """Base class. Subclasses set ``setting_name`` and implement ``_check_setting``,
-    ``_compressible`` and ``_begin``.
+
+class GradientCompression:
+    """What runs a gradient exchange: ``begin`` per gradient, ``end_step`` per step.
+
+    Attributes the integration reads: ``parameters`` ({name: parameter}, may be empty),
+    ``needs_parameter_names``, ``traffic`` (a ``Traffic``), ``rank`` and ``size``."""
+
+    needs_parameter_names = True
+    parameters: Dict[str, torch.nn.Parameter]
+    traffic: Traffic
+
+    def bind_world(self, rank: int, size: int) -> None:
+        """This process's rank and the world size; called before the first ``begin``."""
+        raise NotImplementedError
+
+    def begin(self, name: str, grad: torch.Tensor) -> Round:
+        """Starts the exchange of ``grad``, the gradient of parameter ``name``."""
+        raise NotImplementedError
+
+    def end_step(self, comm_seconds: Optional[float] = None) -> None:
+        """Called once per optimizer step after every gradient landed; ``comm_seconds``: how
+        long the step waited for communication, where measured."""
+        raise NotImplementedError
+
+    def setting(self, name: str) -> Any:
+        raise NotImplementedError
+
+    def next_payload_bytes(self, name: str, shape: Shape) -> int:
+        """Bytes of the first round ``name``'s gradient sends at the next step: what a fusion
+        bucket holds (``comm.fusion``)."""
+        raise NotImplementedError
+
+    def schedule_phase(self) -> str:
+        """A label for steps whose payloads differ by phase (ACP-SGD: "P" or "Q"), else ""."""
+        return ""
+
+    def describe(self) -> Dict[str, Any]:
+        """Everything that must agree on every rank (checked when training starts)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class Compressor(GradientCompression):
+    """Base class of compressors; see the module docstring for the contracts.
 
     ``named_parameters`` (e.g. ``model.named_parameters()``) lets the compressor tell which
     parameter each gradient belongs to when stock ``hvd.DistributedOptimizer`` calls
@@ -25,34 +99,36 @@ class Compressor:
     """
 
     setting_name = "setting"
-    # False for compressors that keep no per-parameter state and need no name.
-    needs_parameter_names = True
+    controllable = False
+    # Error feedback, for compressors that have it (set in their constructor).
+    feedback: Optional[ErrorFeedback] = None
 
-    def __init__(self, named_parameters=None, *, default, min_numel=1024):
-        if not isinstance(min_numel, int) or min_numel < 0:
+    def __init__(self, named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None, *,
+                 default: Any, min_numel: int = 1024):
+        if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
             raise ValueError(f"{type(self).__name__}: min_numel must be a non-negative integer, "
                              f"got {min_numel!r}")
         self.parameters = dict(named_parameters) if named_parameters is not None else {}
         self.min_numel = min_numel
         self._check_setting(None, default, None)
         self.default = default
-        self._overrides = {}
-        self.state = {}
+        self._overrides: Dict[str, Any] = {}
+        self.state: Dict[str, Any] = {}
         self.rank, self.size = 0, 1
         self.traffic = Traffic()
 
     # ----- settings, addressable by parameter name ---------------------------------------
-    def setting(self, name):
+    def setting(self, name: str) -> Any:
         return self._overrides.get(name, self.default)
 
-    def set_setting(self, name, value):
+    def set_setting(self, name: str, value: Any) -> None:
         """Changes one parameter's setting from the next step on. Controllers call this on
         every rank at the same step; a rank-only change makes payload shapes disagree."""
         param = self.parameters.get(name)
         self._check_setting(name, value, None if param is None else param.numel())
         self._overrides[name] = value
 
-    def settings(self):
+    def settings(self) -> Dict[str, Any]:
         """{name: setting} for every known parameter."""
         return {name: self.setting(name) for name in self.parameters}
 
@@ -63,13 +139,12 @@ class Compressor:
         where = f"parameter {name!r}: " if name is not None else ""
         return ValueError(f"{type(self).__name__}: {where}{message}")
 
-    # ----- the exchange protocol ------------------------------------------------------------
-    def bind_world(self, rank, size):
+    # ----- the exchange -------------------------------------------------------------------
+    def bind_world(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
         self.traffic.world_size = size
 
-    def begin(self, name, grad):
-        """Starts the exchange of ``grad`` (the gradient of parameter ``name``)."""
+    def begin(self, name: str, grad: torch.Tensor) -> Round:
         if not grad.dtype.is_floating_point:
             raise TypeError(f"{type(self).__name__}: parameter {name!r}: gradient has dtype "
                             f"{grad.dtype}; only floating-point gradients can be compressed")
@@ -82,15 +157,25 @@ class Compressor:
         self._check_setting(name, setting, grad.numel())
         return self._begin(name, grad)
 
-    def compresses(self, shape, setting):
+    def _begin(self, name, grad):
+        raise NotImplementedError
+
+    def end_step(self, comm_seconds: Optional[float] = None) -> None:
+        self.traffic.end_step()
+
+    def tunable(self, shape: Sequence[int]) -> bool:
+        """Whether some setting compresses a gradient of ``shape``: 1-D gradients (biases,
+        norms) and those under ``min_numel`` are a tiny share of the bytes, and go dense."""
+        return len(shape) >= 2 and math.prod(shape) >= self.min_numel
+
+    def compresses(self, shape: Sequence[int], setting: Any) -> bool:
         """Whether a gradient of ``shape`` is compressed at ``setting`` (else sent dense)."""
-        return math.prod(shape) >= self.min_numel and self._compressible(shape, setting)
+        return self.tunable(shape) and self._worth_compressing(shape, setting)
 
-    def _compressible(self, shape, setting):
-        """1-D gradients (biases, norms) are a tiny share of the bytes: send them dense."""
-        return len(shape) >= 2
+    def _worth_compressing(self, shape, setting):
+        return True
 
-    def payload_bytes(self, shape, setting):
+    def payload_bytes(self, shape: Sequence[int], setting: Any) -> int:
         """Bytes handed to collectives per step for a float32 gradient of ``shape`` at
         ``setting``: what L-GreCo's size table counts (indices and norms included)."""
         if not self.compresses(shape, setting):
@@ -100,31 +185,71 @@ class Compressor:
     def _compressed_bytes(self, shape, setting):
         raise NotImplementedError
 
-    def end_step(self, comm_seconds=None):
-        """Called by the integration once per optimizer step, after every gradient landed;
-        ``comm_seconds``: how long the step waited for communication, where measured."""
-        self.traffic.end_step()
+    def next_payload_bytes(self, name: str, shape: Shape) -> int:
+        return self.payload_bytes(shape, self.setting(name))
 
-    def _begin(self, name, grad):
-        raise NotImplementedError
+    # ----- the controller protocol (see the module docstring) -----------------------------
+    def _not_controllable(self):
+        return NotImplementedError(f"{type(self).__name__} has no per-parameter setting that a "
+                                   f"controller can tune")
+
+    def check_value(self, value: Any, label: str) -> None:
+        raise self._not_controllable()
+
+    def setting_for_value(self, shape: Sequence[int], value: Any) -> Any:
+        return value
+
+    def resolve(self, shape: Sequence[int], setting: Any) -> Any:
+        return setting
+
+    def candidates(self, shape: Sequence[int], default: Any,
+                   values: Optional[Sequence[Any]] = None) -> List[Any]:
+        raise self._not_controllable()
+
+    def errors(self, gradient: torch.Tensor, settings: Sequence[Any]) -> List[float]:
+        raise self._not_controllable()
+
+    def setting_for_factor(self, shape: Sequence[int], factor: float) -> Any:
+        raise self._not_controllable()
+
+    def kept_energies(self, name: str, x: torch.Tensor, settings: Sequence[Any],
+                      memo: Dict[str, Any]) -> List[float]:
+        """||C(x)||^2 of ``x`` (gradient plus residual, shaped like the gradient) for each of
+        ``settings``, nested from the least to the most compressed. ``memo``: the caller's
+        per-parameter scratch space, kept between calls (warm starts)."""
+        raise self._not_controllable()
+
+    def residual(self, name: str) -> Optional[torch.Tensor]:
+        return None if self.feedback is None else self.feedback.residual(name)
+
+    def clear_residual(self, name: str) -> None:
+        if self.feedback is not None:
+            self.feedback.clear(name)
 
     # ----- configuration, checkpointing -------------------------------------------------------
-    def config(self):
+    def config(self) -> Dict[str, Any]:
         """Constructor settings that must agree on every rank."""
         return {"min_numel": self.min_numel, "default": self.default}
 
-    def describe(self):
+    def describe(self) -> Dict[str, Any]:
         return {"compressor": type(self).__name__, "config": self.config(),
                 "settings": dict(sorted(self._overrides.items()))}
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
+        # Tensors are copied: state is updated in place, and a checkpoint must not change.
         return {"settings": dict(self._overrides),
-                "state": {name: dict(vars(st)) for name, st in self.state.items()}}
+                "state": {name: {key: value.clone() if torch.is_tensor(value) else value
+                                 for key, value in vars(st).items()}
+                          for name, st in self.state.items()},
+                "residuals": {} if self.feedback is None else self.feedback.state_dict()}
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         self._overrides = dict(state_dict["settings"])
-        self.state = {name: self._new_state_from(values)
+        self.state = {name: self._new_state_from({key: value.clone() if torch.is_tensor(value)
+                                                  else value for key, value in values.items()})
                       for name, values in state_dict["state"].items()}
+        if self.feedback is not None:
+            self.feedback.load_state_dict(state_dict["residuals"])
 
     def _new_state_from(self, values):
         raise NotImplementedError
@@ -136,7 +261,7 @@ class Compressor:
         return state
 
 
-def dense_round(grad):
+def dense_round(grad: torch.Tensor) -> Round:
     """All-reduce ``grad`` uncompressed (bf16 travels as float32: Horovod cannot sum bf16)."""
     dtype, shape = grad.dtype, grad.shape
     payload = grad if dtype in _ALLREDUCE_DTYPES else grad.float()
@@ -149,3 +274,9 @@ def check_positive_int(compressor, name, label, value, upper=None):
         raise compressor._error(name, f"{label} must be a positive integer, got {value!r}")
     if upper is not None and value > upper:
         raise compressor._error(name, f"{label}={value} is outside (0, {upper}]")
+
+
+def check_candidate(compressor, value, label, ok, kind):
+    """Raises ValueError naming ``label`` unless ``ok``: a controller's value for ``compressor``."""
+    if not ok:
+        raise ValueError(f"{label} must be {kind} for {type(compressor).__name__}, got {value!r}")

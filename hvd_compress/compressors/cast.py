@@ -19,8 +19,8 @@ class _Settingless(Compressor):
         if value is not None:
             raise self._error(name, f"{type(self).__name__} has no per-parameter setting")
 
-    def _compressible(self, shape, setting):
-        return True
+    def tunable(self, shape):
+        return math.prod(shape) >= self.min_numel
 
 
 class FP16(_Settingless):
@@ -77,5 +77,5 @@ class NoCompression(_Settingless):
 
     needs_parameter_names = False
 
-    def _compressible(self, shape, setting):
+    def tunable(self, shape):
         return False

@@ -1,9 +1,11 @@
-"""State and checks shared by the low-rank compressors (PowerSGD, ACP-SGD)."""
+"""State, checks and the controller protocol shared by the low-rank compressors (PowerSGD, ACP-SGD)."""
 from dataclasses import dataclass
 
 import torch
 
-from hvd_compress.compressors.base import Compressor, check_positive_int, dense_round
+from hvd_compress.compressors.base import Compressor, check_candidate, check_positive_int, dense_round
+from hvd_compress.compressors.feedback import ErrorFeedback
+from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths import lowrank
 
 
@@ -11,19 +13,19 @@ from hvd_compress.maths import lowrank
 class LowRankState:
     p: torch.Tensor       # n x r, warm start for ACP-SGD's Q steps
     q: torch.Tensor       # m x r, warm start for the next P = M Q
-    memory: torch.Tensor  # n x m error feedback, float32
     step: int = 0
 
 
 class LowRankCompressor(Compressor):
     setting_name = "rank"
+    controllable = True
 
     def __init__(self, named_parameters=None, rank=4, *, min_compression_rate=2.0,
                  start_step=0, error_feedback=True, warm_start=True, seed=0, min_numel=1024):
-        if min_compression_rate <= 0:
+        if not min_compression_rate > 0:
             raise ValueError(f"{type(self).__name__}: min_compression_rate must be > 0, "
                              f"got {min_compression_rate!r}")
-        if not isinstance(start_step, int) or start_step < 0:
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
             raise ValueError(f"{type(self).__name__}: start_step must be a non-negative integer, "
                              f"got {start_step!r}")
         self.min_compression_rate = min_compression_rate
@@ -31,6 +33,7 @@ class LowRankCompressor(Compressor):
         self.error_feedback = error_feedback
         self.warm_start = warm_start
         self.seed = seed
+        self.feedback = ErrorFeedback(enabled=error_feedback)
         super().__init__(named_parameters, default=rank, min_numel=min_numel)
 
     def config(self):
@@ -41,31 +44,49 @@ class LowRankCompressor(Compressor):
     def _check_setting(self, name, value, numel):
         check_positive_int(self, name, "rank", value)
 
-    def _compressible(self, shape, setting):
-        if len(shape) < 2:
-            return False
-        n, m = lowrank.matrix_shape(shape)
-        r = lowrank.effective_rank(setting, n, m)
+    def _worth_compressing(self, shape, setting):
+        n, m, r = lowrank.factor_shapes(shape, setting)
         return lowrank.worth_compressing(n, m, r, self.min_compression_rate)
-
-    def _factor_elements(self, shape, setting):
-        n, m = lowrank.matrix_shape(shape)
-        return n, m, lowrank.effective_rank(setting, n, m)
 
     def _new_state_from(self, values):
         return LowRankState(**values)
 
+    # ----- the controller protocol --------------------------------------------------------
+    def check_value(self, value, label):
+        check_candidate(self, value, label, isinstance(value, int) and not isinstance(value, bool)
+                        and value >= 1, "a positive rank")
+
+    def candidates(self, shape, default, values=None):
+        """``values``, or the L-GreCo paper's range [D/2, 2D] around the default rank D."""
+        if values is not None:
+            return sorted(set(values) | {default})
+        return list(range(max(1, default // 2), 2 * default + 1))
+
+    def errors(self, gradient, settings):
+        return error_maths.lowrank_errors(gradient.reshape(lowrank.matrix_shape(gradient.shape)), settings)
+
+    def setting_for_factor(self, shape, factor):
+        return lowrank.rank_for_factor(shape, factor)
+
+    def kept_energies(self, name, x, settings, memo):
+        """Multi-level: one warm-started power step at the first (largest) rank, whose
+        projection's singular values give every smaller rank's kept energy."""
+        matrix = x.reshape(lowrank.matrix_shape(x.shape))
+        top = lowrank.effective_rank(settings[0], *matrix.shape)
+        energies, memo["q"] = error_maths.lowrank_kept_energies(
+            matrix, memo.get("q"), [min(top, s) for s in settings], self.seed, name)
+        return energies
+
+    # ----- the exchange -------------------------------------------------------------------
     def _prepare(self, name, grad):
         """Returns (state, M, rank) with M = gradient + error feedback as an n x m float32
         matrix, or None while the dense warm-up (``start_step``) lasts."""
-        n, m = lowrank.matrix_shape(grad.shape)
-        r = lowrank.effective_rank(self.setting(name), n, m)
+        n, m, r = lowrank.factor_shapes(grad.shape, self.setting(name))
         st = self.state.get(name)
         if st is None:
             device = grad.device
             st = LowRankState(p=lowrank.seeded_normal(n, r, self.seed, name, "p").to(device),
-                              q=lowrank.seeded_normal(m, r, self.seed, name, "q").to(device),
-                              memory=torch.zeros(n, m, device=device))
+                              q=lowrank.seeded_normal(m, r, self.seed, name, "q").to(device))
             self.state[name] = st
         if st.q.shape[1] != r:
             st.p = lowrank.resize_columns(st.p, r, self.seed, f"{name}.p")
@@ -73,26 +94,15 @@ class LowRankCompressor(Compressor):
         st.step += 1
         if st.step <= self.start_step:
             return None
-        matrix = grad.reshape(n, m)
-        if self.error_feedback:
-            # M is built in the error-feedback buffer itself, and ``_remember`` leaves the new
-            # residual there: no gradient-sized allocation (and page faults) per step.
-            return st, st.memory.add_(matrix.float()), r
-        return st, matrix.float(), r
+        # M is built in the error-feedback buffer itself, and ``_remember`` leaves the new
+        # residual there: no gradient-sized allocation per step.
+        return st, self.feedback.compensated(name, grad.reshape(n, m)), r
 
-    def _remember(self, st, matrix, p, q):
-        """Error feedback: what this rank failed to send, M - P Q^T, is added to its next
-        gradient. ``matrix`` is M in the error-feedback buffer; nothing reads M afterwards."""
+    def _remember(self, matrix, p, q):
+        """Error feedback: what this rank failed to send, M - P Q^T, stays in M's buffer and is
+        added to its next gradient. Nothing reads M afterwards."""
         if self.error_feedback:
             matrix.addmm_(p, q.t(), alpha=-1)
-
-    def state_dict(self):
-        """As :meth:`Compressor.state_dict`, with tensors copied: error feedback is updated in
-        place, and a checkpoint must not change as training goes on."""
-        return _copy_tensors(super().state_dict())
-
-    def load_state_dict(self, state_dict):
-        super().load_state_dict(_copy_tensors(state_dict))
 
     def _reused(self, st, name, which):
         """The factor (``"p"`` or ``"q"``) to start this step from: last step's (warm start), or
@@ -112,8 +122,8 @@ class LowRankCompressor(Compressor):
         raise NotImplementedError
 
 
-def _copy_tensors(state_dict):
-    return {"settings": dict(state_dict["settings"]),
-            "state": {name: {key: value.clone() if torch.is_tensor(value) else value
-                             for key, value in values.items()}
-                      for name, values in state_dict["state"].items()}}
+def factor_bytes(shape, rank, factors):
+    """float32 bytes of ``factors`` ("pq", "p" or "q") for a gradient of ``shape`` at ``rank``."""
+    n, m, r = lowrank.factor_shapes(shape, rank)
+    return 4 * r * sum(n if f == "p" else m for f in factors)
+

@@ -1,6 +1,6 @@
 """PowerSGD (Vogels et al., 2019): one step of warm-started subspace iteration per step."""
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.compressors.lowrank import LowRankCompressor
+from hvd_compress.compressors.lowrank import LowRankCompressor, factor_bytes
 from hvd_compress.maths import lowrank
 
 
@@ -23,8 +23,7 @@ class PowerSGD(LowRankCompressor):
     """
 
     def _compressed_bytes(self, shape, setting):
-        n, m, r = self._factor_elements(shape, setting)
-        return 4 * (n + m) * r
+        return factor_bytes(shape, setting, "pq")
 
     def _rounds(self, name, grad, st, matrix, r):
         shape, dtype = grad.shape, grad.dtype
@@ -33,7 +32,7 @@ class PowerSGD(LowRankCompressor):
         def after_p(p_mean):
             p_hat = lowrank.orthogonalize(p_mean)
             q = lowrank.project_left(matrix, p_hat)
-            self._remember(st, matrix, p_hat, q)
+            self._remember(matrix, p_hat, q)
 
             def after_q(q_mean):
                 st.q = q_mean

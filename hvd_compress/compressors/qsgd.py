@@ -6,7 +6,8 @@ from dataclasses import dataclass
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.compressors.base import Compressor, check_positive_int
+from hvd_compress.compressors.base import Compressor, check_candidate, check_positive_int
+from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths import quantize
 
 MIN_BITS, MAX_BITS = 2, 8
@@ -34,6 +35,7 @@ class QSGD(Compressor):
     """
 
     setting_name = "bits"
+    controllable = True
 
     def __init__(self, named_parameters=None, bits=4, *, bucket_size=512, seed=0, min_numel=1024):
         check_positive_int(self, None, "bucket_size", bucket_size)
@@ -55,6 +57,27 @@ class QSGD(Compressor):
 
     def _new_state_from(self, values):
         return QSGDState(**values)
+
+    # ----- the controller protocol ----------------------------------------------------------
+    def check_value(self, value, label):
+        check_candidate(self, value, label, isinstance(value, int) and not isinstance(value, bool)
+                        and MIN_BITS <= value <= MAX_BITS, f"bits in [{MIN_BITS}, {MAX_BITS}]")
+
+    def candidates(self, shape, default, values=None):
+        """``values``, or the L-GreCo paper's [D/2, 2D] around the default D, within the bits
+        QSGD supports."""
+        if values is not None:
+            return sorted(set(values) | {default})
+        return list(range(max(MIN_BITS, default // 2), min(MAX_BITS, 2 * default) + 1))
+
+    def errors(self, gradient, settings):
+        return error_maths.qsgd_errors(gradient.flatten(), settings, self.bucket_size)
+
+    def setting_for_factor(self, shape, factor):
+        return min(MAX_BITS, max(MIN_BITS, round(32 / factor)))
+
+    def kept_energies(self, name, x, settings, memo):
+        return error_maths.qsgd_kept_energies(x.reshape(-1), settings, self.bucket_size)
 
     def _rounding_generator(self, name, device):
         """Rounding noise differs per rank (so it averages out) and is reproducible from

@@ -6,13 +6,13 @@ import torch
 
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import check_positive_int, dense_round
+from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.compressors.topk import KSparse
 from hvd_compress.maths.chunked_topk import chunked_topk_indices
 
 
 @dataclass
 class ScaleComState:
-    memory: torch.Tensor  # flat float32 error feedback (low-pass filtered)
     step: int = 0
 
 
@@ -42,6 +42,7 @@ class ScaleCom(KSparse):
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"ScaleCom: warmup_steps must be a non-negative integer, got {warmup_steps!r}")
         self.beta, self.chunks, self.warmup_steps = float(beta), chunks, warmup_steps
+        self.feedback = ErrorFeedback()  # low-pass filtered, below
         super().__init__(named_parameters, density, min_numel=min_numel)
 
     def config(self):
@@ -56,14 +57,13 @@ class ScaleCom(KSparse):
 
     def _begin(self, name, grad):
         shape, dtype, n = grad.shape, grad.dtype, grad.numel()
-        st = self.state.get(name)
-        if st is None:
-            st = self.state[name] = ScaleComState(memory=torch.zeros(n, device=grad.device))
+        st = self.state.setdefault(name, ScaleComState())
         st.step += 1
         if st.step <= self.warmup_steps:
             return dense_round(grad)
         k = self.k_for(self.setting(name), n)
-        acc = st.memory + grad.reshape(-1).float()
+        # Not in place: the filter below needs the old residual.
+        acc = self.feedback.compensated(name, grad.reshape(-1), in_place=False)
         leader = self.leader(st.step)
         if self.rank == leader:
             indices = chunked_topk_indices(acc.abs(), k, self.chunks).to(torch.int32)
@@ -74,7 +74,9 @@ class ScaleCom(KSparse):
             chosen = leader_indices.long()
             residual = acc.clone()
             residual[chosen] = 0  # m + g - C(m + g)
-            st.memory = residual if self.beta == 1.0 else (1 - self.beta) * st.memory + self.beta * residual
+            if self.beta != 1.0:
+                residual = (1 - self.beta) * self.feedback.residual(name) + self.beta * residual
+            self.feedback.keep(name, residual)
 
             def after_values(mean_values):
                 out = torch.zeros(n, device=mean_values.device)

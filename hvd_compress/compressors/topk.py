@@ -1,17 +1,13 @@
 """Top-K sparsification with error feedback."""
 import math
-from dataclasses import dataclass
 
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.compressors.base import Compressor, check_positive_int
+from hvd_compress.compressors.base import Compressor, check_candidate, check_positive_int
+from hvd_compress.compressors.feedback import ErrorFeedback
+from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths.sparsify import topk_indices
-
-
-@dataclass
-class TopKState:
-    memory: torch.Tensor  # flat float32 error feedback
 
 
 class KSparse(Compressor):
@@ -40,6 +36,35 @@ class KSparse(Compressor):
     def _compressed_bytes(self, shape, setting):
         return 8 * self.k_for(setting, math.prod(shape))
 
+    # ----- the controller protocol: user-facing values are densities, settings are k -------
+    def check_value(self, value, label):
+        check_candidate(self, value, label, isinstance(value, (int, float)) and not isinstance(value, bool)
+                        and 0 < value <= 1, "a density in (0, 1]")
+
+    def setting_for_value(self, shape, value):
+        numel = math.prod(shape)
+        return max(1, min(numel, math.ceil(value * numel)))
+
+    def resolve(self, shape, setting):
+        return self.k_for(setting, math.prod(shape))
+
+    def candidates(self, shape, default, values=None):
+        """k for ``values`` (densities), or for the L-GreCo paper's [D/10, 10D] in steps of
+        D/10 around the default density D; the default's k among them."""
+        numel = math.prod(shape)
+        density = self.density if default is None else default / numel
+        densities = values if values is not None else [density * i / 10 for i in range(1, 101)]
+        return sorted({self.setting_for_value(shape, d) for d in densities} | {self.resolve(shape, default)})
+
+    def errors(self, gradient, settings):
+        return error_maths.topk_errors(gradient.flatten(), settings)
+
+    def setting_for_factor(self, shape, factor):
+        return max(1, math.ceil(math.prod(shape) / factor))
+
+    def kept_energies(self, name, x, settings, memo):
+        return error_maths.topk_kept_energies(x.reshape(-1), [min(settings[0], k) for k in settings])
+
 
 class TopK(KSparse):
     """Each rank sends its k largest-magnitude entries of (gradient + error feedback) as
@@ -56,31 +81,27 @@ class TopK(KSparse):
     the candidates above it, which is exact and much faster than ``torch.topk`` at low density.
     """
 
+    controllable = True
+
     def __init__(self, named_parameters=None, density=0.01, *, error_feedback=True,
                  min_numel=1024):
         self.error_feedback = error_feedback
+        self.feedback = ErrorFeedback(enabled=error_feedback)
         super().__init__(named_parameters, density, min_numel=min_numel)
 
     def config(self):
         return dict(super().config(), error_feedback=self.error_feedback)
 
-    def _new_state_from(self, values):
-        return TopKState(**values)
-
     def _begin(self, name, grad):
         shape, dtype, n = grad.shape, grad.dtype, grad.numel()
         k = self.k_for(self.setting(name), n)
         check_positive_int(self, name, "k", k, upper=n)
-        acc = grad.reshape(-1).float()
-        st = self.state.get(name)
-        if self.error_feedback:
-            if st is None:
-                st = self.state[name] = TopKState(memory=torch.zeros(n, device=grad.device))
-            acc = acc + st.memory
+        # Gradient plus residual, built in the residual's buffer; zeroing what is sent leaves
+        # the next residual there.
+        acc = self.feedback.compensated(name, grad.reshape(-1))
         indices = topk_indices(acc.abs(), k)
         values = acc.index_select(0, indices)
-        if self.error_feedback:
-            st.memory = acc.index_fill_(0, indices, 0)
+        acc.index_fill_(0, indices, 0)
         payload = torch.cat([values.view(torch.uint8), indices.to(torch.int32).view(torch.uint8)])
 
         def after_gather(rows):

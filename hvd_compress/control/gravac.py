@@ -1,18 +1,12 @@
 """GraVAC (Tyagi and Sharma, 2023): the compression factor adapts to compression gain and
 throughput. Policy (Algorithm 1, pure) apart from mechanism (gains measured on real gradients,
 agreed across ranks)."""
-import math
 import time
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import dense_round
-from hvd_compress.compressors.qsgd import MAX_BITS, MIN_BITS, QSGD
-from hvd_compress.compressors.topk import TopK
-from hvd_compress.maths import lowrank
-from hvd_compress.maths.errors import qsgd_errors
 from hvd_compress.control.wrapping import Controller
-from hvd_compress.maths.sparsify import topk_indices
 
 DENSE = 1.0
 POLICIES = ("exponential", "geometric")
@@ -130,15 +124,14 @@ class GraVAC(Controller):
     """
 
     def __init__(self, compressor, *, theta_min=10.0, theta_max=1000.0, epsilon=0.7, omega=0.01,
-                 window=500, policy="exponential", smoothing=None, scale_down_to="min", seed=0):
+                 window=500, policy="exponential", smoothing=None, scale_down_to="min"):
         super().__init__(compressor)
         self._smoothing = smoothing
         self.policy = GraVACPolicy(theta_min, theta_max, epsilon, omega, window, policy,
                                    smoothing or 0.1, scale_down_to)
-        self.seed = seed
         self.cf = self.policy.choose()
         self.history = []  # per step: (cf, gain_min, gain_candidate, seconds)
-        self._projections = {}  # warm-started Q for low-rank gains
+        self._memos = {}  # per parameter: the compressor's scratch for gains (warm starts)
         self._shapes = {}  # compressed parameters seen so far
         self._step_stats = {}  # name -> this step's stats, averaged over ranks
         self._last_end = None
@@ -153,71 +146,38 @@ class GraVAC(Controller):
         p = self.policy
         return {"inner": self.inner.describe(), "theta_min": p.initial_min, "theta_max": p.theta_max,
                 "epsilon": p.epsilon, "omega": p.omega, "window": p.window, "policy": p.policy,
-                "smoothing": self._smoothing, "scale_down_to": p.scale_down_to, "seed": self.seed}
+                "smoothing": self._smoothing, "scale_down_to": p.scale_down_to}
 
     @property
     def average_cf(self):
         """Mean compression factor over the steps so far (1 for dense steps)."""
         return sum(h[0] for h in self.history) / len(self.history) if self.history else self.cf
 
-    # ----- factor -> setting ---------------------------------------------------------------
-    def setting_for(self, cf, shape):
-        numel = math.prod(shape)
-        if isinstance(self.inner, TopK):
-            return max(1, math.ceil(numel / cf))
-        if isinstance(self.inner, QSGD):
-            return min(MAX_BITS, max(MIN_BITS, round(32 / cf)))
-        n, m = lowrank.matrix_shape(shape)
-        return max(1, math.floor(n * m / ((n + m) * cf)))
-
     # ----- the exchange ------------------------------------------------------------------------
     def begin(self, name, grad):
         shape = tuple(grad.shape)
-        if len(shape) < 2 or grad.numel() < self.inner.min_numel:
+        if not self.inner.tunable(shape):
             return self.inner.begin(name, grad)
         if name not in self._shapes:
             self._shapes[name] = shape
             self._apply_factor(name)
-        x = grad.detach().reshape(-1).float()
-        st = self.inner.state.get(name)
-        if st is not None and hasattr(st, "memory"):
-            x = x + st.memory.reshape(-1)
+        x = grad.detach().float()
+        residual = self.inner.residual(name)
+        if residual is not None:
+            x = x + residual.view(shape)
+        # The candidate compresses further than theta_min: nested settings, multi-level gains.
+        settings = [self.inner.setting_for_factor(shape, cf)
+                    for cf in (self.policy.theta_min, self.policy.candidate)]
+        kept = self.inner.kept_energies(name, x, settings, self._memos.setdefault(name, {}))
         # On the gradient's device: it travels appended to the payload.
-        stats = torch.tensor([x.square().sum().item(), *self._kept_energies(name, x, shape),
-                              self._last_seconds], device=x.device)
+        stats = torch.tensor([x.square().sum().item(), *kept, self._last_seconds], device=x.device)
         if self.cf == DENSE:
             # Line 23 of Algorithm 1: send g + e uncompressed, and the residual becomes 0.
-            if st is not None and hasattr(st, "memory"):
-                st.memory.zero_()
-            round_ = dense_round(x.view(shape).to(grad.dtype))
+            self.inner.clear_residual(name)
+            round_ = dense_round(x.to(grad.dtype))
         else:
             round_ = self.inner.begin(name, grad)
         return self._carrying(name, round_, stats)
-
-    def _kept_energies(self, name, x, shape):
-        """(kept energy at theta_min, at the candidate), multi-level."""
-        cf_min, cf_candidate = self.policy.theta_min, self.policy.candidate
-        if isinstance(self.inner, TopK):
-            k_min = self.setting_for(cf_min, shape)
-            k_candidate = min(k_min, self.setting_for(cf_candidate, shape))
-            kept = x[topk_indices(x.abs(), k_min)].square()
-            return kept.sum().item(), kept.topk(k_candidate, sorted=False).values.sum().item()
-        if isinstance(self.inner, QSGD):
-            total = x.square().sum().item()
-            errors = qsgd_errors(x, [self.setting_for(cf_min, shape), self.setting_for(cf_candidate, shape)],
-                                 self.inner.bucket_size)
-            # At 2 bits the expected error can exceed the signal: the gain is then 0, not negative.
-            return max(0.0, total - errors[0] ** 2), max(0.0, total - errors[1] ** 2)
-        matrix = x.view(lowrank.matrix_shape(shape))
-        r_min = lowrank.effective_rank(self.setting_for(cf_min, shape), *matrix.shape)
-        r_candidate = min(r_min, self.setting_for(cf_candidate, shape))
-        q = self._projections.get(name)
-        if q is None or q.shape[1] != r_min:
-            q = lowrank.seeded_normal(matrix.shape[1], r_min, self.seed, name, "gravac").to(matrix)
-        projected = lowrank.orthogonalize(matrix @ q).t() @ matrix  # r_min x m
-        self._projections[name] = projected.t().contiguous()  # warm start, as PowerSGD's Q
-        singular = torch.linalg.svdvals(projected).square()
-        return singular.sum().item(), singular[:r_candidate].sum().item()
 
     def _carrying(self, name, round_, stats):
         """Appends ``stats`` to the first round's payload; the collective that aggregates the
@@ -267,14 +227,14 @@ class GraVAC(Controller):
 
     def _apply_factor(self, name):
         if self.cf != DENSE:
-            self.inner.set_setting(name, self.setting_for(self.cf, self._shapes[name]))
+            self.inner.set_setting(name, self.inner.setting_for_factor(self._shapes[name], self.cf))
 
     def state_dict(self):
         return {"inner": self.inner.state_dict(), "policy": self.policy.state(), "cf": self.cf,
-                "history": list(self.history), "projections": dict(self._projections)}
+                "history": list(self.history), "memos": {name: dict(memo) for name, memo in self._memos.items()}}
 
     def load_state_dict(self, state_dict):
         self.inner.load_state_dict(state_dict["inner"])
         self.policy.load(state_dict["policy"])
         self.cf, self.history = state_dict["cf"], list(state_dict["history"])
-        self._projections = dict(state_dict["projections"])
+        self._memos = {name: dict(memo) for name, memo in state_dict["memos"].items()}

@@ -1,20 +1,17 @@
 """L-GreCo (Markov et al., MLSys 2024): per-layer compression settings chosen by dynamic
 programming under an error budget, decided on rank 0 and applied by every rank at one step."""
-import math
+import logging
 import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 
-from hvd_compress.compressors.lowrank import LowRankCompressor
-from hvd_compress.compressors.qsgd import MAX_BITS, MIN_BITS, QSGD
-from hvd_compress.compressors.topk import TopK
 from hvd_compress.control.service import DecisionService
 from hvd_compress.control.solver import solve
 from hvd_compress.control.wrapping import Controller
-from hvd_compress.maths import errors as error_maths
-from hvd_compress.maths.lowrank import matrix_shape
+
+logger = logging.getLogger(__name__)
 
 OBJECTIVES = ("size", "time", "accordion")
 
@@ -68,12 +65,13 @@ class LGreCo(Controller):
         from a linear model of measured communication time), or "accordion" (pass
         ``accordion=Accordion(critical, normal)``).
       * ``timeout``: seconds a rank waits for rank 0 before failing loudly.
+
+    Rank 0 logs each decision at INFO (logger ``hvd_compress.control.lgreco``).
     """
 
     def __init__(self, compressor, *, candidates=None, decide_every=1000, steps_per_epoch=None,
                  warmup_steps=1000, apply_delay=10, objective="size", accordion=None,
-                 time_buckets=4, discretization=10000, transport="auto", timeout=60.0,
-                 log=print):
+                 time_buckets=4, discretization=10000, transport="auto", timeout=60.0):
         super().__init__(compressor)
         if decide_every == "epoch":
             if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
@@ -92,14 +90,15 @@ class LGreCo(Controller):
         if (objective == "accordion") != (accordion is not None):
             raise ValueError("LGreCo: objective='accordion' and accordion=Accordion(...) go together")
         self.candidates = None if candidates is None else list(candidates)
-        if self.candidates is not None:
-            for value in self.candidates:
-                self._check_candidate(value)
+        for value in self.candidates or []:
+            self.inner.check_value(value, "LGreCo: every candidate")
+        if accordion is not None:
+            self.inner.check_value(accordion.critical, "LGreCo: accordion.critical")
+            self.inner.check_value(accordion.normal, "LGreCo: accordion.normal")
         self.decide_every, self.warmup_steps, self.apply_delay = decide_every, warmup_steps, apply_delay
         self.objective, self.accordion = objective, accordion
         self.time_buckets, self.discretization = time_buckets, discretization
         self.service = DecisionService(transport, timeout)
-        self.log = log
         self.step = 0
         self.version = 0
         self.decisions = []
@@ -122,7 +121,7 @@ class LGreCo(Controller):
         if name not in self._shapes:
             self._shapes[name] = tuple(grad.shape)
         if self.rank == 0 and self._next_decision - self.step <= self.decide_every \
-                and self._tunable(name):
+                and self.inner.tunable(self._shapes[name]):
             accumulated = self._sums.get(name)
             if accumulated is None:
                 self._sums[name] = grad.detach().to(torch.float32, copy=True)
@@ -159,68 +158,23 @@ class LGreCo(Controller):
         for name, value in decision.settings.items():
             self.inner.set_setting(name, value)
         self.decisions.append(decision)
-        if self.rank == 0 and self.log is not None:
-            self.log(format_decision(decision, self.inner))
+        if self.rank == 0:
+            logger.info("%s", format_decision(decision, self.inner))
 
     # ----- the decision (rank 0, background thread) -----------------------------------------
-    def _tunable(self, name):
-        shape = self._shapes[name]
-        return len(shape) >= 2 and math.prod(shape) >= self.inner.min_numel
-
-    def _check_candidate(self, value):
-        if isinstance(self.inner, TopK):
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
-            kind = "a density in (0, 1]"
-        elif isinstance(self.inner, QSGD):
-            ok = isinstance(value, int) and not isinstance(value, bool) and MIN_BITS <= value <= MAX_BITS
-            kind = f"bits in [{MIN_BITS}, {MAX_BITS}]"
-        else:
-            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
-            kind = "a positive rank"
-        if not ok:
-            raise ValueError(f"LGreCo: candidates must each be {kind}, got {value!r}")
-
-    def _layer_candidates(self, shape, default):
-        """Settings searched for one layer, the default among them."""
-        numel = math.prod(shape)
-        if isinstance(self.inner, TopK):
-            density = self.inner.density if default is None else default / numel
-            densities = self.candidates or [density * i / 10 for i in range(1, 101)]
-            options = {max(1, min(numel, math.ceil(d * numel))) for d in densities}
-            options.add(self._default_option(shape, default))
-            return sorted(options)
-        if self.candidates is not None:
-            return sorted(set(self.candidates) | {default})
-        low, high = max(1, default // 2), 2 * default
-        if isinstance(self.inner, QSGD):
-            low, high = max(MIN_BITS, low), min(MAX_BITS, high)
-        return list(range(low, high + 1))
-
-    def _default_option(self, shape, default):
-        """The default as it appears among the candidates (TopK's None becomes its k)."""
-        return self.inner.k_for(default, math.prod(shape)) if isinstance(self.inner, TopK) else default
-
-    def _layer_errors(self, gradient, options):
-        if isinstance(self.inner, LowRankCompressor):
-            return error_maths.lowrank_errors(gradient.reshape(matrix_shape(gradient.shape)), options)
-        if isinstance(self.inner, TopK):
-            return error_maths.topk_errors(gradient.flatten(), options)
-        return error_maths.qsgd_errors(gradient.flatten(), options, self.inner.bucket_size)
-
     def _defaults(self, sums):
         """Each layer's default setting, whose total error is the budget: the wrapped
         compressor's uniform default, or Accordion's choice (densities become k for TopK)."""
         if self.objective != "accordion":
             return {name: self.inner.default for name in sums}
+        shapes = self._shapes
         defaults = {}
         for name, gradient in sums.items():
             norm = gradient.norm().item()
             before = self._previous_norms.get(name)
             critical = before is None or abs(norm - before) >= self.accordion.threshold * before
             value = self.accordion.critical if critical else self.accordion.normal
-            if isinstance(self.inner, TopK):
-                value = max(1, math.ceil(value * gradient.numel()))
-            defaults[name] = value
+            defaults[name] = self.inner.setting_for_value(shapes[name], value)
             self._previous_norms[name] = norm
         return defaults
 
@@ -234,11 +188,11 @@ class LGreCo(Controller):
         rows = []
         for name in names:
             shape, default = shapes[name], defaults[name]
-            options = self._layer_candidates(shape, default)
+            options = self.inner.candidates(shape, default, self.candidates)
             errors = [0.0 if not self.inner.compresses(shape, o) else e
-                      for o, e in zip(options, self._layer_errors(sums[name], options))]
+                      for o, e in zip(options, self.inner.errors(sums[name], options))]
             sizes = [self.inner.payload_bytes(shape, o) for o in options]
-            rows.append((options, sizes, errors, options.index(self._default_option(shape, default))))
+            rows.append((options, sizes, errors, options.index(self.inner.resolve(shape, default))))
             width = max(width, len(options))
         size_table = np.full((len(names), width), np.inf)
         error_table = np.full((len(names), width), np.inf)

@@ -1,36 +1,54 @@
 """What controllers that wrap a compressor (L-GreCo, GraVAC) share: they own its settings, and
-the integration layer sees one object with the wrapped compressor's names and traffic."""
-from hvd_compress.compressors.base import Compressor
-from hvd_compress.compressors.lowrank import LowRankCompressor
-from hvd_compress.compressors.qsgd import QSGD
-from hvd_compress.compressors.topk import TopK
+the integration layer sees one ``GradientCompression`` with the wrapped compressor's names and
+traffic. Controllers use the compressor only through the controller protocol of
+``compressors/base.py``."""
+from typing import Any, Dict, Optional
+
+from hvd_compress.compressors.base import Compressor, GradientCompression, Shape
 
 
-class Controller(Compressor):
-    def __init__(self, compressor):
-        if not isinstance(compressor, (LowRankCompressor, TopK, QSGD)):
-            raise ValueError(f"{type(self).__name__}: compressor must be PowerSGD, ACPSGD, TopK or "
-                             f"QSGD, got {type(compressor).__name__}")
+class Controller(GradientCompression):
+    def __init__(self, compressor: Compressor):
+        if not isinstance(compressor, Compressor) or not compressor.controllable:
+            raise ValueError(f"{type(self).__name__}: compressor must be PowerSGD, ACPSGD, TopK or QSGD "
+                             f"(a compressor with controllable per-parameter settings), got "
+                             f"{type(compressor).__name__}")
         self.inner = compressor
-        self.parameters, self.min_numel = compressor.parameters, compressor.min_numel
+        self.parameters = compressor.parameters
+        self.needs_parameter_names = compressor.needs_parameter_names
         self.traffic = compressor.traffic
         self.rank, self.size = 0, 1
 
-    def setting(self, name):
+    def setting(self, name: str) -> Any:
         return self.inner.setting(name)
 
-    def set_setting(self, name, value):
+    def set_setting(self, name: str, value: Any) -> None:
         self.inner.set_setting(name, value)
 
-    def settings(self):
+    def settings(self) -> Dict[str, Any]:
         return self.inner.settings()
 
-    def bind_world(self, rank, size):
+    def bind_world(self, rank: int, size: int) -> None:
         self.inner.bind_world(rank, size)
         self.rank, self.size = rank, size
 
-    def describe(self):
+    def next_payload_bytes(self, name: str, shape: Shape) -> int:
+        return self.inner.next_payload_bytes(name, shape)
+
+    def schedule_phase(self) -> str:
+        return self.inner.schedule_phase()
+
+    def end_step(self, comm_seconds: Optional[float] = None) -> None:
+        self.inner.end_step()
+
+    def config(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def describe(self) -> Dict[str, Any]:
         return {"compressor": type(self).__name__, "config": self.config(), "settings": {}}
+
+    def __getstate__(self):
+        return dict(self.__dict__)
 
     def __setstate__(self, state):
         self.__dict__.update(state)

@@ -8,7 +8,7 @@ import torch
 from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.comm.horovod_backend import HorovodBackend
-from hvd_compress.compressors.base import Compressor
+from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.compressors.cast import NoCompression
 from hvd_compress.integration.agreement import verify_same_configuration
 
@@ -149,7 +149,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
       * fuses payloads into buckets sized by the compression rate (ACP-SGD's scaled tensor
         fusion), re-planned when L-GreCo or GraVAC change per-layer settings, identically on
         every rank; parameters unused on a rank cannot stall a bucket, since ``synchronize``
-        submits them as zeros. ``fusion=ScaledFusion(log=True)`` prints the plans;
+        submits them as zeros. Rank 0 logs each new plan at INFO (``hvd_compress.comm.fusion``);
         ``fusion=None`` leaves fusion to Horovod's background cycle.
 
     ``compression`` must be an hvd_compress compressor (default: :class:`NoCompression`).
@@ -158,7 +158,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
     ``groups`` are not supported: ``fusion`` replaces them.
     """
     compression = NoCompression() if compression is None else compression
-    if not isinstance(compression, Compressor):
+    if not isinstance(compression, GradientCompression):
         raise ValueError(f"compression must be an hvd_compress compressor, got "
                          f"{type(compression).__name__}; use hvd.DistributedOptimizer for "
                          f"Horovod's own compressors")

@@ -1,10 +1,15 @@
 """Compression error of one gradient for many settings at once: L-GreCo's error table rows.
 
-Each function returns the L2 norm of (x - decompress(compress(x))) without error feedback, one
-value per candidate setting, computed far faster than compressing once per candidate."""
+Each ``*_errors`` function returns the L2 norm of (x - decompress(compress(x))) without error
+feedback, one value per candidate setting, computed far faster than compressing once per
+candidate. Each ``*_kept_energies`` function returns ||C(x)||^2 for nested settings, from
+the least to the most compressed, computing the first and deriving the others from it
+(GraVAC's multi-level gains)."""
 import torch
 
+from hvd_compress.maths.lowrank import orthogonalize, seeded_normal
 from hvd_compress.maths.quantize import levels_for_bits
+from hvd_compress.maths.sparsify import topk_indices
 
 
 def lowrank_errors(matrix, ranks, power_steps=5):
@@ -57,3 +62,29 @@ def qsgd_errors(flat, bits_options, bucket_size):
         variance = (fraction * (1 - fraction) * (norms / s).square()).sum()
         errors.append(variance.sqrt().item())
     return errors
+
+
+def lowrank_kept_energies(matrix, q, ranks, seed, name):
+    """Energy kept by rank-r projections for every r in ``ranks`` (ranks[0] the largest), from one
+    warm-started power step at ranks[0]: the singular values of the projection P^T M give every
+    smaller rank's energy. ``q``: last call's warm start for this matrix, or None (a seeded
+    normal start, identical on every rank). Returns (energies, the next warm start)."""
+    top = ranks[0]
+    if q is None or q.shape[1] != top:
+        q = seeded_normal(matrix.shape[1], top, seed, name, "gravac").to(matrix)
+    projected = orthogonalize(matrix @ q).t() @ matrix  # top x m
+    squared = torch.linalg.svdvals(projected).square()
+    return [squared[:r].sum().item() for r in ranks], projected.t().contiguous()
+
+
+def topk_kept_energies(flat, ks):
+    """Energy of the k largest magnitudes for every k in ``ks`` (ks[0] the largest)."""
+    kept = flat[topk_indices(flat.abs(), ks[0])].square()
+    return [kept.sum().item()] + [kept.topk(k, sorted=False).values.sum().item() for k in ks[1:]]
+
+
+def qsgd_kept_energies(flat, bits_options, bucket_size):
+    """QSGD is unbiased and ||C(x)|| >= ||x||, so energy kept is taken as ||x||^2 minus the
+    expected squared error, and 0 where the error exceeds the signal (at 2 bits it can)."""
+    total = flat.square().sum().item()
+    return [max(0.0, total - error ** 2) for error in qsgd_errors(flat, bits_options, bucket_size)]

@@ -1,4 +1,5 @@
 """Low-rank maths shared by PowerSGD and ACP-SGD."""
+import math
 import zlib
 
 import torch
@@ -17,6 +18,20 @@ def matrix_shape(shape):
 def effective_rank(rank, n, m):
     """A rank above min(n, m) cannot approximate anything better; clip it."""
     return min(rank, n, m)
+
+
+def factor_shapes(shape, rank):
+    """(n, m, r): P is n x r and Q is m x r for a gradient of ``shape`` at ``rank``. Bytes per
+    step follow from these: PowerSGD sends both factors, ACP-SGD one of them."""
+    n, m = matrix_shape(shape)
+    return n, m, effective_rank(rank, n, m)
+
+
+def rank_for_factor(shape, factor):
+    """The largest rank whose factors are at least ``factor`` times smaller than the matrix
+    (at least 1): n m / ((n + m) r) >= factor."""
+    n, m = matrix_shape(shape)
+    return max(1, math.floor(n * m / ((n + m) * factor)))
 
 
 def worth_compressing(n, m, rank, min_compression_rate):

@@ -22,7 +22,7 @@ LGRECO = "lgreco(powersgd)"
 GRAVAC = "gravac(topk)"
 CONTROLLERS = {
     LGRECO: lambda named: hc.LGreCo(hc.COMPRESSORS["powersgd"].build(named, small=True), warmup_steps=100,
-                                    decide_every=100, apply_delay=5, log=None),
+                                    decide_every=100, apply_delay=5),
     GRAVAC: lambda named: hc.GraVAC(hc.TopK(named), theta_min=10, theta_max=100, window=50,
                                     epsilon=0.5),
 }

@@ -23,7 +23,7 @@ INNER = {
 
 
 def lgreco_optimizer(model, inner, path, **kwargs):
-    options = dict(warmup_steps=4, decide_every=6, apply_delay=2, log=None)
+    options = dict(warmup_steps=4, decide_every=6, apply_delay=2)
     options.update(kwargs)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

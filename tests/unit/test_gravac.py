@@ -77,7 +77,7 @@ def test_dense_fallback_sends_gradient_plus_residual_and_clears_it():
     g = {"w": torch.randn(64, 128)}
     world.step([g])  # compressed at theta_min; the gain is far below 0.99
     assert gravac.cf == DENSE
-    residual = gravac.inner.state["w"].memory.clone()
+    residual = gravac.inner.residual("w").clone()
     out = world.step([g])[0]["w"]
     assert torch.allclose(out.flatten(), g["w"].flatten() + residual)
-    assert gravac.inner.state["w"].memory.abs().sum() == 0
+    assert gravac.inner.residual("w").abs().sum() == 0

@@ -1,4 +1,6 @@
 """L-GreCo in one process: the schedule, the decisions, the objectives, checkpoints."""
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -38,7 +40,7 @@ def run(lgreco, steps):
 
 
 def make(inner, **kwargs):
-    options = dict(warmup_steps=3, decide_every=5, apply_delay=2, transport="local", log=None)
+    options = dict(warmup_steps=3, decide_every=5, apply_delay=2, transport="local")
     options.update(kwargs)
     return hc.LGreCo(inner, **options)
 
@@ -117,10 +119,11 @@ def test_state_dict_resumes_with_the_same_decisions():
     assert all(torch.equal(out_a[n], out_b[n]) for n in SHAPES)
 
 
-def test_decision_log_names_every_layer():
-    lines = []
-    lgreco = make(hc.TopK(density=0.05, min_numel=0), log=lines.append)
-    run(lgreco, 6)
+def test_decision_log_names_every_layer(caplog):
+    lgreco = make(hc.TopK(density=0.05, min_numel=0))
+    with caplog.at_level(logging.INFO, logger="hvd_compress.control.lgreco"):
+        run(lgreco, 6)
+    lines = [record.getMessage() for record in caplog.records]
     assert "bytes/step vs" in lines[0] and "of budget" in lines[0]
     assert all(f"  {n}: k " in lines[0] for n in "abc")
 
@@ -130,7 +133,7 @@ def test_bad_configuration_is_named():
         hc.LGreCo(hc.FP16())
     with pytest.raises(ValueError, match="apply_delay"):
         hc.LGreCo(hc.PowerSGD(), decide_every=5, apply_delay=5)
-    with pytest.raises(ValueError, match="candidates must each be a density"):
+    with pytest.raises(ValueError, match="every candidate must be a density"):
         hc.LGreCo(hc.TopK(), candidates=[0.5, 2])
     with pytest.raises(ValueError, match="objective"):
         hc.LGreCo(hc.PowerSGD(), objective="speed")

@@ -34,7 +34,7 @@ def compressed_in_the_loop(lgreco):
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_first_decision_sends_fewer_bytes_within_the_error_budget(family):
     lgreco = hc.LGreCo(FAMILIES[family](), warmup_steps=200, decide_every=100, apply_delay=5,
-                       transport="local", log=None)
+                       transport="local")
     charlm.train(compressed_in_the_loop(lgreco), steps=206, max_chars=500_000)
     decision = lgreco.decisions[0]
     print(f"\n{family}: first decision sends {decision.total_bytes} bytes/step vs "

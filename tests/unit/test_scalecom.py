@@ -43,7 +43,7 @@ def test_leader_rotates_every_step():
     for step in range(5):
         grads = rank_grads(step)
         leader = step % W
-        before = compressors[leader].state["w"].memory.clone() if step else torch.zeros(4096)
+        before = compressors[leader].residual("w").clone() if step else torch.zeros(4096)
         acc = before + grads[leader]["w"].flatten()
         out = world.step(grads)[0]["w"].flatten()
         chosen = set(chunked_topk_indices(acc.abs(), 205, 64).tolist())
@@ -62,7 +62,7 @@ def test_beta_one_is_plain_error_feedback_and_beta_filters():
             acc = memory + g["w"].flatten()
             residual = acc - sent  # one rank: what was sent is C(m + g)
             memory = residual if beta == 1.0 else (1 - beta) * memory + beta * residual
-            assert torch.allclose(compressor.state["w"].memory, memory, atol=1e-6)
+            assert torch.allclose(compressor.residual("w"), memory, atol=1e-6)
 
 
 def test_warmup_steps_are_dense():
