@@ -10,6 +10,7 @@ import hashlib
 import logging
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class ScaledFusion:
     so that it leaves these buckets alone); with ``scaled`` it is multiplied by the compression rate, otherwise
     used as is for payload bytes (``ScaledFusion(2**62, scaled=False)``: the whole model in one
     buffer). Each new plan is logged on rank 0 at INFO (logger ``hvd_compress.comm.fusion``)."""
-    dense_threshold: int = None
+    dense_threshold: Optional[int] = None
     scaled: bool = True
 
 

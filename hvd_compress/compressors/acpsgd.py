@@ -49,7 +49,7 @@ class ACPSGD(LowRankCompressor):
 
         return Round(q.contiguous(), Collective.ALLREDUCE, after_q, last=True)
 
-    def phase(self, name):
+    def phase(self, name: str) -> str:
         """'P' or 'Q': what parameter ``name`` sends at its next step."""
         st = self.state.get(name)
         return "P" if st is None or st.step % 2 == 0 else "Q"

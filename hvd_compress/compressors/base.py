@@ -41,6 +41,7 @@ from hvd_compress.compressors.feedback import ErrorFeedback
 _ALLREDUCE_DTYPES = (torch.float16, torch.float32, torch.float64)
 
 Shape = Tuple[int, ...]
+NamedParameters = Optional[Iterable[Tuple[str, torch.Tensor]]]
 
 
 class GradientCompression:
@@ -103,8 +104,7 @@ class Compressor(GradientCompression):
     # Error feedback, for compressors that have it (set in their constructor).
     feedback: Optional[ErrorFeedback] = None
 
-    def __init__(self, named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None, *,
-                 default: Any, min_numel: int = 1024):
+    def __init__(self, named_parameters: NamedParameters = None, *, default: Any, min_numel: int = 1024):
         if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
             raise ValueError(f"{type(self).__name__}: min_numel must be a non-negative integer, "
                              f"got {min_numel!r}")

@@ -6,13 +6,13 @@ import math
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.compressors.base import Compressor
+from hvd_compress.compressors.base import Compressor, NamedParameters
 
 
 class _Settingless(Compressor):
     """No per-parameter setting and no state; applies to every gradient, whatever its shape."""
 
-    def __init__(self, named_parameters=None, *, min_numel=0):
+    def __init__(self, named_parameters: NamedParameters = None, *, min_numel: int = 0):
         super().__init__(named_parameters, default=None, min_numel=min_numel)
 
     def _check_setting(self, name, value, numel):

@@ -3,7 +3,8 @@ from dataclasses import dataclass
 
 import torch
 
-from hvd_compress.compressors.base import Compressor, check_candidate, check_positive_int, dense_round
+from hvd_compress.compressors.base import (Compressor, NamedParameters, check_candidate, check_positive_int,
+                                           dense_round)
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths import lowrank
@@ -20,8 +21,9 @@ class LowRankCompressor(Compressor):
     setting_name = "rank"
     controllable = True
 
-    def __init__(self, named_parameters=None, rank=4, *, min_compression_rate=2.0,
-                 start_step=0, error_feedback=True, warm_start=True, seed=0, min_numel=1024):
+    def __init__(self, named_parameters: NamedParameters = None, rank: int = 4, *,
+                 min_compression_rate: float = 2.0, start_step: int = 0, error_feedback: bool = True,
+                 warm_start: bool = True, seed: int = 0, min_numel: int = 1024):
         if not min_compression_rate > 0:
             raise ValueError(f"{type(self).__name__}: min_compression_rate must be > 0, "
                              f"got {min_compression_rate!r}")

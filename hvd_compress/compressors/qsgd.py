@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.compressors.base import Compressor, check_candidate, check_positive_int
+from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate, check_positive_int
 from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths import quantize
 
@@ -37,7 +37,8 @@ class QSGD(Compressor):
     setting_name = "bits"
     controllable = True
 
-    def __init__(self, named_parameters=None, bits=4, *, bucket_size=512, seed=0, min_numel=1024):
+    def __init__(self, named_parameters: NamedParameters = None, bits: int = 4, *, bucket_size: int = 512,
+                 seed: int = 0, min_numel: int = 1024):
         check_positive_int(self, None, "bucket_size", bucket_size)
         self.bucket_size = bucket_size
         self.seed = seed

@@ -1,11 +1,12 @@
 """ScaleCom (Chen et al., NeurIPS 2020): cyclic local top-k, so sparse payloads all-reduce."""
 import math
 from dataclasses import dataclass
+from typing import Dict
 
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.compressors.base import check_positive_int, dense_round
+from hvd_compress.compressors.base import NamedParameters, check_positive_int, dense_round
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.compressors.topk import KSparse
 from hvd_compress.maths.chunked_topk import chunked_topk_indices
@@ -34,8 +35,8 @@ class ScaleCom(KSparse):
     gradient element: :meth:`set_rates_from_flops`.
     """
 
-    def __init__(self, named_parameters=None, density=0.01, *, beta=1.0, chunks=64, warmup_steps=0,
-                 min_numel=1024):
+    def __init__(self, named_parameters: NamedParameters = None, density: float = 0.01, *,
+                 beta: float = 1.0, chunks: int = 64, warmup_steps: int = 0, min_numel: int = 1024):
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 < beta <= 1:
             raise ValueError(f"ScaleCom: beta must lie in (0, 1], got {beta!r}")
         check_positive_int(self, None, "chunks", chunks)
@@ -51,7 +52,7 @@ class ScaleCom(KSparse):
     def _new_state_from(self, values):
         return ScaleComState(**values)
 
-    def leader(self, step):
+    def leader(self, step: int) -> int:
         """The rank whose indices everyone uses at (1-based) step ``step``."""
         return (step - 1) % self.size
 
@@ -87,7 +88,8 @@ class ScaleCom(KSparse):
 
         return Round(indices, Collective.BROADCAST, after_indices, root=leader)
 
-    def set_rates_from_flops(self, flops, numels, per_worker_batch=32, reference_batch=32):
+    def set_rates_from_flops(self, flops: Dict[str, float], numels: Dict[str, int],
+                             per_worker_batch: int = 32, reference_batch: int = 32) -> Dict[str, int]:
         """The paper's engineering rule: FLOPs per gradient element >= 196 -> 25x, [128, 196) ->
         50x, below -> 400x, at a per-worker batch of 32 (vision and speech). ``flops`` and
         ``numels`` map parameter names to one step's forward FLOPs and gradient sizes; the ratio

@@ -1,10 +1,11 @@
 """Top-K sparsification with error feedback."""
 import math
+from typing import Optional
 
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.compressors.base import Compressor, check_candidate, check_positive_int
+from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate, check_positive_int
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths.sparsify import topk_indices
@@ -16,7 +17,8 @@ class KSparse(Compressor):
 
     setting_name = "k"
 
-    def __init__(self, named_parameters=None, density=0.01, *, min_numel=1024):
+    def __init__(self, named_parameters: NamedParameters = None, density: float = 0.01, *,
+                 min_numel: int = 1024):
         if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
             raise ValueError(f"{type(self).__name__}: density must lie in (0, 1], got {density!r}")
         self.density = float(density)
@@ -29,7 +31,7 @@ class KSparse(Compressor):
         if value is not None:  # None: k follows ``density``
             check_positive_int(self, name, "k", value, upper=numel)
 
-    def k_for(self, setting, numel):
+    def k_for(self, setting: Optional[int], numel: int) -> int:
         """k at ``setting``; None means ``density`` of the gradient."""
         return setting if setting is not None else max(1, math.ceil(self.density * numel))
 
@@ -83,8 +85,8 @@ class TopK(KSparse):
 
     controllable = True
 
-    def __init__(self, named_parameters=None, density=0.01, *, error_feedback=True,
-                 min_numel=1024):
+    def __init__(self, named_parameters: NamedParameters = None, density: float = 0.01, *,
+                 error_feedback: bool = True, min_numel: int = 1024):
         self.error_feedback = error_feedback
         self.feedback = ErrorFeedback(enabled=error_feedback)
         super().__init__(named_parameters, density, min_numel=min_numel)

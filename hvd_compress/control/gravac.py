@@ -2,10 +2,12 @@
 throughput. Policy (Algorithm 1, pure) apart from mechanism (gains measured on real gradients,
 agreed across ranks)."""
 import time
+from typing import Optional
+
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.compressors.base import dense_round
+from hvd_compress.compressors.base import Compressor, dense_round
 from hvd_compress.control.wrapping import Controller
 
 DENSE = 1.0
@@ -25,8 +27,9 @@ class GraVACPolicy:
     kept for good.
     """
 
-    def __init__(self, theta_min=10.0, theta_max=1000.0, epsilon=0.7, omega=0.01, window=500,
-                 policy="exponential", smoothing=0.1, scale_down_to="min"):
+    def __init__(self, theta_min: float = 10.0, theta_max: float = 1000.0, epsilon: float = 0.7,
+                 omega: float = 0.01, window: int = 500, policy: str = "exponential",
+                 smoothing: float = 0.1, scale_down_to: str = "min"):
         checks = [("theta_min", theta_min >= 1), ("theta_max", theta_max >= theta_min),
                   ("epsilon", 0 < epsilon <= 1), ("omega", omega >= 0),
                   ("window", isinstance(window, int) and window >= 1),
@@ -52,7 +55,7 @@ class GraVACPolicy:
         power = 2 ** (self.exponent - 1) if self.policy == "exponential" else self.exponent
         return min(self.initial_min * 2.0 ** power, self.theta_max)
 
-    def choose(self):
+    def choose(self) -> float:
         """The CF to send at the next step (Algorithm 1, lines 11-25, on the smoothed gains)."""
         if self.gain_candidate is None or self.gain_candidate >= self.epsilon:
             return self.candidate if self.gain_candidate is not None else self.theta_min
@@ -60,7 +63,7 @@ class GraVACPolicy:
             return self.theta_min
         return self.theta_min if self.scale_down_to == "min" else DENSE
 
-    def observe(self, cf, gain_min, gain_candidate, seconds):
+    def observe(self, cf: float, gain_min: float, gain_candidate: float, seconds: float) -> None:
         """One step's global measurements; ``cf`` is the factor that step sent."""
         a = self.smoothing
         self.gain_min = gain_min if self.gain_min is None else (1 - a) * self.gain_min + a * gain_min
@@ -123,8 +126,10 @@ class GraVAC(Controller):
     loses too much.
     """
 
-    def __init__(self, compressor, *, theta_min=10.0, theta_max=1000.0, epsilon=0.7, omega=0.01,
-                 window=500, policy="exponential", smoothing=None, scale_down_to="min"):
+    def __init__(self, compressor: Compressor, *, theta_min: float = 10.0, theta_max: float = 1000.0,
+                 epsilon: float = 0.7, omega: float = 0.01, window: int = 500,
+                 policy: str = "exponential", smoothing: Optional[float] = None,
+                 scale_down_to: str = "min"):
         super().__init__(compressor)
         self._smoothing = smoothing
         self.policy = GraVACPolicy(theta_min, theta_max, epsilon, omega, window, policy,
@@ -149,7 +154,7 @@ class GraVAC(Controller):
                 "smoothing": self._smoothing, "scale_down_to": p.scale_down_to}
 
     @property
-    def average_cf(self):
+    def average_cf(self) -> float:
         """Mean compression factor over the steps so far (1 for dense steps)."""
         return sum(h[0] for h in self.history) / len(self.history) if self.history else self.cf
 

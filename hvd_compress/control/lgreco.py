@@ -3,10 +3,12 @@ programming under an error budget, decided on rank 0 and applied by every rank a
 import logging
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
+from hvd_compress.compressors.base import Compressor
 from hvd_compress.control.service import DecisionService
 from hvd_compress.control.solver import solve
 from hvd_compress.control.wrapping import Controller
@@ -69,9 +71,11 @@ class LGreCo(Controller):
     Rank 0 logs each decision at INFO (logger ``hvd_compress.control.lgreco``).
     """
 
-    def __init__(self, compressor, *, candidates=None, decide_every=1000, steps_per_epoch=None,
-                 warmup_steps=1000, apply_delay=10, objective="size", accordion=None,
-                 time_buckets=4, discretization=10000, transport="auto", timeout=60.0):
+    def __init__(self, compressor: Compressor, *, candidates: Optional[Sequence[Any]] = None,
+                 decide_every: Union[int, str] = 1000, steps_per_epoch: Optional[int] = None,
+                 warmup_steps: int = 1000, apply_delay: int = 10, objective: str = "size",
+                 accordion: Optional["Accordion"] = None, time_buckets: int = 4,
+                 discretization: int = 10000, transport: str = "auto", timeout: float = 60.0):
         super().__init__(compressor)
         if decide_every == "epoch":
             if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:

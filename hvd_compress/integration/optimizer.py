@@ -1,6 +1,7 @@
 """``hvd_compress.DistributedOptimizer``: Horovod's signature, our exchange machinery."""
 import time
 from contextlib import contextmanager
+from typing import Any, Iterable, Optional, Tuple
 
 import horovod.torch as hvd
 import torch
@@ -133,11 +134,14 @@ def _parameter_names(param_groups, named_parameters):
     return {p: by_param[p] for group in param_groups for p in group["params"]}
 
 
-def DistributedOptimizer(optimizer, named_parameters=None, compression=None,
-                         backward_passes_per_step=1, op=hvd.Average,
-                         gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                         sparse_as_dense=False, process_set=hvd.global_process_set, *,
-                         fusion=ScaledFusion()):
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Optional[Iterable[Tuple[str, torch.nn.Parameter]]] = None,
+                         compression: Optional[GradientCompression] = None,
+                         backward_passes_per_step: int = 1, op: Any = hvd.Average,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: Any = None, sparse_as_dense: bool = False,
+                         process_set: Any = hvd.global_process_set, *,
+                         fusion: Optional[ScaledFusion] = ScaledFusion()) -> torch.optim.Optimizer:
     """Drop-in for ``hvd.DistributedOptimizer`` (same positional signature) that runs
     hvd_compress compressors with names and steps passed explicitly.
 
