@@ -90,3 +90,17 @@ class Traffic:
             "wire_bytes_per_step": self.wire_bytes // steps,
             "compression_ratio": round(self.ratio, 2),
         }
+
+
+def on_result(round_: Round, observe: Callable[[torch.Tensor], None]) -> Round:
+    """``round_`` with ``observe`` called on the final gradient its chain returns."""
+    then = round_.then
+
+    def observed(result):
+        following = then(result)
+        if isinstance(following, Round):
+            return on_result(following, observe)
+        observe(following)
+        return following
+
+    return Round(round_.payload, round_.collective, observed, round_.last, round_.root)

@@ -22,20 +22,34 @@ look inside a compressor:
 ``setting_for_factor(shape, factor)``          the setting that compresses about ``factor``-fold
 ``kept_energies(name, x, settings, memo)``    ||C(x)||^2 for nested settings (GraVAC's gains)
 ``residual(name)`` / ``clear_residual(name)``  the error feedback waiting for ``name``
+``begin_uncompressed(name, grad)``             send gradient plus residual whole, clear it
+``last_step_finite``                           whether the last step was kept (see below)
 =============================================  =================================================
+
+Non-finite steps: a compressor checks every aggregated gradient it returns. They are identical
+on every rank, and a non-finite entry on any rank reaches them, so all ranks agree, at no
+communication cost, whether a step was finite. If it was not, ``end_step`` puts the state back
+as it was before the step (error feedback, warm starts, step counters), the gradients handed
+back stay non-finite (so that ``GradScaler`` or the user's check skips the step), and the next
+step runs as if the bad one had never happened. Controllers read ``last_step_finite`` after
+the wrapped compressor's ``end_step`` and drop their own updates of that step too.
 
 A new compressor subclasses ``Compressor`` and implements ``_check_setting``, ``_begin`` and
 ``_compressed_bytes`` (plus the protocol, to be controllable); error feedback comes from
 ``compressors.feedback.ErrorFeedback``. Nothing here knows Horovod: its Compression API is added
 by ``integration.stock.horovod_compression``.
 """
+import copy
+import logging
 import math
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from hvd_compress.comm.rounds import Collective, Round, Traffic
+from hvd_compress.comm.rounds import Collective, Round, Traffic, on_result
 from hvd_compress.compressors.feedback import ErrorFeedback
+
+logger = logging.getLogger(__name__)
 
 # Horovod's all-reduce sums these dtypes; anything else (bf16) travels as float32.
 _ALLREDUCE_DTYPES = (torch.float16, torch.float32, torch.float64)
@@ -116,6 +130,10 @@ class Compressor(GradientCompression):
         self.state: Dict[str, Any] = {}
         self.rank, self.size = 0, 1
         self.traffic = Traffic()
+        self.skipped_steps = 0  # non-finite steps, which left no trace in the state
+        self.last_step_finite = True
+        self._step_finite: Optional[torch.Tensor] = None
+        self._undo: Dict[str, Any] = {}
 
     # ----- settings, addressable by parameter name ---------------------------------------
     def setting(self, name: str) -> Any:
@@ -151,16 +169,59 @@ class Compressor(GradientCompression):
         if grad.numel() == 0:
             raise ValueError(f"{type(self).__name__}: parameter {name!r}: gradient is empty "
                              f"(shape {tuple(grad.shape)})")
+        self._remember_state(name)
         setting = self.setting(name)
         if not self.compresses(grad.shape, setting):
-            return dense_round(grad)
-        self._check_setting(name, setting, grad.numel())
-        return self._begin(name, grad)
+            round_ = dense_round(grad)
+        else:
+            self._check_setting(name, setting, grad.numel())
+            round_ = self._begin(name, grad)
+        return on_result(round_, self._watch_finite)
 
     def _begin(self, name, grad):
         raise NotImplementedError
 
+    def begin_uncompressed(self, name: str, grad: torch.Tensor) -> Round:
+        """Sends ``grad`` plus its residual whole, in one all-reduce, and the residual becomes
+        zero (GraVAC's scale-down to dense, line 23 of its Algorithm 1)."""
+        self._remember_state(name)
+        residual = self.residual(name)
+        if residual is not None:
+            grad = (grad.float() + residual.view(grad.shape)).to(grad.dtype)
+            self.clear_residual(name)
+        return on_result(dense_round(grad), self._watch_finite)
+
+    def _remember_state(self, name):
+        if name not in self._undo:  # the state as it was before this step
+            self._undo[name] = copy.copy(self.state.get(name))
+
+    def _watch_finite(self, gradient):
+        """Aggregated gradients are identical on every rank, and a non-finite entry on any rank
+        reaches them, so every rank reaches the same verdict without communicating."""
+        finite = torch.isfinite(gradient).all()
+        self._step_finite = finite if self._step_finite is None else self._step_finite & finite
+
     def end_step(self, comm_seconds: Optional[float] = None) -> None:
+        """Keeps the step's state updates if every aggregated gradient was finite; otherwise
+        puts the state back as it was before the step (one host synchronisation per step)."""
+        self.last_step_finite = self._step_finite is None or bool(self._step_finite)
+        if self.last_step_finite:
+            if self.feedback is not None:
+                self.feedback.commit()
+        else:
+            for name, before in self._undo.items():
+                if before is None:
+                    self.state.pop(name, None)
+                else:
+                    self.state[name] = before
+            if self.feedback is not None:
+                self.feedback.rollback()
+            self.skipped_steps += 1
+            logger.warning("%s: non-finite gradient in this step on some rank; the step leaves "
+                           "no trace in the compression state (%d such steps so far)",
+                           type(self).__name__, self.skipped_steps)
+        self._step_finite = None
+        self._undo.clear()
         self.traffic.end_step()
 
     def tunable(self, shape: Sequence[int]) -> bool:

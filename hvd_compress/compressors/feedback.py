@@ -2,12 +2,72 @@
 residuals, what compression left out of each parameter's gradient, to be added to its next one.
 
 Every compressor with error feedback keeps its residuals here and only here, so that controllers
-(``residual``, ``clear``) and checkpoints see one format, and so that the handling of
-non-finite steps and loss scales lives in one place.
+(``residual``, ``clear``) and checkpoints see one format, and so that non-finite steps are
+handled in one place: a step's new residuals are staged, and become the residuals only when the
+step is known to be finite everywhere (``commit``); otherwise they are dropped (``rollback``)
+and the step leaves no trace.
 """
 from typing import Dict, Optional
 
 import torch
+
+
+class StagedSums:
+    """Tensors by name whose updates within a step are staged: ``commit`` keeps them, ``rollback``
+    keeps the values from before the step. Updates are written into a second buffer per name,
+    swapped in at commit, so a step costs no allocation and the same passes as in place."""
+
+    def __init__(self):
+        self.committed: Dict[str, torch.Tensor] = {}
+        self._staged: Dict[str, torch.Tensor] = {}
+        self._spare: Dict[str, torch.Tensor] = {}
+        self._reused = set()  # names updated by ``add``, whose old buffer serves the next step
+
+    def staged(self, name: str) -> Optional[torch.Tensor]:
+        """This step's value so far (staged, else committed), or None."""
+        return self._staged.get(name, self.committed.get(name))
+
+    def add(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """Stages (current + ``value``) in float32, shaped like ``value``; returns it. The
+        caller may overwrite the returned tensor: what it leaves there is what gets committed."""
+        current = self.staged(name)
+        self._reused.add(name)
+        if current is None:
+            staged = self._staged[name] = value.to(torch.float32, copy=True)
+            return staged
+        if name in self._staged:
+            return current.add_(value)
+        buffer = self._spare.pop(name, None)
+        if buffer is None or buffer.shape != current.shape:
+            buffer = torch.empty_like(current)
+        self._staged[name] = torch.add(current, value, out=buffer)
+        return buffer
+
+    def put(self, name: str, value: torch.Tensor) -> None:
+        """Stages ``value`` as the new value."""
+        self._staged[name] = value
+
+    def commit(self) -> None:
+        for name, value in self._staged.items():
+            old = self.committed.get(name)
+            self.committed[name] = value
+            if name in self._reused and old is not None and old is not value:
+                self._spare[name] = old
+        self._staged.clear()
+        self._reused.clear()
+
+    def rollback(self) -> None:
+        for name, value in self._staged.items():
+            if name in self._reused:
+                self._spare[name] = value
+        self._staged.clear()
+        self._reused.clear()
+
+    def clear(self) -> None:
+        self.committed.clear()
+        self._staged.clear()
+        self._spare.clear()
+        self._reused.clear()
 
 
 class ErrorFeedback:
@@ -15,45 +75,55 @@ class ErrorFeedback:
 
     A compressor asks for ``compensated(name, grad)``, the gradient plus the residual, and
     leaves its new residual behind: either in place in the tensor it was given (the common,
-    allocation-free case) or by handing a new tensor to ``keep``. With ``enabled=False`` the
-    gradient comes back as a float32 copy and nothing is remembered.
+    allocation-free case) or by handing a new tensor to ``keep``. The new residuals take effect
+    at ``commit`` (the step was finite on every rank) or are dropped at ``rollback``. With
+    ``enabled=False`` the gradient comes back as a float32 copy and nothing is remembered.
+
+    Memory: two float32 buffers per compressed parameter (the residual, and the one the next
+    residual is built in).
     """
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
-        self._residuals: Dict[str, torch.Tensor] = {}
+        self._sums = StagedSums()
 
     def compensated(self, name: str, grad: torch.Tensor, *, in_place: bool = True) -> torch.Tensor:
         """``grad + residual`` as float32, shaped like ``grad``, which the caller may overwrite.
 
-        ``in_place``: built in the residual's own buffer, so what the caller leaves there is the
-        next residual (no gradient-sized allocation per step). Otherwise a new tensor, and the
-        residual stays as it was until ``keep``."""
+        ``in_place``: what the caller leaves in the returned tensor is the next residual.
+        Otherwise the residual stays as it was until ``keep``."""
         if not self.enabled:
             return grad.to(torch.float32, copy=True)
-        residual = self._residuals.get(name)
-        if residual is None:
-            residual = self._residuals[name] = torch.zeros(grad.shape, device=grad.device)
-        return residual.add_(grad) if in_place else residual + grad
+        if in_place:
+            return self._sums.add(name, grad)
+        residual = self._sums.staged(name)
+        return grad.float() if residual is None else residual + grad
 
     def keep(self, name: str, residual: torch.Tensor) -> None:
         """Makes ``residual`` (float32, the shape ``compensated`` returned) the next residual."""
         if self.enabled:
-            self._residuals[name] = residual
+            self._sums.put(name, residual)
 
     def residual(self, name: str) -> Optional[torch.Tensor]:
         """The residual waiting to be added to ``name``'s next gradient, or None."""
-        return self._residuals.get(name)
+        return self._sums.committed.get(name)
 
     def clear(self, name: str) -> None:
-        """Forgets ``name``'s residual: its gradient was sent whole."""
-        residual = self._residuals.get(name)
+        """Forgets ``name``'s residual from the next step on: its gradient was sent whole."""
+        residual = self._sums.committed.get(name)
         if residual is not None:
-            residual.zero_()
+            self._sums.put(name, torch.zeros_like(residual))
+
+    def commit(self) -> None:
+        self._sums.commit()
+
+    def rollback(self) -> None:
+        self._sums.rollback()
 
     def state_dict(self) -> Dict[str, torch.Tensor]:
         # Copies: residuals are updated in place, and a checkpoint must not change afterwards.
-        return {name: residual.clone() for name, residual in self._residuals.items()}
+        return {name: residual.clone() for name, residual in self._sums.committed.items()}
 
     def load_state_dict(self, residuals: Dict[str, torch.Tensor]) -> None:
-        self._residuals = {name: residual.clone() for name, residual in residuals.items()}
+        self._sums.clear()
+        self._sums.committed.update({name: residual.clone() for name, residual in residuals.items()})

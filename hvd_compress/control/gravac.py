@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.compressors.base import Compressor, dense_round
+from hvd_compress.compressors.base import Compressor
 from hvd_compress.control.wrapping import Controller
 
 DENSE = 1.0
@@ -137,6 +137,7 @@ class GraVAC(Controller):
         self.cf = self.policy.choose()
         self.history = []  # per step: (cf, gain_min, gain_candidate, seconds)
         self._memos = {}  # per parameter: the compressor's scratch for gains (warm starts)
+        self._step_memos = {}
         self._shapes = {}  # compressed parameters seen so far
         self._step_stats = {}  # name -> this step's stats, averaged over ranks
         self._last_end = None
@@ -173,13 +174,13 @@ class GraVAC(Controller):
         # The candidate compresses further than theta_min: nested settings, multi-level gains.
         settings = [self.inner.setting_for_factor(shape, cf)
                     for cf in (self.policy.theta_min, self.policy.candidate)]
-        kept = self.inner.kept_energies(name, x, settings, self._memos.setdefault(name, {}))
+        # Warm starts are updated in a copy, kept only if the step turns out finite.
+        memo = self._step_memos[name] = dict(self._memos.get(name, {}))
+        kept = self.inner.kept_energies(name, x, settings, memo)
         # On the gradient's device: it travels appended to the payload.
         stats = torch.tensor([x.square().sum().item(), *kept, self._last_seconds], device=x.device)
         if self.cf == DENSE:
-            # Line 23 of Algorithm 1: send g + e uncompressed, and the residual becomes 0.
-            self.inner.clear_residual(name)
-            round_ = dense_round(x.to(grad.dtype))
+            round_ = self.inner.begin_uncompressed(name, grad)
         else:
             round_ = self.inner.begin(name, grad)
         return self._carrying(name, round_, stats)
@@ -212,8 +213,10 @@ class GraVAC(Controller):
         self._last_seconds = 0.0 if self._last_end is None else now - self._last_end
         self._last_end = now
         stats, self._step_stats = self._step_stats, {}
-        if not stats:
+        memos, self._step_memos = self._step_memos, {}
+        if not stats or not self.inner.last_step_finite:
             return
+        self._memos.update(memos)
         # Summed in name order: gradients land in different orders on different ranks, and the
         # totals must agree to the last bit for every rank to take the same decision.
         total, kept_min, kept_candidate, seconds = torch.stack(

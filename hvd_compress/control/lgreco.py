@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from hvd_compress.compressors.base import Compressor
+from hvd_compress.compressors.feedback import StagedSums
 from hvd_compress.control.service import DecisionService
 from hvd_compress.control.solver import solve
 from hvd_compress.control.wrapping import Controller
@@ -108,7 +109,7 @@ class LGreCo(Controller):
         self.decisions = []
         self._next_decision = warmup_steps
         self._pending = None  # (version, decided_at, effective_step)
-        self._sums = {}
+        self._sums = StagedSums()  # rank 0: gradients accumulated since the last decision
         self._shapes = {}      # in the order gradients first arrived (about backward order)
         self._previous_norms = {}
         self._time_samples = []  # (bytes per time bucket, seconds)
@@ -126,11 +127,9 @@ class LGreCo(Controller):
             self._shapes[name] = tuple(grad.shape)
         if self.rank == 0 and self._next_decision - self.step <= self.decide_every \
                 and self.inner.tunable(self._shapes[name]):
-            accumulated = self._sums.get(name)
-            if accumulated is None:
-                self._sums[name] = grad.detach().to(torch.float32, copy=True)
-            else:  # in place: a gradient-sized allocation per layer and step would cost more
-                accumulated.add_(grad.detach())
+            # Staged, without a gradient-sized allocation per layer and step; kept at end_step
+            # only if the step was finite.
+            self._sums.add(name, grad.detach())
         round_ = self.inner.begin(name, grad)
         if self.objective == "time":
             self._count_bucket_bytes(name, round_.payload)
@@ -139,6 +138,11 @@ class LGreCo(Controller):
     # ----- the schedule ---------------------------------------------------------------------
     def end_step(self, comm_seconds=None):
         self.inner.end_step()
+        if not self.inner.last_step_finite:  # as if the step had never happened
+            self._sums.rollback()
+            self._step_bucket_bytes = None
+            return
+        self._sums.commit()
         if comm_seconds is not None and self._step_bucket_bytes is not None:
             self._time_samples.append((self._step_bucket_bytes, comm_seconds))
         self._step_bucket_bytes = None
@@ -148,7 +152,8 @@ class LGreCo(Controller):
             self._pending = (self.version, self.step, self.step + self.apply_delay)
             if self.rank == 0:
                 # The thread gets snapshots: training goes on mutating the live state.
-                sums, self._sums = self._sums, {}
+                sums = dict(self._sums.committed)
+                self._sums.clear()
                 shapes, samples = dict(self._shapes), list(self._time_samples)
                 pending = self._pending
                 self.service.submit(lambda: self._decide(sums, shapes, samples, *pending))
@@ -261,7 +266,8 @@ class LGreCo(Controller):
         self.decisions = [Decision(**d) for d in state_dict["decisions"]]
         self._previous_norms = dict(state_dict["previous_norms"])
         self._time_samples = list(state_dict["time_samples"])
-        self._pending, self._sums = None, {}
+        self._pending = None
+        self._sums.clear()
 
 
 def fit_bucket_seconds_per_byte(samples, buckets):

@@ -73,6 +73,8 @@ def lowrank_kept_energies(matrix, q, ranks, seed, name):
     if q is None or q.shape[1] != top:
         q = seeded_normal(matrix.shape[1], top, seed, name, "gravac").to(matrix)
     projected = orthogonalize(matrix @ q).t() @ matrix  # top x m
+    if not torch.isfinite(projected).all():  # an SVD would raise; the step will be dropped
+        return [float("nan")] * len(ranks), q
     squared = torch.linalg.svdvals(projected).square()
     return [squared[:r].sum().item() for r in ranks], projected.t().contiguous()
 
