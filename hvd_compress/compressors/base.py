@@ -24,6 +24,7 @@ look inside a compressor:
 ``residual(name)`` / ``clear_residual(name)``  the error feedback waiting for ``name``
 ``begin_uncompressed(name, grad)``             send gradient plus residual whole, clear it
 ``last_step_finite``                           whether the last step was kept (see below)
+``loss_scale()``                               the loss scale of this step's gradients (``track``)
 =============================================  =================================================
 
 Non-finite steps: a compressor checks every aggregated gradient it returns. They are identical
@@ -93,6 +94,10 @@ class GradientCompression:
         """A label for steps whose payloads differ by phase (ACP-SGD: "P" or "Q"), else ""."""
         return ""
 
+    def track(self, scaler: Any) -> "GradientCompression":
+        """Follows the loss scale of ``scaler`` (a ``torch.amp.GradScaler``); returns ``self``."""
+        raise NotImplementedError
+
     def describe(self) -> Dict[str, Any]:
         """Everything that must agree on every rank (checked when training starts)."""
         raise NotImplementedError
@@ -134,6 +139,8 @@ class Compressor(GradientCompression):
         self.last_step_finite = True
         self._step_finite: Optional[torch.Tensor] = None
         self._undo: Dict[str, Any] = {}
+        self._scaler = None
+        self._step_scale: Optional[float] = None
 
     # ----- settings, addressable by parameter name ---------------------------------------
     def setting(self, name: str) -> Any:
@@ -187,13 +194,37 @@ class Compressor(GradientCompression):
         self._remember_state(name)
         residual = self.residual(name)
         if residual is not None:
-            grad = (grad.float() + residual.view(grad.shape)).to(grad.dtype)
+            grad = torch.add(grad, residual.view(grad.shape), alpha=self.loss_scale()).to(grad.dtype)
             self.clear_residual(name)
         return on_result(dense_round(grad), self._watch_finite)
 
+    def track(self, scaler: Any) -> "Compressor":
+        """Keeps error feedback in unscaled units under loss scaling (mixed precision):
+        ``compressor.track(scaler)`` with the ``torch.amp.GradScaler`` whose scale multiplies
+        the gradients. Without it, a residual built under one scale is added to gradients under
+        another (GradScaler halves the scale on overflow and doubles it every
+        ``growth_interval`` steps). Anything with ``get_scale()`` works. Returns ``self``."""
+        if not callable(getattr(scaler, "get_scale", None)):
+            raise ValueError(f"{type(self).__name__}.track: scaler must have get_scale(), like "
+                             f"torch.amp.GradScaler; got {type(scaler).__name__}")
+        self._scaler = scaler
+        return self
+
+    def loss_scale(self) -> float:
+        """The loss scale in force for this step's gradients (1 unless ``track``-ed); read once
+        per step (a host synchronisation when the scale lives on a GPU)."""
+        if self._scaler is None:
+            return 1.0
+        if self._step_scale is None:
+            self._step_scale = float(self._scaler.get_scale())
+        return self._step_scale
+
     def _remember_state(self, name):
+        """Called first thing for every gradient of a step."""
         if name not in self._undo:  # the state as it was before this step
             self._undo[name] = copy.copy(self.state.get(name))
+        if self.feedback is not None:
+            self.feedback.loss_scale = self.loss_scale()
 
     def _watch_finite(self, gradient):
         """Aggregated gradients are identical on every rank, and a non-finite entry on any rank
@@ -221,6 +252,7 @@ class Compressor(GradientCompression):
                            "no trace in the compression state (%d such steps so far)",
                            type(self).__name__, self.skipped_steps)
         self._step_finite = None
+        self._step_scale = None
         self._undo.clear()
         self.traffic.end_step()
 

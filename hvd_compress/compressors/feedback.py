@@ -27,28 +27,37 @@ class StagedSums:
         """This step's value so far (staged, else committed), or None."""
         return self._staged.get(name, self.committed.get(name))
 
-    def add(self, name: str, value: torch.Tensor) -> torch.Tensor:
-        """Stages (current + ``value``) in float32, shaped like ``value``; returns it. The
-        caller may overwrite the returned tensor: what it leaves there is what gets committed."""
+    def add(self, name: str, value: torch.Tensor, *, current_weight: float = 1.0,
+            value_weight: float = 1.0) -> torch.Tensor:
+        """Stages ``current_weight * current + value_weight * value`` in float32, shaped like
+        ``value``; returns it. The caller may overwrite the returned tensor: what it leaves there
+        is what gets committed. (One weight is always 1, so this is one fused pass.)"""
         current = self.staged(name)
         self._reused.add(name)
         if current is None:
             staged = self._staged[name] = value.to(torch.float32, copy=True)
-            return staged
+            return staged if value_weight == 1.0 else staged.mul_(value_weight)
         if name in self._staged:
-            return current.add_(value)
+            return current.mul_(current_weight).add_(value, alpha=value_weight)
         buffer = self._spare.pop(name, None)
         if buffer is None or buffer.shape != current.shape:
             buffer = torch.empty_like(current)
-        self._staged[name] = torch.add(current, value, out=buffer)
+        if value_weight == 1.0:
+            torch.add(value, current, alpha=current_weight, out=buffer)
+        else:
+            torch.add(current, value, alpha=value_weight, out=buffer)
+        self._staged[name] = buffer
         return buffer
 
     def put(self, name: str, value: torch.Tensor) -> None:
         """Stages ``value`` as the new value."""
         self._staged[name] = value
 
-    def commit(self) -> None:
+    def commit(self, scale: float = 1.0) -> None:
+        """Keeps this step's values, divided by ``scale``."""
         for name, value in self._staged.items():
+            if scale != 1.0:
+                value.div_(scale)
             old = self.committed.get(name)
             self.committed[name] = value
             if name in self._reused and old is not None and old is not value:
@@ -81,10 +90,16 @@ class ErrorFeedback:
 
     Memory: two float32 buffers per compressed parameter (the residual, and the one the next
     residual is built in).
+
+    Loss scaling: gradients under ``torch.amp.GradScaler`` arrive multiplied by the scale S in
+    force, which changes between steps. Residuals are kept in unscaled units: ``compensated``
+    returns ``grad + S * residual`` (in the gradient's units) and ``commit`` divides the new
+    residuals by S. The owner sets ``loss_scale`` before each step (``Compressor.track``).
     """
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
+        self.loss_scale = 1.0
         self._sums = StagedSums()
 
     def compensated(self, name: str, grad: torch.Tensor, *, in_place: bool = True) -> torch.Tensor:
@@ -95,9 +110,11 @@ class ErrorFeedback:
         if not self.enabled:
             return grad.to(torch.float32, copy=True)
         if in_place:
-            return self._sums.add(name, grad)
+            return self._sums.add(name, grad, current_weight=self.loss_scale)
         residual = self._sums.staged(name)
-        return grad.float() if residual is None else residual + grad
+        if residual is None:
+            return grad.to(torch.float32, copy=True)
+        return torch.add(grad, residual, alpha=self.loss_scale)
 
     def keep(self, name: str, residual: torch.Tensor) -> None:
         """Makes ``residual`` (float32, the shape ``compensated`` returned) the next residual."""
@@ -105,7 +122,7 @@ class ErrorFeedback:
             self._sums.put(name, residual)
 
     def residual(self, name: str) -> Optional[torch.Tensor]:
-        """The residual waiting to be added to ``name``'s next gradient, or None."""
+        """The residual waiting to be added to ``name``'s next gradient (unscaled), or None."""
         return self._sums.committed.get(name)
 
     def clear(self, name: str) -> None:
@@ -115,7 +132,7 @@ class ErrorFeedback:
             self._sums.put(name, torch.zeros_like(residual))
 
     def commit(self) -> None:
-        self._sums.commit()
+        self._sums.commit(self.loss_scale)
 
     def rollback(self) -> None:
         self._sums.rollback()

@@ -76,9 +76,9 @@ class ScaleCom(KSparse):
             residual = acc.clone()
             residual[chosen] = 0  # m + g - C(m + g)
             if self.beta != 1.0:
-                previous = self.feedback.residual(name)  # None at first: zero
-                residual = self.beta * residual if previous is None else \
-                    (1 - self.beta) * previous + self.beta * residual
+                previous = self.feedback.residual(name)  # None at first: zero; unscaled
+                residual = self.beta * residual if previous is None else torch.add(
+                    self.beta * residual, previous, alpha=(1 - self.beta) * self.loss_scale())
             self.feedback.keep(name, residual)
 
             def after_values(mean_values):

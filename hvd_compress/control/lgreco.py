@@ -129,7 +129,7 @@ class LGreCo(Controller):
                 and self.inner.tunable(self._shapes[name]):
             # Staged, without a gradient-sized allocation per layer and step; kept at end_step
             # only if the step was finite.
-            self._sums.add(name, grad.detach())
+            self._sums.add(name, grad.detach(), value_weight=1.0 / self.inner.loss_scale())
         round_ = self.inner.begin(name, grad)
         if self.objective == "time":
             self._count_bucket_bytes(name, round_.payload)

@@ -41,6 +41,12 @@ class Controller(GradientCompression):
     def end_step(self, comm_seconds: Optional[float] = None) -> None:
         self.inner.end_step()
 
+    def track(self, scaler: Any) -> "Controller":
+        """As :meth:`Compressor.track`: the wrapped compressor follows ``scaler``'s loss scale,
+        and so do this controller's statistics."""
+        self.inner.track(scaler)
+        return self
+
     def config(self) -> Dict[str, Any]:
         raise NotImplementedError
 

@@ -11,6 +11,8 @@ import torch
 # smaller chunks pay more per-op overhead (measured on the benchmark machine).
 _CPU_CHUNK = 1 << 18
 
+_FLOAT32_MAX = torch.finfo(torch.float32).max
+
 
 def levels_for_bits(bits):
     """Magnitude levels s for a signed code of ``bits`` bits: codes lie in [-s, s]."""
@@ -18,32 +20,44 @@ def levels_for_bits(bits):
 
 
 def bucket_norms(x, bucket_size):
-    """L2 norm of each bucket of ``bucket_size`` consecutive entries (last one padded)."""
-    full = x.numel() // bucket_size * bucket_size
-    norms = x[:full].view(-1, bucket_size).norm(dim=1)
-    if full == x.numel():
-        return norms
-    # Padding only the partial bucket reduces exactly as padding the whole tensor would.
-    tail = torch.nn.functional.pad(x[full:], (0, bucket_size - (x.numel() - full)))
-    return torch.cat([norms, tail.view(1, -1).norm(dim=1)])
+    """L2 norm of each bucket of ``bucket_size`` consecutive entries (last one padded), as float32.
+
+    The squares are summed in float64, where the square of any float32 neither overflows nor
+    underflows, so the norm of each bucket is its float32 rounding: never 0 for a bucket with a
+    nonzero entry and never below the bucket's largest magnitude, so |x| / norm <= 1 exactly. A
+    norm above the float32 range is clamped to the largest float32, which is still at least
+    every magnitude in the bucket (the quantiser stays unbiased with any norm that is)."""
+    n = x.numel()
+    norms = torch.empty(-(-n // bucket_size), device=x.device)
+    chunk = _chunk_entries(x, bucket_size)
+    wide = _wide_scratch(x, chunk, bucket_size)
+    for start in range(0, n, chunk):
+        _norms_into(norms, x[start:start + chunk], start, bucket_size, wide)
+    return norms
 
 
 def quantize(x, bits, bucket_size, generator):
     """QSGD (Alistarh et al.): per bucket, code = sign(x) * xi with xi in {0..s} drawn so that
-    E[norm * code / s] = x. Returns (codes as int8 in [-s, s], norms as float32)."""
+    E[norm * code / s] = x. Returns (codes as int8 in [-s, s], norms as float32).
+
+    Each chunk's bucket norms (see ``bucket_norms``) are taken just before the chunk is
+    quantised, while it is in cache. A norm is never below a magnitude of its bucket, so a level
+    |x| / norm * s never exceeds s and a code never leaves [-s, s]."""
     s = levels_for_bits(bits)
     n = x.numel()
-    norms = bucket_norms(x, bucket_size)
-    denominators = torch.where(norms > 0, norms, torch.ones_like(norms))
+    norms = torch.empty(-(-n // bucket_size), device=x.device)
     codes = torch.empty(n, dtype=torch.int8, device=x.device)
     chunk = _chunk_entries(x, bucket_size)
+    wide = _wide_scratch(x, chunk, bucket_size)
     level, lower, noise = (torch.empty(min(chunk, n), device=x.device) for _ in range(3))
     up = torch.empty(min(chunk, n), dtype=torch.bool, device=x.device)
     for start in range(0, n, chunk):
         piece = x[start:start + chunk]
         count = piece.numel()
+        piece_norms = _norms_into(norms, piece, start, bucket_size, wide)
+        denominators = torch.where(piece_norms > 0, piece_norms, torch.ones_like(piece_norms))
         piece_level = torch.abs(piece, out=level[:count])
-        _per_bucket(torch.Tensor.div_, piece_level, denominators, start, bucket_size)
+        _per_bucket(torch.Tensor.div_, piece_level, denominators, 0, bucket_size)
         piece_level.mul_(s)
         piece_lower = torch.floor(piece_level, out=lower[:count])
         fraction = piece_level.sub_(piece_lower)  # exact: a level and its floor are that close
@@ -53,7 +67,8 @@ def quantize(x, bits, bucket_size, generator):
 
 
 def dequantize(codes, norms, bits, bucket_size):
-    """norm * code / s per entry, as float32."""
+    """norm * code / s per entry, as float32. Computed as (code / s) * norm: code / s lies in
+    [-1, 1], so no product exceeds its bucket's norm and every finite norm decodes finitely."""
     s = levels_for_bits(bits)
     n = codes.numel()
     values = torch.empty(n, device=codes.device)
@@ -61,8 +76,8 @@ def dequantize(codes, norms, bits, bucket_size):
     for start in range(0, n, chunk):
         piece = values[start:start + chunk]
         piece.copy_(codes[start:start + chunk])
-        _per_bucket(torch.Tensor.mul_, piece, norms, start, bucket_size)
         piece.div_(s)
+        _per_bucket(torch.Tensor.mul_, piece, norms, start, bucket_size)
     return values
 
 
@@ -115,6 +130,29 @@ def _chunk_entries(x, bucket_size):
     if x.device.type != "cpu":
         return max(1, x.numel())
     return max(1, _CPU_CHUNK // bucket_size) * bucket_size
+
+
+def _wide_scratch(x, chunk, bucket_size):
+    """float64 room for one chunk of ``x`` with its last bucket padded (see ``_norms_into``)."""
+    padded = -(-x.numel() // bucket_size) * bucket_size
+    return torch.empty(min(chunk, padded), dtype=torch.float64, device=x.device)
+
+
+def _norms_into(norms, piece, start, bucket_size, wide):
+    """Writes the norms of the buckets of ``piece`` (the slice of the gradient that begins at
+    entry ``start``, a bucket boundary) into their places in ``norms``, and returns those places.
+    The entries are widened to float64 in ``wide`` first: no square of a float32 overflows or
+    underflows there, and a sum of squares is at least each of its terms. Padding the partial
+    last bucket with zeros reduces exactly as padding the whole tensor would."""
+    count = piece.numel()
+    padded = -(-count // bucket_size) * bucket_size
+    wide[:count].copy_(piece)
+    wide[count:padded].zero_()
+    first = start // bucket_size
+    out = norms[first:first + padded // bucket_size]
+    out.copy_(torch.linalg.vector_norm(wide[:padded].view(-1, bucket_size), dim=1))
+    # Above the float32 range the rounding gives Inf; the largest float32 still bounds the bucket.
+    return out.clamp_(max=_FLOAT32_MAX)
 
 
 def _per_bucket(op, values, per_bucket, start, bucket_size):
