@@ -68,6 +68,54 @@ def check_step_against_reference(model, opt, reference, method, x, y, tag):
         assert torch.allclose(p.grad, expected[name], rtol=0, atol=tol), (tag, name)
 
 
+def train_skipping_non_finite_steps(method, path, bad_step=None, skipped_step=None, steps=6):
+    """Trains as a GradScaler user would: a step whose synchronized gradients are not all finite
+    is not applied. At ``bad_step`` the last rank's first weight gradient gets one Inf entry;
+    ``skipped_step`` is not taken at all. Returns (parameters, per-step finiteness)."""
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    opt, _ = distributed(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), method, path)
+    weight = next(p for p in model.parameters() if p.dim() >= 2)
+    poison = {"now": False}
+
+    def inject(grad):
+        if not poison["now"]:
+            return grad
+        grad = grad.clone()
+        grad.view(-1)[0] = float("inf")
+        return grad
+
+    weight.register_hook(inject)
+    finite_steps = []
+    for step, (x, y) in enumerate(rank_batches(steps, seed=3)):
+        if step == skipped_step:
+            continue
+        poison["now"] = step == bad_step and hvd.rank() == hvd.size() - 1
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.synchronize()
+        finite = all(torch.isfinite(p.grad).all().item() for p in model.parameters())
+        finite_steps.append(finite)
+        if finite:
+            with opt.skip_synchronize():
+                opt.step()
+    return dict(model.named_parameters()), finite_steps
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("method", CONFIGS)
+def test_a_non_finite_gradient_on_one_rank_is_skipped_everywhere_and_leaves_no_trace(method, path):
+    params, finite = train_skipping_non_finite_steps(method, path, bad_step=2)
+    flags = gathered(torch.tensor([float(f) for f in finite]), f"finite.{method}.{path}")
+    assert finite == [True, True, False, True, True, True]
+    assert all(torch.equal(flags[0], row) for row in flags), "ranks disagree on which step was bad"
+    reference, _ = train_skipping_non_finite_steps(method, path, skipped_step=2)
+    for name, p in params.items():
+        assert torch.isfinite(p).all(), name
+        tol = TOLERANCE.get(method, 1e-5) * reference[name].abs().max().item() + 1e-7
+        assert torch.allclose(p, reference[name], rtol=0, atol=tol), name
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("method", ["powersgd", "topk", "bf16"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
