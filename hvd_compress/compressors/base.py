@@ -141,6 +141,9 @@ class Compressor(GradientCompression):
         self._undo: Dict[str, Any] = {}
         self._scaler = None
         self._step_scale: Optional[float] = None
+        self._shapes: Dict[str, Shape] = {}  # every gradient seen (or checkpointed), by name
+        self._bound = False
+        self._expected_world: Optional[Tuple[int, int]] = None  # from a loaded checkpoint
 
     # ----- settings, addressable by parameter name ---------------------------------------
     def setting(self, name: str) -> Any:
@@ -168,6 +171,9 @@ class Compressor(GradientCompression):
     def bind_world(self, rank: int, size: int) -> None:
         self.rank, self.size = rank, size
         self.traffic.world_size = size
+        self._bound = True
+        if self._expected_world is not None:
+            self._check_world(self._expected_world)
 
     def begin(self, name: str, grad: torch.Tensor) -> Round:
         if not grad.dtype.is_floating_point:
@@ -177,6 +183,11 @@ class Compressor(GradientCompression):
             raise ValueError(f"{type(self).__name__}: parameter {name!r}: gradient is empty "
                              f"(shape {tuple(grad.shape)})")
         self._remember_state(name)
+        shape = tuple(grad.shape)
+        known = self._shapes.setdefault(name, shape)
+        if known != shape:
+            raise self._error(name, f"gradient has shape {shape}, but {known} before (or in the "
+                                    f"loaded checkpoint)")
         setting = self.setting(name)
         if not self.compresses(grad.shape, setting):
             round_ = dense_round(grad)
@@ -329,20 +340,78 @@ class Compressor(GradientCompression):
                 "settings": dict(sorted(self._overrides.items()))}
 
     def state_dict(self) -> Dict[str, Any]:
-        # Tensors are copied: state is updated in place, and a checkpoint must not change.
-        return {"settings": dict(self._overrides),
+        """Everything that determines future outputs, with what it was taken from (the class,
+        configuration, parameter shapes, and this process's rank and world size: error feedback
+        is per rank). Tensors are copied, since state is updated in place. Only tensors, numbers,
+        strings, lists and dicts: ``torch.load(path, weights_only=True)`` reads it."""
+        residuals = {} if self.feedback is None else self.feedback.state_dict()
+        return {"class": type(self).__name__, "config": _plain(self.config()),
+                "rank": self.rank, "world_size": self.size,
+                "shapes": {name: list(shape) for name, shape in sorted(self._shapes.items())},
+                "settings": dict(self._overrides),
                 "state": {name: {key: value.clone() if torch.is_tensor(value) else value
                                  for key, value in vars(st).items()}
                           for name, st in self.state.items()},
-                "residuals": {} if self.feedback is None else self.feedback.state_dict()}
+                "residuals": residuals, "skipped_steps": self.skipped_steps}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restores a ``state_dict``. Everything is checked before anything changes: a mismatch
+        (class, configuration, a parameter's shape, a setting out of range, the rank and world
+        size once known) raises one ``ValueError`` naming it, and leaves this object as it was."""
+        cls = type(self).__name__
+        missing = {"class", "config", "rank", "world_size", "shapes", "settings", "state",
+                   "residuals", "skipped_steps"} - set(state_dict)
+        if missing:
+            raise ValueError(f"{cls}.load_state_dict: not an hvd_compress {cls} checkpoint "
+                             f"(missing {sorted(missing)})")
+        if state_dict["class"] != cls:
+            raise ValueError(f"{cls}.load_state_dict: the checkpoint is a {state_dict['class']} "
+                             f"checkpoint, not a {cls} one")
+        mine = _plain(self.config())
+        for key in sorted(set(mine) | set(state_dict["config"])):
+            if mine.get(key) != state_dict["config"].get(key):
+                raise ValueError(f"{cls}.load_state_dict: {key} is {state_dict['config'].get(key)!r} "
+                                 f"in the checkpoint but {mine.get(key)!r} here")
+        shapes = {name: tuple(shape) for name, shape in state_dict["shapes"].items()}
+        for name, shape in shapes.items():
+            param = self.parameters.get(name)
+            if self.parameters and param is None:
+                raise self._error(name, "is in the checkpoint but is not one of the named_parameters")
+            if param is not None and tuple(param.shape) != shape:
+                raise self._error(name, f"has shape {tuple(param.shape)} here but {shape} in the "
+                                        f"checkpoint")
+        for name, value in state_dict["settings"].items():
+            shape = shapes.get(name) or (tuple(self.parameters[name].shape) if name in self.parameters else None)
+            self._check_setting(name, value, None if shape is None else math.prod(shape))
+        for name, residual in state_dict["residuals"].items():
+            if self.feedback is None or name not in shapes or residual.numel() != math.prod(shapes[name]):
+                raise self._error(name, "the checkpoint's error feedback does not fit this compressor")
+        try:
+            state = {name: self._new_state_from({key: value.clone() if torch.is_tensor(value) else value
+                                                 for key, value in values.items()})
+                     for name, values in state_dict["state"].items()}
+        except TypeError as error:
+            raise ValueError(f"{cls}.load_state_dict: the checkpoint's per-parameter state does not "
+                             f"fit {cls}: {error}") from None
+        expected_world = (state_dict["rank"], state_dict["world_size"])
+        if self._bound:
+            self._check_world(expected_world)
+        # Checked: now change everything.
         self._overrides = dict(state_dict["settings"])
-        self.state = {name: self._new_state_from({key: value.clone() if torch.is_tensor(value)
-                                                  else value for key, value in values.items()})
-                      for name, values in state_dict["state"].items()}
+        self.state = state
+        self._shapes = dict(shapes)
         if self.feedback is not None:
             self.feedback.load_state_dict(state_dict["residuals"])
+        self.skipped_steps = state_dict["skipped_steps"]
+        self._expected_world = expected_world
+
+    def _check_world(self, expected):
+        rank, size = expected
+        if (rank, size) != (self.rank, self.size):
+            raise ValueError(f"{type(self).__name__}: the checkpoint was taken on rank {rank} of "
+                             f"{size}, but this is rank {self.rank} of {self.size}; error feedback "
+                             f"is per rank: load each rank's own checkpoint, in a world of the "
+                             f"same size")
 
     def _new_state_from(self, values):
         raise NotImplementedError
@@ -352,6 +421,11 @@ class Compressor(GradientCompression):
         state = dict(self.__dict__)
         state["traffic"] = Traffic(world_size=self.size)
         return state
+
+
+def _plain(config):
+    """A configuration as checkpoints hold it: tuples become lists (what torch.load returns)."""
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in config.items()}
 
 
 def dense_round(grad: torch.Tensor) -> Round:

@@ -2,6 +2,7 @@
 programming under an error budget, decided on rank 0 and applied by every rank at one step."""
 import logging
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence, Union
 
@@ -17,6 +18,9 @@ from hvd_compress.control.wrapping import Controller
 logger = logging.getLogger(__name__)
 
 OBJECTIVES = ("size", "time", "accordion")
+# The time objective's model is fitted to the last this many steps: a fixed window, so state
+# and checkpoints stay bounded however long training runs.
+TIME_SAMPLES = 512
 
 
 @dataclass
@@ -112,7 +116,7 @@ class LGreCo(Controller):
         self._sums = StagedSums()  # rank 0: gradients accumulated since the last decision
         self._shapes = {}      # in the order gradients first arrived (about backward order)
         self._previous_norms = {}
-        self._time_samples = []  # (bytes per time bucket, seconds)
+        self._time_samples = deque(maxlen=TIME_SAMPLES)  # (bytes per time bucket, seconds)
         self._step_bucket_bytes = None
 
     def config(self):
@@ -249,25 +253,63 @@ class LGreCo(Controller):
 
     # ----- checkpointing ----------------------------------------------------------------------
     def state_dict(self):
-        return {"inner": self.inner.state_dict(), "step": self.step, "version": self.version,
-                "next_decision": self._next_decision, "shapes": dict(self._shapes),
+        """Everything that determines future settings: the wrapped compressor's checkpoint, the
+        schedule, the decision in flight (rank 0 waits for its computation to finish), rank 0's
+        accumulated gradients, Accordion's norms and the time samples. Readable with
+        ``torch.load(weights_only=True)``."""
+        outcome = self.service.finished_outcome() if self._pending is not None else None
+        if outcome is not None and outcome[0] == "ok":
+            outcome = ["ok", asdict(outcome[1])]
+        return {"class": "LGreCo", "config": self._own_config(), "inner": self.inner.state_dict(),
+                "step": self.step, "version": self.version, "next_decision": self._next_decision,
+                "pending": None if self._pending is None else list(self._pending),
+                "outcome": None if outcome is None else list(outcome),
+                "shapes": [[name, list(shape)] for name, shape in self._shapes.items()],
+                "sums": {name: value.clone() for name, value in self._sums.committed.items()},
                 "decisions": [asdict(d) for d in self.decisions],
                 "previous_norms": dict(self._previous_norms),
-                "time_samples": list(self._time_samples)}
+                "time_samples": [[list(b), s] for b, s in self._time_samples]}
 
     def load_state_dict(self, state_dict):
-        """Restores the wrapped compressor (so the current per-layer settings) and the schedule.
-        A decision computed but not yet applied when the checkpoint was taken is dropped; the
-        next one comes at the next decision step."""
-        self.inner.load_state_dict(state_dict["inner"])
+        """Restores the wrapped compressor (so the current per-layer settings), the schedule and
+        a decision in flight, so that training resumes exactly. Checked before anything changes:
+        a mismatch raises ``ValueError`` and leaves this object as it was."""
+        missing = {"class", "config", "inner", "step", "version", "next_decision", "pending",
+                   "outcome", "shapes", "sums", "decisions", "previous_norms",
+                   "time_samples"} - set(state_dict)
+        if missing:
+            raise ValueError(f"LGreCo.load_state_dict: not an hvd_compress LGreCo checkpoint "
+                             f"(missing {sorted(missing)})")
+        if state_dict["class"] != "LGreCo":
+            raise ValueError(f"LGreCo.load_state_dict: the checkpoint is a {state_dict['class']} "
+                             f"checkpoint, not an LGreCo one")
+        mine = self._own_config()
+        for key in sorted(set(mine) | set(state_dict["config"])):
+            if mine.get(key) != state_dict["config"].get(key):
+                raise ValueError(f"LGreCo.load_state_dict: {key} is {state_dict['config'].get(key)!r} "
+                                 f"in the checkpoint but {mine.get(key)!r} here")
+        decisions = [Decision(**d) for d in state_dict["decisions"]]
+        outcome = state_dict["outcome"]
+        if outcome is not None and outcome[0] == "ok":
+            outcome = ("ok", Decision(**outcome[1]))
+        self.inner.load_state_dict(state_dict["inner"])  # checks its own part; last to raise
         self.step, self.version = state_dict["step"], state_dict["version"]
         self._next_decision = state_dict["next_decision"]
-        self._shapes = dict(state_dict["shapes"])
-        self.decisions = [Decision(**d) for d in state_dict["decisions"]]
-        self._previous_norms = dict(state_dict["previous_norms"])
-        self._time_samples = list(state_dict["time_samples"])
-        self._pending = None
+        self._pending = None if state_dict["pending"] is None else tuple(state_dict["pending"])
+        self.service.restore(None if outcome is None else tuple(outcome))
+        self._shapes = {name: tuple(shape) for name, shape in state_dict["shapes"]}
         self._sums.clear()
+        self._sums.committed.update({name: value.clone() for name, value in state_dict["sums"].items()})
+        self.decisions = decisions
+        self._previous_norms = dict(state_dict["previous_norms"])
+        self._time_samples = deque(((tuple(b), s) for b, s in state_dict["time_samples"]),
+                                   maxlen=TIME_SAMPLES)
+
+    def _own_config(self):
+        """``config()`` without the wrapped compressor's, which checks its own."""
+        config = dict(self.config())
+        del config["inner"]
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in config.items()}
 
 
 def fit_bucket_seconds_per_byte(samples, buckets):

@@ -136,11 +136,24 @@ class DecisionService:
         def run():
             try:
                 self._outcome = ("ok", compute())
-            except Exception as error:  # carried to every rank by exchange()
+            except BaseException as error:  # even SystemExit: carried to every rank by exchange()
                 self._outcome = ("error", f"{type(error).__name__}: {error}")
         self._outcome = None
         self._thread = threading.Thread(target=run, name="hvd_compress-decision", daemon=True)
         self._thread.start()
+
+    def finished_outcome(self):
+        """The outcome of the submitted computation, waiting for it if it runs: ("ok", result),
+        ("error", message), or None if nothing was submitted. For checkpoints."""
+        if self._thread is not None:
+            self._thread.join(self.timeout)
+            if self._thread.is_alive():
+                raise DecisionTimeout(f"the decision computation did not finish in {self.timeout} s")
+        return self._outcome
+
+    def restore(self, outcome):
+        """Makes ``outcome`` (from ``finished_outcome``) the result the next exchange sends."""
+        self._thread, self._outcome = None, outcome
 
     def exchange(self, version, effective_step):
         if self._transport is None:
@@ -150,11 +163,13 @@ class DecisionService:
         what = f"L-GreCo decision {version} (effective at step {effective_step}), rank {transport.rank}"
         outcome = None
         if transport.rank == 0:
-            self._thread.join(max(0.0, deadline - time.monotonic()))
-            if self._thread.is_alive():
-                raise DecisionTimeout(f"{what}: rank 0 did not finish its computation in "
-                                      f"{self.timeout} s")
-            outcome = self._outcome
+            if self._thread is not None:
+                self._thread.join(max(0.0, deadline - time.monotonic()))
+                if self._thread.is_alive():
+                    raise DecisionTimeout(f"{what}: rank 0 did not finish its computation in "
+                                          f"{self.timeout} s")
+            outcome = self._outcome or ("error", "rank 0 has no computed decision to send")
+            self._thread, self._outcome = None, None
         outcome = transport.broadcast(outcome, 2 * version, deadline, what)
         if outcome[0] == "error":
             raise RuntimeError(f"{what}: the computation failed on rank 0: {outcome[1]}")

@@ -104,7 +104,7 @@ def test_aggregate_approximates_mean(make, w):
 def test_small_and_1d_tensors_travel_dense():
     for compressor in [hc.PowerSGD(), hc.ACPSGD(), hc.QSGD(), hc.TopK()]:
         for grad in [torch.randn(5000), torch.randn(10, 10)]:
-            r = compressor.begin("x", grad)
+            r = compressor.begin(f"x{grad.dim()}", grad)
             assert r.last and torch.equal(r.then(r.payload), grad)
 
 
