@@ -4,15 +4,23 @@ import torch
 
 
 def chunked_topk_indices(magnitudes, k, chunks):
-    """Indices of k large entries: the ceil(k / c) largest of each of c = min(chunks, k) chunks,
-    then the k largest of those candidates. Deterministic; close to the exact top-k when the
-    large entries are spread over the vector."""
+    """Indices of k large entries of the non-negative vector ``magnitudes`` (0 <= k <= its
+    length n): the p largest of each of c = min(chunks, k, n) chunks of ceil(n / c) entries,
+    then the k largest of those candidates. p is ceil(k / c), raised just enough that the
+    chunks hold k candidates: the last chunks are short or only padding (1024 entries in 62
+    chunks of 17 leave a chunk of 4 and an empty one), so ceil(k / c) from each may be too few.
+    Deterministic; close to the exact top-k when the large entries are spread over the vector."""
     n = magnitudes.numel()
+    if not 0 <= k <= n:
+        raise ValueError(f"chunked_topk_indices: k must lie in [0, {n}], got {k}")
     c = max(1, min(chunks, k, n))
     width = -(-n // c)
+    full, rest = divmod(n, width)  # `full` chunks of `width` real entries, then one of `rest`
     per_chunk = min(width, -(-k // c))
-    # Padding is -1, below every magnitude, so it is never chosen while real entries remain.
-    padded = torch.nn.functional.pad(magnitudes, (0, c * width - n), value=-1.0).view(c, width)
+    while full * per_chunk + min(per_chunk, rest) < k:  # ends by per_chunk = width: n >= k
+        per_chunk += 1
+    # Padding is -inf, below every magnitude, so with k real candidates it is never chosen.
+    padded = torch.nn.functional.pad(magnitudes, (0, c * width - n), value=float("-inf")).view(c, width)
     values, local = padded.topk(per_chunk, dim=1, sorted=False)
     candidates = (local + torch.arange(c, device=magnitudes.device).unsqueeze(1) * width).flatten()
     values = values.flatten()

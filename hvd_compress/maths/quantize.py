@@ -20,44 +20,51 @@ def levels_for_bits(bits):
 
 
 def bucket_norms(x, bucket_size):
-    """L2 norm of each bucket of ``bucket_size`` consecutive entries (last one padded), as float32.
+    """L2 norm of each bucket of ``bucket_size`` consecutive entries of the float32 (or
+    narrower) ``x`` (last bucket padded), as float32.
 
-    The squares are summed in float64, where the square of any float32 neither overflows nor
-    underflows, so the norm of each bucket is its float32 rounding: never 0 for a bucket with a
-    nonzero entry and never below the bucket's largest magnitude, so |x| / norm <= 1 exactly. A
-    norm above the float32 range is clamped to the largest float32, which is still at least
-    every magnitude in the bucket (the quantiser stays unbiased with any norm that is)."""
+    The squares are summed in float64, where no square of a float32 overflows or underflows,
+    and the norm is rounded to float32 once: never 0 for a bucket with a nonzero entry, and never
+    below the bucket's largest magnitude (a sum of squares is at least each of its terms), so
+    |x| / norm <= 1 exactly. A norm beyond the float32 range becomes the largest float32, which
+    still bounds every magnitude of its bucket; QSGD is unbiased with any such norm. On CPU the
+    float64 copy is made a chunk at a time, in cache; it costs about three float32 norms."""
     n = x.numel()
     norms = torch.empty(-(-n // bucket_size), device=x.device)
     chunk = _chunk_entries(x, bucket_size)
-    wide = _wide_scratch(x, chunk, bucket_size)
+    wide = torch.empty(min(chunk, norms.numel() * bucket_size), dtype=torch.float64, device=x.device)
     for start in range(0, n, chunk):
-        _norms_into(norms, x[start:start + chunk], start, bucket_size, wide)
-    return norms
+        piece = x[start:start + chunk]
+        count = piece.numel()
+        padded = -(-count // bucket_size) * bucket_size
+        wide[:count].copy_(piece)
+        # Padding only the partial bucket reduces exactly as padding the whole tensor would.
+        wide[count:padded].zero_()
+        first = start // bucket_size
+        norms[first:first + padded // bucket_size] = torch.linalg.vector_norm(
+            wide[:padded].view(-1, bucket_size), dim=1)
+    return norms.clamp_(max=_FLOAT32_MAX)  # float64 norms beyond the float32 range rounded to Inf
 
 
 def quantize(x, bits, bucket_size, generator):
     """QSGD (Alistarh et al.): per bucket, code = sign(x) * xi with xi in {0..s} drawn so that
     E[norm * code / s] = x. Returns (codes as int8 in [-s, s], norms as float32).
 
-    Each chunk's bucket norms (see ``bucket_norms``) are taken just before the chunk is
-    quantised, while it is in cache. A norm is never below a magnitude of its bucket, so a level
-    |x| / norm * s never exceeds s and a code never leaves [-s, s]."""
+    No norm is below a magnitude of its bucket (see ``bucket_norms``), so |x| / norm <= 1, a
+    level |x| / norm * s never exceeds s, and a code never leaves [-s, s]."""
     s = levels_for_bits(bits)
     n = x.numel()
-    norms = torch.empty(-(-n // bucket_size), device=x.device)
+    norms = bucket_norms(x, bucket_size)
+    denominators = torch.where(norms > 0, norms, torch.ones_like(norms))
     codes = torch.empty(n, dtype=torch.int8, device=x.device)
     chunk = _chunk_entries(x, bucket_size)
-    wide = _wide_scratch(x, chunk, bucket_size)
     level, lower, noise = (torch.empty(min(chunk, n), device=x.device) for _ in range(3))
     up = torch.empty(min(chunk, n), dtype=torch.bool, device=x.device)
     for start in range(0, n, chunk):
         piece = x[start:start + chunk]
         count = piece.numel()
-        piece_norms = _norms_into(norms, piece, start, bucket_size, wide)
-        denominators = torch.where(piece_norms > 0, piece_norms, torch.ones_like(piece_norms))
         piece_level = torch.abs(piece, out=level[:count])
-        _per_bucket(torch.Tensor.div_, piece_level, denominators, 0, bucket_size)
+        _per_bucket(torch.Tensor.div_, piece_level, denominators, start, bucket_size)
         piece_level.mul_(s)
         piece_lower = torch.floor(piece_level, out=lower[:count])
         fraction = piece_level.sub_(piece_lower)  # exact: a level and its floor are that close
@@ -130,29 +137,6 @@ def _chunk_entries(x, bucket_size):
     if x.device.type != "cpu":
         return max(1, x.numel())
     return max(1, _CPU_CHUNK // bucket_size) * bucket_size
-
-
-def _wide_scratch(x, chunk, bucket_size):
-    """float64 room for one chunk of ``x`` with its last bucket padded (see ``_norms_into``)."""
-    padded = -(-x.numel() // bucket_size) * bucket_size
-    return torch.empty(min(chunk, padded), dtype=torch.float64, device=x.device)
-
-
-def _norms_into(norms, piece, start, bucket_size, wide):
-    """Writes the norms of the buckets of ``piece`` (the slice of the gradient that begins at
-    entry ``start``, a bucket boundary) into their places in ``norms``, and returns those places.
-    The entries are widened to float64 in ``wide`` first: no square of a float32 overflows or
-    underflows there, and a sum of squares is at least each of its terms. Padding the partial
-    last bucket with zeros reduces exactly as padding the whole tensor would."""
-    count = piece.numel()
-    padded = -(-count // bucket_size) * bucket_size
-    wide[:count].copy_(piece)
-    wide[count:padded].zero_()
-    first = start // bucket_size
-    out = norms[first:first + padded // bucket_size]
-    out.copy_(torch.linalg.vector_norm(wide[:padded].view(-1, bucket_size), dim=1))
-    # Above the float32 range the rounding gives Inf; the largest float32 still bounds the bucket.
-    return out.clamp_(max=_FLOAT32_MAX)
 
 
 def _per_bucket(op, values, per_bucket, start, bucket_size):

@@ -100,3 +100,111 @@ def test_qsgd_errors_equal_the_mean_error_of_many_draws():
                              for _ in range(400)])
         mean_squared = draws.square().sum(dim=1).mean().item()
         assert abs(mean_squared - expected ** 2) < 0.1 * expected ** 2
+
+
+# ----- QSGD at extreme scales: norms from float64 squares ------------------------------------
+def _roundtrip(x, bits, bucket_size, seed=0):
+    codes, norms = quantize.quantize(x, bits, bucket_size, torch.Generator().manual_seed(seed))
+    packed = quantize.pack_codes(codes, bits)
+    decoded = quantize.dequantize(quantize.unpack_codes(packed, bits, x.numel()), norms, bits, bucket_size)
+    return codes, norms, decoded
+
+
+def _extreme_buckets(bucket_size=64):
+    """Named gradients of whole buckets at the scales where float32 squares overflow or underflow."""
+    signs = torch.randn(bucket_size, generator=torch.Generator().manual_seed(1)).sign()
+    unit = signs * (0.5 + torch.rand(bucket_size, generator=torch.Generator().manual_seed(2)))
+    single = torch.zeros(bucket_size)
+    single[5] = -3e-21
+    mixed = unit * 1e-30
+    mixed[::7] = unit[::7]
+    return {"1e30": unit * 1e30, "1e-30": unit * 1e-30, "1e-25": unit * 1e-25, "mixed 1e-30 and 1": mixed,
+            "zeros": torch.zeros(bucket_size), "single nonzero": single, "near float32 max": unit * 2e38,
+            "subnormal": unit * 1e-42, "partial last bucket": (unit * 1e-30)[:bucket_size - 9]}
+
+
+@pytest.mark.parametrize("name", list(_extreme_buckets()))
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_qsgd_roundtrip_is_finite_and_within_one_level_at_extreme_scales(name, bits):
+    x = _extreme_buckets()[name]
+    s = quantize.levels_for_bits(bits)
+    codes, norms, decoded = _roundtrip(x, bits, 64)
+    assert torch.isfinite(norms).all() and torch.isfinite(decoded).all()
+    exact = torch.nn.functional.pad(x.double(), (0, (-x.numel()) % 64)).view(-1, 64).norm(dim=1)
+    # The float32 rounding of the float64 norm, clamped to the float32 range (2e38 needs it).
+    assert torch.equal(norms, exact.float().clamp(max=torch.finfo(torch.float32).max))
+    assert (norms.double() >= x.abs().max().double()).all()  # so |x| / norm <= 1
+    assert ((norms > 0) == (exact > 0)).all()  # no nonzero bucket quantises to nothing
+    assert codes.abs().max() <= s and (codes * x.sign() >= 0).all()
+    # Stochastic rounding moves an entry by less than one level, norm / s (give or take the
+    # float32 rounding of the decoded value: 2^-149 apart among subnormals).
+    slack = norms.double().max() / s * 1e-6 + 2.0 ** -149
+    assert ((decoded.double() - x.double()).abs() <= norms.double().max() / s + slack).all()
+    if name == "zeros":
+        assert (codes == 0).all() and (decoded == 0).all()
+    if name == "single nonzero":  # |x| is its bucket's norm: the top level, decoded exactly
+        assert codes[5] == -s and decoded[5] == x[5] and (decoded[x == 0] == 0).all()
+
+
+@pytest.mark.parametrize("scale", [1e-25, 1e-38, 1e30])
+def test_qsgd_is_unbiased_at_tiny_and_huge_scales(scale):
+    """Every bucket gets its own rounding noise, so one call on many copies of a bucket is many
+    draws. Float32 squares of 1e-25 are 0: the old norms were 0 and every entry decoded to 0."""
+    bits, bucket_size, draws = 4, 64, 4000
+    x = _extreme_buckets(bucket_size)["1e-25"] / 1e-25 * scale
+    codes, norms = quantize.quantize(x.repeat(draws), bits, bucket_size, torch.Generator().manual_seed(3))
+    mean = quantize.dequantize(codes, norms, bits, bucket_size).double().view(draws, -1).mean(dim=0)
+    # Per entry the rounding error lies within norm / s, so its mean's standard error is at most
+    # norm / (2 s sqrt(draws)); allow 5 of those.
+    tolerance = 5 * norms[0].double() / (2 * quantize.levels_for_bits(bits) * draws ** 0.5)
+    assert ((mean - x.double()).abs() <= tolerance).all()
+
+
+@pytest.mark.parametrize("bits", range(2, 9))
+def test_qsgd_codes_lie_in_range_with_the_sign_of_the_entry(bits):
+    """Float32 squares between 1e-45 and 1e-38 are subnormal and rounded: a norm from them could
+    fall below the bucket's largest magnitude, its level round up to s + 1, and at 8 bits the
+    code 128 wrapped to -128 for a positive entry."""
+    s = quantize.levels_for_bits(bits)
+    generator = torch.Generator().manual_seed(bits)
+    # One nonzero entry per bucket, at every float32 exponent, subnormals included.
+    magnitudes = torch.randint(1, 0x7F7FFFFF, (20_000,), dtype=torch.int32, generator=generator).view(torch.float32)
+    single = torch.zeros(20_000, 16)
+    single[:, 3] = magnitudes * torch.randn(20_000, generator=generator).sign()
+    # Whole buckets of entries of one random exponent each, from subnormal to 1e38.
+    exponents = torch.randint(-149, 127, (2_000, 1), generator=generator).float()
+    spread = (torch.rand(2_000, 16, generator=generator) + 0.5) * exponents.exp2() * torch.randn(
+        2_000, 16, generator=generator).sign()
+    for x in [single.flatten(), spread.flatten()]:
+        codes, norms = quantize.quantize(x, bits, 16, generator)
+        assert codes.min() >= -s and codes.max() <= s
+        assert not ((codes > 0) & (x < 0)).any() and not ((codes < 0) & (x > 0)).any()
+        assert torch.isfinite(quantize.dequantize(codes, norms, bits, 16)).all()
+
+
+def test_qsgd_does_not_crash_on_non_finite_entries():
+    x = torch.randn(300)
+    x[3], x[100], x[200] = float("inf"), float("nan"), -float("inf")
+    codes, norms = quantize.quantize(x, 4, 64, torch.Generator().manual_seed(0))
+    assert codes.shape == (300,) and norms.shape == (5,)
+    assert quantize.dequantize(codes, norms, 4, 64).shape == (300,)
+
+
+def test_bucket_norms_are_float64_norms_rounded_and_never_below_a_magnitude():
+    x = torch.randn(1000) * torch.logspace(-40, 30, 1000)
+    norms = quantize.bucket_norms(x, 64)
+    exact = torch.nn.functional.pad(x.double(), (0, 24)).view(-1, 64).norm(dim=1)
+    assert norms.dtype == torch.float32 and norms.shape == (16,)
+    assert torch.equal(norms, exact.float())
+    assert (norms >= torch.nn.functional.pad(x.abs(), (0, 24)).view(-1, 64).amax(dim=1)).all()
+
+
+@pytest.mark.parametrize("scale", [1e-25, 1e30])
+def test_qsgd_errors_match_the_quantiser_at_extreme_scales(scale):
+    from hvd_compress.maths.errors import qsgd_errors
+    x = torch.randn(512, generator=torch.Generator().manual_seed(4)) * scale
+    generator = torch.Generator().manual_seed(0)
+    expected = qsgd_errors(x, [4], 64)[0]
+    codes, norms = quantize.quantize(x.repeat(400), 4, 64, generator)
+    draws = quantize.dequantize(codes, norms, 4, 64).double().view(400, -1) - x.double()
+    assert abs(draws.square().sum(dim=1).mean().item() - expected ** 2) < 0.1 * expected ** 2
