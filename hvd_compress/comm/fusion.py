@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from hvd_compress import arguments
+
 logger = logging.getLogger(__name__)
 
 # The dense buffer that gets scaled: ACP-SGD's (and PyTorch DDP's) 25 MB. On the emulated
@@ -75,9 +77,15 @@ class ScaledFusion:
     HOROVOD_FUSION_THRESHOLD, which sizes Horovod's own background fusion and is often set to 0
     so that it leaves these buckets alone); with ``scaled`` it is multiplied by the compression rate, otherwise
     used as is for payload bytes (``ScaledFusion(2**62, scaled=False)``: the whole model in one
-    buffer). Each new plan is logged on rank 0 at INFO (logger ``hvd_compress.comm.fusion``)."""
+    buffer). As in Horovod, 0 turns fusion off: every payload travels alone. Each new plan is
+    logged on rank 0 at INFO (logger ``hvd_compress.comm.fusion``)."""
     dense_threshold: Optional[int] = None
     scaled: bool = True
+
+    def __post_init__(self):
+        if self.dense_threshold is not None:
+            arguments.integer("ScaledFusion", "dense_threshold (bytes)", self.dense_threshold, low=0)
+        arguments.flag("ScaledFusion", "scaled", self.scaled)
 
 
 class FusionScheduler:
@@ -102,7 +110,9 @@ class FusionScheduler:
         key = (payloads, phase)
         if key not in self._cache:
             dense = sum(4 * math.prod(shape) for shape in self.shapes.values())
-            threshold = self.config.dense_threshold or DEFAULT_DENSE_THRESHOLD
+            threshold = self.config.dense_threshold
+            if threshold is None:
+                threshold = DEFAULT_DENSE_THRESHOLD
             if self.config.scaled:
                 threshold = scaled_threshold(threshold, sum(b for _, b in payloads), dense)
             self._cache[key] = plan_buckets(payloads, threshold, phase)

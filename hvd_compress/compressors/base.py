@@ -47,6 +47,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
+from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round, Traffic, on_result
 from hvd_compress.compressors.feedback import ErrorFeedback
 
@@ -124,11 +125,8 @@ class Compressor(GradientCompression):
     feedback: Optional[ErrorFeedback] = None
 
     def __init__(self, named_parameters: NamedParameters = None, *, default: Any, min_numel: int = 1024):
-        if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
-            raise ValueError(f"{type(self).__name__}: min_numel must be a non-negative integer, "
-                             f"got {min_numel!r}")
-        self.parameters = dict(named_parameters) if named_parameters is not None else {}
-        self.min_numel = min_numel
+        self.min_numel = arguments.integer(type(self).__name__, "min_numel", min_numel, low=0)
+        self.parameters = _named(type(self).__name__, named_parameters)
         self._check_setting(None, default, None)
         self.default = default
         self._overrides: Dict[str, Any] = {}
@@ -421,6 +419,24 @@ class Compressor(GradientCompression):
         state = dict(self.__dict__)
         state["traffic"] = Traffic(world_size=self.size)
         return state
+
+
+def _named(owner, named_parameters):
+    """{name: parameter} from ``model.named_parameters()``-like pairs, refusing anything else."""
+    if named_parameters is None:
+        return {}
+    pairs = list(named_parameters)
+    for item in pairs:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and torch.is_tensor(item[1])):
+            raise ValueError(f"{owner}: named_parameters must be (name, parameter) pairs, as "
+                             f"model.named_parameters() gives; got an item of type "
+                             f"{type(item).__name__}")
+    names = [name for name, _ in pairs]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"{owner}: named_parameters has duplicate names {duplicates}")
+    return dict(pairs)
 
 
 def _plain(config):

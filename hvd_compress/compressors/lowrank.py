@@ -3,6 +3,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hvd_compress import arguments
 from hvd_compress.compressors.base import (Compressor, NamedParameters, check_candidate, check_positive_int,
                                            dense_round)
 from hvd_compress.compressors.feedback import ErrorFeedback
@@ -24,17 +25,13 @@ class LowRankCompressor(Compressor):
     def __init__(self, named_parameters: NamedParameters = None, rank: int = 4, *,
                  min_compression_rate: float = 2.0, start_step: int = 0, error_feedback: bool = True,
                  warm_start: bool = True, seed: int = 0, min_numel: int = 1024):
-        if not min_compression_rate > 0:
-            raise ValueError(f"{type(self).__name__}: min_compression_rate must be > 0, "
-                             f"got {min_compression_rate!r}")
-        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
-            raise ValueError(f"{type(self).__name__}: start_step must be a non-negative integer, "
-                             f"got {start_step!r}")
-        self.min_compression_rate = min_compression_rate
-        self.start_step = start_step
-        self.error_feedback = error_feedback
-        self.warm_start = warm_start
-        self.seed = seed
+        owner = type(self).__name__
+        self.min_compression_rate = arguments.real(owner, "min_compression_rate", min_compression_rate,
+                                                   low=0, low_open=True)
+        self.start_step = arguments.integer(owner, "start_step", start_step, low=0)
+        self.error_feedback = arguments.flag(owner, "error_feedback", error_feedback)
+        self.warm_start = arguments.flag(owner, "warm_start", warm_start)
+        self.seed = arguments.integer(owner, "seed", seed)
         self.feedback = ErrorFeedback(enabled=error_feedback)
         super().__init__(named_parameters, default=rank, min_numel=min_numel)
 

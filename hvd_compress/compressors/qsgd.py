@@ -5,8 +5,9 @@ from dataclasses import dataclass
 
 import torch
 
+from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate, check_positive_int
+from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate
 from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths import quantize
 
@@ -39,9 +40,8 @@ class QSGD(Compressor):
 
     def __init__(self, named_parameters: NamedParameters = None, bits: int = 4, *, bucket_size: int = 512,
                  seed: int = 0, min_numel: int = 1024):
-        check_positive_int(self, None, "bucket_size", bucket_size)
-        self.bucket_size = bucket_size
-        self.seed = seed
+        self.bucket_size = arguments.integer("QSGD", "bucket_size", bucket_size, low=1)
+        self.seed = arguments.integer("QSGD", "seed", seed)
         super().__init__(named_parameters, default=bits, min_numel=min_numel)
 
     def config(self):

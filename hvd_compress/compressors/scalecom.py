@@ -5,8 +5,9 @@ from typing import Dict
 
 import torch
 
+from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.compressors.base import NamedParameters, check_positive_int, dense_round
+from hvd_compress.compressors.base import NamedParameters, dense_round
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.compressors.topk import KSparse
 from hvd_compress.maths.chunked_topk import chunked_topk_indices
@@ -37,12 +38,9 @@ class ScaleCom(KSparse):
 
     def __init__(self, named_parameters: NamedParameters = None, density: float = 0.01, *,
                  beta: float = 1.0, chunks: int = 64, warmup_steps: int = 0, min_numel: int = 1024):
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 < beta <= 1:
-            raise ValueError(f"ScaleCom: beta must lie in (0, 1], got {beta!r}")
-        check_positive_int(self, None, "chunks", chunks)
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"ScaleCom: warmup_steps must be a non-negative integer, got {warmup_steps!r}")
-        self.beta, self.chunks, self.warmup_steps = float(beta), chunks, warmup_steps
+        self.beta = arguments.real("ScaleCom", "beta", beta, low=0, high=1, low_open=True)
+        self.chunks = arguments.integer("ScaleCom", "chunks", chunks, low=1)
+        self.warmup_steps = arguments.integer("ScaleCom", "warmup_steps", warmup_steps, low=0)
         self.feedback = ErrorFeedback()  # low-pass filtered, below
         super().__init__(named_parameters, density, min_numel=min_numel)
 

@@ -4,6 +4,7 @@ from typing import Optional
 
 import torch
 
+from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate, check_positive_int
 from hvd_compress.compressors.feedback import ErrorFeedback
@@ -19,9 +20,7 @@ class KSparse(Compressor):
 
     def __init__(self, named_parameters: NamedParameters = None, density: float = 0.01, *,
                  min_numel: int = 1024):
-        if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0 < density <= 1:
-            raise ValueError(f"{type(self).__name__}: density must lie in (0, 1], got {density!r}")
-        self.density = float(density)
+        self.density = arguments.real(type(self).__name__, "density", density, low=0, high=1, low_open=True)
         super().__init__(named_parameters, default=None, min_numel=min_numel)
 
     def config(self):
@@ -87,7 +86,7 @@ class TopK(KSparse):
 
     def __init__(self, named_parameters: NamedParameters = None, density: float = 0.01, *,
                  error_feedback: bool = True, min_numel: int = 1024):
-        self.error_feedback = error_feedback
+        self.error_feedback = arguments.flag(type(self).__name__, "error_feedback", error_feedback)
         self.feedback = ErrorFeedback(enabled=error_feedback)
         super().__init__(named_parameters, density, min_numel=min_numel)
 

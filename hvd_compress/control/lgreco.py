@@ -9,6 +9,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
+from hvd_compress import arguments
 from hvd_compress.compressors.base import Compressor
 from hvd_compress.compressors.feedback import StagedSums
 from hvd_compress.control.service import DecisionService
@@ -83,14 +84,12 @@ class LGreCo(Controller):
                  discretization: int = 10000, transport: str = "auto", timeout: float = 60.0):
         super().__init__(compressor)
         if decide_every == "epoch":
-            if not isinstance(steps_per_epoch, int) or steps_per_epoch < 1:
-                raise ValueError("LGreCo: decide_every='epoch' needs steps_per_epoch, a positive integer")
-            decide_every = steps_per_epoch
+            decide_every = arguments.integer("LGreCo", "steps_per_epoch (with decide_every='epoch')",
+                                             steps_per_epoch, low=1)
         for label, value, least in [("decide_every", decide_every, 1), ("warmup_steps", warmup_steps, 0),
                                     ("apply_delay", apply_delay, 1), ("time_buckets", time_buckets, 1),
                                     ("discretization", discretization, 1)]:
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"LGreCo: {label} must be an integer >= {least}, got {value!r}")
+            arguments.integer("LGreCo", label, value, low=least)
         if apply_delay >= decide_every:
             raise ValueError(f"LGreCo: apply_delay ({apply_delay}) must be smaller than "
                              f"decide_every ({decide_every})")
@@ -98,12 +97,19 @@ class LGreCo(Controller):
             raise ValueError(f"LGreCo: objective must be one of {OBJECTIVES}, got {objective!r}")
         if (objective == "accordion") != (accordion is not None):
             raise ValueError("LGreCo: objective='accordion' and accordion=Accordion(...) go together")
+        if accordion is not None and not isinstance(accordion, Accordion):
+            raise ValueError(f"LGreCo: accordion must be an Accordion(critical, normal), got {accordion!r}")
+        if candidates is not None and (isinstance(candidates, (str, bytes)) or not hasattr(candidates, "__iter__")):
+            raise ValueError(f"LGreCo: candidates must be a list of settings, got {candidates!r}")
         self.candidates = None if candidates is None else list(candidates)
+        if self.candidates == []:
+            raise ValueError("LGreCo: candidates must not be empty (None: the paper's range)")
         for value in self.candidates or []:
             self.inner.check_value(value, "LGreCo: every candidate")
         if accordion is not None:
             self.inner.check_value(accordion.critical, "LGreCo: accordion.critical")
             self.inner.check_value(accordion.normal, "LGreCo: accordion.normal")
+            arguments.real("LGreCo", "accordion.threshold", accordion.threshold, low=0, low_open=True)
         self.decide_every, self.warmup_steps, self.apply_delay = decide_every, warmup_steps, apply_delay
         self.objective, self.accordion = objective, accordion
         self.time_buckets, self.discretization = time_buckets, discretization

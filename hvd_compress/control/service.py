@@ -15,6 +15,8 @@ import pickle
 import threading
 import time
 
+from hvd_compress import arguments
+
 
 class DecisionTimeout(RuntimeError):
     pass
@@ -116,10 +118,8 @@ class DecisionService:
     at the same step) returns its result on every rank, verified identical everywhere."""
 
     def __init__(self, transport="auto", timeout=60.0):
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        arguments.choice("LGreCo", "transport", transport, TRANSPORTS)
+        arguments.real("LGreCo", "timeout (seconds)", timeout, low=0, low_open=True)
         self.kind = transport
         self.timeout = timeout
         self._transport = None

@@ -26,8 +26,9 @@ def bucket_norms(x, bucket_size):
     The squares are summed in float64, where no square of a float32 overflows or underflows,
     and the norm is rounded to float32 once: never 0 for a bucket with a nonzero entry, and never
     below the bucket's largest magnitude (a sum of squares is at least each of its terms), so
-    |x| / norm <= 1 exactly. A norm beyond the float32 range becomes the largest float32, which
-    still bounds every magnitude of its bucket; QSGD is unbiased with any such norm. On CPU the
+    |x| / norm <= 1 exactly. A finite norm beyond the float32 range becomes the largest float32,
+    which still bounds every magnitude of its bucket (QSGD is unbiased with any such norm); a
+    bucket with an Inf or NaN entry gets a non-finite norm. On CPU the
     float64 copy is made a chunk at a time, in cache; it costs about three float32 norms."""
     n = x.numel()
     norms = torch.empty(-(-n // bucket_size), device=x.device)
@@ -41,9 +42,12 @@ def bucket_norms(x, bucket_size):
         # Padding only the partial bucket reduces exactly as padding the whole tensor would.
         wide[count:padded].zero_()
         first = start // bucket_size
-        norms[first:first + padded // bucket_size] = torch.linalg.vector_norm(
-            wide[:padded].view(-1, bucket_size), dim=1)
-    return norms.clamp_(max=_FLOAT32_MAX)  # float64 norms beyond the float32 range rounded to Inf
+        wide_norms = torch.linalg.vector_norm(wide[:padded].view(-1, bucket_size), dim=1)
+        # A finite norm beyond the float32 range is capped (rounding would give Inf); a bucket
+        # holding Inf or NaN keeps a non-finite norm, so that the step is seen to be non-finite.
+        norms[first:first + padded // bucket_size] = torch.where(
+            wide_norms.isinf(), wide_norms, wide_norms.clamp(max=_FLOAT32_MAX))
+    return norms
 
 
 def quantize(x, bits, bucket_size, generator):

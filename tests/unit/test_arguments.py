@@ -1,0 +1,85 @@
+"""Every public constructor refuses a bad argument at once, with a ValueError naming it."""
+import math
+
+import pytest
+import torch
+
+import hvd_compress as hc
+
+BOOL, NONE, NAN, INF = True, None, math.nan, math.inf
+NUMBERS = [BOOL, NONE, NAN, INF, "1", [1]]
+
+
+def lgreco(**options):
+    return hc.LGreCo(hc.PowerSGD(rank=4), transport="local", **options)
+
+
+def lgreco_topk(**options):
+    return hc.LGreCo(hc.TopK(density=0.01), transport="local", **options)
+
+
+# (constructor, parameter, bad values, what the message names)
+TABLE = [
+    (hc.PowerSGD, "rank", NUMBERS + [0, -1, 2.5], "rank"),
+    (hc.PowerSGD, "min_compression_rate", NUMBERS + [0, -1], "min_compression_rate"),
+    (hc.PowerSGD, "start_step", NUMBERS + [-1, 2.5], "start_step"),
+    (hc.PowerSGD, "min_numel", NUMBERS + [-1, 2.5], "min_numel"),
+    (hc.PowerSGD, "error_feedback", [NONE, 0, "yes"], "error_feedback"),
+    (hc.PowerSGD, "warm_start", [NONE, 1, "yes"], "warm_start"),
+    (hc.PowerSGD, "seed", [BOOL, NONE, NAN, 1.5, "0"], "seed"),
+    (hc.ACPSGD, "rank", NUMBERS + [0, -3], "rank"),
+    (hc.TopK, "density", NUMBERS + [0, -0.1, 1.5], "density"),
+    (hc.TopK, "error_feedback", [NONE, 1], "error_feedback"),
+    (hc.ScaleCom, "density", NUMBERS + [0, 2], "density"),
+    (hc.ScaleCom, "beta", NUMBERS + [0, -1, 1.5], "beta"),
+    (hc.ScaleCom, "chunks", NUMBERS + [0, -1, 2.5], "chunks"),
+    (hc.ScaleCom, "warmup_steps", NUMBERS + [-1, 0.5], "warmup_steps"),
+    (hc.QSGD, "bits", NUMBERS + [0, 1, 9, 4.0], "bits"),
+    (hc.QSGD, "bucket_size", NUMBERS + [0, -1, 2.5], "bucket_size"),
+    (hc.QSGD, "seed", [BOOL, NONE, NAN, 0.5], "seed"),
+    (hc.FP16, "min_numel", NUMBERS + [-1], "min_numel"),
+    (lgreco, "decide_every", NUMBERS + [0, -1, "weekly"], "decide_every"),
+    (lgreco, "warmup_steps", NUMBERS + [-1], "warmup_steps"),
+    (lgreco, "apply_delay", NUMBERS + [0, -1, 1000], "apply_delay"),
+    (lgreco, "time_buckets", NUMBERS + [0], "time_buckets"),
+    (lgreco, "discretization", NUMBERS + [0], "discretization"),
+    (lgreco, "timeout", NUMBERS + [0, -1], "timeout"),
+    (lgreco, "objective", [NONE, 1, "speed"], "objective"),
+    (lgreco, "candidates", [[], [0], [BOOL], [NAN], 5, "248"], "candidate"),
+    (lgreco_topk, "candidates", [[], [0], [1.5], [NAN], [-0.1]], "candidate"),
+    (lgreco, "accordion", [5, "yes"], "accordion"),
+    (lambda accordion: lgreco(objective="accordion", accordion=accordion), "accordion",
+     [hc.Accordion(-1, 0), hc.Accordion(4, NAN), hc.Accordion(4, 2, threshold=-1)], "accordion"),
+    (lambda accordion: lgreco_topk(objective="accordion", accordion=accordion), "accordion",
+     [hc.Accordion(5.0, 2.0), hc.Accordion(0.1, 0)], "accordion"),
+    (hc.ScaledFusion, "dense_threshold", [BOOL, NAN, INF, -1, 2.5, "25MB"], "dense_threshold"),
+    (hc.ScaledFusion, "scaled", [NONE, 1], "scaled"),
+]
+
+
+def cases():
+    for make, parameter, values, named in TABLE:
+        for value in values:
+            yield pytest.param(make, parameter, value, named,
+                               id=f"{getattr(make, '__name__', 'make')}-{parameter}-{value!r}")
+
+
+@pytest.mark.parametrize("make, parameter, value, named", cases())
+def test_bad_argument_is_refused_naming_it(make, parameter, value, named):
+    with pytest.raises(ValueError, match=named):
+        make(**{parameter: value})
+
+
+def test_parameters_instead_of_named_parameters_is_refused():
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(ValueError, match=r"named_parameters must be \(name, parameter\) pairs"):
+        hc.PowerSGD(model.parameters())
+    with pytest.raises(ValueError, match="duplicate names"):
+        hc.TopK([("w", model.weight), ("w", model.bias)])
+
+
+def test_fusion_zero_turns_fusion_off_as_in_horovod():
+    from hvd_compress.comm.fusion import FusionScheduler
+    shapes = {"a": (64, 64), "b": (64, 64), "c": (64,)}
+    plan = FusionScheduler(hc.ACPSGD(rank=4, min_numel=0), shapes, hc.ScaledFusion(0)).plan()
+    assert [len(bucket.members) for bucket in plan.buckets] == [1, 1, 1]
