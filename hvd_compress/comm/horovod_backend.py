@@ -25,7 +25,8 @@ class HorovodBackend:
             handle = hvd.allgather_async(payload.reshape(1, -1), name=op_name,
                                          process_set=self.process_set)
         elif round_.collective is Collective.BROADCAST:
-            handle = hvd.broadcast_async(payload, round_.root, name=op_name,
+            # A round's root is a rank within the set; Horovod's root_rank is a global rank.
+            handle = hvd.broadcast_async(payload, self.process_set.ranks[round_.root], name=op_name,
                                          process_set=self.process_set)
         else:
             handle = hvd.alltoall_async(payload, name=op_name, process_set=self.process_set)

@@ -74,6 +74,11 @@ class GradientCompression:
         """This process's rank and the world size; called before the first ``begin``."""
         raise NotImplementedError
 
+    def use_process_set(self, process_set: Any) -> None:
+        """The ranks the exchange runs among, as the integration names them (a Horovod
+        ``ProcessSet``), for whatever talks to other ranks outside the rounds (L-GreCo's decision
+        service). Compressors need nothing but ``bind_world``."""
+
     def begin(self, name: str, grad: torch.Tensor) -> Round:
         """Starts the exchange of ``grad``, the gradient of parameter ``name``."""
         raise NotImplementedError

@@ -132,6 +132,10 @@ class LGreCo(Controller):
                 "accordion": None if self.accordion is None else asdict(self.accordion),
                 "time_buckets": self.time_buckets, "discretization": self.discretization}
 
+    def use_process_set(self, process_set):
+        super().use_process_set(process_set)
+        self.service.use_process_set(process_set)
+
     def begin(self, name, grad):
         if name not in self._shapes:
             self._shapes[name] = tuple(grad.shape)

@@ -34,9 +34,17 @@ def _poll(ready, deadline, what):
 
 
 class MpiTransport:
-    def __init__(self):
+    """Over the ranks of ``process_set`` (all of them by default), in their order: rank 0 of the
+    set decides. Only the set's members create the communicator, so others are never waited on."""
+
+    def __init__(self, process_set=None):
         from mpi4py import MPI  # MPI is already initialised by Horovod or by the user
-        self.comm = MPI.COMM_WORLD.Dup()
+        world = MPI.COMM_WORLD
+        ranks = list(range(world.Get_size())) if process_set is None else list(process_set.ranks)
+        if ranks == list(range(world.Get_size())):
+            self.comm = world.Dup()
+        else:
+            self.comm = world.Create_group(world.group.Incl(ranks))
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
 
     def broadcast(self, obj, tag, deadline, what):
@@ -60,10 +68,13 @@ class MpiTransport:
 
 
 class HorovodTransport:
-    def __init__(self):
+    """Horovod's asynchronous collectives within ``process_set`` (the global one by default)."""
+
+    def __init__(self, process_set=None):
         import horovod.torch as hvd
         self.hvd = hvd
-        self.rank, self.size = hvd.rank(), hvd.size()
+        self.process_set = hvd.global_process_set if process_set is None else process_set
+        self.rank, self.size = self.process_set.rank(), self.process_set.size()
 
     def _wait(self, handle, deadline, what):
         _poll(lambda: self.hvd.poll(handle), deadline, what)
@@ -73,18 +84,22 @@ class HorovodTransport:
         import torch
         data = pickle.dumps(obj) if self.rank == 0 else b""
         length = torch.tensor([len(data)], dtype=torch.int64)
-        length = self._wait(self.hvd.broadcast_async(length, 0, name=f"{tag}.length"), deadline, what)
+        root = self.process_set.ranks[0]  # Horovod's root_rank is a global rank
+        length = self._wait(self.hvd.broadcast_async(length, root, name=f"{tag}.length",
+                                                     process_set=self.process_set), deadline, what)
         buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == 0
                   else torch.empty(int(length[0]), dtype=torch.uint8))
-        buffer = self._wait(self.hvd.broadcast_async(buffer, 0, name=f"{tag}.data"), deadline, what)
+        buffer = self._wait(self.hvd.broadcast_async(buffer, root, name=f"{tag}.data",
+                                                     process_set=self.process_set), deadline, what)
         return pickle.loads(buffer.numpy().tobytes())
 
     def allgather(self, obj, tag, deadline, what):
         import torch
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-        lengths = self._wait(self.hvd.allgather_async(torch.tensor([data.numel()]), name=f"{tag}.length"),
-                             deadline, what)
-        gathered = self._wait(self.hvd.allgather_async(data, name=f"{tag}.data"), deadline, what)
+        lengths = self._wait(self.hvd.allgather_async(torch.tensor([data.numel()]), name=f"{tag}.length",
+                                                      process_set=self.process_set), deadline, what)
+        gathered = self._wait(self.hvd.allgather_async(data, name=f"{tag}.data",
+                                                       process_set=self.process_set), deadline, what)
         pieces = gathered.split(lengths.tolist())
         return [pickle.loads(piece.numpy().tobytes()) for piece in pieces]
 
@@ -103,10 +118,12 @@ class LocalTransport:
 TRANSPORTS = ("auto", "mpi", "horovod", "local")
 
 
-def make_transport(kind):
+def make_transport(kind, process_set=None):
     if kind == "auto":
         kind = "mpi" if launched_under_mpi() else "horovod"
-    return {"mpi": MpiTransport, "horovod": HorovodTransport, "local": LocalTransport}[kind]()
+    if kind == "local":
+        return LocalTransport()
+    return {"mpi": MpiTransport, "horovod": HorovodTransport}[kind](process_set)
 
 
 def digest(obj):
@@ -123,13 +140,19 @@ class DecisionService:
         self.kind = transport
         self.timeout = timeout
         self._transport = None
+        self._process_set = None
         self._thread = None
         self._outcome = None
+
+    def use_process_set(self, process_set):
+        """Exchanges from now on run among ``process_set``'s ranks (None: all of them)."""
+        if process_set is not self._process_set:
+            self._process_set, self._transport = process_set, None
 
     def __getstate__(self):
         # Communicators and threads cannot be checkpointed; they are rebuilt on first use.
         state = dict(self.__dict__)
-        state.update(_transport=None, _thread=None, _outcome=None)
+        state.update(_transport=None, _process_set=None, _thread=None, _outcome=None)
         return state
 
     def submit(self, compute):
@@ -157,7 +180,7 @@ class DecisionService:
 
     def exchange(self, version, effective_step):
         if self._transport is None:
-            self._transport = make_transport(self.kind)
+            self._transport = make_transport(self.kind, self._process_set)
         transport = self._transport
         deadline = time.monotonic() + self.timeout
         what = f"L-GreCo decision {version} (effective at step {effective_step}), rank {transport.rank}"

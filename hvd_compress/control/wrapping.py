@@ -32,6 +32,9 @@ class Controller(GradientCompression):
         self.inner.bind_world(rank, size)
         self.rank, self.size = rank, size
 
+    def use_process_set(self, process_set: Any) -> None:
+        self.inner.use_process_set(process_set)
+
     def next_payload_bytes(self, name: str, shape: Shape) -> int:
         return self.inner.next_payload_bytes(name, shape)
 

@@ -1,15 +1,25 @@
 """Every rank must run the same compressor with the same settings, or payloads disagree."""
-import horovod.torch as hvd
+import time
+
+from hvd_compress.control.service import HorovodTransport
+
+# Seconds a rank waits for the others' configurations before failing loudly: generous, since
+# ranks reach their first step at different times (data loading, compilation).
+AGREEMENT_TIMEOUT = 600.0
 
 
-def verify_same_configuration(compressor):
-    """All-gathers ``compressor.describe()`` and raises ValueError on every rank, naming what
-    differs, if any rank disagrees. Collective: every rank must call it."""
-    mine = compressor.describe()
-    everyone = hvd.allgather_object(mine, name="hvd_compress.configuration")
+def verify_same_configuration(compression, process_set=None):
+    """All-gathers ``compression.describe()`` among ``process_set``'s ranks (all by default) and
+    raises ValueError on every rank, naming what differs, if any rank disagrees. Collective:
+    every rank of the set must call it; ranks outside it are never waited on."""
+    transport = HorovodTransport(process_set)
+    mine = compression.describe()
+    deadline = time.monotonic() + AGREEMENT_TIMEOUT
+    everyone = transport.allgather(mine, "hvd_compress.configuration", deadline,
+                                   "the cross-rank configuration check")
     for other_rank, theirs in enumerate(everyone):
         if theirs != mine:
-            raise ValueError(describe_difference(mine, theirs, hvd.rank(), other_rank))
+            raise ValueError(describe_difference(mine, theirs, transport.rank, other_rank))
 
 
 def describe_difference(mine, theirs, my_rank, other_rank):

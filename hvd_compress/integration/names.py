@@ -1,5 +1,8 @@
 """Which parameter does a gradient belong to? Stock Horovod calls ``compress(p.grad)`` without
 the name, and ``p.grad`` is a new tensor every step under ``zero_grad(set_to_none=True)``."""
+import sys
+
+import torch
 
 
 class GradientOwners:
@@ -8,7 +11,9 @@ class GradientOwners:
     A post-accumulate-grad hook on each parameter records ``id(p.grad) -> name``; these hooks
     fire before Horovod's hook on the same parameter calls ``compress``, so lookups are O(1).
     Gradients created elsewhere (Horovod zero-fills parameters that got no gradient) are found
-    by identity among the parameters' current gradients."""
+    by identity among the parameters' current gradients. A sparse gradient that Horovod
+    densified (``sparse_as_dense=True``) is a new tensor: its parameter is the one Horovod's
+    ``_allreduce_grad_async(p)`` is working on, read from the call stack."""
 
     def __init__(self, named_parameters):
         self.parameters = named_parameters
@@ -28,6 +33,17 @@ class GradientOwners:
         for name, param in self.parameters.items():
             if param.grad is grad:
                 return name
+        return self._name_of_parameter_being_reduced(grad)
+
+    def _name_of_parameter_being_reduced(self, grad):
+        frame = sys._getframe(1)
+        while frame is not None:
+            param = frame.f_locals.get("p")
+            if torch.is_tensor(param) and param.shape == grad.shape:
+                for name, candidate in self.parameters.items():
+                    if candidate is param:
+                        return name
+            frame = frame.f_back
         return None
 
     def remove(self):

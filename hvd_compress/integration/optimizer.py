@@ -6,12 +6,14 @@ from typing import Any, Iterable, Optional, Tuple
 import horovod.torch as hvd
 import torch
 
+from hvd_compress import arguments
 from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.comm.horovod_backend import HorovodBackend
 from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.compressors.cast import NoCompression
 from hvd_compress.integration.agreement import verify_same_configuration
+from hvd_compress.integration.stock import OP_NAMES
 
 
 class _CompressedDistributedOptimizer(torch.optim.Optimizer):
@@ -33,12 +35,13 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         self._active = process_set.included() and process_set.size() > 1
         if self._active:
             compression.bind_world(process_set.rank(), process_set.size())
+            compression.use_process_set(process_set)
             self._driver = RoundDriver(HorovodBackend(process_set), compression.traffic)
             # Backward order: gradients of the last-registered parameters are ready first.
             shapes = {self._names[p]: tuple(p.shape) for p in reversed(self._requires_update)}
             self._scheduler = (FusionScheduler(compression, shapes, fusion, process_set.rank())
                                if fusion is not None else None)
-            verify_same_configuration(compression)
+            verify_same_configuration(compression, process_set)
             self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook())
                            for p in self._requires_update]
 
@@ -157,9 +160,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         ``fusion=None`` leaves fusion to Horovod's background cycle.
 
     ``compression`` must be an hvd_compress compressor (default: :class:`NoCompression`).
-    Sparse gradients are densified (as with ``sparse_as_dense=True``). ``op`` may be
-    ``hvd.Average`` or ``hvd.Sum``. ``gradient_predivide_factor``, ``num_groups`` and
-    ``groups`` are not supported: ``fusion`` replaces them.
+    Horovod's options:
+      * ``op``: ``hvd.Average`` or ``hvd.Sum`` (every gradient, compressed or not); others raise.
+      * ``gradient_predivide_factor`` (with ``hvd.Average``, as in Horovod): accepted; it only
+        splits Horovod's scaling around its sum, and payloads here are averaged in float32.
+      * ``backward_passes_per_step``: gradients accumulate locally, as in Horovod.
+      * ``process_set``: the exchange, the configuration check and L-GreCo's decisions run among
+        its ranks only; other ranks are never waited on.
+      * ``sparse_as_dense``: sparse gradients are always densified.
+      * ``num_groups``/``groups``: refused; ``fusion`` replaces them.
     """
     compression = NoCompression() if compression is None else compression
     if not isinstance(compression, GradientCompression):
@@ -167,9 +176,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          f"{type(compression).__name__}; use hvd.DistributedOptimizer for "
                          f"Horovod's own compressors")
     if op not in (hvd.Average, hvd.Sum):
-        raise ValueError("op: hvd_compress.DistributedOptimizer supports hvd.Average and hvd.Sum")
-    if gradient_predivide_factor != 1.0:
-        raise ValueError("gradient_predivide_factor: only 1.0 is supported")
+        raise ValueError(f"op: hvd_compress.DistributedOptimizer supports hvd.Average and hvd.Sum, "
+                         f"got {OP_NAMES.get(op, op)}; Adasum, Min, Max and Product cannot combine "
+                         f"compressed payloads")
+    arguments.real("DistributedOptimizer", "gradient_predivide_factor", gradient_predivide_factor,
+                   low=0, low_open=True)
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor: as in Horovod, only with op=hvd.Average")
     if num_groups or groups is not None:
         raise ValueError("num_groups/groups: not supported; use fusion=ScaledFusion(...)")
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:

@@ -1,5 +1,6 @@
 """Horovod's Compression API for hvd_compress compressors: stock ``hvd.DistributedOptimizer``
 calls ``compress``/``decompress``, which :class:`StockBridge` serves with our round driver."""
+import sys
 import time
 
 import horovod.torch as hvd
@@ -39,13 +40,30 @@ class StockBridge:
       At the first ``decompress`` of a step every gradient has been submitted (Horovod submits
       missing ones first), so the driver finishes all remaining rounds in name order: no rank
       can wait on a collective another rank has not submitted, whatever order Horovod uses.
+
+    Horovod's options are read from the optimizer that calls ``compress`` (``op``,
+    ``process_set``): the exchange runs among the process set's ranks only, and with ``hvd.Sum``
+    every gradient is summed, whether it rode Horovod's all-reduce or ran on our driver.
+    ``gradient_predivide_factor``, ``groups``, ``backward_passes_per_step`` and
+    ``sparse_as_dense`` act in Horovod before ``compress`` and need nothing here. Adasum, Min,
+    Max and Product cannot combine compressed payloads and are refused.
     """
 
-    def __init__(self, compressor):
+    def __init__(self, compressor, optimizer=None):
         self.compressor = compressor
-        compressor.bind_world(hvd.rank(), hvd.size())
+        op = getattr(optimizer, "op", hvd.Average) if optimizer is not None else hvd.Average
+        if optimizer is not None and not hasattr(optimizer, "op"):  # Horovod's Adasum optimizer
+            op = hvd.Adasum
+        if op not in (hvd.Average, hvd.Sum):
+            raise ValueError(f"op: hvd_compress compressors support hvd.Average and hvd.Sum, got "
+                             f"{OP_NAMES.get(op, op)}; Adasum, Min, Max and Product cannot combine "
+                             f"compressed payloads")
+        self.process_set = getattr(optimizer, "process_set", hvd.global_process_set)
+        self.sum_scale = self.process_set.size() if op == hvd.Sum else 1
+        compressor.bind_world(self.process_set.rank(), self.process_set.size())
+        compressor.use_process_set(self.process_set)
         self.owners = GradientOwners(compressor.parameters) if compressor.parameters else None
-        self.driver = RoundDriver(HorovodBackend(), compressor.traffic)
+        self.driver = RoundDriver(HorovodBackend(self.process_set), compressor.traffic)
         self._results = {}
         self._outstanding = 0
         self._first_decompress = None
@@ -53,7 +71,7 @@ class StockBridge:
 
     def compress(self, tensor):
         if not self._verified:
-            verify_same_configuration(self.compressor)
+            verify_same_configuration(self.compressor, self.process_set)
             self._verified = True
         name = self._name_of(tensor)
         round_ = self.compressor.begin(name, tensor)
@@ -69,8 +87,6 @@ class StockBridge:
         return placeholder, _Driven(name)
 
     def decompress(self, tensor, ctx):
-        if ctx is None:  # Horovod's sparse all-gather path: nothing was compressed
-            return tensor
         if self._first_decompress is None:
             self._first_decompress = time.perf_counter()
         if isinstance(ctx, _RidesHorovod):
@@ -79,6 +95,8 @@ class StockBridge:
             if ctx.name not in self._results:
                 self._results.update(self.driver.finish())
             result = self._results.pop(ctx.name)
+            if self.sum_scale != 1:  # our driver averages; Horovod's all-reduce summed the rest
+                result = result * self.sum_scale
         self._outstanding -= 1
         if self._outstanding == 0:
             # From the first decompress to the last: the time synchronize() spent waiting.
@@ -109,20 +127,36 @@ class StockCompression(HorovodCompressor):
     _stock_bridge = None
 
     def compress(self, tensor):
-        return self._bridge().compress(tensor)
+        if self._stock_bridge is None:
+            self._stock_bridge = StockBridge(self, _calling_optimizer(self))
+        return self._stock_bridge.compress(tensor)
 
     def decompress(self, tensor, ctx):
-        return self._bridge().decompress(tensor, ctx)
-
-    def _bridge(self):
-        if self._stock_bridge is None:
-            self._stock_bridge = StockBridge(self)
-        return self._stock_bridge
+        if ctx is None:  # Horovod's sparse all-gather path: nothing was compressed
+            return tensor
+        return self._stock_bridge.decompress(tensor, ctx)
 
     def __getstate__(self):
         state = super().__getstate__()
         state.pop("_stock_bridge", None)
         return state
+
+
+OP_NAMES = {hvd.Average: "hvd.Average", hvd.Sum: "hvd.Sum", hvd.Adasum: "hvd.Adasum",
+            hvd.Min: "hvd.Min", hvd.Max: "hvd.Max", hvd.Product: "hvd.Product"}
+
+
+def _calling_optimizer(compression):
+    """The stock ``hvd.DistributedOptimizer`` whose hook calls ``compression.compress``, found on
+    the call stack: Horovod 0.28.1 calls it from a method of the optimizer, which holds the
+    compression as ``_compression`` (DEVELOPERS.md). None when something else calls it."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if owner is not None and getattr(owner, "_compression", None) is compression:
+            return owner
+        frame = frame.f_back
+    return None
 
 
 def horovod_compression(cls):
