@@ -22,6 +22,7 @@ OBJECTIVES = ("size", "time", "accordion")
 # The time objective's model is fitted to the last this many steps: a fixed window, so state
 # and checkpoints stay bounded however long training runs.
 TIME_SAMPLES = 512
+DECISIONS_KEPT = 64
 
 
 @dataclass
@@ -116,7 +117,7 @@ class LGreCo(Controller):
         self.service = DecisionService(transport, timeout)
         self.step = 0
         self.version = 0
-        self.decisions = []
+        self.decisions = deque(maxlen=DECISIONS_KEPT)  # the latest, oldest first
         self._next_decision = warmup_steps
         self._pending = None  # (version, decided_at, effective_step)
         self._sums = StagedSums()  # rank 0: gradients accumulated since the last decision
@@ -310,7 +311,7 @@ class LGreCo(Controller):
         self._shapes = {name: tuple(shape) for name, shape in state_dict["shapes"]}
         self._sums.clear()
         self._sums.committed.update({name: value.clone() for name, value in state_dict["sums"].items()})
-        self.decisions = decisions
+        self.decisions = deque(decisions, maxlen=DECISIONS_KEPT)
         self._previous_norms = dict(state_dict["previous_norms"])
         self._time_samples = deque(((tuple(b), s) for b, s in state_dict["time_samples"]),
                                    maxlen=TIME_SAMPLES)
