@@ -12,37 +12,47 @@ from hvd_compress.maths.quantize import levels_for_bits
 from hvd_compress.maths.sparsify import topk_indices
 
 
-def lowrank_errors(matrix, ranks, power_steps=5):
-    """Best rank-r approximation error for every r in ``ranks`` (the L-GreCo paper, appendix B).
+# The randomized range finder (Halko, Martinsson and Tropp, 2011): columns beyond the largest
+# rank asked for, and power steps. Against the exact SVD, every error lies within 0.5% (relative)
+# on matrices whose spectrum decays over three decades, and far closer on faster-decaying
+# gradient spectra (tests/unit/test_maths.py).
+OVERSAMPLING = 16
+POWER_STEPS = 2
 
-    With singular values s, err(r) = sqrt(sum_{i>r} s_i^2): one SVD serves every rank. When the
-    largest rank is small against min(n, m), a few warm power iterations per rank cost less than
-    an SVD (O(nm r) against O(nm min(n, m))), and converge to the same values."""
+
+def lowrank_errors(matrix, ranks, exact=False):
+    """Best rank-r approximation error for every r in ``ranks`` (the L-GreCo paper, appendix B):
+    err(r) = sqrt(||M||^2 - sum_{i<=r} s_i^2), so only the top max(ranks) singular values and
+    the total energy are needed. A randomized range finder gets them in O(nm k) for
+    k = max(ranks) + OVERSAMPLING, against O(nm min(n, m)) for a full SVD, on the matrix's own
+    device; small matrices, and ``exact=True``, take the exact SVD."""
     n, m = matrix.shape
     ranks = [min(r, n, m) for r in ranks]
-    if 5 * power_steps * sum(ranks) >= min(n, m):
+    k = max(ranks) + OVERSAMPLING
+    if exact or 2 * k >= min(n, m):
         squared = torch.linalg.svdvals(matrix.double()).square()
-        tail = squared.flip(0).cumsum(0).flip(0)  # tail[i] = sum_{j >= i} s_j^2
-        tail = torch.cat([tail, tail.new_zeros(1)])
-        return [tail[r].clamp_min(0).sqrt().item() for r in ranks]
-    return [_power_iteration_error(matrix, r, power_steps) for r in ranks]
-
-
-def _power_iteration_error(matrix, rank, steps):
-    generator = torch.Generator().manual_seed(rank)
-    q = torch.randn(matrix.shape[1], rank, generator=generator, dtype=matrix.dtype)
-    for _ in range(steps):
-        p = torch.linalg.qr(matrix @ q).Q
-        q = matrix.t() @ p
-    return (matrix - p @ q.t()).norm().item()
+    else:
+        generator = torch.Generator(device=matrix.device).manual_seed(k)
+        x = matrix.float()
+        sketch = x @ torch.randn(m, k, generator=generator, device=x.device)
+        for _ in range(POWER_STEPS):
+            sketch = x @ (x.t() @ torch.linalg.qr(sketch).Q)
+        basis = torch.linalg.qr(sketch).Q
+        squared = torch.linalg.svdvals((basis.t() @ x).double()).square()
+    total = matrix.double().square().sum()
+    kept = torch.cat([squared.new_zeros(1), squared.cumsum(0)])
+    return (total - kept[ranks]).clamp_min(0).sqrt().tolist()
 
 
 def topk_errors(flat, ks):
-    """Exact top-k error for every k: the norm of everything below the k largest magnitudes."""
-    squared = flat.double().square().sort(descending=True).values
-    tail = squared.flip(0).cumsum(0).flip(0)
-    tail = torch.cat([tail, tail.new_zeros(1)])
-    return [tail[min(k, flat.numel())].clamp_min(0).sqrt().item() for k in ks]
+    """Exact top-k error for every k: the norm of everything below the k largest magnitudes.
+    Only the largest max(ks) entries are selected and sorted (a partial selection, not a full
+    sort); the rest count through the total energy."""
+    ks = [min(k, flat.numel()) for k in ks]
+    squared = flat.double().square()
+    largest = squared.topk(max(ks), sorted=True).values
+    kept = torch.cat([largest.new_zeros(1), largest.cumsum(0)])
+    return (squared.sum() - kept[ks]).clamp_min(0).sqrt().tolist()
 
 
 def qsgd_errors(flat, bits_options, bucket_size):

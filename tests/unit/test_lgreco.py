@@ -141,3 +141,21 @@ def test_bad_configuration_is_named():
         hc.LGreCo(hc.PowerSGD(), decide_every="epoch")
     with pytest.raises(ValueError, match="transport"):
         hc.LGreCo(hc.PowerSGD(), transport="tcp")
+
+
+def test_decisions_from_randomized_errors_match_the_exact_svd(monkeypatch):
+    """The error table's low-rank rows come from a randomized range finder; the decisions it
+    leads to must match those of the exact SVD."""
+    from hvd_compress.maths import errors as error_maths
+    decisions = {}
+    for exact in [False, True]:
+        if exact:
+            randomized = error_maths.lowrank_errors
+            monkeypatch.setattr(error_maths, "lowrank_errors",
+                                lambda matrix, ranks: randomized(matrix, ranks, exact=True))
+        lgreco = make(hc.PowerSGD(rank=8, min_numel=0))
+        run(lgreco, 6)
+        decisions[exact] = lgreco.decisions[0]
+    approximate, exact = decisions[False], decisions[True]
+    assert approximate.settings == exact.settings
+    assert approximate.total_error == pytest.approx(exact.total_error, rel=5e-3)

@@ -209,3 +209,28 @@ def test_qsgd_errors_match_the_quantiser_at_extreme_scales(scale):
     codes, norms = quantize.quantize(x.repeat(400), 4, 64, generator)
     draws = quantize.dequantize(codes, norms, 4, 64).double().view(400, -1) - x.double()
     assert abs(draws.square().sum(dim=1).mean().item() - expected ** 2) < 0.1 * expected ** 2
+
+
+@pytest.mark.parametrize("shape", [(512, 256), (256, 1024), (1024, 128)])
+def test_randomized_lowrank_errors_are_within_half_a_percent_of_the_exact_svd(shape):
+    """A spectrum decaying over three decades, slower than gradients' usually do."""
+    from hvd_compress.maths.errors import lowrank_errors
+    g = torch.Generator().manual_seed(3)
+    n, m = shape
+    r = min(n, m)
+    u = torch.linalg.qr(torch.randn(n, r, generator=g)).Q
+    v = torch.linalg.qr(torch.randn(m, r, generator=g)).Q
+    matrix = (u * torch.logspace(0, -3, r)) @ v.t()
+    ranks = list(range(1, 17))
+    approximate, exact = lowrank_errors(matrix, ranks), lowrank_errors(matrix, ranks, exact=True)
+    assert all(abs(a - b) <= 5e-3 * b for a, b in zip(approximate, exact))
+    assert all(a >= b * (1 - 1e-6) for a, b in zip(approximate, exact))  # never optimistic
+
+
+def test_topk_errors_from_a_partial_selection_match_a_full_sort():
+    from hvd_compress.maths.errors import topk_errors
+    x = torch.randn(100_000, generator=torch.Generator().manual_seed(4))
+    ks = [1, 10, 100, 1000, 10_000]
+    squared = x.double().square().sort(descending=True).values
+    expected = [squared[k:].sum().sqrt().item() for k in ks]
+    assert topk_errors(x, ks) == pytest.approx(expected, rel=1e-9)
