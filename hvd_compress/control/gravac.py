@@ -63,20 +63,40 @@ class GraVACPolicy:
             return self.theta_min
         return self.theta_min if self.scale_down_to == "min" else DENSE
 
-    def observe(self, cf: float, gain_min: float, gain_candidate: float, seconds: float) -> None:
-        """One step's global measurements; ``cf`` is the factor that step sent."""
+    def observe(self, cf: float, gain_min: float, gain_candidate: float,
+                seconds: Optional[float] = None) -> float:
+        """One step's global measurements: ``cf``, the factor it sent, and the gains measured on
+        its gradients (lines 7 and 9, EWMA-smoothed); ``seconds``, its duration, when already
+        known (UpdateStep, lines 28-30). A step's duration is often known only later: then pass
+        ``seconds=None`` and hand it to ``record_time`` with the gain this returns, the smoothed
+        gain of ``cf`` at this step (1 for dense, as line 25)."""
         a = self.smoothing
         self.gain_min = gain_min if self.gain_min is None else (1 - a) * self.gain_min + a * gain_min
         self.gain_candidate = (gain_candidate if self.gain_candidate is None
                                else (1 - a) * self.gain_candidate + a * gain_candidate)
-        if seconds > 0:
-            gain = {self.candidate: self.gain_candidate, self.theta_min: self.gain_min}.get(cf, 1.0)
-            value = gain / seconds
-            before = self.throughput.get(cf)
-            self.throughput[cf] = value if before is None else (1 - a) * before + a * value
+        gain = self.gain_of(cf)
+        if seconds is not None:
+            self.record_time(cf, gain, seconds)
         self.steps += 1
         if self.steps % self.window == 0 and not self.settled:
             self._check()
+        return gain
+
+    def gain_of(self, cf: float) -> float:
+        """The smoothed gain of ``cf``: theta_min's or the candidate's, 1 for dense."""
+        return {self.candidate: self.gain_candidate, self.theta_min: self.gain_min}.get(cf, 1.0)
+
+    def record_time(self, cf: float, gain: float, seconds: float) -> None:
+        """UpdateStep (lines 28-30) for a step that sent ``cf``, whose smoothed gain was ``gain``
+        (what ``observe`` returned for it) and which took ``seconds``: its compression throughput,
+        system throughput times gain, is smoothed into ``cf``'s. System throughput is N b / t_iter;
+        N b is the same for every step and CF, so 1 / seconds ranks CFs alike. A duration that is
+        not known (``seconds <= 0``) is skipped."""
+        if seconds > 0:
+            a = self.smoothing
+            value = gain / seconds
+            before = self.throughput.get(cf)
+            self.throughput[cf] = value if before is None else (1 - a) * before + a * value
 
     def _check(self):
         """CheckGraVAC: scale up, raise theta_min, or settle on a saturated throughput."""
@@ -110,7 +130,9 @@ class GraVAC(Controller):
     gradient is not the sum of its layers' norms), so the threshold epsilon would mean a
     different thing for every model. For the projections Top-K and low-rank, kept energy equals
     1 - ||x - C(x)||^2 / ||x||^2; for QSGD (unbiased, ||C(x)|| >= ||x||) we use that second form,
-    with the expected error in closed form.
+    with the expected error in closed form. Energies are computed in float32 whatever the
+    gradient's dtype (those of float16 gradients overflow float16), on x in the gradient's units
+    (under ``track``, the residual is scaled by the loss scale as the compressor does).
 
     Multi-level: the candidate CF's gain is measured by compressing theta_min's output further
     (top-k within theta_min's selection; the best lower rank of theta_min's projection).
@@ -119,12 +141,26 @@ class GraVAC(Controller):
     the rank's last step time, so the collective that aggregates the gradient also sums them,
     and every rank feeds identical numbers to an identical policy: all switch at the same step.
     (The published code decides on each rank from local norms, which can mismatch collectives.)
+    Every tunable layer carries them whatever its payload (compressed or dense, any dtype; see
+    ``_carrying``), so the policy is fed every step, also while it sends dense.
+
+    Step time: a step's duration ends after its collectives, so it travels in the next step's
+    payloads. The factor and gains of a step are kept until then, and its throughput (gain /
+    seconds) is credited to the factor that step sent; ``history`` gets its entry
+    (cf, gain_min, gain_candidate, seconds) at that point, one step late. The gains themselves
+    reach the policy at once, so each decision uses the gains of the step just ended. Durations
+    run from one ``end_step`` to the next (forward, backward, compression and communication);
+    the first step after construction or loading has none (0 in ``history``). A non-finite
+    step leaves no trace: the step before it is paired with its own duration one step later.
 
     Tuning guide: Top-K with theta_min=10, theta_max=1000, epsilon 0.7-0.9 (higher keeps more
     information), window 500-2000 steps (too small exhausts the candidates while gradients are
     still volatile), omega 1%. ``scale_down_to="dense"`` sends uncompressed when even theta_min
     loses too much.
     """
+
+    # Where step times come from (tests script it per instance).
+    clock = staticmethod(time.perf_counter)
 
     def __init__(self, compressor: Compressor, *, theta_min: float = 10.0, theta_max: float = 1000.0,
                  epsilon: float = 0.7, omega: float = 0.01, window: int = 500,
@@ -135,13 +171,17 @@ class GraVAC(Controller):
         self.policy = GraVACPolicy(theta_min, theta_max, epsilon, omega, window, policy,
                                    smoothing or 0.1, scale_down_to)
         self.cf = self.policy.choose()
-        self.history = []  # per step: (cf, gain_min, gain_candidate, seconds)
+        # Per step, one step late (when its duration arrives): (cf, gain_min, gain_candidate, seconds).
+        self.history = []
+        # The last finite step's (cf, gain_min, gain_candidate, smoothed gain of cf), waiting for
+        # its duration, which the next step's payloads bring.
+        self._pending = None
         self._memos = {}  # per parameter: the compressor's scratch for gains (warm starts)
         self._step_memos = {}
         self._shapes = {}  # compressed parameters seen so far
         self._step_stats = {}  # name -> this step's stats, averaged over ranks
         self._last_end = None
-        self._last_seconds = 0.0
+        self._last_seconds = 0.0  # the pending step's duration on this rank, 0 if unknown
 
     def bind_world(self, rank, size):
         super().bind_world(rank, size)
@@ -157,7 +197,8 @@ class GraVAC(Controller):
     @property
     def average_cf(self) -> float:
         """Mean compression factor over the steps so far (1 for dense steps)."""
-        return sum(h[0] for h in self.history) / len(self.history) if self.history else self.cf
+        factors = [h[0] for h in self.history] + ([self._pending[0]] if self._pending else [])
+        return sum(factors) / len(factors) if factors else self.cf
 
     # ----- the exchange ------------------------------------------------------------------------
     def begin(self, name, grad):
@@ -167,18 +208,20 @@ class GraVAC(Controller):
         if name not in self._shapes:
             self._shapes[name] = shape
             self._apply_factor(name)
+        # float32 whatever the gradient's dtype; the residual is unscaled (Compressor.track).
         x = grad.detach().float()
         residual = self.inner.residual(name)
         if residual is not None:
-            x = x + residual.view(shape)
+            x = torch.add(x, residual.view(shape), alpha=self.inner.loss_scale())
         # The candidate compresses further than theta_min: nested settings, multi-level gains.
         settings = [self.inner.setting_for_factor(shape, cf)
                     for cf in (self.policy.theta_min, self.policy.candidate)]
         # Warm starts are updated in a copy, kept only if the step turns out finite.
         memo = self._step_memos[name] = dict(self._memos.get(name, {}))
         kept = self.inner.kept_energies(name, x, settings, memo)
-        # On the gradient's device: it travels appended to the payload.
-        stats = torch.tensor([x.square().sum().item(), *kept, self._last_seconds], device=x.device)
+        # float32, on the gradient's device: it travels appended to the payload.
+        stats = torch.tensor([x.square().sum().item(), *kept, self._last_seconds],
+                             dtype=torch.float32, device=x.device)
         if self.cf == DENSE:
             round_ = self.inner.begin_uncompressed(name, grad)
         else:
@@ -186,47 +229,75 @@ class GraVAC(Controller):
         return self._carrying(name, round_, stats)
 
     def _carrying(self, name, round_, stats):
-        """Appends ``stats`` to the first round's payload; the collective that aggregates the
-        gradient then averages them over ranks too."""
+        """Appends ``stats`` (float32) to the first round's payload; the collective that
+        aggregates the gradient then averages them over ranks too, and ``round_``'s own
+        continuation gets its result exactly as without them.
+
+        * All-reduce of a float32 or float64 payload: the stats are appended in its dtype
+          (float64 holds float32 values exactly).
+        * All-reduce of another floating dtype (float16: a dense float16 gradient, sent by
+          ``scale_down_to="dense"`` or by a low-rank compressor's dense warm-up or dense layers;
+          bfloat16 already travels as float32): that round travels as float32, and its result is
+          cast back to the payload's dtype before the continuation sees it. Cost: the layer's
+          payload doubles, 2n -> 4n bytes for n entries, in those dense float16 rounds only.
+          Summed in float32 and then rounded, the result is identical on every rank (and at
+          least as accurate as a float16 sum).
+        * All-gather (Top-K, QSGD): the stats' bytes are appended to each rank's payload bytes,
+          and the rows' stats averaged on receipt.
+
+        Otherwise the stats cost their own 4 values per tunable layer and step (16 bytes; 32 in
+        a float64 payload). Other collectives are refused: no controllable compressor starts
+        with one, and a layer that carried nothing would starve the policy."""
         payload, collective = round_.payload, round_.collective
-        if collective is Collective.ALLREDUCE and payload.dtype == torch.float32:
-            carried = torch.cat([payload.reshape(-1), stats.float()])
+        count = stats.numel()
+        if collective is Collective.ALLREDUCE:
+            wire = payload.dtype if payload.dtype in (torch.float32, torch.float64) else torch.float32
+            carried = torch.cat([payload.reshape(-1).to(wire), stats.to(wire)])
 
             def then(result):
-                self._step_stats[name] = result[-stats.numel():]
-                return round_.then(result[:-stats.numel()].view(payload.shape))
-        elif collective is Collective.ALLGATHER and payload.dtype == torch.uint8:
-            carried = torch.cat([payload, stats.float().view(torch.uint8)])
-            tail = 4 * stats.numel()
+                self._step_stats[name] = result[-count:].float()
+                return round_.then(result[:-count].view(payload.shape).to(payload.dtype))
+        elif collective is Collective.ALLGATHER:
+            carried = torch.cat([payload.reshape(-1).view(torch.uint8), stats.view(torch.uint8)])
+            tail = 4 * count
 
             def then(rows):
                 self._step_stats[name] = rows[:, -tail:].contiguous().view(torch.float32).mean(dim=0)
-                return round_.then(rows[:, :-tail].contiguous())
-        else:  # e.g. a float16 dense payload: nothing to learn from it anyway
-            return round_
+                body = rows[:, :-tail].contiguous().view(payload.dtype)
+                return round_.then(body.view(rows.shape[0], *payload.shape))
+        else:
+            raise NotImplementedError(f"GraVAC: parameter {name!r}: {type(self.inner).__name__} "
+                                      f"starts with a {collective.value}, which cannot carry "
+                                      f"GraVAC's statistics")
         return Round(carried, collective, then, round_.last, round_.root)
 
     # ----- the step -------------------------------------------------------------------------
     def end_step(self, comm_seconds=None):
         self.inner.end_step()
-        now = time.perf_counter()
-        self._last_seconds = 0.0 if self._last_end is None else now - self._last_end
-        self._last_end = now
+        now = self.clock()
+        started, self._last_end = self._last_end, now
         stats, self._step_stats = self._step_stats, {}
         memos, self._step_memos = self._step_memos, {}
         if not stats or not self.inner.last_step_finite:
+            # No trace: the pending step, and its duration, still wait for the next step.
             return
         self._memos.update(memos)
         # Summed in name order: gradients land in different orders on different ranks, and the
         # totals must agree to the last bit for every rank to take the same decision.
         total, kept_min, kept_candidate, seconds = torch.stack(
             [stats[name] for name in sorted(stats)]).double().sum(dim=0).tolist()
-        seconds /= len(stats)  # every layer carried the same per-rank step time
-        if total <= 0:
+        seconds /= len(stats)  # every layer carried the same per-rank duration of the pending step
+        if self._pending is not None:  # the previous step's duration has arrived: pair them
+            cf, gain_min, gain_candidate, gain = self._pending
+            self.history.append((cf, gain_min, gain_candidate, seconds))
+            self.policy.record_time(cf, gain, seconds)
+        self._pending = None
+        self._last_seconds = 0.0 if started is None else now - started
+        if total <= 0:  # no gradient energy anywhere: no gains to learn from this step
             return
         gain_min, gain_candidate = kept_min / total, kept_candidate / total
-        self.history.append((self.cf, gain_min, gain_candidate, seconds))
-        self.policy.observe(self.cf, gain_min, gain_candidate, seconds)
+        gain = self.policy.observe(self.cf, gain_min, gain_candidate)
+        self._pending = (self.cf, gain_min, gain_candidate, gain)
         self.cf = self.policy.choose()
         # Applied now, not at the next begin, so that a fusion plan made before the next
         # step's first gradient already sees the new settings.
@@ -239,10 +310,16 @@ class GraVAC(Controller):
 
     def state_dict(self):
         return {"inner": self.inner.state_dict(), "policy": self.policy.state(), "cf": self.cf,
-                "history": list(self.history), "memos": {name: dict(memo) for name, memo in self._memos.items()}}
+                "history": list(self.history), "memos": {name: dict(memo) for name, memo in self._memos.items()},
+                "pending": None if self._pending is None else list(self._pending),
+                "last_seconds": self._last_seconds}
 
     def load_state_dict(self, state_dict):
         self.inner.load_state_dict(state_dict["inner"])
         self.policy.load(state_dict["policy"])
         self.cf, self.history = state_dict["cf"], list(state_dict["history"])
         self._memos = {name: dict(memo) for name, memo in state_dict["memos"].items()}
+        pending = state_dict.get("pending")  # absent from checkpoints of earlier versions
+        self._pending = None if pending is None else tuple(pending)
+        self._last_seconds = state_dict.get("last_seconds", 0.0)
+        self._last_end = None  # durations do not span a reload

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 import hvd_compress as hc
+from hvd_compress.control.gravac import DENSE
 from hvd_compress.workloads.digits import DigitsCNN
 
 from helpers import PATHS, gathered, rank_batches
@@ -39,4 +40,35 @@ def test_ranks_stay_identical_through_factor_changes(inner, path):
     assert all(theirs == everyone[0] for theirs in everyone)
     for name, p in model.named_parameters():
         rows = gathered(p, f"gravac.{inner}.{path}.{name}")
+        assert all(torch.equal(rows[0], row) for row in rows), name
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_float16_dense_steps_feed_the_policy_on_real_ranks(path):
+    """A float16 model that GraVAC sends dense (epsilon 1): the dense float16 payloads travel
+    as float32 with the statistics, so the policy is fed every step, and gradients come back
+    float16, bit-identical on every rank."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).half()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    named = model.named_parameters() if path == "stock" else None
+    gravac = hc.GraVAC(hc.TopK(named, density=0.1), theta_min=4, theta_max=64, window=3,
+                       epsilon=1.0, scale_down_to="dense")
+    if path == "stock":
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=gravac)
+    else:
+        opt = hc.DistributedOptimizer(opt, model.named_parameters(), gravac)
+    steps = 8
+    for x, y in rank_batches(steps, seed=7):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x.flatten(1).half()).float(), y).backward()
+        opt.step()
+        assert all(p.grad.dtype == torch.float16 for p in model.parameters())
+    assert gravac.policy.steps == steps and len(gravac.history) == steps - 1
+    assert DENSE in [h[0] for h in gravac.history], gravac.history
+    everyone = hvd.allgather_object(gravac.history, name=f"gravac.fp16.{path}")
+    assert all(theirs == everyone[0] for theirs in everyone)
+    for name, p in model.named_parameters():
+        rows = gathered(p, f"gravac.fp16.{path}.{name}")
         assert all(torch.equal(rows[0], row) for row in rows), name
