@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 
 import torch
 
-from hvd_compress.compressors import ACPSGD, BF16, FP16, QSGD, NoCompression, PowerSGD, ScaleCom, TopK
+from hvd_compress.compressors import ACPSGD, BF16, FP16, QSGD, NoCompression, PowerSGD, ScaleCom, SignSGD, TopK
 from hvd_compress.control.gravac import GraVAC
 from hvd_compress.control.lgreco import LGreCo
 from hvd_compress.integration.stock import horovod_compression
@@ -73,6 +73,7 @@ _COMPRESSOR_LIST = [
            {"density": 0.01}, {"density": 0.05}),
     Method("scalecom", ScaleCom, "ScaleCom: cyclic local top-k, all-reduced",
            {"density": 0.01}, {"density": 0.05}),
+    Method("signsgd", SignSGD, "EF-SignSGD: 1 bit per entry, error feedback, majority vote", {}, {}),
 ]
 COMPRESSORS: Dict[str, Method] = {m.name: m for m in _COMPRESSOR_LIST}
 

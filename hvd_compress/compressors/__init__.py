@@ -4,6 +4,8 @@ from hvd_compress.compressors.cast import BF16, FP16, NoCompression
 from hvd_compress.compressors.powersgd import PowerSGD
 from hvd_compress.compressors.qsgd import QSGD
 from hvd_compress.compressors.scalecom import ScaleCom
+from hvd_compress.compressors.signsgd import SignSGD
 from hvd_compress.compressors.topk import TopK
 
-__all__ = ["ACPSGD", "BF16", "Compressor", "FP16", "NoCompression", "PowerSGD", "QSGD", "ScaleCom", "TopK"]
+__all__ = ["ACPSGD", "BF16", "Compressor", "FP16", "NoCompression", "PowerSGD", "QSGD", "ScaleCom", "SignSGD",
+           "TopK"]
