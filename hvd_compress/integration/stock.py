@@ -90,13 +90,15 @@ class StockBridge:
         if self._first_decompress is None:
             self._first_decompress = time.perf_counter()
         if isinstance(ctx, _RidesHorovod):
-            result = ctx.round.then(tensor)
+            # Compressors always see means (their state, GraVAC's carried statistics); the sum
+            # that hvd.Sum asks for is made from the final gradient.
+            result = ctx.round.then(tensor if self.sum_scale == 1 else tensor / self.sum_scale)
         else:
             if ctx.name not in self._results:
                 self._results.update(self.driver.finish())
             result = self._results.pop(ctx.name)
-            if self.sum_scale != 1:  # our driver averages; Horovod's all-reduce summed the rest
-                result = result * self.sum_scale
+        if self.sum_scale != 1:
+            result = result * self.sum_scale
         self._outstanding -= 1
         if self._outstanding == 0:
             # From the first decompress to the last: the time synchronize() spent waiting.
