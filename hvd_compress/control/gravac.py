@@ -2,15 +2,19 @@
 throughput. Policy (Algorithm 1, pure) apart from mechanism (gains measured on real gradients,
 agreed across ranks)."""
 import time
+from collections import deque
 from typing import Optional
 
 import torch
 
+from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import Compressor
 from hvd_compress.control.wrapping import Controller
 
 DENSE = 1.0
+# ``history`` keeps the latest steps only, so state and checkpoints stay bounded.
+HISTORY_KEPT = 1000
 POLICIES = ("exponential", "geometric")
 
 
@@ -30,16 +34,14 @@ class GraVACPolicy:
     def __init__(self, theta_min: float = 10.0, theta_max: float = 1000.0, epsilon: float = 0.7,
                  omega: float = 0.01, window: int = 500, policy: str = "exponential",
                  smoothing: float = 0.1, scale_down_to: str = "min"):
-        checks = [("theta_min", theta_min >= 1), ("theta_max", theta_max >= theta_min),
-                  ("epsilon", 0 < epsilon <= 1), ("omega", omega >= 0),
-                  ("window", isinstance(window, int) and window >= 1),
-                  ("policy", policy in POLICIES), ("smoothing", 0 < smoothing <= 1),
-                  ("scale_down_to", scale_down_to in ("min", "dense"))]
-        for label, ok in checks:
-            if not ok:
-                raise ValueError(f"GraVAC: invalid {label}: theta_min >= 1, theta_max >= theta_min, "
-                                 f"epsilon in (0, 1], omega >= 0, window >= 1, policy in {POLICIES}, "
-                                 f"smoothing in (0, 1], scale_down_to 'min' or 'dense'")
+        theta_min = arguments.real("GraVAC", "theta_min", theta_min, low=1)
+        theta_max = arguments.real("GraVAC", "theta_max", theta_max, low=theta_min)
+        epsilon = arguments.real("GraVAC", "epsilon", epsilon, low=0, high=1, low_open=True)
+        omega = arguments.real("GraVAC", "omega", omega, low=0)
+        window = arguments.integer("GraVAC", "window", window, low=1)
+        arguments.choice("GraVAC", "policy", policy, POLICIES)
+        smoothing = arguments.real("GraVAC", "smoothing", smoothing, low=0, high=1, low_open=True)
+        arguments.choice("GraVAC", "scale_down_to", scale_down_to, ("min", "dense"))
         self.initial_min, self.theta_min, self.theta_max = float(theta_min), float(theta_min), float(theta_max)
         self.epsilon, self.omega, self.window, self.policy = epsilon, omega, window, policy
         self.smoothing, self.scale_down_to = smoothing, scale_down_to
@@ -169,10 +171,11 @@ class GraVAC(Controller):
         super().__init__(compressor)
         self._smoothing = smoothing
         self.policy = GraVACPolicy(theta_min, theta_max, epsilon, omega, window, policy,
-                                   smoothing or 0.1, scale_down_to)
+                                   0.1 if smoothing is None else smoothing, scale_down_to)
         self.cf = self.policy.choose()
         # Per step, one step late (when its duration arrives): (cf, gain_min, gain_candidate, seconds).
-        self.history = []
+        self.history = deque(maxlen=HISTORY_KEPT)
+        self._factor_sum, self._factor_count = 0.0, 0  # over every step, for average_cf
         # The last finite step's (cf, gain_min, gain_candidate, smoothed gain of cf), waiting for
         # its duration, which the next step's payloads bring.
         self._pending = None
@@ -197,8 +200,10 @@ class GraVAC(Controller):
     @property
     def average_cf(self) -> float:
         """Mean compression factor over the steps so far (1 for dense steps)."""
-        factors = [h[0] for h in self.history] + ([self._pending[0]] if self._pending else [])
-        return sum(factors) / len(factors) if factors else self.cf
+        total, count = self._factor_sum, self._factor_count
+        if self._pending:
+            total, count = total + self._pending[0], count + 1
+        return total / count if count else self.cf
 
     # ----- the exchange ------------------------------------------------------------------------
     def begin(self, name, grad):
@@ -290,6 +295,7 @@ class GraVAC(Controller):
         if self._pending is not None:  # the previous step's duration has arrived: pair them
             cf, gain_min, gain_candidate, gain = self._pending
             self.history.append((cf, gain_min, gain_candidate, seconds))
+            self._factor_sum, self._factor_count = self._factor_sum + cf, self._factor_count + 1
             self.policy.record_time(cf, gain, seconds)
         self._pending = None
         self._last_seconds = 0.0 if started is None else now - started
@@ -309,17 +315,46 @@ class GraVAC(Controller):
             self.inner.set_setting(name, self.inner.setting_for_factor(self._shapes[name], self.cf))
 
     def state_dict(self):
-        return {"inner": self.inner.state_dict(), "policy": self.policy.state(), "cf": self.cf,
-                "history": list(self.history), "memos": {name: dict(memo) for name, memo in self._memos.items()},
+        """The policy, the wrapped compressor's checkpoint, the bounded history, warm starts and
+        the step waiting for its duration. Readable with ``torch.load(weights_only=True)``."""
+        return {"class": "GraVAC", "config": self._own_config(), "inner": self.inner.state_dict(),
+                "policy": self.policy.state(), "cf": self.cf, "history": list(self.history),
+                "factor_sum": self._factor_sum, "factor_count": self._factor_count,
+                "memos": {name: dict(memo) for name, memo in self._memos.items()},
+                "shapes": {name: list(shape) for name, shape in self._shapes.items()},
                 "pending": None if self._pending is None else list(self._pending),
                 "last_seconds": self._last_seconds}
 
     def load_state_dict(self, state_dict):
-        self.inner.load_state_dict(state_dict["inner"])
+        """Checked before anything changes: a mismatch raises ``ValueError`` and leaves this
+        object as it was. A step's duration does not span a reload."""
+        missing = {"class", "config", "inner", "policy", "cf", "history", "factor_sum",
+                   "factor_count", "memos", "shapes", "pending", "last_seconds"} - set(state_dict)
+        if missing:
+            raise ValueError(f"GraVAC.load_state_dict: not an hvd_compress GraVAC checkpoint "
+                             f"(missing {sorted(missing)})")
+        if state_dict["class"] != "GraVAC":
+            raise ValueError(f"GraVAC.load_state_dict: the checkpoint is a {state_dict['class']} "
+                             f"checkpoint, not a GraVAC one")
+        mine = self._own_config()
+        for key in sorted(set(mine) | set(state_dict["config"])):
+            if mine.get(key) != state_dict["config"].get(key):
+                raise ValueError(f"GraVAC.load_state_dict: {key} is {state_dict['config'].get(key)!r} "
+                                 f"in the checkpoint but {mine.get(key)!r} here")
+        self.inner.load_state_dict(state_dict["inner"])  # checks its own part; last to raise
         self.policy.load(state_dict["policy"])
-        self.cf, self.history = state_dict["cf"], list(state_dict["history"])
+        self.cf = state_dict["cf"]
+        self.history = deque((tuple(h) for h in state_dict["history"]), maxlen=HISTORY_KEPT)
+        self._factor_sum, self._factor_count = state_dict["factor_sum"], state_dict["factor_count"]
         self._memos = {name: dict(memo) for name, memo in state_dict["memos"].items()}
-        pending = state_dict.get("pending")  # absent from checkpoints of earlier versions
+        self._shapes = {name: tuple(shape) for name, shape in state_dict["shapes"].items()}
+        pending = state_dict["pending"]
         self._pending = None if pending is None else tuple(pending)
-        self._last_seconds = state_dict.get("last_seconds", 0.0)
-        self._last_end = None  # durations do not span a reload
+        self._last_seconds = state_dict["last_seconds"]
+        self._last_end = None
+
+    def _own_config(self):
+        """``config()`` without the wrapped compressor's, which checks its own."""
+        config = dict(self.config())
+        del config["inner"]
+        return config

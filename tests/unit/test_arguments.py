@@ -14,6 +14,10 @@ def lgreco(**options):
     return hc.LGreCo(hc.PowerSGD(rank=4), transport="local", **options)
 
 
+def gravac(**options):
+    return hc.GraVAC(hc.TopK(density=0.01), **dict(dict(theta_min=10.0), **options))
+
+
 def lgreco_topk(**options):
     return hc.LGreCo(hc.TopK(density=0.01), transport="local", **options)
 
@@ -52,6 +56,17 @@ TABLE = [
      [hc.Accordion(-1, 0), hc.Accordion(4, NAN), hc.Accordion(4, 2, threshold=-1)], "accordion"),
     (lambda accordion: lgreco_topk(objective="accordion", accordion=accordion), "accordion",
      [hc.Accordion(5.0, 2.0), hc.Accordion(0.1, 0)], "accordion"),
+    (gravac, "theta_min", NUMBERS + [0, 0.5], "theta_min"),
+    (gravac, "theta_max", NUMBERS + [5], "theta_max"),
+    (gravac, "epsilon", NUMBERS + [0, 1.5], "epsilon"),
+    (gravac, "omega", NUMBERS + [-0.1], "omega"),
+    (gravac, "window", NUMBERS + [0, 2.5], "window"),
+    (gravac, "policy", [NONE, 1, "linear"], "policy"),
+    (gravac, "smoothing", [BOOL, NAN, INF, 0, -0.5, 1.5, "0.1"], "smoothing"),
+    (gravac, "scale_down_to", [NONE, "max"], "scale_down_to"),
+    (hc.GraVACPolicy, "smoothing", [NONE, 0, 2], "smoothing"),
+    (lambda compressor: hc.GraVAC(compressor), "compressor", [hc.FP16(), hc.ScaleCom(), None], "compressor"),
+    (lambda compressor: hc.LGreCo(compressor), "compressor", [hc.BF16(), hc.SignSGD(), 4], "compressor"),
     (hc.ScaledFusion, "dense_threshold", [BOOL, NAN, INF, -1, 2.5, "25MB"], "dense_threshold"),
     (hc.ScaledFusion, "scaled", [NONE, 1], "scaled"),
 ]

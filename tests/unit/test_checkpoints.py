@@ -37,10 +37,14 @@ def assert_same(a, b):
 
 def methods():
     lgreco = dict(warmup_steps=3, decide_every=5, apply_delay=2, transport="local")
+    gravac = dict(theta_min=2, theta_max=64, window=100, smoothing=1.0, epsilon=0.3)
     return ([pytest.param(lambda n=n: hc.COMPRESSORS[n].build(small=True, min_numel=0), 2, id=n)
              for n in sorted(hc.COMPRESSORS)]
             + [pytest.param(lambda: hc.LGreCo(hc.PowerSGD(rank=4, min_numel=0), **lgreco), 1, id="lgreco-powersgd"),
-               pytest.param(lambda: hc.LGreCo(hc.TopK(density=0.05, min_numel=0), **lgreco), 1, id="lgreco-topk")])
+               pytest.param(lambda: hc.LGreCo(hc.TopK(density=0.05, min_numel=0), **lgreco), 1, id="lgreco-topk"),
+               # A window longer than the run: the factor follows the gains alone, not step times.
+               pytest.param(lambda: hc.GraVAC(hc.TopK(density=0.1, min_numel=0), **gravac), 2, id="gravac-topk"),
+               pytest.param(lambda: hc.GraVAC(hc.ACPSGD(rank=4, min_numel=0), **gravac), 2, id="gravac-acpsgd")])
 
 
 @pytest.mark.parametrize("make, world_size", methods())

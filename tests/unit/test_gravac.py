@@ -47,9 +47,9 @@ def test_low_gain_falls_back_to_theta_min_or_dense():
 
 
 def test_bad_policy_arguments_are_named():
-    with pytest.raises(ValueError, match="invalid epsilon"):
+    with pytest.raises(ValueError, match="epsilon must lie in"):
         hc.GraVACPolicy(epsilon=0)
-    with pytest.raises(ValueError, match="invalid policy"):
+    with pytest.raises(ValueError, match="policy must be one of"):
         hc.GraVACPolicy(policy="linear")
     with pytest.raises(ValueError, match="compressor must be"):
         hc.GraVAC(hc.FP16())
@@ -159,8 +159,8 @@ def test_each_step_time_is_paired_with_the_factor_that_step_sent():
     for step in range(len(durations)):
         sent.append(ranks[0].cf)
         world.step([heavy_tailed(step, rank) for rank in range(2)])
-    history = ranks[0].history
-    assert history == ranks[1].history
+    history = list(ranks[0].history)
+    assert history == list(ranks[1].history)
     assert len(set(sent[1:4])) == 3, sent  # distinct factors around the slow step
     assert [h[0] for h in history] == sent[:-1]
     assert history[0][3] == 0  # the first step's duration is unknown
@@ -193,7 +193,7 @@ def test_a_non_finite_step_leaves_no_trace_in_the_pairing():
                 grads[1]["w"][5, 7] = float("inf")
             world.step(grads)
         assert ranks[0].history == ranks[1].history
-        return ranks[0].history, durations
+        return list(ranks[0].history), durations
 
     history, durations = run(bad=True)
     clean, _ = run(bad=False)
