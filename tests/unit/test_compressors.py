@@ -6,6 +6,8 @@ import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
 
 SHAPES = {"conv.weight": (32, 16, 3, 3), "fc.weight": (64, 128), "fc.bias": (64,)}
+# Every compressor in the registry, at its defaults.
+REGISTERED = [pytest.param(method.cls, id=name) for name, method in sorted(hc.COMPRESSORS.items())]
 
 
 def grads(seed, scale=1.0):
@@ -109,7 +111,7 @@ def test_small_and_1d_tensors_travel_dense():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("make", [hc.PowerSGD, hc.ACPSGD, hc.QSGD, hc.TopK, hc.FP16, hc.BF16])
+@pytest.mark.parametrize("make", REGISTERED)
 def test_half_precision_gradients_come_back_in_their_dtype(make, dtype):
     g = {"w": torch.randn(64, 64).to(dtype), "b": torch.randn(64).to(dtype)}
     out = world(make, 2).step([g, g])[0]
@@ -122,7 +124,7 @@ def test_bf16_dense_tensor_travels_as_float32():
     assert r.payload.dtype == torch.float32
 
 
-@pytest.mark.parametrize("make", [hc.PowerSGD, hc.TopK, hc.QSGD, hc.FP16])
+@pytest.mark.parametrize("make", REGISTERED)
 @pytest.mark.parametrize("grad", [torch.ones(64, 64, dtype=torch.int32), torch.zeros(0, 64)])
 def test_integer_or_empty_gradient_is_rejected_with_its_name(make, grad):
     with pytest.raises((TypeError, ValueError), match="'layer.weight'"):
@@ -185,8 +187,7 @@ def test_pickle_drops_communication_state():
     assert restored._stock_bridge is None and set(restored.state) == set(compressor.state)
 
 
-@pytest.mark.parametrize("make", [hc.PowerSGD, hc.ACPSGD, hc.QSGD, hc.TopK, hc.FP16, hc.BF16,
-                                  hc.NoCompression])
+@pytest.mark.parametrize("make", REGISTERED)
 def test_payload_bytes_count_what_is_sent(make):
     """L-GreCo's size table must count the bytes actually handed to collectives."""
     sim = world(make, 2)
