@@ -7,7 +7,9 @@ wait has a deadline, so a dead or stalled rank 0 makes the others raise instead 
 
 Transports: under ``mpirun``/``horovodrun`` with MPI, an mpi4py communicator of our own (a
 duplicate of COMM_WORLD, so our messages never interleave with Horovod's); under
-``horovodrun --gloo``, Horovod's own asynchronous collectives.
+``horovodrun --gloo``, Horovod's own asynchronous collectives; under PyTorch DDP
+(``torch.distributed`` initialised, Horovod not, or a ``torch.distributed`` process group
+given), ``torch.distributed``'s asynchronous collectives on that group.
 """
 import hashlib
 import os
@@ -104,6 +106,80 @@ class HorovodTransport:
         return [pickle.loads(piece.numpy().tobytes()) for piece in pieces]
 
 
+class TorchTransport:
+    """``torch.distributed``'s asynchronous collectives within ``process_set``, a
+    ``torch.distributed`` process group (None: the default group); rank 0 of the group decides.
+
+    Collectives on a group are matched by the order ranks issue them, not by tag: every rank of
+    the group must call ``broadcast``/``allgather`` at the same point of its sequence of
+    collectives on that group (the DDP adapter calls them from the comm hook of the last bucket,
+    after every round of the step has landed). Waits poll ``Work.is_completed`` against the
+    deadline. Bytes travel as uint8 tensors, on the current CUDA device when the group's backend
+    is NCCL (untested: no GPU here), on the CPU otherwise."""
+
+    def __init__(self, process_set=None):
+        import torch
+        import torch.distributed as dist
+        self.dist = dist
+        # torch 2.13 deprecates all_gather_into_tensor for all_gather_single (same arguments).
+        self.all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self.group = process_set
+        self.rank, self.size = dist.get_rank(process_set), dist.get_world_size(process_set)
+        self.root = 0 if process_set is None else dist.get_global_rank(process_set, 0)
+        on_gpu = dist.get_backend(process_set) == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+
+    def _wait(self, work, deadline, what):
+        _poll(work.is_completed, deadline, what)
+        work.wait()
+
+    def broadcast(self, obj, tag, deadline, what):
+        import torch
+        data = pickle.dumps(obj) if self.rank == 0 else b""
+        length = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        self._wait(self.dist.broadcast(length, self.root, group=self.group, async_op=True),
+                   deadline, what)
+        buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device) if self.rank == 0
+                  else torch.empty(int(length[0]), dtype=torch.uint8, device=self.device))
+        self._wait(self.dist.broadcast(buffer, self.root, group=self.group, async_op=True),
+                   deadline, what)
+        return pickle.loads(buffer.cpu().numpy().tobytes())
+
+    def allgather(self, obj, tag, deadline, what):
+        import torch
+        data = pickle.dumps(obj)
+        length = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
+        lengths = torch.empty(self.size, dtype=torch.int64, device=self.device)
+        self._wait(self.all_gather(lengths, length, group=self.group, async_op=True),
+                   deadline, what)
+        lengths = lengths.tolist()
+        padded = torch.zeros(max(lengths), dtype=torch.uint8)
+        padded[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        rows = torch.empty(self.size * max(lengths), dtype=torch.uint8, device=self.device)
+        self._wait(self.all_gather(rows, padded.to(self.device), group=self.group,
+                                                    async_op=True), deadline, what)
+        rows = rows.cpu().view(self.size, -1)
+        return [pickle.loads(rows[r, :n].numpy().tobytes()) for r, n in enumerate(lengths)]
+
+
+def uses_torch_distributed(process_set):
+    """Whether "auto" means "torch": ``process_set`` is a ``torch.distributed`` process group,
+    or it is None while ``torch.distributed`` is initialised and Horovod is not (torchrun)."""
+    import sys
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    if not dist.is_available():
+        return False
+    if isinstance(process_set, dist.ProcessGroup):
+        return True
+    if process_set is not None or not dist.is_initialized():
+        return False
+    hvd = sys.modules.get("horovod.torch")
+    return hvd is None or not hvd.is_initialized()
+
+
 class LocalTransport:
     """One process, no peers: for single-process tests and tools."""
     rank, size = 0, 1
@@ -115,15 +191,17 @@ class LocalTransport:
         return [obj]
 
 
-TRANSPORTS = ("auto", "mpi", "horovod", "local")
+TRANSPORTS = ("auto", "mpi", "horovod", "local", "torch")
 
 
 def make_transport(kind, process_set=None):
+    if kind == "auto" and uses_torch_distributed(process_set):
+        kind = "torch"
     if kind == "auto":
         kind = "mpi" if launched_under_mpi() else "horovod"
     if kind == "local":
         return LocalTransport()
-    return {"mpi": MpiTransport, "horovod": HorovodTransport}[kind](process_set)
+    return {"mpi": MpiTransport, "horovod": HorovodTransport, "torch": TorchTransport}[kind](process_set)
 
 
 def digest(obj):

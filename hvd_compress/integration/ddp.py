@@ -1,0 +1,261 @@
+"""PyTorch DDP communication hooks for hvd_compress compressors, in torch's hook style: a state
+object (:class:`State`) plus a plain function (:func:`hook`), registered with
+``ddp_model.register_comm_hook(state, hook)``, or in one line with :func:`register`.
+
+How a step runs, and why it cannot deadlock
+--------------------------------------------
+``torch.distributed`` matches collectives by the order in which each rank issues them on a
+process group (Horovod matches them by name), so every rank must issue the same collectives in
+the same order. DDP calls the hook once per bucket, strictly in bucket index order (its reducer
+launches bucket i only after buckets 0..i-1), and every rank holds the same buckets: in the
+first iteration they come from the parameters' order and sizes, which DDP checks agree; after
+DDP rebuilds them (end of the first iteration, without ``find_unused_parameters``) from rank 0's
+gradient-ready order, broadcast to all. So:
+
+1. In each bucket's hook, every gradient of the bucket is handed to the compressor (``begin``)
+   in the bucket's order, and the bucket's first-round payloads are started at once,
+   asynchronously (fused: one collective per kind and dtype, in member order), overlapping the
+   rest of backward. Nothing else is started here, and nothing waits.
+2. In the hook of the last bucket (``bucket.is_last()``), the driver's ``finish`` completes
+   every remaining round of the step in name order: it always waits on the smallest pending key
+   and starts that exchange's next round before looking at any other, so the sequence of
+   collectives depends only on names and round structure, which agree on every rank. Then each
+   bucket's future gets its flat buffer of aggregated gradients (DDP copies it back into the
+   gradients), and ``compressor.end_step`` runs (L-GreCo's decision exchange, if due, happens
+   there, at the same step on every rank).
+
+``RoundDriver.poll`` is never called: which round lands first differs between ranks, so
+advancing rounds as they land would issue collectives in different orders.
+
+The first iteration needs nothing special: state is keyed by parameter name (through
+``bucket.parameters()``), not by bucket index, so DDP's rebuilt buckets after it change nothing
+(``powerSGD_hook`` keys error feedback by bucket index, hence its all-reduce-only first
+iterations). With ``find_unused_parameters=True`` DDP puts zeros in the bucket for parameters
+that got no gradient on this rank; they are compressed like any gradient (error feedback
+included), so every rank runs the same exchanges.
+
+One process (world size 1): as with Horovod, nothing is compressed; buckets pass through.
+NCCL/CUDA: written device-agnostically (outputs on the gradients' device, CUDA-aware futures)
+but untested: there is no GPU on the development machine.
+"""
+import math
+import time
+from typing import Any, Dict, Iterable, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from hvd_compress import arguments
+from hvd_compress.comm.driver import RoundDriver
+from hvd_compress.comm.fusion import DEFAULT_DENSE_THRESHOLD, Bucket, FusionPlan, plan_buckets, scaled_threshold
+from hvd_compress.comm.torch_backend import TorchBackend
+from hvd_compress.compressors.base import GradientCompression
+from hvd_compress.control.service import TorchTransport
+from hvd_compress.integration.agreement import AGREEMENT_TIMEOUT, describe_difference
+
+MIB = 1024 * 1024  # DDP's bucket_cap_mb is in MiB
+
+
+class State:
+    """The hook's state: the compressor (or controller), the process group the exchange runs
+    on (None: the default group), and the parameters' names.
+
+    ``named_parameters``: ``model.named_parameters()`` of the module DDP wraps; names map
+    bucket gradients to parameters by identity, so per-layer settings, L-GreCo and GraVAC see
+    the same names as anywhere else. A compressor constructed with ``named_parameters`` needs
+    none here (its own names win). :func:`register` passes them.
+
+    Pickling (``torch.save(state)``) drops the process group, the driver and the names, as
+    torch's hook states do; a restored state uses the default group until ``process_group`` is
+    set, and needs its names again (``register(ddp_model, state)``). For checkpoints prefer
+    ``state.compressor.state_dict()`` / ``load_state_dict``.
+
+    ``iter``: steps completed, as in ``PowerSGDState``."""
+
+    def __init__(self, compressor: GradientCompression, process_group: Any = None, *,
+                 named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None):
+        if not isinstance(compressor, GradientCompression):
+            raise ValueError(f"hvd_compress.ddp.State: compressor must be an hvd_compress "
+                             f"compressor or controller, got {type(compressor).__name__}")
+        self.compressor = compressor
+        self.process_group = process_group
+        self.iter = 0
+        self._names: Dict[int, str] = {}
+        self._lookup: Dict[int, str] = {}  # id(parameter) -> name
+        if named_parameters is not None:
+            self.name_parameters(named_parameters)
+        self._reset()
+
+    def _reset(self):
+        self._ready = False    # bound to the group and configuration checked
+        self._active = False   # world size > 1
+        self._driver = None
+        self._plan = []        # this step's buckets so far, as fusion buckets
+        self._pending = []     # this step's (buffer, [(name, offset, numel)], future)
+
+    def name_parameters(self, named_parameters: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        """Names gradients by their parameters' identity: ``model.named_parameters()``."""
+        names = {}
+        for item in named_parameters:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                    and torch.is_tensor(item[1])):
+                raise ValueError("hvd_compress.ddp.State: named_parameters must be (name, "
+                                 "parameter) pairs, as model.named_parameters() gives")
+            names[id(item[1])] = item[0]
+        if len(set(names.values())) != len(names):
+            raise ValueError("hvd_compress.ddp.State: named_parameters has duplicate names")
+        self._names = names
+        self._build_lookup()
+
+    def _build_lookup(self):
+        # The compressor's own names (if it was given named_parameters) win.
+        self._lookup = dict(self._names)
+        self._lookup.update({id(p): n for n, p in self.compressor.parameters.items()})
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.update(process_group=None, _names={}, _lookup={}, _ready=False, _active=False,
+                     _driver=None, _plan=[], _pending=[])
+        return state
+
+    # ----- used by hook() -------------------------------------------------------------------
+    def _name_of(self, param):
+        name = self._lookup.get(id(param))
+        if name is None:
+            raise ValueError(
+                f"hvd_compress.ddp: a bucket holds a parameter of shape {tuple(param.shape)} that "
+                f"has no name; use hvd_compress.ddp.register(ddp_model, compressor), or "
+                f"State(compressor, named_parameters=model.named_parameters())")
+        return name
+
+    def _prepare(self):
+        """Once, at the first bucket: bind to the group, check every rank's configuration."""
+        if self._ready:
+            return
+        group = self.process_group
+        size = dist.get_world_size(group)
+        self._active = size > 1
+        if self._active:
+            self.compressor.bind_world(dist.get_rank(group), size)
+            # For whatever talks to other ranks outside the rounds (L-GreCo's decisions): a
+            # torch.distributed group makes its "auto" transport torch.distributed's.
+            self.compressor.use_process_set(group if group is not None else dist.group.WORLD)
+            self._driver = RoundDriver(TorchBackend(group), self.compressor.traffic)
+            self._check_configuration()
+        self._build_lookup()
+        self._ready = True
+
+    def _check_configuration(self):
+        """``describe()`` all-gathered over the group; ValueError on every rank, naming what
+        differs, if any rank disagrees (as ``integration/agreement.py`` for Horovod)."""
+        transport = TorchTransport(self.process_group)
+        mine = self.compressor.describe()
+        everyone = transport.allgather(mine, "hvd_compress.configuration",
+                                       time.monotonic() + AGREEMENT_TIMEOUT,
+                                       "the cross-rank configuration check")
+        for other_rank, theirs in enumerate(everyone):
+            if theirs != mine:
+                raise ValueError(describe_difference(mine, theirs, transport.rank, other_rank))
+
+    def _start_bucket(self, bucket):
+        buffer = bucket.buffer()
+        members = []
+        for param, grad in zip(bucket.parameters(), bucket.gradients()):
+            offset = (grad.data_ptr() - buffer.data_ptr()) // buffer.element_size()
+            members.append((self._name_of(param), grad, offset))
+        # This bucket is one fusion bucket: its first-round payloads travel together.
+        self._plan.append(Bucket(tuple(name for name, _, _ in members), 0))
+        self._driver.use_plan(FusionPlan("", 0, tuple(self._plan)))
+        for name, grad, _ in members:
+            self._driver.start(name, grad, self.compressor.begin(name, grad))
+        future = (torch.futures.Future(devices=[buffer.device]) if buffer.is_cuda
+                  else torch.futures.Future())
+        self._pending.append((buffer, [(name, offset, grad.numel()) for name, grad, offset in members],
+                              future))
+        return future
+
+    def _finish_step(self):
+        pending, self._pending, self._plan = self._pending, [], []
+        waited = time.perf_counter()
+        try:
+            results = self._driver.finish()
+        except BaseException as error:
+            for _, _, future in pending:
+                future.set_exception(error)
+            raise
+        finally:
+            self._driver.use_plan(None)
+        comm_seconds = time.perf_counter() - waited
+        for buffer, members, future in pending:
+            covered = sum(numel for _, _, numel in members) == buffer.numel()
+            out = torch.empty_like(buffer) if covered else buffer.clone()
+            for name, offset, numel in members:
+                out[offset:offset + numel].copy_(results[name].reshape(-1))
+            future.set_result(out)
+        self.iter += 1
+        self.compressor.end_step(comm_seconds=comm_seconds)
+
+
+def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The DDP communication hook: ``ddp_model.register_comm_hook(state, hook)``.
+
+    Starts the first round of every gradient in ``bucket`` and returns a future; at the last
+    bucket of the step, finishes every round of every bucket in name order, completes all the
+    step's futures with their buckets' aggregated (averaged) gradients, and ends the
+    compressor's step. See the module docstring for why this is deadlock-free."""
+    state._prepare()
+    if not state._active:
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+    future = state._start_bucket(bucket)
+    if bucket.is_last():
+        state._finish_step()
+    return future
+
+
+def register(ddp_model: torch.nn.parallel.DistributedDataParallel, compressor: Any,
+             process_group: Any = None) -> State:
+    """``ddp_model.register_comm_hook(State(compressor, ...), hook)`` with the wrapped module's
+    parameter names; returns the state. ``process_group``: None takes the DDP model's own.
+    ``compressor`` may also be a :class:`State` (a restored one: it gets its names back)."""
+    module = getattr(ddp_model, "module", ddp_model)
+    if process_group is None:
+        process_group = getattr(ddp_model, "process_group", None)
+    if isinstance(compressor, State):
+        state = compressor
+        if process_group is not None:
+            state.process_group = process_group
+    else:
+        state = State(compressor, process_group)
+    state.name_parameters(module.named_parameters())
+    ddp_model.register_comm_hook(state, hook)
+    return state
+
+
+def scaled_bucket_cap_mb(model: torch.nn.Module, compressor: GradientCompression,
+                         dense_mb: float = DEFAULT_DENSE_THRESHOLD / MIB) -> float:
+    """DDP's ``bucket_cap_mb`` under ACP-SGD's scaled fusion rule (README, "With PyTorch DDP").
+
+    The rule sizes a buffer of *compressed* payloads at ``dense_mb`` times the compression rate
+    (payload bytes / float32 gradient bytes), so that it holds about as many layers as a dense
+    buffer of ``dense_mb``. DDP's ``bucket_cap_mb`` counts *dense* gradient bytes, and this hook
+    fuses each bucket's first-round payloads into one collective, so a bucket's collective
+    carries its dense bytes times the rate. The cap returned is the mean dense size of the
+    buckets the scaled rule forms (``comm.fusion.plan_buckets`` over the compressor's
+    ``next_payload_bytes``, in backward order, threshold ``dense_mb`` MiB x rate), so DDP makes
+    about as many buckets as the rule: about ``dense_mb`` for models larger than that (DDP's
+    default 25 already is the scaled rule there), the whole model (one bucket) otherwise. Not
+    ``dense_mb`` x rate: that cap would shrink the fused payloads by the rate a second time.
+
+    ``model``: the module (or the DDP model wrapping it), to call before constructing DDP."""
+    module = getattr(model, "module", model)
+    params = [(name, tuple(p.shape)) for name, p in module.named_parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("scaled_bucket_cap_mb: the model has no parameters that require grad")
+    arguments.real("scaled_bucket_cap_mb", "dense_mb", dense_mb, low=0, low_open=True)
+    dense = sum(4 * math.prod(shape) for _, shape in params)
+    payloads = [(name, compressor.next_payload_bytes(name, shape)) for name, shape in reversed(params)]
+    threshold = scaled_threshold(dense_mb * MIB, sum(nbytes for _, nbytes in payloads), dense)
+    plan = plan_buckets(payloads, threshold)
+    return dense / len(plan.buckets) / MIB

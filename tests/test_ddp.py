@@ -1,0 +1,126 @@
+"""The PyTorch DDP tier: each file in tests/ddp runs as one ``torchrun`` job (Gloo, no Horovod
+initialised) at np 2 and np 4. Every launch has a hard timeout and its whole process group is
+killed on expiry, so no rank can hang the suite. The np 2 launch of test_ddp_exchange.py runs in
+the quick tier (``-m "not slow"``); the others are marked ``slow``.
+
+Also here, single-process: ``hvd_compress.ddp.scaled_bucket_cap_mb``."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import hvd_compress as hc
+import hvd_compress.ddp
+
+HERE = Path(__file__).parent / "ddp"
+# Seconds per launch; on this 2-core machine a launch took 13-31 s at np 2 and 26-71 s at np 4
+# (10-20 s of it importing torch._dynamo, which DDP pulls in, Horovod and the package in every
+# rank), up to twice that while other jobs ran.
+TIMEOUTS = {"test_ddp_exchange.py": 300, "test_ddp_state.py": 300, "test_ddp_backend.py": 300}
+QUICK = {(2, "test_ddp_exchange.py")}
+
+
+def launches():
+    for np in [2, 4]:
+        for test_file in sorted(TIMEOUTS):
+            marks = [] if (np, test_file) in QUICK else [pytest.mark.slow]
+            yield pytest.param(np, test_file, marks=marks, id=f"torchrun-{np}-{test_file}")
+
+
+def command(np, test_file):
+    # --standalone: a rendezvous on a free local port, so launches never collide.
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(np),
+            "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file]
+
+
+def descendants(pid):
+    """Every process below ``pid``, from /proc (ranks outlive a killed torchrun otherwise, and
+    keep its output pipe open)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="needs torchrun (comes with torch)")
+@pytest.mark.parametrize("np, test_file", launches())
+def test_launch(np, test_file):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(command(np, test_file), cwd=HERE, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=TIMEOUTS[test_file])
+    except subprocess.TimeoutExpired:
+        # torchrun starts each rank in a session of its own: kill them by id, then torchrun.
+        for pid in descendants(process.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"torchrun --nproc_per_node {np} {test_file} timed out after "
+                    f"{TIMEOUTS[test_file]} s:\n{output[-6000:]}")
+    summary = [line for line in output.splitlines() if " passed" in line or " failed" in line]
+    print(f"\ntorchrun --nproc_per_node {np} {test_file}:\n" + "\n".join(summary))
+    assert process.returncode == 0, output[-8000:]
+
+
+class Layers(nn.Module):
+    """Eight 256 x 256 weights: 256 KiB each in float32, 2 MiB in all."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(256, 256, bias=False) for _ in range(8))
+
+
+@pytest.mark.parametrize("name, settings", [("none", {}), ("powersgd", {"rank": 4}),
+                                            ("topk", {"density": 0.01}), ("fp16", {})])
+def test_scaled_bucket_cap_keeps_as_many_layers_per_bucket_as_dense(name, settings):
+    """The scaled rule fuses payloads up to dense_mb x rate, i.e. as many layers as a dense
+    buffer of dense_mb holds, whatever the rate: here 4 layers (1 MiB) per bucket at 1 MiB and 2
+    (0.5 MiB) at 0.5 MiB. In DDP's terms (dense bytes) that is a cap of dense_mb, not dense_mb x
+    rate (PowerSGD rank 4: rate 1/32, which would make 32 times smaller buckets)."""
+    model = Layers()
+    compressor = hc.COMPRESSORS[name].build(**settings)
+    assert hvd_compress.ddp.scaled_bucket_cap_mb(model, compressor, dense_mb=1) == pytest.approx(1.0)
+    assert hvd_compress.ddp.scaled_bucket_cap_mb(model, compressor, dense_mb=0.5) == pytest.approx(0.5)
+    # Larger than the model: one bucket, the whole model.
+    assert hvd_compress.ddp.scaled_bucket_cap_mb(model, compressor) == pytest.approx(2.0)
+
+
+def test_scaled_bucket_cap_follows_the_payloads_where_layers_compress_differently():
+    """Layers 0-3 compressed 32-fold (8 KiB payloads), 4-7 sent dense (256 KiB: rank 200 would
+    not shrink them): the rate is (4/32 + 4) / 8 = 33/64, the threshold 1 MiB x 33/64 = 528
+    KiB, and in backward order the plan is [7, 6], [5, 4, 3, 2], [1, 0]: 3 buckets for 2 MiB,
+    2/3 MiB each on average."""
+    model = Layers()
+    compressor = hc.PowerSGD(model.named_parameters(), rank=4)
+    for i in range(4, 8):
+        compressor.set_setting(f"layers.{i}.weight", 200)
+    cap = hvd_compress.ddp.scaled_bucket_cap_mb(model, compressor, dense_mb=1)
+    assert cap == pytest.approx(2.0 / 3)
+
+
+def test_scaled_bucket_cap_refuses_nonsense():
+    with pytest.raises(ValueError, match="dense_mb"):
+        hvd_compress.ddp.scaled_bucket_cap_mb(Layers(), hc.FP16(), dense_mb=0)
+    with pytest.raises(ValueError, match="no parameters"):
+        hvd_compress.ddp.scaled_bucket_cap_mb(nn.ReLU(), hc.FP16())
