@@ -1,7 +1,26 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, then runs the unit tier and the multi-rank tier
-# (real Horovod under horovodrun --gloo and mpirun, np 2 and 4). About 10 minutes on 2 cores.
+# The test command: installs what is missing, then runs the tests. Extra arguments pass through
+# to pytest (e.g. -k, -x).
+#
+#   bash ci/test.sh --quick   the quick tier, after each change: unit tests not marked slow and
+#                             one np 2 launch of test_exchange.py per launcher (both integration
+#                             paths under mpirun and horovodrun --gloo), L-GreCo under mpirun and
+#                             the DDP exchange under torchrun (pytest -m "not slow"; the marker is
+#                             in pytest.ini). About 3 minutes on 2 cores.
+#   bash ci/test.sh           the full tier (.ci/run): every unit test, each multi-rank file under
+#                             horovodrun --gloo and mpirun at np 2 and 4 and each DDP file under
+#                             torchrun at np 2 and 4, minus the launches in SKIPPED
+#                             (tests/test_multirank.py). 30 minutes on 2 cores shared at load 3-8.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+selection=()
+arguments=()
+for argument in "$@"; do
+    if [[ "$argument" == "--quick" ]]; then
+        selection=(-m "not slow")
+    else
+        arguments+=("$argument")
+    fi
+done
 bash ci/setup.sh
-python3 -m pytest -v -rs --durations=10 "$@"
+python3 -m pytest -v -rs --durations=10 "${selection[@]}" "${arguments[@]}"

@@ -51,6 +51,7 @@ def test_full_runs_measure_each_method_in_a_fresh_process():
     assert len(per_step) == 1 and per_step[0] > 0
 
 
+@pytest.mark.slow
 def test_convergence_quick_trains_every_method_under_mpirun_and_writes_its_section(tmp_path, monkeypatch):
     from hvd_compress.bench.convergence import METHODS
     (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\n## Convergence\n\nstale\n\n## Other\n\nkept\n")
@@ -75,6 +76,7 @@ def test_convergence_quick_trains_every_method_under_mpirun_and_writes_its_secti
     assert "](benchmarks/convergence.png)" in text
 
 
+@pytest.mark.slow
 def test_endtoend_on_the_testbed_then_its_projection(tmp_path, monkeypatch):
     from hvd_compress.bench.testbed import NetworkNamespacesUnavailable
     monkeypatch.setattr(sys, "argv", list(sys.argv))

@@ -38,6 +38,7 @@ def test_batches_are_shifted_windows(corpus):
     assert torch.equal(x[:, 1:], y[:, :-1])
 
 
+@pytest.mark.slow
 def test_short_training_lowers_validation_perplexity(corpus):
     torch.manual_seed(0)
     untrained = charlm.evaluate(charlm.CharTransformer(), corpus[1], context=64)
@@ -47,6 +48,7 @@ def test_short_training_lowers_validation_perplexity(corpus):
     assert trained < 20
 
 
+@pytest.mark.slow
 def test_training_is_deterministic_for_a_seed():
     first, ppl_first = charlm.train(unchanged, steps=15)
     second, ppl_second = charlm.train(unchanged, steps=15)

@@ -31,6 +31,7 @@ def compressed_in_the_loop(lgreco):
     return make_optimizer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_first_decision_sends_fewer_bytes_within_the_error_budget(family):
     lgreco = hc.LGreCo(FAMILIES[family](), warmup_steps=200, decide_every=100, apply_delay=5,

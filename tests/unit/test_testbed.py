@@ -48,6 +48,7 @@ def _namespaces():
                           timeout=10).stdout.split()
 
 
+@pytest.mark.slow
 def test_two_namespace_testbed_runs_mpi_between_ranks_and_is_removed():
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
