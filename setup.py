@@ -9,6 +9,6 @@ setup(
     # Horovod is built from source against the installed torch (ci/setup.sh), so it is not
     # listed here: pip would otherwise try to build the unpatched release.
     install_requires=["torch>=2.1", "numpy"],
-    extras_require={"test": ["pytest", "mpi4py", "scikit-learn"], "bench": ["matplotlib"]},
-    entry_points={"console_scripts": ["hvd-compress = hvd_compress.cli:main"]},
+    # The benchmarks (benchmarks/, run from a checkout) also need matplotlib.
+    extras_require={"test": ["pytest", "mpi4py", "scikit-learn"]},
 )

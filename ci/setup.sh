@@ -75,10 +75,8 @@ if ! horovod_ok; then
 fi
 
 # Checked from / so that the source tree in the working directory does not count as installed,
-# and against this checkout so that an install from another clone does not either; an install
-# from before the hvd-compress command existed is renewed.
-if [ "$(cd / && "$PYTHON" -c 'import hvd_compress, os; print(os.path.dirname(os.path.dirname(os.path.realpath(hvd_compress.__file__))))' 2>/dev/null)" != "$(realpath "$REPO_ROOT")" ] \
-        || ! command -v hvd-compress >/dev/null; then
+# and against this checkout so that an install from another clone does not either.
+if [ "$(cd / && "$PYTHON" -c 'import hvd_compress, os; print(os.path.dirname(os.path.dirname(os.path.realpath(hvd_compress.__file__))))' 2>/dev/null)" != "$(realpath "$REPO_ROOT")" ]; then
     log "installing hvd_compress from $REPO_ROOT (editable)"
     "$PYTHON" -m pip install -q --no-deps --no-build-isolation -e "$REPO_ROOT"
 fi

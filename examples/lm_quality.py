@@ -8,11 +8,17 @@ rank, 300 AdamW steps, seed 0), with PowerSGD rank 4 starting after 0, 30 and 10
 ACP-SGD rank 4 after 100, and PowerSGD at rank 16 and 32 from the start. Rank 0 prints each run's validation perplexity and the ratio of
 float32 all-reduce bytes to bytes sent, over the whole run.
 """
+import sys
+from pathlib import Path
+
 import horovod.torch as hvd
 import torch
 
 import hvd_compress as hc
-from hvd_compress.workloads import charlm
+
+# The workloads live in the repository's benchmarks/, outside the installed package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.workloads import charlm  # noqa: E402
 
 RUNS = [(hc.PowerSGD, 4, 0), (hc.PowerSGD, 4, 30), (hc.PowerSGD, 4, 100), (hc.ACPSGD, 4, 100),
         (hc.PowerSGD, 16, 0), (hc.PowerSGD, 32, 0)]

@@ -6,12 +6,17 @@
 Prints loss and test accuracy per epoch, then bytes sent per step and the compression ratio.
 """
 import argparse
+import sys
+from pathlib import Path
 
 import horovod.torch as hvd
 import torch
 
 import hvd_compress
-from hvd_compress.workloads import digits
+
+# The workloads live in the repository's benchmarks/, outside the installed package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.workloads import digits  # noqa: E402
 
 
 def main():

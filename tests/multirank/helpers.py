@@ -2,7 +2,7 @@ import horovod.torch as hvd
 import torch
 
 import hvd_compress as hc
-from hvd_compress.workloads import digits
+from benchmarks.workloads import digits
 
 # Every registered compressor but the baseline, at settings that compress the digits CNN's layers.
 CONFIGS = sorted(name for name in hc.COMPRESSORS if name != "none")

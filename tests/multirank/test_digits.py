@@ -10,7 +10,7 @@ import horovod.torch as hvd
 import pytest
 
 import hvd_compress as hc
-from hvd_compress.workloads import digits
+from benchmarks.workloads import digits
 
 from helpers import CONFIGS, distributed
 

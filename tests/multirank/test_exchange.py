@@ -6,7 +6,7 @@ from torch import nn
 
 import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
-from hvd_compress.workloads.digits import DigitsCNN
+from benchmarks.workloads.digits import DigitsCNN
 
 from helpers import CONFIGS, PATHS, distributed, gathered, rank_batches
 

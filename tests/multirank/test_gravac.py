@@ -7,7 +7,7 @@ from torch import nn
 
 import hvd_compress as hc
 from hvd_compress.control.gravac import DENSE
-from hvd_compress.workloads.digits import DigitsCNN
+from benchmarks.workloads.digits import DigitsCNN
 
 from helpers import PATHS, gathered, rank_batches
 

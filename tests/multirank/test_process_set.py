@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import hvd_compress as hc
-from hvd_compress.workloads.digits import DigitsCNN
+from benchmarks.workloads.digits import DigitsCNN
 
 from helpers import PATHS, rank_batches
 

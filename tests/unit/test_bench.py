@@ -3,12 +3,13 @@ outputs (no timing assertions: timings belong in docs/benchmarks.md, not in test
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
-from hvd_compress.bench import __main__ as bench
-from hvd_compress.bench.codec import HOOK, measure_in_fresh_process
-from hvd_compress.bench.shapes import parameter_count, shape_set
+from benchmarks import __main__ as bench
+from benchmarks.codec import HOOK, measure_in_fresh_process
+from benchmarks.shapes import parameter_count, shape_set
 
 
 def test_shape_sets_match_the_published_parameter_counts():
@@ -28,7 +29,7 @@ def test_codec_quick_writes_json_figures_and_its_section(tmp_path, monkeypatch):
         assert (tmp_path / "benchmarks" / png).stat().st_size > 0
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## Other\n\nkept\n" in text and text.count("## Codec cost") == 1
-    assert "python -m hvd_compress.bench codec --quick" in text
+    assert "python -m benchmarks codec --quick" in text
     # A second run replaces the section instead of appending another.
     assert bench.main(["codec", "--quick", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "benchmarks.md").read_text().count("## Codec cost") == 1
@@ -39,10 +40,13 @@ def test_unknown_benchmark_prints_usage(capsys):
     assert "codec" in capsys.readouterr().err
 
 
-def test_hvd_compress_command_runs_benchmarks(capsys):
-    from hvd_compress.cli import main
-    assert main(["list"]) == 2 and "hvd-compress bench <benchmark>" in capsys.readouterr().err
-    assert main(["bench"]) == 2 and "endtoend" in capsys.readouterr().err
+def test_benchmarks_are_outside_the_installed_package():
+    import hvd_compress
+    assert not hasattr(hvd_compress, "bench") and not hasattr(hvd_compress, "workloads")
+    package = Path(hvd_compress.__file__).parent
+    for path in package.rglob("*.py"):
+        text = path.read_text()
+        assert "from benchmarks" not in text and "import benchmarks" not in text, path
 
 
 def test_full_runs_measure_each_method_in_a_fresh_process():
@@ -53,7 +57,7 @@ def test_full_runs_measure_each_method_in_a_fresh_process():
 
 @pytest.mark.slow
 def test_convergence_quick_trains_every_method_under_mpirun_and_writes_its_section(tmp_path, monkeypatch):
-    from hvd_compress.bench.convergence import METHODS
+    from benchmarks.convergence import METHODS
     (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\n## Convergence\n\nstale\n\n## Other\n\nkept\n")
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     # A hang fails in two minutes, not the default five per job.
@@ -72,13 +76,13 @@ def test_convergence_quick_trains_every_method_under_mpirun_and_writes_its_secti
     assert (tmp_path / "benchmarks" / "convergence.png").stat().st_size > 0
     text = (tmp_path / "benchmarks.md").read_text()
     assert text.count("## Convergence") == 1 and "stale" not in text and "## Other\n\nkept\n" in text
-    assert "python -m hvd_compress.bench convergence --quick" in text
+    assert "python -m benchmarks convergence --quick" in text
     assert "](benchmarks/convergence.png)" in text
 
 
 @pytest.mark.slow
 def test_endtoend_on_the_testbed_then_its_projection(tmp_path, monkeypatch):
-    from hvd_compress.bench.testbed import NetworkNamespacesUnavailable
+    from benchmarks.testbed import NetworkNamespacesUnavailable
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     try:
         assert bench.main(["endtoend", "--np", "2", "--rates", "1,2.5", "--models", "cnn",

@@ -3,7 +3,7 @@ determinism. Small runs of the default model; about 15 s of CPU."""
 import pytest
 import torch
 
-from hvd_compress.workloads import charlm
+from benchmarks.workloads import charlm
 
 
 def unchanged(model, optimizer):

@@ -1,4 +1,4 @@
-"""The emulated cluster of ``hvd_compress.bench.testbed``: the mpirun command it builds, and a
+"""The emulated cluster of ``benchmarks.testbed``: the mpirun command it builds, and a
 real 2-namespace testbed carrying a tiny mpi4py job (skipped where network namespaces cannot be
 created). Seconds long; no timing assertions."""
 import os
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hvd_compress.bench.testbed import (EmulatedCluster, NetworkNamespacesUnavailable,
+from benchmarks.testbed import (EmulatedCluster, NetworkNamespacesUnavailable,
                                         emulated_cluster)
 
 # Prefix and subnet of their own, so the test never touches a benchmark's testbed (hvdc*).

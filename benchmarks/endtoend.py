@@ -1,10 +1,10 @@
 """End to end: step time of every method on an emulated cluster, split into compute,
 compression and exposed communication, with the bytes each rank actually sent.
 
-    python -m hvd_compress.bench endtoend [--models charlm,cnn] [--rates 0.5,1,2.5] [--np 4]
+    python -m benchmarks endtoend [--models charlm,cnn] [--rates 0.5,1,2.5] [--np 4]
         [--methods ...] [--warmup 8] [--steps 12] [--out docs/]
 
-For every link rate an :mod:`emulated cluster <hvd_compress.bench.testbed>` of ``--np`` ranks
+For every link rate an :mod:`emulated cluster <benchmarks.testbed>` of ``--np`` ranks
 is built (one network namespace per rank, ``tc tbf`` both ways), and for every model and method
 one job runs under mpirun. A job has three phases, every rank in step with the others, so the
 cores are shared the same way in each:
@@ -36,7 +36,7 @@ Methods (the rank of the low-rank methods is ``--rank``):
   measures the speed of what it chose, not whether it chose well).
 
 A probe job per rate times Horovod's all-reduce and all-gather of 4 KiB to 16 MiB; the
-projection (``python -m hvd_compress.bench projection``) fits its alpha-beta model to it.
+projection (``python -m benchmarks projection``) fits its alpha-beta model to it.
 Writes ``<out>/benchmarks/endtoend.json``, ``endtoend.png`` and the "End to end" section of
 ``<out>/benchmarks.md``. Each job is bounded (``--job-timeout``); the namespaces are removed
 at the end, also on errors and Ctrl-C.
@@ -53,8 +53,7 @@ from pathlib import Path
 
 import torch
 
-from hvd_compress.bench.codec import exchange_alone
-from hvd_compress.bench.report import (checkout_pythonpath, cluster_job, describe_machine, machine,
+from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine,
                                        panels, summarise, timed_step, undisturbed, write_section)
 
 RESULT_PREFIX = "ENDTOEND_RESULT "
@@ -64,7 +63,7 @@ COMPUTE_STEPS, CODEC_STEPS = 6, 6  # even: ACP-SGD's P and Q steps weigh equally
 UNTIMED_STEPS = 2  # before each timed phase: first-touch allocations, lazy initialisation
 METHODS = ["S-SGD", "FP16", "PowerSGD", "ACP-SGD", "ACP-SGD+fusion", "L-GreCo", "GraVAC", "ScaleCom"]
 WRAPPED = {"ACP-SGD+fusion", "L-GreCo", "GraVAC"}  # hvd_compress.DistributedOptimizer + fusion
-# Targets of issue 6, at 1 Gbit/s: (method, baseline, least speed-up).
+# Targets at 1 Gbit/s: (method, baseline, least speed-up).
 TARGETS = [("L-GreCo", "S-SGD", 2.5), ("L-GreCo", "PowerSGD", 1.2)]
 
 
@@ -72,7 +71,7 @@ TARGETS = [("L-GreCo", "S-SGD", 2.5), ("L-GreCo", "PowerSGD", 1.2)]
 def charlm(batch_generator):
     """The fusion benchmark's character transformer: d_model 256, 24 layers, 19.1 M parameters,
     one 64-token sequence per rank and step."""
-    from hvd_compress.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
+    from benchmarks.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
     model = CharTransformer(d_model=256, layers=24, heads=4, context=64)
     train_ids, _ = load_corpus(max_chars=400_000)
     return model, batches(train_ids, 1, 64, batch_generator), cross_entropy
@@ -82,11 +81,16 @@ def cnn(batch_generator):
     """SmallVGG on synthetic 32 x 32 images, 16 per rank and step."""
     from torch.nn import functional as F
 
-    from hvd_compress.workloads.vgg import SmallVGG, synthetic_batches
+    from benchmarks.workloads.vgg import SmallVGG, synthetic_batches
     return SmallVGG(), synthetic_batches(16, batch_generator), lambda model, x, y: F.cross_entropy(model(x), y)
 
 
 WORKLOADS = {"charlm": charlm, "cnn": cnn}
+
+
+# The registry's name of each plain method (rank: the --rank option).
+REGISTERED = {"FP16": "fp16", "PowerSGD": "powersgd", "ACP-SGD": "acpsgd", "ACP-SGD+fusion": "acpsgd",
+              "ScaleCom": "scalecom"}
 
 
 def build_compression(method, rank, named):
@@ -95,20 +99,14 @@ def build_compression(method, rank, named):
 
     if method == "S-SGD":
         return None
-    if method == "FP16":
-        return hc.FP16(named)
-    if method == "PowerSGD":
-        return hc.PowerSGD(named, rank=rank)
-    if method in ("ACP-SGD", "ACP-SGD+fusion"):
-        return hc.ACPSGD(named, rank=rank)
     if method == "L-GreCo":
-        return hc.LGreCo(hc.ACPSGD(named, rank=rank), warmup_steps=3, apply_delay=2, decide_every=1000,
-                         log=lambda *_: None)
+        return hc.LGreCo(hc.ACPSGD(named, rank=rank), warmup_steps=3, apply_delay=2, decide_every=1000)
     if method == "GraVAC":
         return hc.GraVAC(hc.ACPSGD(named, rank=rank), window=2)
-    if method == "ScaleCom":
-        return hc.ScaleCom(named, density=0.01)
-    raise ValueError(f"endtoend: unknown method {method!r}; known: {', '.join(METHODS)}")
+    if method not in REGISTERED:
+        raise ValueError(f"endtoend: unknown method {method!r}; known: {', '.join(METHODS)}")
+    settings = {"rank": rank} if "rank" in hc.COMPRESSORS[REGISTERED[method]].defaults else {}
+    return hc.COMPRESSORS[REGISTERED[method]].build(named, **settings)
 
 
 # ----- one rank of one job --------------------------------------------------------------------
@@ -245,7 +243,7 @@ def probe(args):
 
 # ----- the sweep ------------------------------------------------------------------------------
 def run_job(cluster, args, flags, env=None):
-    argv = [sys.executable, "-m", "hvd_compress.bench.endtoend", *flags]
+    argv = [sys.executable, "-m", "benchmarks.endtoend", *flags]
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath(), **(env or {})}
     return cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX)
 
@@ -294,7 +292,7 @@ def model_summary(model):
 
 
 def sweep(args):
-    from hvd_compress.bench.testbed import emulated_cluster
+    from benchmarks.testbed import emulated_cluster
 
     results = {"command": command_line(), "machine": machine(), "np": args.np, "rank": args.rank,
                "warmup": args.warmup, "steps": args.steps, "load_average_before": os.getloadavg(),
@@ -340,7 +338,7 @@ def markdown(results, figure):
              f"{results['np']} ranks, one torch thread each; "
              f"{results['warmup']} warm-up and {results['steps']} timed steps per job; low-rank "
              f"methods at rank {results['rank']}; how each method is run, and what the columns "
-             "mean, in `hvd_compress/bench/endtoend.py`'s docstring. *Exposed comm* is the "
+             "mean, in `benchmarks/endtoend.py`'s docstring. *Exposed comm* is the "
              "median step less compute and compression, so it also holds the controllers' own "
              "work (L-GreCo's gradient accumulation on rank 0, GraVAC's gain measurement). "
              "*Sent*: bytes each rank's link transmitted, read from the kernel (headers "
@@ -366,7 +364,7 @@ def markdown(results, figure):
                     f"{e['exposed_comm_ms']:.1f} | {e['sent_bytes_per_step'] / 2**20:.2f} | {ratio} | "
                     f"{describe_settings(e['settings'])}{rerun_note(e)} |")
             lines.append("")
-    lines += ["Targets (issue 6):", "", "| target | value | limit | met |", "|---|---|---|---|"]
+    lines += ["Targets:", "", "| target | value | limit | met |", "|---|---|---|---|"]
     lines += [f"| {row['target']} | {row['value']:.2f} | {row['limit']} | {'yes' if row['met'] else 'no'} |"
               for row in results["targets"]]
     return "\n".join(lines) + "\n"
@@ -410,11 +408,11 @@ def draw_figure(results, path):
 
 
 def command_line():
-    return " ".join(["python -m hvd_compress.bench endtoend"] + [shlex.quote(a) for a in sys.argv[1:]])
+    return " ".join(["python -m benchmarks endtoend"] + [shlex.quote(a) for a in sys.argv[1:]])
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m hvd_compress.bench endtoend",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks endtoend",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=lambda text: text.split(","), default=list(WORKLOADS))
     parser.add_argument("--rates", type=lambda text: [float(v) for v in text.split(",")],
@@ -427,7 +425,7 @@ def parse_args(argv):
     parser.add_argument("--job-timeout", type=int, default=240)
     parser.add_argument("--max-other-cpu", type=float, default=0.05,
                         help="rerun a job when this share of the CPU went to other processes")
-    parser.add_argument("--out", type=Path, default=Path("docs"))
+    parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)

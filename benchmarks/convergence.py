@@ -1,13 +1,13 @@
 """Convergence: what each compressor costs in model quality, on two real workloads trained by
 real multi-process Horovod jobs, against uncompressed training with the same seed and data.
 
-    python -m hvd_compress.bench convergence [--np 4] [--methods all] [--digits-seeds 3]
+    python -m benchmarks convergence [--np 4] [--methods all] [--digits-seeds 3]
         [--lm-steps 300] [--job-timeout 300] [--out docs/] [--quick]
 
-Workloads: the digits CNN of :mod:`hvd_compress.workloads.digits` trained as the multi-rank
+Workloads: the digits CNN of :mod:`benchmarks.workloads.digits` trained as the multi-rank
 convergence test trains it (SGD, lr 0.1, 6 epochs per rank, so about 260 steps at any W; test
 accuracy on the held-out split, mean over seeds), and the character transformer of
-:mod:`hvd_compress.workloads.charlm` on the Python standard library's own source (AdamW;
+:mod:`benchmarks.workloads.charlm` on the Python standard library's own source (AdamW;
 validation perplexity, exp of the mean cross-entropy).
 
 One ``mpirun -np W`` job per (workload, method), each bounded by ``--job-timeout`` (its whole
@@ -34,19 +34,20 @@ import horovod.torch as hvd
 import torch
 
 import hvd_compress as hc
-from hvd_compress.bench.report import (OthersShare, checkout_pythonpath, describe_machine, machine, method_bars, panels,
+from benchmarks.report import (DOCS, OthersShare, checkout_pythonpath, describe_machine, machine, method_bars, panels,
                                        printed_results, write_section)
-from hvd_compress.bench.testbed import run_bounded
+from benchmarks.testbed import run_bounded
 from hvd_compress.comm.rounds import Collective
-from hvd_compress.workloads import charlm, digits
+from benchmarks.workloads import charlm, digits
 
 RESULT_PREFIX = "CONVERGENCE_RESULT "
 SECTION = "Convergence"
 UNCOMPRESSED = "uncompressed"
 LGRECO = "L-GreCo (ACP-SGD)"
 GRAVAC = "GraVAC (Top-K)"
-CLASSES = {"FP16": hc.FP16, "PowerSGD": hc.PowerSGD, "ACP-SGD": hc.ACPSGD, "ScaleCom": hc.ScaleCom,
-           "QSGD": hc.QSGD, "Top-K": hc.TopK}
+# The registry's name of each plain method.
+REGISTERED = {"FP16": "fp16", "PowerSGD": "powersgd", "ACP-SGD": "acpsgd", "ScaleCom": "scalecom",
+              "QSGD": "qsgd", "Top-K": "topk"}
 METHODS = [UNCOMPRESSED, "FP16", "PowerSGD", "ACP-SGD", LGRECO, GRAVAC, "ScaleCom", "QSGD", "Top-K"]
 # GraVAC as the multi-rank test and the README run it on the digits CNN: at epsilon 0.7 it
 # never leaves 10x there (Top-K keeps too little of this small CNN's gradient energy above).
@@ -92,10 +93,10 @@ def build_compression(method, named, settings, steps):
         return None
     schedule = adaptive_schedule(steps)
     if method == LGRECO:
-        return hc.LGreCo(hc.ACPSGD(named, **settings["ACP-SGD"]), log=None, **schedule["lgreco"])
+        return hc.LGreCo(hc.ACPSGD(named, **settings["ACP-SGD"]), **schedule["lgreco"])
     if method == GRAVAC:
         return hc.GraVAC(hc.TopK(named), **schedule["gravac"])
-    return CLASSES[method](named, **settings.get(method, {}))
+    return hc.COMPRESSORS[REGISTERED[method]].build(named, **settings.get(method, {}))
 
 
 class StepCounter:
@@ -204,7 +205,7 @@ def run_job(spec, args):
     """Runs one job under mpirun; rank 0's records, or RuntimeError with the job's output."""
     argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.np),
             "--mca", "btl", "self,tcp", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "PATH",
-            sys.executable, "-m", "hvd_compress.bench.convergence", "--worker", json.dumps(spec)]
+            sys.executable, "-m", "benchmarks.convergence", "--worker", json.dumps(spec)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath())
     started = time.perf_counter()
     returncode, stdout, stderr = run_bounded(argv, args.job_timeout, env)
@@ -323,7 +324,7 @@ def markdown(results, figure):
              "the documented 0.7 it stays at 10x on the digits CNN, see the README).", ""]
     if digits is not None:
         spec = digits["spec"]
-        lines += [f"**{WORKLOADS['digits']}** (`hvd_compress/workloads/digits.py`): SGD with momentum, "
+        lines += [f"**{WORKLOADS['digits']}** (`benchmarks/workloads/digits.py`): SGD with momentum, "
                   f"lr 0.1 with cosine decay, batch 32 per rank, {spec['epochs']} epochs over each "
                   f"rank's 1/{results['np']} of the {spec['train_images']:,} training images; test "
                   f"accuracy on the {spec['test_images']} held-out images, mean of "
@@ -331,7 +332,7 @@ def markdown(results, figure):
         lines += table("digits", digits) + ["", adaptive_notes(digits), ""]
     if lm is not None:
         spec, model = lm["spec"], lm["spec"]["lm"]["model"]
-        lines += [f"**{WORKLOADS['charlm']}** (`hvd_compress/workloads/charlm.py`): CharTransformer "
+        lines += [f"**{WORKLOADS['charlm']}** (`benchmarks/workloads/charlm.py`): CharTransformer "
                   f"d_model {model['d_model']}, {model['layers']} layers, {model['heads']} heads, "
                   f"{model['context']} bytes of context, on the first "
                   f"{spec['lm']['max_chars'] / 1e6:g} MB of the Python standard library's source "
@@ -367,11 +368,11 @@ def draw_figure(results, path):
 
 
 def command_line():
-    return " ".join(["python -m hvd_compress.bench convergence"] + sys.argv[1:])
+    return " ".join(["python -m benchmarks convergence"] + sys.argv[1:])
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m hvd_compress.bench convergence",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks convergence",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, default=4, help="ranks per job")
     parser.add_argument("--methods", type=lambda text: text.split(","), default=METHODS,
@@ -379,7 +380,7 @@ def parse_args(argv):
     parser.add_argument("--digits-seeds", type=int, default=3, help="digits runs per method (mean)")
     parser.add_argument("--lm-steps", type=int, default=300, help="LM optimizer steps")
     parser.add_argument("--job-timeout", type=int, default=300, help="seconds per mpirun job")
-    parser.add_argument("--out", type=Path, default=Path("docs"))
+    parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true",
                         help="2 ranks, a few steps of a tiny model: a smoke test")
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)

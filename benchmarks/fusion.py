@@ -1,10 +1,10 @@
-"""ACP-SGD step time against the fusion buffer size, W ranks on an emulated cluster (issue 4;
-the ACP-SGD paper's Fig. 10).
+"""ACP-SGD step time against the fusion buffer size, W ranks on an emulated cluster
+(the ACP-SGD paper's Fig. 10).
 
-    python -m hvd_compress.bench.fusion [--rate 1] [--np 4] [--steps 20] [--repeats 2] [--out docs/]
+    python -m benchmarks.fusion [--rate 1] [--np 4] [--steps 20] [--repeats 2] [--out docs/]
 
 For every buffer configuration, short ACP-SGD training jobs of ``--np`` ranks run in an
-:mod:`emulated cluster <hvd_compress.bench.testbed>` whose links are shaped to ``--rate``
+:mod:`emulated cluster <benchmarks.testbed>` whose links are shaped to ``--rate``
 Gbit/s, and rank 0 records each step's time after ``--warmup`` steps. The result is the median
 over the steps of ``--repeats`` jobs, run in passes over all configurations, every other pass
 in reverse order; the medians of the single jobs show how far runs of one configuration differ.
@@ -15,7 +15,7 @@ scaled=False)``); and the scaled default, ``ScaledFusion(dense_threshold=N)`` wi
 HOROVOD_FUSION_THRESHOLD=0 on every rank, so Horovod's background cycle does not fuse our
 buckets again: the plan is the only fusion.
 
-Workload: the character transformer of :mod:`hvd_compress.workloads.charlm`, by default
+Workload: the character transformer of :mod:`benchmarks.workloads.charlm`, by default
 d_model 256 and 24 layers (19.1 M parameters in 294 tensors, 73 MiB of float32 gradients),
 one sequence of 64 tokens per rank and step, ACP-SGD rank 32, SGD with momentum. Why:
 
@@ -47,11 +47,11 @@ from pathlib import Path
 
 import torch
 
-from hvd_compress.bench.report import (checkout_pythonpath, cluster_job, describe_machine, machine,
+from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine,
                                        summarise, timed_step, undisturbed)
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.compressors.acpsgd import ACPSGD
-from hvd_compress.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
+from benchmarks.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
 
 WHOLE_MODEL = 2 ** 62
 SCALED_DEFAULTS = {"scaled 25 MiB (paper, DDP)": 25 * 2 ** 20, "scaled 64 MiB (Horovod)": 64 * 2 ** 20}
@@ -66,7 +66,7 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=20, help="measured steps per job")
     parser.add_argument("--repeats", type=int, default=2, help="jobs per configuration")
     parser.add_argument("--warmup", type=int, default=5, help="steps before measuring")
-    parser.add_argument("--out", default="docs/")
+    parser.add_argument("--out", default=str(DOCS))
     parser.add_argument("--cycle-time-ms", type=float, help="HOROVOD_CYCLE_TIME (default: Horovod's)")
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--layers", type=int, default=24)
@@ -161,7 +161,7 @@ def model_summary(args):
 
 
 def run_configuration(cluster, args, threshold, scaled):
-    argv = [sys.executable, "-m", "hvd_compress.bench.fusion", "--worker",
+    argv = [sys.executable, "-m", "benchmarks.fusion", "--worker",
             "--threshold", str(threshold), *(["--scaled"] if scaled else []),
             *_shared_flags(args)]
     env = {"HOROVOD_FUSION_THRESHOLD": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
@@ -184,10 +184,10 @@ def run_key(args):
 
 
 def sweep(args):
-    from hvd_compress.bench.testbed import emulated_cluster
+    from benchmarks.testbed import emulated_cluster
 
     model = model_summary(args)
-    command = "python -m hvd_compress.bench.fusion " + shlex.join(sys.argv[1:])
+    command = "python -m benchmarks.fusion " + shlex.join(sys.argv[1:])
     run = {"command": command, "machine": machine(), "load_average_before": os.getloadavg(),
            "model": model, "configurations": []}
     selected = [c for c in configurations(model["p_step_payload_bytes"])
@@ -325,7 +325,7 @@ def write_figure(path, runs, main_key):
 
 def results_section(runs, main_key):
     lines = [BEGIN, "", "## Results", "",
-             "Written by `python -m hvd_compress.bench.fusion`; every run recorded in "
+             "Written by `python -m benchmarks.fusion`; every run recorded in "
              "[fusion/fusion.json](fusion/fusion.json), the latest of each setting below.", "",
              "![step time against fusion buffer size](fusion/fusion.png)", ""]
     for key, run in sorted(runs.items(), key=lambda item: item[0] != main_key):

@@ -1,4 +1,4 @@
-"""One entry point for every benchmark: ``python -m hvd_compress.bench <benchmark> [options]``.
+"""One entry point for every benchmark: ``python -m benchmarks <benchmark> [options]``.
 
 Each benchmark is a module of this package with a ``main()`` that reads its options from
 ``sys.argv``; ``<benchmark> --help`` lists them."""
@@ -20,12 +20,12 @@ def main(argv=None):
     if not argv or argv[0] not in BENCHMARKS:
         width = max(map(len, BENCHMARKS))
         listing = "\n".join(f"  {name:{width}} {summary}" for name, summary in BENCHMARKS.items())
-        print(f"usage: python -m hvd_compress.bench <benchmark> [options]\n\nbenchmarks:\n{listing}",
+        print(f"usage: python -m benchmarks <benchmark> [options]\n\nbenchmarks:\n{listing}",
               file=sys.stderr)
         return 2
     name, options = argv[0], argv[1:]
-    sys.argv = [f"python -m hvd_compress.bench {name}"] + options
-    importlib.import_module(f"hvd_compress.bench.{name}").main()
+    sys.argv = [f"python -m benchmarks {name}"] + options
+    importlib.import_module(f"benchmarks.{name}").main()
     return 0
 
 

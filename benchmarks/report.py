@@ -13,8 +13,11 @@ from pathlib import Path
 
 import torch
 
+# Where results go unless --out says otherwise: this checkout's docs/, from any directory.
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
 BENCHMARKS_PREAMBLE = ("# Benchmarks\n\nOne section per benchmark, each written by the command "
-                       "it names (`python -m hvd_compress.bench <benchmark>`); raw numbers and "
+                       "it names (`python -m benchmarks <benchmark>`); raw numbers and "
                        "figures are in `benchmarks/`.\n")
 
 
@@ -157,9 +160,9 @@ def undisturbed(job, max_other_cpu, describe, attempts=3):
 
 
 def checkout_pythonpath():
-    """PYTHONPATH with this checkout first, so ranks import this hvd_compress, whatever is
-    installed."""
-    return os.pathsep.join(filter(None, [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH")]))
+    """PYTHONPATH with this checkout first, so ranks import this hvd_compress and these
+    benchmarks, whatever is installed."""
+    return os.pathsep.join(filter(None, [str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH")]))
 
 
 def timed_step(optimizer, forward_backward):

@@ -1,7 +1,7 @@
 """Projection: step time of every method at 8-64 workers and 1-100 Gbit/s, from an alpha-beta
 model fitted to the emulated cluster's measurements.
 
-    python -m hvd_compress.bench projection [--from docs/benchmarks/endtoend.json] [--out docs/]
+    python -m benchmarks projection [--from docs/benchmarks/endtoend.json] [--out docs/]
 
 Model, for W ranks on links of B Gbit/s (the ring algorithms of Horovod's MPI back end):
 
@@ -10,7 +10,7 @@ Model, for W ranks on links of B Gbit/s (the ring algorithms of Horovod's MPI ba
 * beta = 8 / (efficiency x B x 1e9) seconds per byte.
 
 alpha and the efficiency are fitted by least squares to the probe jobs of
-``python -m hvd_compress.bench endtoend`` (Horovod's all-reduce and all-gather of 4 KiB-16 MiB
+``python -m benchmarks endtoend`` (Horovod's all-reduce and all-gather of 4 KiB-16 MiB
 on the testbed at each rate). A method's communication per step follows from the payload bytes
 per collective that its compressor counted during the timed steps (S-SGD: one float32
 all-reduce of every gradient); the messages are its fusion buffers: the ones the compressor
@@ -36,8 +36,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from hvd_compress.bench.endtoend import WRAPPED
-from hvd_compress.bench.report import panels, write_section
+from benchmarks.endtoend import WRAPPED
+from benchmarks.report import DOCS, panels, write_section
 from hvd_compress.comm.rounds import Collective
 
 SECTION = "Projection"
@@ -173,7 +173,7 @@ def markdown(result, command, figure):
              f"Fit over the probe jobs at every testbed rate ({result['world']} ranks): alpha = "
              f"{result['alpha_us']:.0f} us per message, links deliver {100 * result['efficiency']:.0f}% "
              "of their nominal rate as all-reduce bandwidth. The model and its assumptions are "
-             "in `hvd_compress/bench/projection.py`'s docstring.", "",
+             "in `benchmarks/projection.py`'s docstring.", "",
              f"![projected step time]({figure})", "",
              "Validation: each testbed rate left out of the fit in turn, its projected against "
              "its measured median step (ms).", "",
@@ -221,24 +221,24 @@ def draw_figure(result, path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m hvd_compress.bench projection",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks projection",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--from", dest="source", type=Path, default=Path("docs/benchmarks/endtoend.json"),
+    parser.add_argument("--from", dest="source", type=Path, default=DOCS / "benchmarks" / "endtoend.json",
                         help="the end-to-end benchmark's JSON")
-    parser.add_argument("--out", type=Path, default=Path("docs"))
+    parser.add_argument("--out", type=Path, default=DOCS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if not args.source.exists():
-        parser.error(f"--from: {args.source} does not exist; run python -m hvd_compress.bench endtoend first")
+        parser.error(f"--from: {args.source} does not exist; run python -m benchmarks endtoend first")
     measured = json.loads(args.source.read_text())
     if len(measured["rates"]) < 2:
         parser.error(f"--from: {args.source} holds one link rate; the exposure fit needs two or more "
-                     "(python -m hvd_compress.bench endtoend --rates ...)")
+                     "(python -m benchmarks endtoend --rates ...)")
     result = project(measured)
     out = args.out / "benchmarks"
     out.mkdir(parents=True, exist_ok=True)
     (out / "projection.json").write_text(json.dumps(result, indent=1) + "\n")
     draw_figure(result, out / "projection.png")
-    command = " ".join(["python -m hvd_compress.bench projection"] + [shlex.quote(a) for a in sys.argv[1:]])
+    command = " ".join(["python -m benchmarks projection"] + [shlex.quote(a) for a in sys.argv[1:]])
     write_section(args.out / "benchmarks.md", SECTION, markdown(result, command, "benchmarks/projection.png"))
     print(f"alpha {result['alpha_us']:.0f} us, efficiency {result['efficiency']:.2f}")
 

@@ -1,6 +1,6 @@
 """Times the L-GreCo DP solver on a random but realistic instance.
 
-    python -m hvd_compress.bench.solver [--layers 500 --candidates 64 --steps 10000 --repeats 5]
+    python -m benchmarks.solver [--layers 500 --candidates 64 --steps 10000 --repeats 5]
 
 Candidates are ranks 1..C of a low-rank compressor: a layer of shape (m, n) sends rank * (m + n)
 floats, and its error at rank r is the norm of the singular values beyond r, which decay as a
