@@ -11,6 +11,7 @@ BENCHMARKS = {
     "endtoend": "step time of every method on an emulated cluster: compute, compression, exposed communication",
     "fusion": "ACP-SGD step time against the fusion buffer size, on an emulated cluster",
     "projection": "alpha-beta projection of the end-to-end results to 8-64 workers and 1-100 Gbit/s",
+    "quality": "final quality against bytes sent, a sweep of settings per method, and the seeds' claims",
     "solver": "the L-GreCo DP solver on a realistic instance",
 }
 

@@ -23,8 +23,6 @@ of a tiny model, every method in one job per workload: a smoke test, not a measu
 """
 import argparse
 import json
-import os
-import shlex
 import sys
 import time
 import types
@@ -34,11 +32,10 @@ import horovod.torch as hvd
 import torch
 
 import hvd_compress as hc
-from benchmarks.report import (DOCS, OthersShare, checkout_pythonpath, describe_machine, machine, method_bars, panels,
-                                       printed_results, write_section)
-from benchmarks.testbed import run_bounded
-from hvd_compress.comm.rounds import Collective
+from benchmarks.report import (DOCS, OthersShare, describe_machine, machine, method_bars, mpirun_job, panels,
+                               write_section)
 from benchmarks.workloads import charlm, digits
+from hvd_compress.comm.rounds import Collective
 
 RESULT_PREFIX = "CONVERGENCE_RESULT "
 SECTION = "Convergence"
@@ -203,19 +200,8 @@ def job_specs(args):
 
 def run_job(spec, args):
     """Runs one job under mpirun; rank 0's records, or RuntimeError with the job's output."""
-    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.np),
-            "--mca", "btl", "self,tcp", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "PATH",
-            sys.executable, "-m", "benchmarks.convergence", "--worker", json.dumps(spec)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath())
-    started = time.perf_counter()
-    returncode, stdout, stderr = run_bounded(argv, args.job_timeout, env)
-    wall = time.perf_counter() - started
-    records = printed_results(returncode, stdout, stderr, RESULT_PREFIX, wall,
-                              f"{spec['workload']} {', '.join(spec['methods'])}: {shlex.join(argv)}",
-                              expected=len(spec["methods"]))
-    for record in records:
-        record["job_seconds"] = wall
-    return records
+    return mpirun_job("benchmarks.convergence", spec, args.np, args.job_timeout, RESULT_PREFIX,
+                      f"{spec['workload']} {', '.join(spec['methods'])}", expected=len(spec["methods"]))
 
 
 def run(args):
@@ -315,6 +301,10 @@ def markdown(results, figure):
              "counted as it ran; an all-gather counts at its (W-1)-fold cost, the dense biases and "
              "norms are included); *bytes sent / step*: per rank, on that ring model. *Wall s*: "
              "rank 0's training time; *steps*: optimizer steps, counted.", "",
+             "**Each method runs at its default setting, not at equal bytes**: read a row's quality "
+             "with its bytes (ACP-SGD at rank 4 sends about half of PowerSGD rank 4's bytes). The "
+             "comparison at equal bytes, across each method's range of settings, is the quality "
+             "benchmark's (\"Quality against bytes\").", "",
              "Settings: digits as in the multi-rank convergence test (`tests/multirank/helpers.py`), "
              "chosen there so that every compressor compresses this small CNN's layers; the LM "
              "with each class's documented defaults (rank 4, density 1%, 4-bit QSGD in buckets of "

@@ -53,8 +53,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine,
-                                       panels, summarise, timed_step, undisturbed, write_section)
+from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine, panels,
+                               summarise, timed_step, undisturbed, write_section)
+from hvd_compress.comm.simulated import exchange_alone
 
 RESULT_PREFIX = "ENDTOEND_RESULT "
 SECTION = "End to end"

@@ -6,8 +6,10 @@ import json
 import os
 import platform
 import resource
+import shlex
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -138,6 +140,25 @@ def printed_results(returncode, stdout, stderr, result_prefix, wall, what, expec
     if returncode != 0 or not records or (expected is not None and len(records) != expected):
         raise RuntimeError(f"{what} failed (exit {returncode}) after {wall:.0f} s:\n"
                            f"{stdout[-2000:]}\n{stderr[-4000:]}")
+    return records
+
+
+def mpirun_job(module, spec, np, timeout, result_prefix, what, expected=None):
+    """``python -m <module> --worker <spec as JSON>`` as one ``mpirun -np <np>`` job on this host,
+    bounded by ``timeout`` seconds; rank 0's printed records, each with the job's wall seconds,
+    or RuntimeError with the job's output."""
+    from benchmarks.testbed import run_bounded
+    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np),
+            "--mca", "btl", "self,tcp", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "PATH",
+            sys.executable, "-m", module, "--worker", json.dumps(spec)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath())
+    started = time.perf_counter()
+    returncode, stdout, stderr = run_bounded(argv, timeout, env)
+    wall = time.perf_counter() - started
+    records = printed_results(returncode, stdout, stderr, result_prefix, wall,
+                              f"{what}: {shlex.join(argv)}", expected=expected)
+    for record in records:
+        record["job_seconds"] = wall
     return records
 
 

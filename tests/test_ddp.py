@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from torch import nn
 
 import hvd_compress as hc

@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
-import torch
 
 from hvd_compress import arguments
 from hvd_compress.compressors.base import Compressor

@@ -81,6 +81,28 @@ def test_convergence_quick_trains_every_method_under_mpirun_and_writes_its_secti
 
 
 @pytest.mark.slow
+def test_quality_quick_runs_a_point_per_method_resumes_and_writes_its_section(tmp_path, monkeypatch):
+    from benchmarks.quality import sweep_points
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    options = ["quality", "--quick", "--workloads", "charlm", "--job-timeout", "120", "--out", str(tmp_path)]
+    assert bench.main(options) == 0
+    path = tmp_path / "benchmarks" / "quality.json"
+    points = json.loads(path.read_text())["points"]
+    expected = {spec["key"] for spec in sweep_points("charlm", quick=True)}
+    assert set(points) == expected
+    families = {entry["spec"]["family"] for entry in points.values()}
+    assert {"uncompressed", "FP16", "PowerSGD", "L-GreCo (Top-K)", "GraVAC (Top-K)", "ScaleCom"} <= families
+    assert all(0 < entry["record"]["wire_bytes"] <= entry["record"]["dense_wire_bytes"] for entry in points.values())
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert text.count("## Quality against bytes") == 1 and "| claim | met | numbers |" in text
+    assert (tmp_path / "benchmarks" / "quality.png").stat().st_size > 0
+    # A second run finds every point done: it runs no job and only rewrites the report.
+    monkeypatch.setattr("benchmarks.quality.mpirun_job", lambda *_, **__: pytest.fail("a finished point ran again"))
+    assert bench.main(options) == 0
+    assert json.loads(path.read_text())["points"] == points
+
+
+@pytest.mark.slow
 def test_endtoend_on_the_testbed_then_its_projection(tmp_path, monkeypatch):
     from benchmarks.testbed import NetworkNamespacesUnavailable
     monkeypatch.setattr(sys, "argv", list(sys.argv))

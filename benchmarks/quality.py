@@ -1,0 +1,463 @@
+"""Quality against bytes: the final quality each method reaches, against the bytes it sent over
+the whole run, for a sweep of settings per method; then the seeds' claims, checked.
+
+    python -m benchmarks quality [--np 4] [--workloads digits,charlm] [--lm-steps 1500]
+        [--max-minutes 120] [--job-timeout 900] [--out docs/] [--quick]
+
+Every point is one ``mpirun -np W`` job (one seed) through the stock
+``hvd.DistributedOptimizer(optimizer, named_parameters=..., compression=X)``, on the workloads
+of the convergence benchmark: the digits CNN (SGD) and the character transformer (AdamW), the
+latter trained until its uncompressed validation perplexity has flattened (the curve is
+recorded). Bytes are those the compressor handed to collectives, counted by its ``Traffic``
+over every step, per rank, on the ring model (an all-gather at its (W-1)-fold cost); the
+uncompressed point is Horovod's float32 all-reduce of the same gradients.
+
+The sweep (1 seed): PowerSGD and ACP-SGD ranks, Top-K and ScaleCom densities, QSGD bits, FP16,
+L-GreCo over PowerSGD, ACP-SGD and Top-K anchored at several uniform defaults, GraVAC over Top-K
+at several epsilons. Then, on the character LM, the points the claims rest on, at 3 seeds:
+
+* L-GreCo over PowerSGD anchored at the smallest swept rank within 2% of uncompressed
+  perplexity: within 1% of that uniform run's perplexity with >= 1.5x fewer bytes;
+* L-GreCo over Top-K anchored likewise: >= 2.5x fewer bytes at equal quality (within 1%);
+* ACP-SGD at twice the anchor rank against PowerSGD at the anchor (about equal bytes): the
+  perplexities within the seeds' spread;
+* ScaleCom with the paper's warm-up (no compression for the first 10% of steps) and its
+  per-layer rates (25x where FLOPs per gradient element >= 196 at the paper's per-worker batch
+  of 4.5k tokens for language, 400x for embedding lookups): within 2% of uncompressed.
+
+Resumes point by point: ``<out>/benchmarks/quality.json`` is rewritten after every point, with
+the section of ``<out>/benchmarks.md``, so a run cut off loses one point. ``--max-minutes``
+stops starting new points after that long (run the rest later with the same command).
+``--quick``: 2 ranks, a tiny LM, a few steps, one point per method: a smoke test.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import horovod.torch as hvd
+import torch
+
+import hvd_compress as hc
+from benchmarks.convergence import LM, QUICK_LM, StepCounter, traffic_totals
+from benchmarks.report import DOCS, describe_machine, machine, mpirun_job, panels, write_section
+from benchmarks.workloads import charlm, digits
+from hvd_compress.comm.rounds import Collective
+
+RESULT_PREFIX = "QUALITY_RESULT "
+SECTION = "Quality against bytes"
+UNCOMPRESSED = "uncompressed"
+METRICS = {"digits": "test accuracy", "charlm": "validation perplexity"}
+WORKLOADS = {"digits": "Digits CNN", "charlm": "Character LM"}
+CLAIM_SEEDS = [0, 1, 2]
+DIGITS_EPOCHS_PER_RANK = 6  # as the convergence benchmark: about 260 steps at any W
+
+# The sweep: family -> (registry name, setting keyword, values). Ranks of the LM's 128-wide
+# layers above 16 would not shrink them (PowerSGD sends them dense), so 16 is the top there.
+SWEEPS = {
+    "digits": {"PowerSGD": ("powersgd", "rank", [1, 2, 4, 8]),
+               "ACP-SGD": ("acpsgd", "rank", [1, 2, 4, 8]),
+               "Top-K": ("topk", "density", [0.001, 0.01, 0.1]),
+               "ScaleCom": ("scalecom", "density", [0.001, 0.01, 0.1]),
+               "QSGD": ("qsgd", "bits", [2, 4, 8])},
+    "charlm": {"PowerSGD": ("powersgd", "rank", [1, 4, 8, 16]),
+               "ACP-SGD": ("acpsgd", "rank", [1, 4, 8, 16]),
+               "Top-K": ("topk", "density", [0.001, 0.01, 0.1]),
+               "ScaleCom": ("scalecom", "density", [0.001, 0.01, 0.1]),
+               "QSGD": ("qsgd", "bits", [2, 4, 8])},
+}
+# L-GreCo's anchors (the wrapped compressor's uniform default) and GraVAC's epsilons.
+LGRECO_ANCHORS = {"PowerSGD": ("powersgd", "rank", [4, 8]), "ACP-SGD": ("acpsgd", "rank", [4, 8]),
+                  "Top-K": ("topk", "density", [0.01, 0.1])}
+GRAVAC_EPSILONS = [0.5, 0.7, 0.9]
+# The LM of the sweep: the convergence benchmark's CharTransformer, trained longer.
+LM_STEPS = 1500
+
+
+def point(workload, family, compressor=None, settings=None, seed=0, controller=None):
+    """One job's description (JSON): what to build and train; ``key`` names it in the results."""
+    settings = settings or {}
+    label = family if not settings else family + " " + ", ".join(f"{k} {v}" for k, v in settings.items())
+    if controller and controller.get("epsilon") is not None:
+        label += f", epsilon {controller['epsilon']}"
+    return {"key": f"{workload}/{label}/seed {seed}", "workload": workload, "family": family,
+            "label": label, "compressor": compressor, "settings": settings, "seed": seed,
+            "controller": controller}
+
+
+def sweep_points(workload, quick):
+    """Every sweep point of ``workload`` at seed 0; ``quick``: the middle setting of each."""
+    def pick(values):
+        return [values[len(values) // 2]] if quick else values
+    points = [point(workload, UNCOMPRESSED), point(workload, "FP16", "fp16")]
+    for family, (name, keyword, values) in SWEEPS[workload].items():
+        extra = {"warmup": True} if family == "ScaleCom" else {}
+        points += [point(workload, family, name, {keyword: value}, controller=extra or None)
+                   for value in pick(values)]
+    for family, (name, keyword, values) in LGRECO_ANCHORS.items():
+        points += [point(workload, f"L-GreCo ({family})", name, {keyword: value},
+                         controller={"kind": "lgreco"}) for value in pick(values)]
+    points += [point(workload, "GraVAC (Top-K)", "topk", {}, controller={"kind": "gravac", "epsilon": eps})
+               for eps in pick(GRAVAC_EPSILONS)]
+    return points
+
+
+# ----- one job: runs on every rank ----------------------------------------------------------------
+def lgreco_schedule(steps):
+    """Decisions every tenth of the run after the learning-rate warm-up (a tenth): the paper
+    decides once an epoch after its warm-up."""
+    every = max(2, steps // 10)
+    return {"warmup_steps": every, "decide_every": every, "apply_delay": min(5, every - 1)}
+
+
+def scalecom_flops(model, tokens_per_rank):
+    """Forward FLOPs per step of each 2-D weight, for the paper's per-layer rule: 2 per token and
+    weight entry for a linear layer (a matrix product), none for an embedding (a lookup)."""
+    embeddings = {f"{name}.weight" for name, module in model.named_modules()
+                  if isinstance(module, torch.nn.Embedding)}
+    return {name: 0.0 if name in embeddings else 2.0 * tokens_per_rank * p.numel()
+            for name, p in model.named_parameters() if p.dim() == 2}
+
+
+def build_compression(spec, model, named, steps, tokens_per_rank):
+    """The ``compression=`` of ``hvd.DistributedOptimizer`` for the point; None: uncompressed."""
+    if spec["compressor"] is None:
+        return None
+    controller = spec["controller"] or {}
+    settings = dict(spec["settings"])
+    if controller.get("warmup"):  # ScaleCom: the paper's warm-up, no compression for 10%
+        settings["warmup_steps"] = max(1, steps // 10)
+    inner = hc.COMPRESSORS[spec["compressor"]].build(named, **settings)
+    if controller.get("flops_rule"):
+        # The paper's rule is stated at a per-worker batch of 4.5k tokens for language.
+        flops = scalecom_flops(model, tokens_per_rank)
+        inner.set_rates_from_flops(flops, {name: p.numel() for name, p in named if name in flops},
+                                   per_worker_batch=tokens_per_rank, reference_batch=4500)
+    if controller.get("kind") == "lgreco":
+        return hc.LGreCo(inner, **lgreco_schedule(steps))
+    if controller.get("kind") == "gravac":
+        return hc.GraVAC(inner, epsilon=controller["epsilon"], window=max(1, steps // 10))
+    return inner
+
+
+def train_point(spec):
+    """Trains the point on every rank; rank 0's record."""
+    counter, made, curve = StepCounter(), {}, []
+    steps = spec["steps"]
+    lm = spec.get("lm")
+
+    def make_optimizer(model, optimizer):
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        named = list(model.named_parameters())
+        made["dense_bytes"] = 4 * sum(p.numel() for _, p in named)
+        tokens = lm["batch_size"] * lm["model"]["context"] if lm else 0
+        made["compression"] = build_compression(spec, model, named, steps, tokens)
+        extra = {} if made["compression"] is None else {"compression": made["compression"]}
+        return counter.wrap(hvd.DistributedOptimizer(optimizer, named_parameters=named, **extra))
+
+    started = time.perf_counter()
+    if spec["workload"] == "digits":
+        _, metric = digits.train(make_optimizer, hvd.rank(), hvd.size(), epochs=spec["epochs"],
+                                 lr=0.1, seed=spec["seed"])
+    else:
+        _, metric = charlm.train(make_optimizer, hvd.rank(), hvd.size(), steps=steps,
+                                 batch_size=lm["batch_size"], seed=spec["seed"], model_kwargs=lm["model"],
+                                 max_chars=lm["max_chars"], log_every=max(1, steps // 10),
+                                 log=lambda step, loss, perplexity: curve.append([step, perplexity]))
+    record = {"key": spec["key"], "metric": metric, "steps": counter.steps,
+              "train_seconds": time.perf_counter() - started, "world_size": hvd.size(),
+              "dense_wire_bytes": counter.steps * Collective.ALLREDUCE.wire_bytes(made["dense_bytes"], hvd.size())}
+    compression = made["compression"]
+    if compression is None:
+        record["wire_bytes"] = record["dense_wire_bytes"]
+    else:
+        totals = traffic_totals([compression])
+        record["wire_bytes"] = totals["wire_bytes_per_step"] * totals["traffic_steps"]
+    if curve:
+        record["curve"] = curve
+    kind = (spec["controller"] or {}).get("kind")
+    if kind == "gravac":
+        record["gravac_average_factor"] = compression.average_cf
+    if kind == "lgreco" and compression.decisions:
+        last = compression.decisions[-1]
+        record["lgreco"] = {"decisions": len(compression.decisions),
+                            "last_uniform_over_chosen_bytes": last.uniform_bytes / last.total_bytes}
+    return record
+
+
+def worker(spec):
+    torch.set_num_threads(1)  # W ranks share the machine's cores
+    hvd.init()
+    record = train_point(spec)
+    if hvd.rank() == 0:
+        print(RESULT_PREFIX + json.dumps(record), flush=True)
+
+
+# ----- the driver -----------------------------------------------------------------------------
+def workload_spec(workload, args):
+    """What every point of ``workload`` trains: epochs or steps, and the LM's shape."""
+    if workload == "digits":
+        epochs = 1 if args.quick else DIGITS_EPOCHS_PER_RANK * args.np
+        _, train_labels, _, _ = digits.load_digits_split()
+        return {"epochs": epochs, "steps": epochs * (len(train_labels) // args.np // 32)}
+    return {"steps": args.lm_steps, "lm": QUICK_LM if args.quick else LM}
+
+
+def summary(records):
+    """Mean metric, its spread (max - min over seeds) and mean bytes of one point's seeds."""
+    metrics = [r["metric"] for r in records]
+    return {"metric": statistics.fmean(metrics), "spread": max(metrics) - min(metrics),
+            "seeds": len(records), "wire_bytes": statistics.fmean(r["wire_bytes"] for r in records),
+            "dense_wire_bytes": statistics.fmean(r["dense_wire_bytes"] for r in records)}
+
+
+def by_label(results, workload):
+    """label -> {"point": seed-0 spec, "records": [...]} for ``workload``'s finished points."""
+    grouped = {}
+    for entry in results["points"].values():
+        spec = entry["spec"]
+        if spec["workload"] == workload:
+            grouped.setdefault(spec["label"], {"point": spec, "records": []})["records"].append(entry["record"])
+    return grouped
+
+
+def anchor(results, family, keyword):
+    """The smallest swept setting of ``family`` (seed 0) within 2% of uncompressed perplexity."""
+    points = by_label(results, "charlm")
+    base = points.get(UNCOMPRESSED)
+    if base is None:
+        return None
+    limit = 1.02 * summary(base["records"][:1])["metric"]
+    good = sorted(entry["point"]["settings"][keyword] for entry in points.values()
+                  if entry["point"]["family"] == family and entry["point"]["controller"] is None
+                  and entry["records"][0]["metric"] <= limit)
+    return good[0] if good else None
+
+
+def claim_points(results):
+    """The LM points the claims rest on, every seed of CLAIM_SEEDS; empty until the sweep
+    found the anchors."""
+    wanted = [(UNCOMPRESSED, None, {}, None)]
+    rank = anchor(results, "PowerSGD", "rank")
+    if rank is not None:
+        wanted += [("PowerSGD", "powersgd", {"rank": rank}, None),
+                   ("L-GreCo (PowerSGD)", "powersgd", {"rank": rank}, {"kind": "lgreco"}),
+                   ("ACP-SGD", "acpsgd", {"rank": 2 * rank}, None)]
+    density = anchor(results, "Top-K", "density")
+    if density is not None:
+        wanted += [("Top-K", "topk", {"density": density}, None),
+                   ("L-GreCo (Top-K)", "topk", {"density": density}, {"kind": "lgreco"})]
+    wanted.append(("ScaleCom (paper's rule)", "scalecom", {}, {"warmup": True, "flops_rule": True}))
+    return [point("charlm", family, name, settings, seed, controller)
+            for family, name, settings, controller in wanted for seed in CLAIM_SEEDS]
+
+
+def run_point(spec, args, results, path):
+    specs = dict(spec, **workload_spec(spec["workload"], args))
+    started = time.perf_counter()
+    [record] = mpirun_job("benchmarks.quality", specs, args.np, args.job_timeout, RESULT_PREFIX,
+                          spec["key"], expected=1)
+    results["points"][spec["key"]] = {"spec": spec, "record": record}
+    results["minutes"] = results.get("minutes", 0.0) + (time.perf_counter() - started) / 60
+    save(results, path)
+    print(f"{spec['key']}: {METRICS[spec['workload']]} {record['metric']:.4f}, "
+          f"{record['wire_bytes'] / 1e6:,.1f} MB sent, {record['job_seconds']:.0f} s", flush=True)
+
+
+def save(results, path):
+    path.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def run(args):
+    """Every point not yet in the JSON, sweep first, then the claims' seeds; stops starting new
+    points after ``--max-minutes``."""
+    out = args.out / "benchmarks"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "quality.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.setdefault("points", {})
+    results.update(command=command_line(), machine=machine(), np=args.np, lm_steps=args.lm_steps)
+    deadline = time.monotonic() + 60 * args.max_minutes
+    pending = [p for workload in args.workloads for p in sweep_points(workload, args.quick)]
+    while pending and time.monotonic() < deadline:
+        spec = pending.pop(0)
+        if spec["key"] not in results["points"]:
+            run_point(spec, args, results, path)
+        if not pending and "charlm" in args.workloads and not args.quick:
+            # The claims' points follow from the finished sweep.
+            pending = [p for p in claim_points(results) if p["key"] not in results["points"]]
+    write_report(results, args.out)
+    return results
+
+
+# ----- the report ---------------------------------------------------------------------------------
+def metric_text(workload, value):
+    return f"{100 * value:.2f}%" if workload == "digits" else f"{value:.3f}"
+
+
+def table(results, workload):
+    points = by_label(results, workload)
+    base = points.get(UNCOMPRESSED)
+    base_metric = summary(base["records"])["metric"] if base else None
+    lines = [f"| method | setting | {METRICS[workload]} | spread | \u0394 vs uncompressed | MB sent per rank "
+             "| fewer bytes | seeds |", "|---" * 8 + "|"]
+    rows = sorted(points.items(), key=lambda item: (item[1]["point"]["family"], -summary(item[1]["records"])["wire_bytes"]))
+    for label, entry in rows:
+        s = summary(entry["records"])
+        setting = label[len(entry["point"]["family"]):].strip(" ,") or "-"
+        delta = "-" if base_metric is None else (
+            f"{100 * (s['metric'] - base_metric):+.2f} points" if workload == "digits"
+            else f"{100 * (s['metric'] / base_metric - 1):+.1f}%")
+        lines.append(f"| {entry['point']['family']} | {setting} | {metric_text(workload, s['metric'])} | "
+                     f"{metric_text(workload, s['spread']) if s['seeds'] > 1 else '-'} | {delta} | "
+                     f"{s['wire_bytes'] / 1e6:,.1f} | {s['dense_wire_bytes'] / s['wire_bytes']:.1f}x | {s['seeds']} |")
+    return lines
+
+
+def claims(results):
+    """Each claim: (text, met or None when not measured yet, the numbers)."""
+    points = by_label(results, "charlm")
+
+    def seeded(label):
+        entry = points.get(label)
+        return summary(entry["records"]) if entry and len(entry["records"]) == len(CLAIM_SEEDS) else None
+
+    outcomes = []
+    base = seeded(UNCOMPRESSED)
+    rank, density = anchor(results, "PowerSGD", "rank"), anchor(results, "Top-K", "density")
+    for family, inner, setting, least in [("PowerSGD", "PowerSGD", f"rank {rank}", 1.5),
+                                          ("Top-K", "Top-K", f"density {density}", 2.5)]:
+        text = f"L-GreCo over {family}, anchored at the smallest uniform setting within 2% of uncompressed " \
+               f"({setting}): within 1% of its perplexity with >= {least}x fewer bytes"
+        uniform, adaptive = seeded(f"{inner} {setting}"), seeded(f"L-GreCo ({family}) {setting}")
+        if uniform is None or adaptive is None:
+            outcomes.append((text, None, "not measured yet" if "None" not in setting
+                             else "no swept setting was within 2% of uncompressed"))
+            continue
+        ratio = uniform["wire_bytes"] / adaptive["wire_bytes"]
+        change = adaptive["metric"] / uniform["metric"] - 1
+        outcomes.append((text, change <= 0.01 and ratio >= least,
+                         f"perplexity {adaptive['metric']:.3f} vs {uniform['metric']:.3f} ({100 * change:+.1f}%), "
+                         f"{ratio:.2f}x fewer bytes"))
+    text = "ACP-SGD at twice the anchor rank against PowerSGD at the anchor (about equal bytes): within the seed spread"
+    acp, power = (seeded(f"ACP-SGD rank {2 * rank}"), seeded(f"PowerSGD rank {rank}")) if rank else (None, None)
+    if acp is None or power is None:
+        outcomes.append((text, None, "not measured yet"))
+    else:
+        spread = max(acp["spread"], power["spread"])
+        outcomes.append((text, abs(acp["metric"] - power["metric"]) <= spread,
+                         f"perplexity {acp['metric']:.3f} vs {power['metric']:.3f} (spread {spread:.3f}), "
+                         f"bytes {acp['wire_bytes'] / power['wire_bytes']:.2f}x PowerSGD's"))
+    text = "ScaleCom with the paper's warm-up and per-layer rates: within 2% of uncompressed"
+    scalecom = seeded("ScaleCom (paper's rule)")
+    if scalecom is None or base is None:
+        outcomes.append((text, None, "not measured yet"))
+    else:
+        change = scalecom["metric"] / base["metric"] - 1
+        outcomes.append((text, change <= 0.02, f"perplexity {scalecom['metric']:.3f} vs {base['metric']:.3f} "
+                         f"({100 * change:+.1f}%) at {scalecom['dense_wire_bytes'] / scalecom['wire_bytes']:.1f}x fewer bytes"))
+    return outcomes
+
+
+def markdown(results, figure):
+    lines = [f"Command: `{results['command']}` ({results.get('minutes', 0):.0f} min of jobs so far, "
+             f"{len(results['points'])} points)", "",
+             f"Machine: {describe_machine(results['machine'])}", "",
+             f"Each point is one `mpirun -np {results['np']}` job through the stock "
+             "`hvd.DistributedOptimizer`, one seed unless *seeds* says otherwise (then the mean, and "
+             "the spread max - min). *MB sent per rank*: over the whole run, counted by the "
+             "compressor's `Traffic` on the ring model; *fewer bytes*: against Horovod's float32 "
+             "all-reduce of the same gradients. L-GreCo decides every tenth of the run after a tenth "
+             "(candidates: the paper's range around its anchor, the wrapped compressor's default); "
+             "GraVAC wraps Top-K (theta 10-1000x, window a tenth of the run); ScaleCom runs dense "
+             "for the first 10% of steps (the paper's warm-up).", ""]
+    for workload in WORKLOADS:
+        if by_label(results, workload):
+            lines += [f"**{WORKLOADS[workload]}**", ""] + table(results, workload) + [""]
+    curve = next((entry["record"].get("curve") for entry in results["points"].values()
+                  if entry["spec"]["workload"] == "charlm" and entry["spec"]["family"] == UNCOMPRESSED), None)
+    if curve:
+        lines += ["Uncompressed LM, validation perplexity during the run (step: perplexity): " +
+                  ", ".join(f"{step}: {value:.2f}" for step, value in curve) + ".", ""]
+    lines += ["Claims (character LM, 3 seeds each):", "", "| claim | met | numbers |", "|---|---|---|"]
+    for text, met, numbers in claims(results):
+        lines.append(f"| {text} | {'-' if met is None else 'yes' if met else 'NO'} | {numbers} |")
+    lines += ["", f"![quality against bytes]({figure.as_posix()})"]
+    return "\n".join(lines) + "\n"
+
+
+def draw_figure(results, path):
+    """Per workload: final quality against total bytes sent (log), one curve per method."""
+    workloads = [w for w in WORKLOADS if by_label(results, w)]
+    plt, figure, axes = panels(len(workloads), 6, 4.2)
+    for axis, workload in zip(axes, workloads):
+        families = {}
+        for entry in by_label(results, workload).values():
+            s = summary(entry["records"])
+            scale = 100 if workload == "digits" else 1
+            families.setdefault(entry["point"]["family"], []).append(
+                (s["wire_bytes"] / 1e6, scale * s["metric"], scale * s["spread"]))
+        for family, values in sorted(families.items()):
+            values.sort()
+            x, y, spread = zip(*values)
+            style = {"marker": "*", "markersize": 12, "linestyle": "none"} if family in (UNCOMPRESSED, "FP16") \
+                else {"marker": "o", "markersize": 4}
+            axis.errorbar(x, y, yerr=[s / 2 for s in spread], label=family, capsize=2, **style)
+        axis.set_xscale("log")
+        axis.set_xlabel("MB sent per rank over the run (log)", fontsize=8)
+        axis.set_ylabel(METRICS[workload] + (" (%)" if workload == "digits" else ", lower is better"), fontsize=8)
+        axis.set_title(WORKLOADS[workload], fontsize=9)
+        axis.tick_params(labelsize=7)
+        axis.legend(fontsize=6)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+
+
+def write_report(results, out):
+    figure = out / "benchmarks" / "quality.png"
+    if results["points"]:
+        draw_figure(results, figure)
+    write_section(out / "benchmarks.md", SECTION, markdown(results, figure.relative_to(out)))
+
+
+def command_line():
+    return " ".join(["python -m benchmarks quality"] + sys.argv[1:])
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks quality", description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, default=4, help="ranks per job")
+    parser.add_argument("--workloads", type=lambda text: text.split(","), default=list(WORKLOADS),
+                        help=f"comma-separated, of: {', '.join(WORKLOADS)}")
+    parser.add_argument("--lm-steps", type=int, default=LM_STEPS, help="LM optimizer steps")
+    parser.add_argument("--max-minutes", type=float, default=120.0,
+                        help="start no new point after this long; rerun to resume")
+    parser.add_argument("--job-timeout", type=int, default=900, help="seconds per mpirun job")
+    parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--quick", action="store_true", help="2 ranks, a few steps, one point per method")
+    parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    unknown = [w for w in args.workloads if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"--workloads: unknown {unknown}; choose from {list(WORKLOADS)}")
+    if args.quick:
+        args.np, args.lm_steps = 2, 8
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.worker is not None:
+        worker(json.loads(args.worker))
+        return
+    started = time.perf_counter()
+    results = run(args)
+    print(f"{(time.perf_counter() - started) / 60:.1f} min; {len(results['points'])} points in "
+          f"{args.out / 'benchmarks' / 'quality.json'}")
+
+
+if __name__ == "__main__":
+    main()
