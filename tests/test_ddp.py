@@ -123,3 +123,8 @@ def test_scaled_bucket_cap_refuses_nonsense():
         hvd_compress.ddp.scaled_bucket_cap_mb(Layers(), hc.FP16(), dense_mb=0)
     with pytest.raises(ValueError, match="no parameters"):
         hvd_compress.ddp.scaled_bucket_cap_mb(nn.ReLU(), hc.FP16())
+
+
+def test_every_ddp_file_is_launched():
+    """A file missing from TIMEOUTS would never run: none may be."""
+    assert sorted(path.name for path in HERE.glob("test_*.py")) == sorted(TIMEOUTS)
