@@ -41,7 +41,7 @@ import horovod.torch as hvd
 import torch
 
 import hvd_compress as hc
-from benchmarks.convergence import QUICK_LM, StepCounter, traffic_totals
+from benchmarks.convergence import QUICK_LM, StepCounter
 from benchmarks.report import DOCS, describe_machine, machine, mpirun_job, panels, write_section
 from benchmarks.workloads import charlm, digits
 from hvd_compress.comm.rounds import Collective
@@ -178,8 +178,7 @@ def train_point(spec):
     if compression is None:
         record["wire_bytes"] = record["dense_wire_bytes"]
     else:
-        totals = traffic_totals([compression])
-        record["wire_bytes"] = totals["wire_bytes_per_step"] * totals["traffic_steps"]
+        record["wire_bytes"] = compression.traffic.wire_bytes
     if curve:
         record["curve"] = curve
     kind = (spec["controller"] or {}).get("kind")
