@@ -1,9 +1,10 @@
 """L-GreCo (Markov et al., MLSys 2024): per-layer compression settings chosen by dynamic
 programming under an error budget, decided on rank 0 and applied by every rank at one step."""
 import logging
+import math
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -11,7 +12,7 @@ import numpy as np
 from hvd_compress import arguments
 from hvd_compress.compressors.base import Compressor
 from hvd_compress.compressors.feedback import StagedSums
-from hvd_compress.control.service import DecisionService
+from hvd_compress.control.service import DecisionService, Postponed
 from hvd_compress.control.solver import solve
 from hvd_compress.control.wrapping import Controller
 
@@ -22,6 +23,11 @@ OBJECTIVES = ("size", "time", "accordion")
 # and checkpoints stay bounded however long training runs.
 TIME_SAMPLES = 512
 DECISIONS_KEPT = 64
+# apply_delay="auto": the first decision's delay in steps (later ones follow from how long the
+# last decision took), and the safety factor on that measured time.
+FIRST_DELAY = 10
+DELAY_MARGIN = 1.5
+STEP_TIME_SMOOTHING = 0.1  # weight of the newest step in rank 0's running step time
 
 
 @dataclass
@@ -36,6 +42,7 @@ class Decision:
     budget: float
     objective: str
     seconds: float = 0.0
+    step_seconds: float = 0.0  # rank 0's running step time when the decision was submitted
     notes: list = field(default_factory=list)
 
 
@@ -58,7 +65,9 @@ class LGreCo(Controller):
     compression error, without error feedback) and size(layer, candidate) (bytes actually sent)
     tables, and solves min total size s.t. total error <= the uniform default's error, in a
     background thread. The decision reaches every rank ``apply_delay`` steps later, is checked
-    to be identical everywhere, and takes effect on every rank at that same step.
+    to be identical everywhere, and takes effect on every rank at that same step. A decision
+    due while the previous one has not yet taken effect is skipped (its gradients go to the
+    next one).
 
     Tuning guide:
       * The wrapped compressor's default (e.g. ``PowerSGD(rank=32)``, ``TopK(density=0.01)``,
@@ -72,14 +81,22 @@ class LGreCo(Controller):
       * ``objective``: "size" (default), "time" (sizes weighted by per-bucket seconds per byte
         from a linear model of measured communication time), or "accordion" (pass
         ``accordion=Accordion(critical, normal)``).
-      * ``timeout``: seconds a rank waits for rank 0 before failing loudly.
+      * ``apply_delay``: "auto" (default) never stalls training: the first decision is due 10
+        steps after it was submitted, each later one after 1.5x the last decision's time in
+        steps (rank 0's running step time, agreed through the decision), and if rank 0 is still
+        computing when one is due, it names a later step instead of making every rank wait.
+        Which step a decision takes effect at then depends on timing, so a run resumed from a
+        checkpoint can apply it at another step. An int fixes the delay: every rank waits at
+        that step for rank 0 (bit-for-bit repeatable runs); it must be below ``decide_every``.
+      * ``timeout``: seconds a rank waits for rank 0 before failing loudly, and the longest a
+        decision may compute, postponed or not.
 
     Rank 0 logs each decision at INFO (logger ``hvd_compress.control.lgreco``).
     """
 
     def __init__(self, compressor: Compressor, *, candidates: Optional[Sequence[Any]] = None,
                  decide_every: Union[int, str] = 1000, steps_per_epoch: Optional[int] = None,
-                 warmup_steps: int = 1000, apply_delay: int = 10, objective: str = "size",
+                 warmup_steps: int = 1000, apply_delay: Union[int, str] = "auto", objective: str = "size",
                  accordion: Optional["Accordion"] = None, time_buckets: int = 4,
                  discretization: int = 10000, transport: str = "auto", timeout: float = 60.0):
         super().__init__(compressor)
@@ -87,12 +104,13 @@ class LGreCo(Controller):
             decide_every = arguments.integer("LGreCo", "steps_per_epoch (with decide_every='epoch')",
                                              steps_per_epoch, low=1)
         for label, value, least in [("decide_every", decide_every, 1), ("warmup_steps", warmup_steps, 0),
-                                    ("apply_delay", apply_delay, 1), ("time_buckets", time_buckets, 1),
-                                    ("discretization", discretization, 1)]:
+                                    ("time_buckets", time_buckets, 1), ("discretization", discretization, 1)]:
             arguments.integer("LGreCo", label, value, low=least)
-        if apply_delay >= decide_every:
-            raise ValueError(f"LGreCo: apply_delay ({apply_delay}) must be smaller than "
-                             f"decide_every ({decide_every})")
+        if apply_delay != "auto":
+            arguments.integer("LGreCo", 'apply_delay (or "auto")', apply_delay, low=1)
+            if apply_delay >= decide_every:
+                raise ValueError(f"LGreCo: apply_delay ({apply_delay}) must be smaller than "
+                                 f"decide_every ({decide_every})")
         if objective not in OBJECTIVES:
             raise ValueError(f"LGreCo: objective must be one of {OBJECTIVES}, got {objective!r}")
         if (objective == "accordion") != (accordion is not None):
@@ -119,6 +137,9 @@ class LGreCo(Controller):
         self.decisions = deque(maxlen=DECISIONS_KEPT)  # the latest, oldest first
         self._next_decision = warmup_steps
         self._pending = None  # (version, decided_at, effective_step)
+        self._delay = FIRST_DELAY if apply_delay == "auto" else apply_delay  # agreed by all ranks
+        self._step_seconds = 0.0  # rank 0's running step time; 0 until measured
+        self._step_ended = None
         self._sums = StagedSums()  # rank 0: gradients accumulated since the last decision
         self._shapes = {}      # in the order gradients first arrived (about backward order)
         self._previous_norms = {}
@@ -151,6 +172,7 @@ class LGreCo(Controller):
 
     # ----- the schedule ---------------------------------------------------------------------
     def end_step(self, comm_seconds=None):
+        self._time_step()
         self.inner.end_step()
         if not self.inner.last_step_finite:  # as if the step had never happened
             self._sums.rollback()
@@ -162,20 +184,53 @@ class LGreCo(Controller):
         self._step_bucket_bytes = None
         self.step += 1
         if self.step == self._next_decision:
-            self.version += 1
-            self._pending = (self.version, self.step, self.step + self.apply_delay)
-            if self.rank == 0:
-                # The thread gets snapshots: training goes on mutating the live state.
-                sums = dict(self._sums.committed)
-                self._sums.clear()
-                shapes, samples = dict(self._shapes), list(self._time_samples)
-                pending = self._pending
-                self.service.submit(lambda: self._decide(sums, shapes, samples, *pending))
             self._next_decision += self.decide_every
+            if self._pending is None:  # else skipped: its gradients go to the next decision
+                self._submit()
         if self._pending is not None and self.step == self._pending[2]:
-            version, _, effective = self._pending
-            self._pending = None
-            self._apply(self.service.exchange(version, effective))
+            self._exchange()
+
+    def _time_step(self):
+        now = time.monotonic()
+        if self._step_ended is not None:
+            seconds = now - self._step_ended
+            self._step_seconds = seconds if self._step_seconds == 0 else \
+                (1 - STEP_TIME_SMOOTHING) * self._step_seconds + STEP_TIME_SMOOTHING * seconds
+        self._step_ended = now
+
+    def _submit(self):
+        self.version += 1
+        self._pending = (self.version, self.step, self.step + self._delay)
+        if self.rank == 0:
+            # The thread gets snapshots: training goes on mutating the live state.
+            sums = dict(self._sums.committed)
+            self._sums.clear()
+            shapes, samples = dict(self._shapes), list(self._time_samples)
+            pending, step_seconds = self._pending, self._step_seconds
+            self.service.submit(lambda: self._decide(sums, shapes, samples, *pending, step_seconds))
+
+    def _exchange(self):
+        version, decided_at, effective = self._pending
+        adaptive = self.apply_delay == "auto"
+        result = self.service.exchange(version, effective, self._postpone if adaptive else None)
+        if isinstance(result, Postponed):
+            self._pending = (version, decided_at, result.step)
+            return
+        self._pending = None
+        decision = replace(result, effective_step=self.step)
+        if adaptive:
+            self._delay = next_delay(decision)
+        self._apply(decision)
+
+    def _postpone(self, elapsed):
+        """Rank 0, still computing when a decision is due: the step to exchange at instead.
+        Expects what remains of 1.5x the last decision's time, and at least as long again as
+        it has run (so a first decision, with nothing to go by, needs few exchanges)."""
+        if self._step_seconds == 0:
+            return self.step + FIRST_DELAY
+        previous = self.decisions[-1].seconds if self.decisions else 0.0
+        remaining = max(DELAY_MARGIN * previous - elapsed, elapsed)
+        return self.step + max(1, math.ceil(remaining / self._step_seconds))
 
     def _apply(self, decision):
         for name, value in decision.settings.items():
@@ -201,7 +256,7 @@ class LGreCo(Controller):
             self._previous_norms[name] = norm
         return defaults
 
-    def _decide(self, sums, shapes, samples, version, decided_at, effective_step):
+    def _decide(self, sums, shapes, samples, version, decided_at, effective_step, step_seconds):
         start = time.perf_counter()
         notes = []
         names = sorted(sums)
@@ -239,7 +294,8 @@ class LGreCo(Controller):
         settings = {name: options[c] for name, (options, _, _, _), c in zip(names, rows, choice)}
         total_bytes = int(sum(size_table[i, c] for i, c in enumerate(choice)))
         return Decision(version, decided_at, effective_step, settings, total_bytes, uniform_bytes,
-                        float(total_error), budget, self.objective, time.perf_counter() - start, notes)
+                        float(total_error), budget, self.objective, time.perf_counter() - start,
+                        step_seconds, notes)
 
     # ----- the time objective -------------------------------------------------------------
     def _bucket_of(self, name, shapes):
@@ -272,7 +328,7 @@ class LGreCo(Controller):
             outcome = ["ok", asdict(outcome[1])]
         return {"class": "LGreCo", "config": self._own_config(), "inner": self.inner.state_dict(),
                 "step": self.step, "version": self.version, "next_decision": self._next_decision,
-                "pending": None if self._pending is None else list(self._pending),
+                "delay": self._delay, "pending": None if self._pending is None else list(self._pending),
                 "outcome": None if outcome is None else list(outcome),
                 "shapes": [[name, list(shape)] for name, shape in self._shapes.items()],
                 "sums": {name: value.clone() for name, value in self._sums.committed.items()},
@@ -284,7 +340,7 @@ class LGreCo(Controller):
         """Restores the wrapped compressor (so the current per-layer settings), the schedule and
         a decision in flight, so that training resumes exactly. Checked before anything changes:
         a mismatch raises ``ValueError`` and leaves this object as it was."""
-        missing = {"class", "config", "inner", "step", "version", "next_decision", "pending",
+        missing = {"class", "config", "inner", "step", "version", "next_decision", "delay", "pending",
                    "outcome", "shapes", "sums", "decisions", "previous_norms",
                    "time_samples"} - set(state_dict)
         if missing:
@@ -304,7 +360,7 @@ class LGreCo(Controller):
             outcome = ("ok", Decision(**outcome[1]))
         self.inner.load_state_dict(state_dict["inner"])  # checks its own part; last to raise
         self.step, self.version = state_dict["step"], state_dict["version"]
-        self._next_decision = state_dict["next_decision"]
+        self._next_decision, self._delay = state_dict["next_decision"], state_dict["delay"]
         self._pending = None if state_dict["pending"] is None else tuple(state_dict["pending"])
         self.service.restore(None if outcome is None else tuple(outcome))
         self._shapes = {name: tuple(shape) for name, shape in state_dict["shapes"]}
@@ -320,6 +376,14 @@ class LGreCo(Controller):
         config = dict(self.config())
         del config["inner"]
         return {key: list(value) if isinstance(value, tuple) else value for key, value in config.items()}
+
+
+def next_delay(decision):
+    """apply_delay="auto": steps from the next decision's submission to its exchange, 1.5x the
+    steps this one took to compute (the same on every rank: it follows from the agreed decision)."""
+    if decision.step_seconds == 0:
+        return FIRST_DELAY
+    return max(1, math.ceil(DELAY_MARGIN * decision.seconds / decision.step_seconds))
 
 
 def fit_bucket_seconds_per_byte(samples, buckets):

@@ -2,7 +2,8 @@
 
 Rank 0 computes a decision in a background thread while training goes on. At a step fixed in
 advance, every rank takes part in one exchange: rank 0 broadcasts the decision (or the error
-that stopped it), then all ranks all-gather a digest and fail loudly if any disagree. Every
+that stopped it, or, when it is still computing and may postpone, the later step at which to
+exchange again), then all ranks all-gather a digest and fail loudly if any disagree. Every
 wait has a deadline, so a dead or stalled rank 0 makes the others raise instead of hang.
 
 Transports: under ``mpirun``/``horovodrun`` with MPI, an mpi4py communicator of our own (a
@@ -16,6 +17,8 @@ import os
 import pickle
 import threading
 import time
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 from hvd_compress import arguments
 
@@ -208,6 +211,13 @@ def digest(obj):
     return hashlib.sha256(repr(obj).encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class Postponed:
+    """What ``exchange`` returns on every rank when rank 0 was still computing: exchange again
+    at ``step``."""
+    step: int
+
+
 class DecisionService:
     """``submit`` (rank 0 only) starts a computation in the background; ``exchange`` (every rank,
     at the same step) returns its result on every rank, verified identical everywhere."""
@@ -221,6 +231,7 @@ class DecisionService:
         self._process_set = None
         self._thread = None
         self._outcome = None
+        self._started = 0.0
 
     def use_process_set(self, process_set):
         """Exchanges from now on run among ``process_set``'s ranks (None: all of them)."""
@@ -240,8 +251,13 @@ class DecisionService:
             except BaseException as error:  # even SystemExit: carried to every rank by exchange()
                 self._outcome = ("error", f"{type(error).__name__}: {error}")
         self._outcome = None
+        self._started = time.monotonic()
         self._thread = threading.Thread(target=run, name="hvd_compress-decision", daemon=True)
         self._thread.start()
+
+    def running(self):
+        """Whether a submitted computation is still running."""
+        return self._thread is not None and self._thread.is_alive()
 
     def finished_outcome(self):
         """The outcome of the submitted computation, waiting for it if it runs: ("ok", result),
@@ -256,14 +272,27 @@ class DecisionService:
         """Makes ``outcome`` (from ``finished_outcome``) the result the next exchange sends."""
         self._thread, self._outcome = None, outcome
 
-    def exchange(self, version, effective_step):
+    def exchange(self, version, effective_step, postpone: Optional[Callable[[float], Optional[int]]] = None):
+        """The submitted computation's result on every rank, or ``Postponed(step)`` on every
+        rank when rank 0 is still computing and ``postpone`` (rank 0's policy: the seconds the
+        computation has run -> a later step, or None to wait) chose a later step. A computation
+        that has run longer than ``timeout`` is an error on every rank, postponed or not."""
         if self._transport is None:
             self._transport = make_transport(self.kind, self._process_set)
         transport = self._transport
         deadline = time.monotonic() + self.timeout
         what = f"L-GreCo decision {version} (effective at step {effective_step}), rank {transport.rank}"
         outcome = None
-        if transport.rank == 0:
+        if transport.rank == 0 and self.running() and postpone is not None:
+            elapsed = time.monotonic() - self._started
+            later = None if elapsed > self.timeout else postpone(elapsed)
+            if later is not None:
+                outcome = ("later", later)
+            elif elapsed > self.timeout:
+                outcome = ("error", f"the computation has run {elapsed:.1f} s, over the timeout "
+                                    f"of {self.timeout} s")
+                self._thread, self._outcome = None, None
+        if transport.rank == 0 and outcome is None:
             if self._thread is not None:
                 self._thread.join(max(0.0, deadline - time.monotonic()))
                 if self._thread.is_alive():
@@ -274,11 +303,11 @@ class DecisionService:
         outcome = transport.broadcast(outcome, 2 * version, deadline, what)
         if outcome[0] == "error":
             raise RuntimeError(f"{what}: the computation failed on rank 0: {outcome[1]}")
-        decision = outcome[1]
-        mine = (version, effective_step, digest(decision))
+        result = Postponed(outcome[1]) if outcome[0] == "later" else outcome[1]
+        mine = (version, effective_step, digest(result))
         everyone = transport.allgather(mine, 2 * version + 1, deadline, what)
         for rank, theirs in enumerate(everyone):
             if theirs != mine:
                 raise RuntimeError(f"{what}: ranks disagree on the decision: {mine} here, "
                                    f"{theirs} on rank {rank}")
-        return decision
+        return result

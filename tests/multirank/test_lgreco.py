@@ -57,6 +57,28 @@ def test_every_rank_applies_each_decision_at_the_same_step(inner, path):
         assert all(torch.equal(rows[0], row) for row in rows), name
 
 
+def test_auto_delay_postpones_a_slow_decision_alike_on_every_rank():
+    """apply_delay="auto": rank 0's first decision takes over a second, longer than its first
+    10 steps; rank 0 names later steps through the exchange and every rank applies the decision
+    at the same one, with identical parameters after."""
+    model = DigitsCNN()
+    opt, lgreco = lgreco_optimizer(model, "powersgd", "stock", apply_delay="auto", decide_every=200)
+    if hvd.rank() == 0:
+        errors = lgreco.inner.errors
+        lgreco.inner.errors = lambda *args: (time.sleep(0.5), errors(*args))[1]
+    for x, y in rank_batches(150, seed=6):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    decisions = [(d.version, d.decided_at, d.effective_step) for d in lgreco.decisions]
+    assert len(decisions) == 1 and decisions[0][2] > 4 + 10, decisions
+    everyone = hvd.allgather_object((decisions, lgreco._delay), name="lgreco.auto")
+    assert all(theirs == everyone[0] for theirs in everyone)
+    for name, p in model.named_parameters():
+        rows = gathered(p, f"lgreco.auto.{name}")
+        assert all(torch.equal(rows[0], row) for row in rows), name
+
+
 def test_stalled_rank0_fails_every_rank_within_the_timeout():
     """Runs last in this file: it leaves rank 0's decision thread asleep."""
     model = DigitsCNN()

@@ -1,5 +1,6 @@
 """L-GreCo in one process: the schedule, the decisions, the objectives, checkpoints."""
 import logging
+import time
 
 import numpy as np
 import pytest
@@ -117,6 +118,59 @@ def test_state_dict_resumes_with_the_same_decisions():
     out_a = SimulatedWorld([a]).step([layered_gradients(99, DECAY)])[0]
     out_b = SimulatedWorld([b]).step([layered_gradients(99, DECAY)])[0]
     assert all(torch.equal(out_a[n], out_b[n]) for n in SHAPES)
+
+
+def slow_decisions(lgreco, seconds):
+    """Makes every decision of ``lgreco`` take at least ``seconds`` (in its background thread):
+    its error table has three rows (layers a, b and c)."""
+    errors = lgreco.inner.errors
+
+    def slow(*args):
+        time.sleep(seconds / 3)
+        return errors(*args)
+    lgreco.inner.errors = slow
+
+
+def timed_steps(lgreco, steps, step_seconds):
+    """Runs ``steps`` steps of ``step_seconds`` each; the longest time one step spent in
+    L-GreCo (its end_step, where a decision is exchanged)."""
+    sim, longest = SimulatedWorld([lgreco]), 0.0
+    for step in range(steps):
+        time.sleep(step_seconds)  # the step's compute
+        started = time.perf_counter()
+        sim.step([layered_gradients(step, DECAY)])
+        longest = max(longest, time.perf_counter() - started)
+    return longest
+
+
+def test_auto_delay_postpones_instead_of_waiting_for_a_slow_decision():
+    """A decision taking 0.3 s at 20 ms steps is not ready 10 steps on: rank 0 names a later
+    step and training goes on; the next delay follows from the measured time."""
+    lgreco = make(hc.PowerSGD(rank=4, min_numel=0), apply_delay="auto", decide_every=60)
+    slow_decisions(lgreco, 0.3)
+    longest = timed_steps(lgreco, 40, 0.02)
+    assert longest < 0.15  # a stall would be about 0.1 s or more; the exchange itself is local
+    [decision] = lgreco.decisions
+    assert decision.effective_step > decision.decided_at + 10
+    assert decision.seconds >= 0.3 and decision.step_seconds > 0.02
+    from hvd_compress.control.lgreco import next_delay
+    assert lgreco._delay == next_delay(decision) > 10
+
+
+def test_a_decision_due_while_one_is_pending_is_skipped():
+    lgreco = make(hc.PowerSGD(rank=4, min_numel=0), apply_delay="auto", decide_every=2, warmup_steps=2)
+    slow_decisions(lgreco, 0.15)
+    timed_steps(lgreco, 40, 0.01)
+    decided = [d.decided_at for d in lgreco.decisions]
+    assert 1 <= len(decided) < 19 and all(b > a + 2 for a, b in zip(decided, decided[1:]))
+    assert [d.version for d in lgreco.decisions] == list(range(1, len(decided) + 1))
+
+
+def test_auto_delay_keeps_the_deadline_for_a_decision_that_never_ends():
+    lgreco = make(hc.PowerSGD(rank=4, min_numel=0), apply_delay="auto", decide_every=100, timeout=0.3)
+    slow_decisions(lgreco, 5.0)
+    with pytest.raises(RuntimeError, match="over the timeout"):
+        timed_steps(lgreco, 60, 0.02)
 
 
 def test_decision_log_names_every_layer(caplog):
