@@ -7,6 +7,7 @@ import sys
 
 BENCHMARKS = {
     "codec": "compress + error feedback + decompress per step, against torch's PowerSGD hook",
+    "controller_overhead": "L-GreCo's decision time, stall and per-step cost, GraVAC's gain measurement",
     "convergence": "final accuracy / perplexity, compression ratio and wall time of each method, 4 ranks",
     "endtoend": "step time of every method on an emulated cluster: compute, compression, exposed communication",
     "fusion": "ACP-SGD step time against the fusion buffer size, on an emulated cluster",

@@ -29,11 +29,14 @@ Methods (the rank of the low-rank methods is ``--rank``):
 * S-SGD: ``hvd.DistributedOptimizer`` with no compression and Horovod's default fusion;
 * FP16, PowerSGD, ACP-SGD, ScaleCom: ``compression=`` of stock ``hvd.DistributedOptimizer``
   (single all-reduce payloads such as ACP-SGD's ride Horovod's own fused all-reduce);
-* ACP-SGD+fusion, L-GreCo, GraVAC: ``hvd_compress.DistributedOptimizer`` with its scaled
-  fusion (``ScaledFusion()``, 25 MiB dense) and ``HOROVOD_FUSION_THRESHOLD=0``; L-GreCo and
-  GraVAC wrap ACP-SGD and decide during the warm-up (L-GreCo at step 3, applied at step 5;
-  GraVAC with a window of 2 steps, so it has settled on a factor before the timed steps: this
-  measures the speed of what it chose, not whether it chose well).
+* ACP-SGD+fusion, L-GreCo, L-GreCo/4, GraVAC: ``hvd_compress.DistributedOptimizer`` with its
+  scaled fusion (``ScaledFusion()``, 25 MiB dense) and ``HOROVOD_FUSION_THRESHOLD=0``; the
+  controllers wrap ACP-SGD. L-GreCo runs the default schedule's way (decisions every 1000
+  steps, ``apply_delay="auto"``) with its first decision submitted at step 3, so it computes
+  and takes effect during the timed steps; L-GreCo/4 decides every 4 steps from step 3 on (a
+  short schedule, which exposes a decision's cost). GraVAC has a window of 2 steps, so it has
+  settled on a factor before the timed steps: this measures the speed of what it chose, not
+  whether it chose well.
 
 A probe job per rate times Horovod's all-reduce and all-gather of 4 KiB to 16 MiB; the
 projection (``python -m benchmarks projection``) fits its alpha-beta model to it.
@@ -62,8 +65,9 @@ SECTION = "End to end"
 PROBE_BYTES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20]
 COMPUTE_STEPS, CODEC_STEPS = 6, 6  # even: ACP-SGD's P and Q steps weigh equally
 UNTIMED_STEPS = 2  # before each timed phase: first-touch allocations, lazy initialisation
-METHODS = ["S-SGD", "FP16", "PowerSGD", "ACP-SGD", "ACP-SGD+fusion", "L-GreCo", "GraVAC", "ScaleCom"]
-WRAPPED = {"ACP-SGD+fusion", "L-GreCo", "GraVAC"}  # hvd_compress.DistributedOptimizer + fusion
+METHODS = ["S-SGD", "FP16", "PowerSGD", "ACP-SGD", "ACP-SGD+fusion", "L-GreCo", "L-GreCo/4", "GraVAC",
+           "ScaleCom"]
+WRAPPED = {"ACP-SGD+fusion", "L-GreCo", "L-GreCo/4", "GraVAC"}  # hvd_compress.DistributedOptimizer + fusion
 # Targets at 1 Gbit/s: (method, baseline, least speed-up).
 TARGETS = [("L-GreCo", "S-SGD", 2.5), ("L-GreCo", "PowerSGD", 1.2)]
 
@@ -100,8 +104,9 @@ def build_compression(method, rank, named):
 
     if method == "S-SGD":
         return None
-    if method == "L-GreCo":
-        return hc.LGreCo(hc.ACPSGD(named, rank=rank), warmup_steps=3, apply_delay=2, decide_every=1000)
+    if method in ("L-GreCo", "L-GreCo/4"):
+        every = 4 if method == "L-GreCo/4" else 1000
+        return hc.LGreCo(hc.ACPSGD(named, rank=rank), warmup_steps=3, decide_every=every)
     if method == "GraVAC":
         return hc.GraVAC(hc.ACPSGD(named, rank=rank), window=2)
     if method not in REGISTERED:

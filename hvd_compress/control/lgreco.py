@@ -82,7 +82,7 @@ class LGreCo(Controller):
         from a linear model of measured communication time), or "accordion" (pass
         ``accordion=Accordion(critical, normal)``).
       * ``apply_delay``: "auto" (default) never stalls training: the first decision is due 10
-        steps after it was submitted, each later one after 1.5x the last decision's time in
+        steps after it was submitted (``decide_every - 1`` if fewer), each later one after 1.5x the last decision's time in
         steps (rank 0's running step time, agreed through the decision), and if rank 0 is still
         computing when one is due, it names a later step instead of making every rank wait.
         Which step a decision takes effect at then depends on timing, so a run resumed from a
@@ -137,7 +137,9 @@ class LGreCo(Controller):
         self.decisions = deque(maxlen=DECISIONS_KEPT)  # the latest, oldest first
         self._next_decision = warmup_steps
         self._pending = None  # (version, decided_at, effective_step)
-        self._delay = FIRST_DELAY if apply_delay == "auto" else apply_delay  # agreed by all ranks
+        # Agreed by all ranks. "auto" starts within one period: a short schedule's first
+        # decision is then not skipped for want of a measured time.
+        self._delay = min(FIRST_DELAY, max(1, decide_every - 1)) if apply_delay == "auto" else apply_delay
         self._step_seconds = 0.0  # rank 0's running step time; 0 until measured
         self._step_ended = None
         self._sums = StagedSums()  # rank 0: gradients accumulated since the last decision

@@ -35,6 +35,23 @@ def test_codec_quick_writes_json_figures_and_its_section(tmp_path, monkeypatch):
     assert (tmp_path / "benchmarks.md").read_text().count("## Codec cost") == 1
 
 
+def test_controller_overhead_quick_measures_every_controller_and_resumes(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert bench.main(["controller_overhead", "--quick", "--out", str(tmp_path)]) == 0
+    path = tmp_path / "benchmarks" / "controller_overhead.json"
+    points = json.loads(path.read_text())["points"]
+    assert set(points) == {f"tiny/{m}" for m in ["PowerSGD rank 4", "ACP-SGD rank 4", "Top-K 1%",
+                                                  "QSGD 4 bits", "GraVAC"]}
+    assert points["tiny/PowerSGD rank 4"]["same_settings_as_exact"] is True
+    assert set(points["tiny/Top-K 1%"]["stall_seconds"]) == {
+        "default, apply_delay 10", "default, auto", "short, apply_delay 1", "short, auto"}
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## Controller overhead" in text and "python -m benchmarks controller_overhead --quick" in text
+    before = path.read_text()
+    assert bench.main(["controller_overhead", "--quick", "--out", str(tmp_path)]) == 0
+    assert json.loads(path.read_text())["points"] == json.loads(before)["points"]  # nothing re-ran
+
+
 def test_unknown_benchmark_prints_usage(capsys):
     assert bench.main(["nope"]) == 2
     assert "codec" in capsys.readouterr().err

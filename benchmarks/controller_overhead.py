@@ -1,0 +1,277 @@
+"""Controller overhead: what L-GreCo's decisions and GraVAC's gain measurements cost, on the
+gradient shapes of real models, and whether any rank stalls waiting for a decision.
+
+    python -m benchmarks controller_overhead [--shapes resnet50,bert-base,transformer-xl]
+        [--step-ms 300] [--decide-every 1000] [--out docs/] [--quick]
+
+One process, one torch thread, the local transport (a world of one). Gradients are synthetic
+and seeded: each matrix a rank-16 signal with power-law singular values plus noise, so that the
+error tables have the spread of real gradients. For each shape set and L-GreCo over PowerSGD
+rank 4, ACP-SGD rank 4, Top-K 1% and QSGD 4 bits:
+
+* **decision**: the seconds rank 0's background thread takes for one decision (error tables,
+  then the DP), from ``Decision.seconds``; for the low-rank methods also with the exact SVD (the
+  error tables before the randomized range finder) and whether both choose the same settings;
+* **accumulation**: what rank 0 adds to every step, summing the gradients the next decision
+  analyses (``StagedSums``, as ``LGreCo.begin`` does), median of 3 steps;
+* **stall**: the longest time ``end_step`` blocked while the decision was due, with training
+  emulated as steps of ``--step-ms`` (the main thread sleeps, as a rank whose step runs on a
+  GPU leaves its CPU to the decision thread). Four schedules: the default one (decisions every
+  ``--decide-every`` steps) with ``apply_delay=10`` (the old default) and ``"auto"`` (the new
+  one), and a short one (decisions every 4 steps) with ``apply_delay=1`` and ``"auto"``;
+* **overhead**: (accumulation x decide_every + stall at the default schedule) / (decide_every x
+  step): the training time it adds. The decision's own CPU time runs beside training, not in
+  its way; its share of the same window is given too.
+
+And for GraVAC over Top-K 1%: the per-step cost of its multi-level gain measurement
+(``kept_energies`` of every tunable layer at theta_min and the candidate), median of 3 steps.
+
+Results resume point by point from ``<out>/benchmarks/controller_overhead.json``; the section
+"Controller overhead" of ``<out>/benchmarks.md`` is rewritten after each. ``--quick``: the tiny
+shape set and 20 ms steps, a smoke test.
+"""
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import hvd_compress as hc
+from benchmarks.report import DOCS, describe_machine, machine, write_section
+from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
+from hvd_compress.comm.simulated import SimulatedWorld
+from hvd_compress.compressors.feedback import StagedSums
+from hvd_compress.maths import errors as error_maths
+
+SECTION = "Controller overhead"
+METHODS = {"PowerSGD rank 4": ("powersgd", {"rank": 4}), "ACP-SGD rank 4": ("acpsgd", {"rank": 4}),
+           "Top-K 1%": ("topk", {"density": 0.01}), "QSGD 4 bits": ("qsgd", {"bits": 4})}
+LOWRANK = {"PowerSGD rank 4", "ACP-SGD rank 4"}
+SHORT_EVERY = 4  # the short schedule: a decision every 4 steps (the issue's ResNet-50 run)
+SIGNAL_RANK = 16
+REPEATS = 3
+# The targets: decision seconds per shape set, and the overhead's share of training time.
+DECISION_TARGETS = {"bert-base": 2.0, "transformer-xl": 5.0}
+OVERHEAD_TARGET = 0.01
+
+
+def synthetic_gradients(shapes, seed=0):
+    """name -> gradient: matrices (conv kernels flattened to out x rest) a rank-16 signal with
+    singular values falling as 1/i plus noise at a tenth of the signal's scale; vectors noise."""
+    g = torch.Generator().manual_seed(seed)
+    grads = {}
+    for name, shape in shapes:
+        if len(shape) == 1:
+            grads[name] = torch.randn(shape, generator=g)
+            continue
+        n, m = shape[0], math.prod(shape[1:])
+        r = min(SIGNAL_RANK, n, m)
+        left = torch.randn(n, r, generator=g) / torch.arange(1, r + 1)
+        signal = left @ torch.randn(r, m, generator=g) / math.sqrt(r)
+        grads[name] = (signal + 0.1 * torch.randn(n, m, generator=g)).view(shape)
+    return grads
+
+
+def schedules(decide_every):
+    """label -> (decide_every, apply_delay)."""
+    return {"default, apply_delay 10": (decide_every, 10), "default, auto": (decide_every, "auto"),
+            "short, apply_delay 1": (SHORT_EVERY, 1), "short, auto": (SHORT_EVERY, "auto")}
+
+
+def first_decision(method, grads, decide_every, apply_delay, step_seconds, max_steps=2000):
+    """(the first Decision, the longest end_step) of L-GreCo over ``method``: one real step
+    accumulates the gradients, the decision is submitted at its end, and emulated steps of
+    ``step_seconds`` follow until it has taken effect."""
+    name, settings = METHODS[method]
+    lgreco = hc.LGreCo(hc.COMPRESSORS[name].build(None, **settings), warmup_steps=1,
+                       decide_every=decide_every, apply_delay=apply_delay, transport="local")
+    SimulatedWorld([lgreco]).step([grads])  # the decision starts in this step's end_step
+    longest = 0.0
+    for _ in range(max_steps):
+        if lgreco.decisions:
+            return lgreco.decisions[0], longest
+        time.sleep(step_seconds)  # the step's compute, on the accelerator
+        started = time.perf_counter()
+        lgreco.end_step()
+        longest = max(longest, time.perf_counter() - started)
+    raise RuntimeError(f"{method}: no decision took effect within {max_steps} steps")
+
+
+def accumulation_seconds(method, grads):
+    """Median seconds per step of rank 0's accumulation of the tunable gradients."""
+    name, settings = METHODS[method]
+    inner = hc.COMPRESSORS[name].build(None, **settings)
+    tunable = {n: g for n, g in grads.items() if inner.tunable(tuple(g.shape))}
+    sums, times = StagedSums(), []
+    for _ in range(REPEATS + 1):  # the first allocates the sums
+        started = time.perf_counter()
+        for n, g in tunable.items():
+            sums.add(n, g)
+        sums.commit()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times[1:])
+
+
+def gravac_seconds(grads):
+    """Median seconds per step of GraVAC's gain measurement over Top-K 1%."""
+    inner = hc.TopK(density=0.01)
+    policy = hc.GraVAC(inner).policy
+    tunable = {n: g for n, g in grads.items() if inner.tunable(tuple(g.shape))}
+    memos, times = {}, []
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        for n, g in tunable.items():
+            levels = [inner.setting_for_factor(g.shape, cf) for cf in (policy.theta_min, policy.candidate)]
+            inner.kept_energies(n, g, levels, memos.setdefault(n, {}))
+            g.square().sum().item()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def measure_lgreco(method, grads, args):
+    step = args.step_ms / 1000
+    record = {"accumulation_seconds": accumulation_seconds(method, grads), "stall_seconds": {},
+              "delay_steps": {}}
+    for label, (every, delay) in schedules(args.decide_every).items():
+        decision, stall = first_decision(method, grads, every, delay, step)
+        record["stall_seconds"][label] = stall
+        record["delay_steps"][label] = decision.effective_step - decision.decided_at
+        record.setdefault("decision_seconds", []).append(decision.seconds)
+        record.setdefault("settings", decision.settings)
+    if method in LOWRANK:
+        randomized = error_maths.lowrank_errors
+        error_maths.lowrank_errors = lambda matrix, ranks: randomized(matrix, ranks, exact=True)
+        try:
+            exact, _ = first_decision(method, grads, args.decide_every, 1, step)
+        finally:
+            error_maths.lowrank_errors = randomized
+        record["exact_decision_seconds"] = exact.seconds
+        record["same_settings_as_exact"] = exact.settings == record["settings"]
+        differing = [n for n in exact.settings if exact.settings[n] != record["settings"][n]]
+        record["differing_layers"] = len(differing)
+    record["decision_seconds"] = statistics.median(record["decision_seconds"])
+    del record["settings"]
+    return record
+
+
+# ----- the report -----------------------------------------------------------------------------
+def overhead(record, args):
+    """(share of training time added, background CPU share) at the default schedule, auto."""
+    window = args.decide_every * args.step_ms / 1000
+    added = record["accumulation_seconds"] * args.decide_every + record["stall_seconds"]["default, auto"]
+    return added / window, record["decision_seconds"] / window
+
+
+def markdown(results, args):
+    lines = [f"`{results['command']}`", "", describe_machine(results["machine"]) +
+             f" One torch thread; steps emulated at {args.step_ms:g} ms, decisions every "
+             f"{args.decide_every} steps (default schedule) or {SHORT_EVERY} (short).", "",
+             "Seconds of one L-GreCo decision on rank 0 (its background thread), rank 0's added "
+             "work per step (summing the gradients the next decision analyses), and the longest "
+             "wait at a decision's exchange (the stall every rank sees), by schedule; the "
+             "overhead is the training time added at the default schedule with "
+             "`apply_delay=\"auto\"`, as a share of "
+             f"{args.decide_every} steps of {args.step_ms:g} ms (in brackets: the decision's CPU "
+             "time, which runs beside training, on the same scale).", "",
+             "| shapes | L-GreCo over | decision s | exact SVD s (same choice) | accumulate ms/step | "
+             "stall s: default, delay 10 | default, auto | short, delay 1 | short, auto (delay steps) | "
+             "overhead |", "|---" * 10 + "|"]
+    for key, record in results["points"].items():
+        if "gravac_seconds" in record:
+            continue
+        shapes, method = key.split("/")
+        stall = record["stall_seconds"]
+        exact = "-"
+        if "exact_decision_seconds" in record:
+            same = "yes" if record["same_settings_as_exact"] else f"{record['differing_layers']} layers differ"
+            exact = f"{record['exact_decision_seconds']:.2f} ({same})"
+        added, background = overhead(record, args)
+        lines.append(f"| {shapes} | {method} | {record['decision_seconds']:.2f} | {exact} | "
+                     f"{1000 * record['accumulation_seconds']:.1f} | {stall['default, apply_delay 10']:.2f} | "
+                     f"{stall['default, auto']:.3f} | {stall['short, apply_delay 1']:.2f} | "
+                     f"{stall['short, auto']:.3f} ({record['delay_steps']['short, auto']}) | "
+                     f"{100 * added:.2f}% ({100 * background:.2f}%) |")
+    gravac = {k.split("/")[0]: r for k, r in results["points"].items() if "gravac_seconds" in r}
+    if gravac:
+        lines += ["", "GraVAC over Top-K 1%: its gain measurement per step (kept energy at theta_min and "
+                  "the candidate, every tunable layer), and its share of a step:", "",
+                  "| shapes | ms/step | share |", "|---|---|---|"]
+        lines += [f"| {shapes} | {1000 * r['gravac_seconds']:.1f} | "
+                  f"{100 * r['gravac_seconds'] / (args.step_ms / 1000):.1f}% |" for shapes, r in gravac.items()]
+    targets = []
+    for shapes, limit in DECISION_TARGETS.items():
+        measured = [(key.split("/")[1], r["decision_seconds"]) for key, r in results["points"].items()
+                    if key.startswith(shapes + "/") and "decision_seconds" in r]
+        if measured:
+            targets.append(f"{shapes} decisions under {limit:g} s: " + ", ".join(
+                f"{method} {seconds:.2f} s {'met' if seconds < limit else 'MISSED'}" for method, seconds in measured))
+    measured = [r for r in results["points"].values() if "decision_seconds" in r]
+    if measured:
+        worst = max(overhead(r, args)[0] for r in measured)
+        targets.append(f"overhead under {100 * OVERHEAD_TARGET:g}% of training time: largest "
+                       f"{100 * worst:.2f}%, {'met' if worst < OVERHEAD_TARGET else 'MISSED'}")
+        stall = max(r["stall_seconds"]["default, auto"] for r in measured)
+        targets.append(f"no stall at the default schedule: longest exchange {1000 * stall:.1f} ms")
+    lines += ["", "Targets: " + "; ".join(targets) + "."]
+    lines += ["", "Shape sets: " + "; ".join(f"{s}: {DESCRIPTIONS[s]}" for s in args.shapes) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def run(args):
+    path = args.out / "benchmarks" / "controller_overhead.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.setdefault("points", {})
+    results.update(machine=machine(), command=command_line(args))
+    for shapes in args.shapes:
+        wanted = [f"{shapes}/{method}" for method in METHODS] + [f"{shapes}/GraVAC"]
+        if all(key in results["points"] for key in wanted):
+            continue
+        listing = shape_set(shapes)
+        grads = synthetic_gradients(listing)
+        print(f"{shapes}: {parameter_count(listing):,} parameters", flush=True)
+        for key in wanted:
+            if key in results["points"]:
+                continue
+            method = key.split("/")[1]
+            record = ({"gravac_seconds": gravac_seconds(grads)} if method == "GraVAC"
+                      else measure_lgreco(method, grads, args))
+            results["points"][key] = record
+            print(f"  {key}: {json.dumps(record)}", flush=True)
+            path.write_text(json.dumps(results, indent=1) + "\n")
+            write_section(args.out / "benchmarks.md", SECTION, markdown(results, args))
+    return results
+
+
+def command_line(args):
+    command = "python -m benchmarks controller_overhead"
+    return command + " --quick" if args.quick else command
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="resnet50,bert-base,transformer-xl",
+                        help="comma-separated shape sets (benchmarks/shapes.py)")
+    parser.add_argument("--step-ms", type=float, default=300.0, help="the emulated step time")
+    parser.add_argument("--decide-every", type=int, default=1000, help="the default schedule's decision period")
+    parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, 20 ms steps: a smoke test")
+    args = parser.parse_args(argv)
+    args.shapes = ["tiny"] if args.quick else args.shapes.split(",")
+    if args.quick:
+        args.step_ms, args.decide_every = 20.0, 50
+    for shapes in args.shapes:
+        shape_set(shapes)  # a KeyError naming the known sets
+    return args
+
+
+def main(argv=None):
+    torch.set_num_threads(1)
+    run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
