@@ -38,13 +38,16 @@ def accuracy(model, x, y):
         return (model(x).argmax(dim=1) == y).float().mean().item()
 
 
-def train(make_optimizer, rank=0, size=1, epochs=8, batch_size=32, lr=0.05, seed=0, log=None):
+def train(make_optimizer, rank=0, size=1, epochs=8, batch_size=32, lr=0.05, seed=0, log=None, wrap=None):
     """Data-parallel training: rank r takes every size-th training example. ``make_optimizer``
-    turns (model, torch optimizer) into the optimizer to step. Returns (model, test accuracy)."""
+    turns (model, torch optimizer) into the optimizer to step; ``wrap`` (optional) turns the
+    model into the module that runs forward (a ``DistributedDataParallel``). Returns (model,
+    test accuracy)."""
     torch.manual_seed(seed)
     x_train, y_train, x_test, y_test = load_digits_split()
     x_train, y_train = x_train[rank::size], y_train[rank::size]
     model = DigitsCNN()
+    network = model if wrap is None else wrap(model)
     optimizer = make_optimizer(model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
     generator = torch.Generator().manual_seed(seed)
     steps_per_epoch = len(y_train) // batch_size
@@ -56,7 +59,7 @@ def train(make_optimizer, rank=0, size=1, epochs=8, batch_size=32, lr=0.05, seed
         for step in range(steps_per_epoch):
             batch = order[step * batch_size:(step + 1) * batch_size]
             optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(model(x_train[batch]), y_train[batch])
+            loss = nn.functional.cross_entropy(network(x_train[batch]), y_train[batch])
             loss.backward()
             optimizer.step()
             schedule.step()

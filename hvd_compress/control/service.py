@@ -12,11 +12,13 @@ duplicate of COMM_WORLD, so our messages never interleave with Horovod's); under
 (``torch.distributed`` initialised, Horovod not, or a ``torch.distributed`` process group
 given), ``torch.distributed``'s asynchronous collectives on that group.
 """
+import atexit
 import hashlib
 import os
 import pickle
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -25,6 +27,20 @@ from hvd_compress import arguments
 
 class DecisionTimeout(RuntimeError):
     pass
+
+
+# Decision threads still computing. A daemon thread killed inside a torch operation when the
+# interpreter exits aborts the process (C++ std::terminate), so a run that ends while a
+# decision computes would exit with SIGABRT: at exit, each is joined first (up to its timeout).
+_RUNNING = weakref.WeakSet()
+
+
+@atexit.register
+def _join_running_decisions():
+    for service in list(_RUNNING):
+        thread = service._thread
+        if thread is not None:
+            thread.join(service.timeout)
 
 
 def launched_under_mpi():
@@ -254,6 +270,7 @@ class DecisionService:
         self._started = time.monotonic()
         self._thread = threading.Thread(target=run, name="hvd_compress-decision", daemon=True)
         self._thread.start()
+        _RUNNING.add(self)
 
     def running(self):
         """Whether a submitted computation is still running."""

@@ -145,3 +145,16 @@ def test_endtoend_on_the_testbed_then_its_projection(tmp_path, monkeypatch):
     assert text.count("## End to end") == 1 and text.count("## Projection") == 1
     for png in ["endtoend.png", "projection.png"]:
         assert (tmp_path / "benchmarks" / png).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_ddp_quick_times_and_trains_every_method_under_torchrun(tmp_path, monkeypatch):
+    from benchmarks.ddp import METHODS
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert bench.main(["ddp", "--quick", "--job-timeout", "120", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "benchmarks" / "ddp.json").read_text())
+    assert list(results["timing"]["cnn"]) == METHODS and list(results["digits"]) == METHODS
+    assert all(entry["step_ms"]["median"] > 0 for entry in results["timing"]["cnn"].values())
+    assert all(0 <= accuracy <= 1 for accuracy in results["digits"].values())
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## PyTorch DDP" in text and "python -m benchmarks ddp --quick" in text and "Targets:" in text

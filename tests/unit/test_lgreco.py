@@ -213,3 +213,30 @@ def test_decisions_from_randomized_errors_match_the_exact_svd(monkeypatch):
     approximate, exact = decisions[False], decisions[True]
     assert approximate.settings == exact.settings
     assert approximate.total_error == pytest.approx(exact.total_error, rel=5e-3)
+
+
+def test_a_run_ending_while_a_decision_computes_exits_cleanly(tmp_path):
+    """The interpreter exiting while the decision thread is inside torch operations used to
+    abort the process (SIGABRT); the thread is joined at exit instead."""
+    import subprocess
+    import sys
+    script = tmp_path / "ends_mid_decision.py"
+    script.write_text(
+        "import time, torch\n"
+        "import hvd_compress as hc\n"
+        "from hvd_compress.comm.simulated import SimulatedWorld\n"
+        "lgreco = hc.LGreCo(hc.PowerSGD(rank=4, min_numel=0), warmup_steps=1, decide_every=100,\n"
+        "                   transport='local')\n"
+        "errors = lgreco.inner.errors\n"
+        "def busy(*args):\n"
+        "    x = torch.randn(256, 256)\n"
+        "    deadline = time.monotonic() + 0.5\n"
+        "    while time.monotonic() < deadline:\n"
+        "        x = torch.tanh(x @ x)\n"
+        "    return errors(*args)\n"
+        "lgreco.inner.errors = busy\n"
+        "SimulatedWorld([lgreco]).step([{'w': torch.randn(64, 64)}])\n"
+        "time.sleep(0.1)\n"
+        "assert lgreco.service.running()\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -1,0 +1,287 @@
+"""PyTorch DDP: step time of DistributedDataParallel with no hook, torch's ``powerSGD_hook`` and
+this project's compressors through ``hvd_compress.ddp``, on an emulated cluster; and final
+digits accuracy of each under ``torchrun``.
+
+    python -m benchmarks ddp [--models charlm,cnn] [--rate 1] [--np 4] [--rank 4]
+        [--warmup 8] [--steps 12] [--out docs/] [--quick]
+
+Timing: an :mod:`emulated cluster <benchmarks.testbed>` of ``--np`` ranks (one network namespace
+each, links shaped by ``tc tbf`` to ``--rate`` Gbit/s); mpirun starts one process per namespace,
+and each joins a Gloo process group over its shaped link (``GLOO_SOCKET_IFNAME``). The models
+are the ``endtoend`` benchmark's (character transformer, 19.1 M parameters; SmallVGG), DDP's
+default buckets (25 MiB), one torch thread per rank. Each job trains ``--warmup`` steps, then
+times ``--steps`` on rank 0 from ``zero_grad`` to the end of ``optimizer.step()``. Methods:
+
+* DDP: no comm hook (Gloo all-reduce of float32 buckets);
+* torch powerSGD_hook: ``PowerSGDState(matrix_approximation_rank=R, start_powerSGD_iter=2)``
+  (its error feedback and warm start on; it compresses from step 2, inside the warm-up);
+* PowerSGD, ACP-SGD: ``hvd_compress.ddp.register(ddp_model, hc.PowerSGD(rank=R))`` etc.;
+* L-GreCo: over ACP-SGD rank R, first decision at step 3, then every 1000 steps,
+  ``apply_delay="auto"``: its decision computes and takes effect during the timed steps.
+
+Quality: the digits CNN, 4 ranks under ``torchrun --standalone`` (no shaping needed), SGD with
+momentum and cosine decay as in the quality benchmark (6 epochs of each rank's shard per rank),
+every method above, final test accuracy. Target: each within 1 point of DDP without a hook.
+
+Results resume job by job from ``<out>/benchmarks/ddp.json``; the "PyTorch DDP" section of
+``<out>/benchmarks.md`` is rewritten after each. ``--quick``: 2 ranks, the CNN, 2 + 2 steps,
+1 digits epoch, no network shaping (plain ``torchrun``): a smoke test.
+"""
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+
+from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine,
+                               printed_results, summarise, undisturbed, write_section)
+from benchmarks.testbed import run_bounded
+
+RESULT_PREFIX = "DDP_RESULT "
+SECTION = "PyTorch DDP"
+METHODS = ["DDP", "torch powerSGD_hook", "PowerSGD", "ACP-SGD", "L-GreCo"]
+HOOK = "torch powerSGD_hook"
+PORT = 29531
+# Targets: (method, baseline, least speed-up of the median step) and the accuracy tolerance.
+SPEEDUP_TARGETS = [("ACP-SGD", HOOK, 1.3)]
+ACCURACY_POINTS = 1.0
+DIGITS_EPOCHS_PER_RANK = 6
+
+
+def register_method(ddp_model, method, rank):
+    """Registers ``method``'s comm hook on ``ddp_model`` (nothing for plain DDP)."""
+    import hvd_compress as hc
+    import hvd_compress.ddp
+
+    if method == "DDP":
+        return
+    if method == HOOK:
+        state = PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2)
+        ddp_model.register_comm_hook(state, powerSGD_hook)
+        return
+    compressors = {"PowerSGD": lambda: hc.PowerSGD(rank=rank), "ACP-SGD": lambda: hc.ACPSGD(rank=rank),
+                   "L-GreCo": lambda: hc.LGreCo(hc.ACPSGD(rank=rank), warmup_steps=3, decide_every=1000)}
+    if method not in compressors:
+        raise ValueError(f"ddp: unknown method {method!r}; known: {', '.join(METHODS)}")
+    hvd_compress.ddp.register(ddp_model, compressors[method]())
+
+
+# ----- one rank ---------------------------------------------------------------------------------
+def timing_worker(args):
+    """One rank of a timing job: started by mpirun in its namespace (``--master``: rank 0's
+    address on the shaped links), or by torchrun (``--quick``)."""
+    from benchmarks.endtoend import WORKLOADS
+
+    torch.set_num_threads(1)
+    if args.master:
+        rank, size = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
+        os.environ["GLOO_SOCKET_IFNAME"] = f"{args.interface_prefix}{rank}e"  # the shaped link
+        dist.init_process_group("gloo", init_method=f"tcp://{args.master}:{PORT}", rank=rank, world_size=size)
+    else:
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+    torch.manual_seed(0)
+    model, data, loss_of = WORKLOADS[args.model](torch.Generator().manual_seed(rank))
+    ddp_model = DistributedDataParallel(model)
+    register_method(ddp_model, args.method, args.rank)
+    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
+    seconds = []
+    for step in range(args.warmup + args.steps):
+        x, y = next(data)
+        started = time.perf_counter()
+        optimizer.zero_grad()
+        loss_of(ddp_model, x, y).backward()
+        optimizer.step()
+        seconds.append(time.perf_counter() - started)
+    if rank == 0:
+        print(RESULT_PREFIX + json.dumps({"seconds": seconds[args.warmup:]}), flush=True)
+    dist.destroy_process_group()
+
+
+def digits_worker(args):
+    """One rank of a digits job, started by torchrun."""
+    from benchmarks.workloads import digits
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+
+    def wrap(model):
+        ddp_model = DistributedDataParallel(model)
+        register_method(ddp_model, args.method, args.rank)
+        return ddp_model
+    _, accuracy = digits.train(lambda model, optimizer: optimizer, rank, size, epochs=args.epochs,
+                               lr=0.1, wrap=wrap)
+    if rank == 0:
+        print(RESULT_PREFIX + json.dumps({"accuracy": accuracy}), flush=True)
+    dist.destroy_process_group()
+
+
+# ----- the driver -------------------------------------------------------------------------------
+def worker_argv(args, kind, **flags):
+    argv = [sys.executable, "-m", "benchmarks.ddp", "--worker", kind, "--rank", str(args.rank)]
+    return argv + [item for key, value in flags.items() for item in (f"--{key.replace('_', '-')}", str(value))]
+
+
+def timing_job(args, cluster, model, method):
+    flags = dict(model=model, method=method, warmup=args.warmup, steps=args.steps)
+    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
+    if cluster is None:  # --quick: plain torchrun on this host
+        return summarise_timing(torchrun_job(args, worker_argv(args, "timing", **flags)))
+    argv = worker_argv(args, "timing", master=cluster.address(0), interface_prefix=cluster.prefix, **flags)
+    job = undisturbed(lambda: cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX),
+                      args.max_other_cpu, lambda result: f"{model} {method}: median step "
+                      f"{1e3 * statistics.median(result['seconds']):.1f} ms, job {result['wall_seconds']:.0f} s")
+    return summarise_timing(job)
+
+
+def torchrun_job(args, argv):
+    """``argv`` (``python -m <worker module> ...``) under ``torchrun --standalone
+    --nproc_per_node np``; rank 0's record."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+               str(args.np), *argv[1:]]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath())
+    started = time.perf_counter()
+    returncode, stdout, stderr = run_bounded(command, args.job_timeout, env)
+    [record] = printed_results(returncode, stdout, stderr, RESULT_PREFIX, time.perf_counter() - started,
+                               shlex.join(command), expected=1)
+    return record
+
+
+def summarise_timing(job):
+    return {"step_ms": summarise(job["seconds"]), "step_ms_each": [round(1e3 * s, 1) for s in job["seconds"]],
+            "wall_seconds": round(job.get("wall_seconds", 0.0), 1),
+            "disturbed_attempts": job.get("disturbed_attempts", 0)}
+
+
+def run(args):
+    from benchmarks.testbed import emulated_cluster
+
+    path = args.out / "benchmarks" / "ddp.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.setdefault("timing", {})
+    results.setdefault("digits", {})
+    results.update(command=command_line(), machine=machine(), np=args.np, rank=args.rank,
+                   rate_gbit=args.rate, warmup=args.warmup, steps=args.steps)
+
+    def save():
+        path.write_text(json.dumps(results, indent=1) + "\n")
+        write_section(args.out / "benchmarks.md", SECTION, markdown(results))
+
+    wanted = [(model, method) for model in args.models for method in METHODS
+              if method not in results["timing"].get(model, {})]
+    if wanted:
+        with (contextlib.nullcontext() if args.quick else emulated_cluster(args.np, args.rate)) as cluster:
+            if cluster is not None:
+                results["testbed"] = cluster.describe()
+            for model, method in wanted:
+                results["timing"].setdefault(model, {})[method] = timing_job(args, cluster, model, method)
+                save()
+    for method in METHODS:
+        if method not in results["digits"]:
+            argv = worker_argv(args, "digits", method=method, epochs=args.epochs)
+            results["digits"][method] = torchrun_job(args, argv)["accuracy"]
+            print(f"digits {method}: accuracy {results['digits'][method]:.4f}", flush=True)
+            save()
+    save()
+    return results
+
+
+def markdown(results):
+    lines = [f"`{results['command']}`", "", describe_machine(results["machine"]) +
+             f" {results['np']} ranks, one torch thread each, Gloo; "
+             + (f"{results['testbed']}." if "testbed" in results else "no network shaping (--quick).")
+             + f" Low-rank methods at rank {results['rank']}; {results['warmup']} warm-up and "
+             f"{results['steps']} timed steps per job; how each method runs: `benchmarks/ddp.py`.", ""]
+    for model, methods in results["timing"].items():
+        base = methods.get("DDP", {}).get("step_ms", {}).get("median")
+        hook = methods.get(HOOK, {}).get("step_ms", {}).get("median")
+        where = f"{results['rate_gbit']:g} Gbit/s" if "testbed" in results else "no network shaping"
+        lines += [f"**{model}, {where}**", "",
+                  "| method | median step ms (p25-p75) | vs DDP | vs torch powerSGD_hook |", "|---|---|---|---|"]
+        for method, entry in methods.items():
+            step = entry["step_ms"]
+            lines.append(f"| {method} | **{step['median']:.1f}** ({step['p25']:.1f}-{step['p75']:.1f}) | "
+                         f"{base / step['median']:.2f}x | {hook / step['median']:.2f}x |" if base and hook else
+                         f"| {method} | **{step['median']:.1f}** | - | - |")
+        lines.append("")
+    if results["digits"]:
+        reference = results["digits"].get("DDP")
+        lines += [f"Digits CNN, final test accuracy, {results['np']} ranks under torchrun:", "",
+                  "| method | accuracy | vs DDP |", "|---|---|---|"]
+        lines += [f"| {method} | {100 * accuracy:.2f}% | "
+                  f"{100 * (accuracy - reference):+.2f} points |" if reference is not None else
+                  f"| {method} | {100 * accuracy:.2f}% | - |" for method, accuracy in results["digits"].items()]
+        lines.append("")
+    lines += ["Targets: " + "; ".join(target_lines(results)) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def target_lines(results):
+    rows = []
+    for model, methods in results["timing"].items():
+        for method, baseline, least in SPEEDUP_TARGETS:
+            if method in methods and baseline in methods:
+                ratio = methods[baseline]["step_ms"]["median"] / methods[method]["step_ms"]["median"]
+                rows.append(f"{method} {ratio:.2f}x faster than {baseline} on {model} (>= {least}: "
+                            f"{'met' if ratio >= least else 'NOT met'})")
+    reference = results["digits"].get("DDP")
+    if reference is not None:
+        worst = min(results["digits"].values()) - reference
+        rows.append(f"digits accuracy within {ACCURACY_POINTS:g} point of DDP: worst {100 * worst:+.2f} "
+                    f"points ({'met' if worst >= -ACCURACY_POINTS / 100 else 'NOT met'})")
+    return rows
+
+
+def command_line():
+    return " ".join(["python -m benchmarks ddp"] + [shlex.quote(a) for a in sys.argv[1:]])
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks ddp", description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=lambda text: text.split(","), default=["charlm", "cnn"])
+    parser.add_argument("--rate", type=float, default=1.0, help="link rate, Gbit/s")
+    parser.add_argument("--np", type=int, default=4)
+    parser.add_argument("--rank", type=int, default=4, help="rank of the low-rank methods")
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--job-timeout", type=int, default=400)
+    parser.add_argument("--max-other-cpu", type=float, default=0.05,
+                        help="rerun a timing job when this share of the CPU went to other processes")
+    parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--quick", action="store_true", help="2 ranks, the CNN, few steps, no shaping")
+    parser.add_argument("--worker", choices=["timing", "digits"], help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--method", help=argparse.SUPPRESS)
+    parser.add_argument("--master", help=argparse.SUPPRESS)
+    parser.add_argument("--interface-prefix", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--epochs", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.np, args.models, args.warmup, args.steps = 2, ["cnn"], 2, 2
+    if args.epochs is None:
+        args.epochs = 1 if args.quick else DIGITS_EPOCHS_PER_RANK * args.np
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.worker == "timing":
+        return timing_worker(args)
+    if args.worker == "digits":
+        return digits_worker(args)
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
