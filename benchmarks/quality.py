@@ -372,8 +372,10 @@ def claims(results):
 
 
 def markdown(results, figure):
+    spent = "; ".join(f"{WORKLOADS[w]} {minutes:.0f} min for {count} points"
+                      for w in WORKLOADS for minutes, count in [job_minutes(results, w)] if count)
     lines = [f"Command: `{results.get('command', 'python -m benchmarks quality')}` (resumable; "
-             f"{results.get('minutes', 0):.0f} min of jobs so far, {len(results['points'])} points)", "",
+             f"time in jobs: {spent}, in pieces, some beside other work on the same cores)", "",
              f"Machine: {describe_machine(results['machine'])}", "",
              f"Each point is one `mpirun -np {results['np']}` job through the stock "
              "`hvd.DistributedOptimizer`, one seed unless *seeds* says otherwise (then the mean, and "
@@ -437,7 +439,23 @@ def write_report(results, out):
 
 
 def command_line():
-    return " ".join(["python -m benchmarks quality"] + sys.argv[1:])
+    """The command, less the options that do not change results (where to write, when to stop)."""
+    kept, skip = [], False
+    for argument in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif argument in ("--out", "--max-minutes", "--job-timeout"):
+            skip = True
+        elif not argument.startswith(("--out=", "--max-minutes=", "--job-timeout=")):
+            kept.append(argument)
+    return " ".join(["python -m benchmarks quality"] + kept)
+
+
+def job_minutes(results, workload):
+    """(minutes of jobs, points) of ``workload``'s finished points."""
+    seconds = [entry["record"].get("job_seconds", 0.0) for entry in results["points"].values()
+               if entry["spec"]["workload"] == workload]
+    return sum(seconds) / 60, len(seconds)
 
 
 def parse_args(argv):

@@ -8,7 +8,7 @@ the least to the most compressed, computing the first and deriving the others fr
 import torch
 
 from hvd_compress.maths.lowrank import orthogonalize, seeded_normal
-from hvd_compress.maths.quantize import levels_for_bits
+from hvd_compress.maths.quantize import bucket_norms, levels_for_bits
 from hvd_compress.maths.sparsify import topk_indices
 
 
@@ -44,34 +44,76 @@ def lowrank_errors(matrix, ranks, exact=False):
     return (total - kept[ranks]).clamp_min(0).sqrt().tolist()
 
 
-def topk_errors(flat, ks):
-    """Exact top-k error for every k: the norm of everything below the k largest magnitudes.
-    Only the largest max(ks) entries are selected and sorted (a partial selection, not a full
-    sort); the rest count through the total energy."""
+# Top-K rows of layers of HISTOGRAM_MIN_NUMEL entries or more come from a histogram of the
+# squared magnitudes, binned by their float32 bit patterns' top 16 bits (exponent and 7 mantissa
+# bits: bins 0.8% wide), instead of a selection of the max(ks) largest: two counting passes
+# against a partial sort. Each candidate's kept energy is exact except for the bin its k-th
+# largest entry falls in, counted at that bin's mean: off by under 0.8% of what that bin keeps.
+# Tests compare the rows and the decisions with the exact selection.
+HISTOGRAM_MIN_NUMEL = 1 << 16
+HISTOGRAM_SHIFT = 16
+HISTOGRAM_BINS = 1 << 15  # non-negative float32 bit patterns >> 16
+
+
+def topk_errors(flat, ks, exact=False):
+    """Top-k error for every k: the norm of everything below the k largest magnitudes. Small
+    layers, and ``exact=True``: only the largest max(ks) entries are selected and sorted (a
+    partial selection, not a full sort), the rest counting through the total energy. Large
+    layers: from the histogram described above."""
     ks = [min(k, flat.numel()) for k in ks]
-    squared = flat.double().square()
-    largest = squared.topk(max(ks), sorted=True).values
-    kept = torch.cat([largest.new_zeros(1), largest.cumsum(0)])
-    return (squared.sum() - kept[ks]).clamp_min(0).sqrt().tolist()
+    if exact or flat.numel() < HISTOGRAM_MIN_NUMEL:
+        squared = flat.double().square()
+        largest = squared.topk(max(ks), sorted=True).values
+        kept = torch.cat([largest.new_zeros(1), largest.cumsum(0)])
+        return (squared.sum() - kept[ks]).clamp_min(0).sqrt().tolist()
+    kept, total = _histogram_kept_energies(flat, ks)
+    return (total - kept).clamp_min(0).sqrt().tolist()
+
+
+def _histogram_kept_energies(flat, ks):
+    """(energy of the k largest magnitudes for every k in ``ks``, as float64, and the total)."""
+    squared = flat.float().square()
+    bins = ((squared.view(torch.int32) >> HISTOGRAM_SHIFT) & (HISTOGRAM_BINS - 1)).long()
+    # Bin 0 holds the largest magnitudes after the flip.
+    counts = torch.bincount(bins, minlength=HISTOGRAM_BINS).flip(0)
+    sums = torch.bincount(bins, weights=squared.double(), minlength=HISTOGRAM_BINS).flip(0)
+    count_before = torch.cat([counts.new_zeros(1), counts.cumsum(0)])  # in the bins before bin i
+    sum_before = torch.cat([sums.new_zeros(1), sums.cumsum(0)])
+    k = torch.tensor(ks, dtype=count_before.dtype, device=counts.device)
+    within = torch.searchsorted(count_before[1:], k).clamp_max(HISTOGRAM_BINS - 1)  # k-th largest's bin
+    mean = sums[within] / counts[within].clamp_min(1)
+    return sum_before[within] + (k - count_before[within]).double() * mean, sum_before[-1]
+
+
+QSGD_CHUNK_ENTRIES = 1 << 18  # 1 MB of float32: every bit width's passes run in cache
 
 
 def qsgd_errors(flat, bits_options, bucket_size):
     """Expected QSGD error for every bit width, in closed form: stochastic rounding of a level
     with fractional part f has variance f(1-f) in units of norm/s. Exact in expectation, so the
-    table does not depend on one random draw."""
+    table does not depend on one random draw. Entries in float32 (the unit magnitudes lie in
+    [0, 1]), sums per bucket and across buckets in float64; a chunk of buckets at a time, every
+    bit width on it while it is in cache (8x faster than a pass per width on large layers)."""
     n = flat.numel()
-    x = flat.double()
     pad = (-n) % bucket_size
-    buckets = torch.nn.functional.pad(x, (0, pad)).view(-1, bucket_size)
-    norms = buckets.norm(dim=1, keepdim=True)
-    unit = (buckets.abs() / torch.where(norms > 0, norms, torch.ones_like(norms)))
-    errors = []
-    for bits in bits_options:
-        s = levels_for_bits(bits)
-        fraction = unit * s - (unit * s).floor()
-        variance = (fraction * (1 - fraction) * (norms / s).square()).sum()
-        errors.append(variance.sqrt().item())
-    return errors
+    norms = bucket_norms(flat, bucket_size).double()
+    buckets = torch.nn.functional.pad(flat.float(), (0, pad)).view(-1, bucket_size)
+    safe_norms = torch.where(norms > 0, norms, torch.ones_like(norms)).float()
+    levels = [levels_for_bits(bits) for bits in bits_options]
+    weights = torch.stack([(norms / s).square() for s in levels])  # (norm / s)^2: width x bucket
+    totals = torch.zeros(len(levels), dtype=torch.float64, device=flat.device)
+    rows = max(1, QSGD_CHUNK_ENTRIES // bucket_size)
+    unit, fraction, square = (torch.empty(min(rows, buckets.shape[0]), bucket_size, device=flat.device)
+                              for _ in range(3))
+    for start in range(0, buckets.shape[0], rows):
+        piece = buckets[start:start + rows]
+        m = piece.shape[0]
+        torch.div(piece.abs(), safe_norms[start:start + m, None], out=unit[:m])
+        for i, s in enumerate(levels):
+            f = torch.mul(unit[:m], s, out=fraction[:m]).frac_()
+            f.sub_(torch.square(f, out=square[:m]))  # f - f^2 = f(1 - f)
+            totals[i] += f.sum(dim=1, dtype=torch.float64).mul_(weights[i, start:start + m]).sum()
+    return totals.sqrt().tolist()
 
 
 def lowrank_kept_energies(matrix, q, ranks, seed, name):
@@ -90,7 +132,10 @@ def lowrank_kept_energies(matrix, q, ranks, seed, name):
 
 
 def topk_kept_energies(flat, ks):
-    """Energy of the k largest magnitudes for every k in ``ks`` (ks[0] the largest)."""
+    """Energy of the k largest magnitudes for every k in ``ks`` (ks[0] the largest); from the
+    histogram on large layers (within the accuracy stated above)."""
+    if flat.numel() >= HISTOGRAM_MIN_NUMEL:
+        return _histogram_kept_energies(flat, [min(k, flat.numel()) for k in ks])[0].tolist()
     kept = flat[topk_indices(flat.abs(), ks[0])].square()
     return [kept.sum().item()] + [kept.topk(k, sorted=False).values.sum().item() for k in ks[1:]]
 

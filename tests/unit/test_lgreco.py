@@ -120,6 +120,24 @@ def test_state_dict_resumes_with_the_same_decisions():
     assert all(torch.equal(out_a[n], out_b[n]) for n in SHAPES)
 
 
+def test_accumulate_steps_sums_only_the_last_steps_before_a_decision():
+    """decide_every 5 from step 3: decisions at 3 and 8. With accumulate_steps=2 the second
+    one sees steps 6 and 7 only, and so decides as a run given just those two steps would."""
+    def decided(lgreco, steps):
+        sim = SimulatedWorld([lgreco])
+        for step in steps:
+            sim.step([layered_gradients(step, DECAY)])
+        return lgreco.decisions[-1]
+    windowed = decided(make(hc.TopK(density=0.05, min_numel=0), accumulate_steps=2, apply_delay=1), range(9))
+    everything = decided(make(hc.TopK(density=0.05, min_numel=0), apply_delay=1), range(9))
+    assert windowed.decided_at == everything.decided_at == 8
+    alone = make(hc.TopK(density=0.05, min_numel=0), warmup_steps=2, accumulate_steps=2, apply_delay=1)
+    alone_decision = decided(alone, [6, 7, 8])
+    assert windowed.budget == pytest.approx(alone_decision.budget, rel=1e-12)
+    assert windowed.settings == alone_decision.settings
+    assert windowed.budget != pytest.approx(everything.budget, rel=1e-3)
+
+
 def slow_decisions(lgreco, seconds):
     """Makes every decision of ``lgreco`` take at least ``seconds`` (in its background thread):
     its error table has three rows (layers a, b and c)."""
@@ -195,6 +213,27 @@ def test_bad_configuration_is_named():
         hc.LGreCo(hc.PowerSGD(), decide_every="epoch")
     with pytest.raises(ValueError, match="transport"):
         hc.LGreCo(hc.PowerSGD(), transport="tcp")
+
+
+def test_topk_decisions_from_the_histogram_match_the_exact_selection(monkeypatch):
+    """Large layers' Top-K rows come from a histogram; the decisions must match the exact
+    selection's (layers of 128 x 1024 are above the histogram's threshold)."""
+    from hvd_compress.maths import errors as error_maths
+    shapes = {"a": (128, 1024), "b": (256, 512), "c": (1024, 96)}
+    decisions = {}
+    for exact in [False, True]:
+        if exact:
+            histogram = error_maths.topk_errors
+            monkeypatch.setattr(error_maths, "topk_errors", lambda flat, ks: histogram(flat, ks, exact=True))
+        lgreco = make(hc.TopK(density=0.01, min_numel=0))
+        sim = SimulatedWorld([lgreco])
+        for step in range(6):
+            g = torch.Generator().manual_seed(step)
+            sim.step([{name: torch.randn(shape, generator=g) * torch.rand(shape, generator=g) ** (3 * i)
+                       for i, (name, shape) in enumerate(shapes.items())}])
+        decisions[exact] = lgreco.decisions[0]
+    assert decisions[False].settings == decisions[True].settings
+    assert decisions[False].total_bytes < decisions[False].uniform_bytes
 
 
 def test_decisions_from_randomized_errors_match_the_exact_svd(monkeypatch):
