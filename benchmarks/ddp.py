@@ -14,7 +14,13 @@ times ``--steps`` on rank 0 from ``zero_grad`` to the end of ``optimizer.step()`
 
 * DDP: no comm hook (Gloo all-reduce of float32 buckets);
 * torch powerSGD_hook: ``PowerSGDState(matrix_approximation_rank=R, start_powerSGD_iter=2)``
-  (its error feedback and warm start on; it compresses from step 2, inside the warm-up);
+  (its error feedback and warm start on; it compresses from step 2, inside the warm-up). With
+  Gloo and several buckets it can fail: it starts each bucket's second all-reduce from a
+  future's callback, which runs when the first one lands, so ranks can issue collectives in
+  different orders (Gloo reports "Received data size doesn't match expected size"; seen on the
+  character transformer, 4 buckets). A failed job is recorded with its error. Hence also:
+* torch powerSGD_hook, one bucket: the same with ``bucket_cap_mb=1024`` (the whole model in one
+  bucket: nothing to reorder, but no overlap with backward either);
 * PowerSGD, ACP-SGD: ``hvd_compress.ddp.register(ddp_model, hc.PowerSGD(rank=R))`` etc.;
 * L-GreCo: over ACP-SGD rank R, first decision at step 3, then every 1000 steps,
   ``apply_delay="auto"``: its decision computes and takes effect during the timed steps.
@@ -48,11 +54,14 @@ from benchmarks.testbed import run_bounded
 
 RESULT_PREFIX = "DDP_RESULT "
 SECTION = "PyTorch DDP"
-METHODS = ["DDP", "torch powerSGD_hook", "PowerSGD", "ACP-SGD", "L-GreCo"]
 HOOK = "torch powerSGD_hook"
+HOOK_ONE_BUCKET = "torch powerSGD_hook, one bucket"
+METHODS = ["DDP", HOOK, HOOK_ONE_BUCKET, "PowerSGD", "ACP-SGD", "L-GreCo"]
+DIGITS_METHODS = [m for m in METHODS if m != HOOK_ONE_BUCKET]  # the digits CNN is one bucket anyway
+ONE_BUCKET_MB = 1024
 PORT = 29531
-# Targets: (method, baseline, least speed-up of the median step) and the accuracy tolerance.
-SPEEDUP_TARGETS = [("ACP-SGD", HOOK, 1.3)]
+# Targets: (method, least speed-up of the median step) and the accuracy tolerance.
+SPEEDUP_TARGETS = [("ACP-SGD", 1.3)]  # against the faster variant of torch's hook that ran
 ACCURACY_POINTS = 1.0
 DIGITS_EPOCHS_PER_RANK = 6
 
@@ -64,7 +73,7 @@ def register_method(ddp_model, method, rank):
 
     if method == "DDP":
         return
-    if method == HOOK:
+    if method in (HOOK, HOOK_ONE_BUCKET):
         state = PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2)
         ddp_model.register_comm_hook(state, powerSGD_hook)
         return
@@ -73,6 +82,10 @@ def register_method(ddp_model, method, rank):
     if method not in compressors:
         raise ValueError(f"ddp: unknown method {method!r}; known: {', '.join(METHODS)}")
     hvd_compress.ddp.register(ddp_model, compressors[method]())
+
+
+def ddp_options(method):
+    return {"bucket_cap_mb": ONE_BUCKET_MB} if method == HOOK_ONE_BUCKET else {}
 
 
 # ----- one rank ---------------------------------------------------------------------------------
@@ -91,7 +104,7 @@ def timing_worker(args):
         rank = dist.get_rank()
     torch.manual_seed(0)
     model, data, loss_of = WORKLOADS[args.model](torch.Generator().manual_seed(rank))
-    ddp_model = DistributedDataParallel(model)
+    ddp_model = DistributedDataParallel(model, **ddp_options(args.method))
     register_method(ddp_model, args.method, args.rank)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
     seconds = []
@@ -116,7 +129,7 @@ def digits_worker(args):
     rank, size = dist.get_rank(), dist.get_world_size()
 
     def wrap(model):
-        ddp_model = DistributedDataParallel(model)
+        ddp_model = DistributedDataParallel(model, **ddp_options(args.method))
         register_method(ddp_model, args.method, args.rank)
         return ddp_model
     _, accuracy = digits.train(lambda model, optimizer: optimizer, rank, size, epochs=args.epochs,
@@ -138,9 +151,15 @@ def timing_job(args, cluster, model, method):
     if cluster is None:  # --quick: plain torchrun on this host
         return summarise_timing(torchrun_job(args, worker_argv(args, "timing", **flags)))
     argv = worker_argv(args, "timing", master=cluster.address(0), interface_prefix=cluster.prefix, **flags)
-    job = undisturbed(lambda: cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX),
-                      args.max_other_cpu, lambda result: f"{model} {method}: median step "
-                      f"{1e3 * statistics.median(result['seconds']):.1f} ms, job {result['wall_seconds']:.0f} s")
+    try:
+        job = undisturbed(lambda: cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX),
+                          args.max_other_cpu, lambda result: f"{model} {method}: median step "
+                          f"{1e3 * statistics.median(result['seconds']):.1f} ms, job {result['wall_seconds']:.0f} s")
+    except RuntimeError as error:
+        failure = next((line.strip() for line in str(error).splitlines() if "what():" in line or "Error:" in line),
+                       str(error).splitlines()[0])
+        print(f"{model} {method}: FAILED: {failure}", flush=True)
+        return {"failed": failure[:400]}
     return summarise_timing(job)
 
 
@@ -187,7 +206,7 @@ def run(args):
             for model, method in wanted:
                 results["timing"].setdefault(model, {})[method] = timing_job(args, cluster, model, method)
                 save()
-    for method in METHODS:
+    for method in DIGITS_METHODS:
         if method not in results["digits"]:
             argv = worker_argv(args, "digits", method=method, epochs=args.epochs)
             results["digits"][method] = torchrun_job(args, argv)["accuracy"]
@@ -205,11 +224,15 @@ def markdown(results):
              f"{results['steps']} timed steps per job; how each method runs: `benchmarks/ddp.py`.", ""]
     for model, methods in results["timing"].items():
         base = methods.get("DDP", {}).get("step_ms", {}).get("median")
-        hook = methods.get(HOOK, {}).get("step_ms", {}).get("median")
+        hook = fastest_hook(methods)
         where = f"{results['rate_gbit']:g} Gbit/s" if "testbed" in results else "no network shaping"
         lines += [f"**{model}, {where}**", "",
-                  "| method | median step ms (p25-p75) | vs DDP | vs torch powerSGD_hook |", "|---|---|---|---|"]
+                  "| method | median step ms (p25-p75) | vs DDP | vs torch's hook (faster variant) |",
+                  "|---|---|---|---|"]
         for method, entry in methods.items():
+            if "failed" in entry:
+                lines.append(f"| {method} | failed: `{entry['failed']}` | - | - |")
+                continue
             step = entry["step_ms"]
             lines.append(f"| {method} | **{step['median']:.1f}** ({step['p25']:.1f}-{step['p75']:.1f}) | "
                          f"{base / step['median']:.2f}x | {hook / step['median']:.2f}x |" if base and hook else
@@ -227,14 +250,21 @@ def markdown(results):
     return "\n".join(lines) + "\n"
 
 
+def fastest_hook(methods):
+    """The median step of the faster variant of torch's hook that ran, or None."""
+    steps = [methods[m]["step_ms"]["median"] for m in (HOOK, HOOK_ONE_BUCKET) if "step_ms" in methods.get(m, {})]
+    return min(steps) if steps else None
+
+
 def target_lines(results):
     rows = []
     for model, methods in results["timing"].items():
-        for method, baseline, least in SPEEDUP_TARGETS:
-            if method in methods and baseline in methods:
-                ratio = methods[baseline]["step_ms"]["median"] / methods[method]["step_ms"]["median"]
-                rows.append(f"{method} {ratio:.2f}x faster than {baseline} on {model} (>= {least}: "
-                            f"{'met' if ratio >= least else 'NOT met'})")
+        for method, least in SPEEDUP_TARGETS:
+            hook = fastest_hook(methods)
+            if "step_ms" in methods.get(method, {}) and hook:
+                ratio = hook / methods[method]["step_ms"]["median"]
+                rows.append(f"{method} {ratio:.2f}x faster than torch's powerSGD_hook (its faster variant) "
+                            f"on {model} (>= {least}: {'met' if ratio >= least else 'NOT met'})")
     reference = results["digits"].get("DDP")
     if reference is not None:
         worst = min(results["digits"].values()) - reference

@@ -97,7 +97,8 @@ def batches(ids, batch_size, context, generator):
 
 
 def cross_entropy(model, x, y):
-    return F.cross_entropy(model(x).reshape(-1, model.head.out_features), y.reshape(-1))
+    logits = model(x)  # the model or a wrapper of it (DistributedDataParallel)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
 def evaluate(model, val_ids, context, windows=256, batch_size=64):
