@@ -21,7 +21,9 @@ rank 4, ACP-SGD rank 4, Top-K 1% and QSGD 4 bits:
   one), and a short one (decisions every 4 steps) with ``apply_delay=1`` and ``"auto"``;
 * **overhead**: (accumulation x decide_every + stall at the default schedule) / (decide_every x
   step): the training time it adds. The decision's own CPU time runs beside training, not in
-  its way; its share of the same window is given too.
+  its way; its share of the same window is given too. Also the overhead with
+  ``accumulate_steps=32`` (only the last 32 steps before a decision summed): the same formula
+  with 32 accumulations instead of ``decide_every``.
 
 And for GraVAC over Top-K 1%: the per-step cost of its multi-level gain measurement
 (``kept_energies`` of every tunable layer at theta_min and the candidate), median of 3 steps.
@@ -56,6 +58,7 @@ REPEATS = 3
 # The targets: decision seconds per shape set, and the overhead's share of training time.
 DECISION_TARGETS = {"bert-base": 2.0, "transformer-xl": 5.0}
 OVERHEAD_TARGET = 0.01
+SHORT_ACCUMULATION = 32  # the accumulate_steps column
 
 
 def synthetic_gradients(shapes, seed=0):
@@ -158,10 +161,12 @@ def measure_lgreco(method, grads, args):
 
 
 # ----- the report -----------------------------------------------------------------------------
-def overhead(record, args):
-    """(share of training time added, background CPU share) at the default schedule, auto."""
+def overhead(record, args, accumulations=None):
+    """(share of training time added, background CPU share) at the default schedule, auto,
+    with ``accumulations`` steps summed per decision (all of them by default)."""
     window = args.decide_every * args.step_ms / 1000
-    added = record["accumulation_seconds"] * args.decide_every + record["stall_seconds"]["default, auto"]
+    summed = args.decide_every if accumulations is None else min(accumulations, args.decide_every)
+    added = record["accumulation_seconds"] * summed + record["stall_seconds"]["default, auto"]
     return added / window, record["decision_seconds"] / window
 
 
@@ -178,7 +183,7 @@ def markdown(results, args):
              "time, which runs beside training, on the same scale).", "",
              "| shapes | L-GreCo over | decision s | exact SVD s (same choice) | accumulate ms/step | "
              "stall s: default, delay 10 | default, auto | short, delay 1 | short, auto (delay steps) | "
-             "overhead |", "|---" * 10 + "|"]
+             f"overhead | overhead, accumulate_steps={SHORT_ACCUMULATION} |", "|---" * 11 + "|"]
     for key, record in results["points"].items():
         if "gravac_seconds" in record:
             continue
@@ -189,11 +194,12 @@ def markdown(results, args):
             same = "yes" if record["same_settings_as_exact"] else f"{record['differing_layers']} layers differ"
             exact = f"{record['exact_decision_seconds']:.2f} ({same})"
         added, background = overhead(record, args)
+        windowed, _ = overhead(record, args, SHORT_ACCUMULATION)
         lines.append(f"| {shapes} | {method} | {record['decision_seconds']:.2f} | {exact} | "
                      f"{1000 * record['accumulation_seconds']:.1f} | {stall['default, apply_delay 10']:.2f} | "
                      f"{stall['default, auto']:.3f} | {stall['short, apply_delay 1']:.2f} | "
                      f"{stall['short, auto']:.3f} ({record['delay_steps']['short, auto']}) | "
-                     f"{100 * added:.2f}% ({100 * background:.2f}%) |")
+                     f"{100 * added:.2f}% ({100 * background:.2f}%) | {100 * windowed:.2f}% |")
     gravac = {k.split("/")[0]: r for k, r in results["points"].items() if "gravac_seconds" in r}
     if gravac:
         lines += ["", "GraVAC over Top-K 1%: its gain measurement per step (kept energy at theta_min and "
@@ -210,9 +216,10 @@ def markdown(results, args):
                 f"{method} {seconds:.2f} s {'met' if seconds < limit else 'MISSED'}" for method, seconds in measured))
     measured = [r for r in results["points"].values() if "decision_seconds" in r]
     if measured:
-        worst = max(overhead(r, args)[0] for r in measured)
-        targets.append(f"overhead under {100 * OVERHEAD_TARGET:g}% of training time: largest "
-                       f"{100 * worst:.2f}%, {'met' if worst < OVERHEAD_TARGET else 'MISSED'}")
+        for label, accumulations in [("", None), (f" with accumulate_steps={SHORT_ACCUMULATION}", SHORT_ACCUMULATION)]:
+            worst = max(overhead(r, args, accumulations)[0] for r in measured)
+            targets.append(f"overhead under {100 * OVERHEAD_TARGET:g}% of training time{label}: largest "
+                           f"{100 * worst:.2f}%, {'met' if worst < OVERHEAD_TARGET else 'MISSED'}")
         stall = max(r["stall_seconds"]["default, auto"] for r in measured)
         targets.append(f"no stall at the default schedule: longest exchange {1000 * stall:.1f} ms")
     lines += ["", "Targets: " + "; ".join(targets) + "."]

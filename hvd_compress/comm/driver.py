@@ -9,7 +9,9 @@ _FUSABLE = (Collective.ALLREDUCE, Collective.ALLGATHER)
 
 class RoundDriver:
     """Starts each gradient's first round as soon as the gradient is ready, starts the next
-    round as soon as the previous one lands, and finishes everything in name order.
+    round as soon as the previous one lands, and finishes everything in name order. Rounds
+    that start together travel together: a fusion bucket's first rounds, and the next rounds
+    of a fused collective's members (one collective per kind and dtype, in member order).
 
     Why it cannot hang: all ranks start the same set of gradients before ``finish``; every
     wait is on the current round of the smallest unfinished name, which every rank submits
@@ -39,24 +41,24 @@ class RoundDriver:
         waiting = self._waiting.setdefault(bucket, {})
         waiting[name] = round_
         if len(waiting) == len(self._buckets[bucket].members):
-            self._submit_bucket(bucket, self._waiting.pop(bucket))
+            rounds = self._waiting.pop(bucket)
+            self._submit_together(f"bucket{bucket}", [(name, rounds[name]) for name in self._buckets[bucket].members], 0)
 
-    def _submit_bucket(self, bucket, rounds):
-        """One collective per (collective, dtype) among the bucket's members, in plan order."""
+    def _submit_together(self, label, rounds, index):
+        """One collective per (collective, dtype) among ``rounds`` ([(name, round)], in order):
+        round ``index`` of each; unfusable ones alone."""
         groups = {}
-        for name in self._buckets[bucket].members:
-            round_ = rounds[name]
+        for name, round_ in rounds:
             if round_.collective in _FUSABLE:
-                groups.setdefault((round_.collective, round_.payload.dtype), []).append(name)
+                groups.setdefault((round_.collective, round_.payload.dtype), []).append((name, round_))
             else:
-                self._submit(name, round_, 0)
-        for (collective, dtype), names in groups.items():
-            payloads = [rounds[name].payload for name in names]
-            fused = torch.cat([p.reshape(-1) for p in payloads])
-            key = f"\0bucket{bucket}.{collective.value}.{str(dtype)[6:]}"
+                self._submit(name, round_, index)
+        for (collective, dtype), members in groups.items():
+            fused = torch.cat([round_.payload.reshape(-1) for _, round_ in members])
+            key = f"\0{label}.round{index}.{collective.value}.{str(dtype)[6:]}"
             self.traffic.add_payload(fused, collective)
             handle = self.backend.start(f"hvd_compress.{key[1:]}", Round(fused, collective, None))
-            self._inflight[key] = (_FusedRounds(names, [rounds[n] for n in names]), handle, 0)
+            self._inflight[key] = (_FusedRounds([n for n, _ in members], [r for _, r in members], label), handle, index)
 
     def poll(self):
         """Advances every exchange whose collective has landed; never blocks."""
@@ -80,8 +82,15 @@ class RoundDriver:
         round_, _, index = entry
         if isinstance(round_, _FusedRounds):
             del self._inflight[key]
+            following = []
             for name, member, piece in round_.split(result):
-                self._advance_member(name, member, piece, index)
+                after = member.then(piece)
+                if isinstance(after, Round):
+                    following.append((name, after))
+                else:
+                    self._results[name] = after
+            if following:  # the members' next rounds start together, as their first did
+                self._submit_together(round_.label, following, index + 1)
         else:
             self._advance(key, round_, result, index)
 
@@ -106,8 +115,8 @@ class RoundDriver:
 class _FusedRounds:
     """The members of one fused collective, and how to cut its result back into their parts."""
 
-    def __init__(self, names, rounds):
-        self.names, self.rounds = names, rounds
+    def __init__(self, names, rounds, label):
+        self.names, self.rounds, self.label = names, rounds, label
 
     def split(self, result):
         sizes = [r.payload.numel() for r in self.rounds]
