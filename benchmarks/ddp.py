@@ -9,8 +9,9 @@ Timing: an :mod:`emulated cluster <benchmarks.testbed>` of ``--np`` ranks (one n
 each, links shaped by ``tc tbf`` to ``--rate`` Gbit/s); mpirun starts one process per namespace,
 and each joins a Gloo process group over its shaped link (``GLOO_SOCKET_IFNAME``). The models
 are the ``endtoend`` benchmark's (character transformer, 19.1 M parameters; SmallVGG), DDP's
-default buckets (25 MiB), one torch thread per rank. Each job trains ``--warmup`` steps, then
-times ``--steps`` on rank 0 from ``zero_grad`` to the end of ``optimizer.step()``. Methods:
+default buckets (25 MiB), one torch thread per rank. Each job first times 6 steps of compute
+alone (a local optimizer, every rank at once), then trains ``--warmup`` steps with DDP and times
+``--steps`` on rank 0 from ``zero_grad`` to the end of ``optimizer.step()``. Methods:
 
 * DDP: no comm hook (Gloo all-reduce of float32 buckets);
 * torch powerSGD_hook: ``PowerSGDState(matrix_approximation_rank=R, start_powerSGD_iter=2)``
@@ -59,6 +60,7 @@ HOOK_ONE_BUCKET = "torch powerSGD_hook, one bucket"
 METHODS = ["DDP", HOOK, HOOK_ONE_BUCKET, "PowerSGD", "ACP-SGD", "L-GreCo"]
 DIGITS_METHODS = [m for m in METHODS if m != HOOK_ONE_BUCKET]  # the digits CNN is one bucket anyway
 ONE_BUCKET_MB = 1024
+COMPUTE_STEPS = 8  # of which the first 2 untimed
 PORT = 29531
 # Targets: (method, least speed-up of the median step) and the accuracy tolerance.
 SPEEDUP_TARGETS = [("ACP-SGD", 1.3)]  # against the faster variant of torch's hook that ran
@@ -104,6 +106,17 @@ def timing_worker(args):
         rank = dist.get_rank()
     torch.manual_seed(0)
     model, data, loss_of = WORKLOADS[args.model](torch.Generator().manual_seed(rank))
+    # Compute alone first, every rank at once (so the cores are shared as during training):
+    # forward, backward and step of a local optimizer.
+    local, compute = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), []
+    for _ in range(COMPUTE_STEPS):
+        x, y = next(data)
+        started = time.perf_counter()
+        local.zero_grad()
+        loss_of(model, x, y).backward()
+        local.step()
+        compute.append(time.perf_counter() - started)
+    dist.barrier()
     ddp_model = DistributedDataParallel(model, **ddp_options(args.method))
     register_method(ddp_model, args.method, args.rank)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
@@ -116,7 +129,8 @@ def timing_worker(args):
         optimizer.step()
         seconds.append(time.perf_counter() - started)
     if rank == 0:
-        print(RESULT_PREFIX + json.dumps({"seconds": seconds[args.warmup:]}), flush=True)
+        print(RESULT_PREFIX + json.dumps({"seconds": seconds[args.warmup:], "compute_seconds": compute[2:]}),
+              flush=True)
     dist.destroy_process_group()
 
 
@@ -177,7 +191,8 @@ def torchrun_job(args, argv):
 
 
 def summarise_timing(job):
-    return {"step_ms": summarise(job["seconds"]), "step_ms_each": [round(1e3 * s, 1) for s in job["seconds"]],
+    return {"step_ms": summarise(job["seconds"]), "compute_ms": 1e3 * statistics.median(job["compute_seconds"]),
+            "step_ms_each": [round(1e3 * s, 1) for s in job["seconds"]],
             "wall_seconds": round(job.get("wall_seconds", 0.0), 1),
             "disturbed_attempts": job.get("disturbed_attempts", 0)}
 
@@ -227,16 +242,16 @@ def markdown(results):
         hook = fastest_hook(methods)
         where = f"{results['rate_gbit']:g} Gbit/s" if "testbed" in results else "no network shaping"
         lines += [f"**{model}, {where}**", "",
-                  "| method | median step ms (p25-p75) | vs DDP | vs torch's hook (faster variant) |",
-                  "|---|---|---|---|"]
+                  "| method | median step ms (p25-p75) | vs DDP | vs torch's hook (faster variant) | "
+                  "compute alone ms | step - compute ms |", "|---|---|---|---|---|---|"]
         for method, entry in methods.items():
             if "failed" in entry:
-                lines.append(f"| {method} | failed: `{entry['failed']}` | - | - |")
+                lines.append(f"| {method} | failed: `{entry['failed']}` | - | - | - | - |")
                 continue
             step = entry["step_ms"]
             lines.append(f"| {method} | **{step['median']:.1f}** ({step['p25']:.1f}-{step['p75']:.1f}) | "
-                         f"{base / step['median']:.2f}x | {hook / step['median']:.2f}x |" if base and hook else
-                         f"| {method} | **{step['median']:.1f}** | - | - |")
+                         + (f"{base / step['median']:.2f}x | {hook / step['median']:.2f}x | " if base and hook else "- | - | ")
+                         + f"{entry['compute_ms']:.1f} | {step['median'] - entry['compute_ms']:.1f} |")
         lines.append("")
     if results["digits"]:
         reference = results["digits"].get("DDP")
