@@ -170,10 +170,11 @@ def timing_job(args, cluster, model, method):
                           args.max_other_cpu, lambda result: f"{model} {method}: median step "
                           f"{1e3 * statistics.median(result['seconds']):.1f} ms, job {result['wall_seconds']:.0f} s")
     except RuntimeError as error:
-        failure = next((line.strip() for line in str(error).splitlines() if "what():" in line or "Error:" in line),
-                       str(error).splitlines()[0])
+        lines = str(error).splitlines()  # the rank that failed first says what():, the others lost a peer
+        failure = next((line.strip() for line in lines if "what():" in line),
+                       next((line.strip() for line in lines if "Error:" in line), lines[0]))
         print(f"{model} {method}: FAILED: {failure}", flush=True)
-        return {"failed": failure[:400]}
+        return {"failed": failure[:240]}
     return summarise_timing(job)
 
 
@@ -244,7 +245,7 @@ def markdown(results):
         lines += [f"**{model}, {where}**", "",
                   "| method | median step ms (p25-p75) | vs DDP | vs torch's hook (faster variant) | "
                   "compute alone ms | step - compute ms |", "|---|---|---|---|---|---|"]
-        for method, entry in methods.items():
+        for method, entry in ((m, methods[m]) for m in METHODS if m in methods):
             if "failed" in entry:
                 lines.append(f"| {method} | failed: `{entry['failed']}` | - | - | - | - |")
                 continue
