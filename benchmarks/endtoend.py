@@ -364,9 +364,10 @@ def markdown(results, figure):
             for method, e in methods.items():
                 step = e["step_ms"]
                 ratio = f"{e['traffic']['compression_ratio']:.1f}x" if e["traffic"] else "1x"
+                versus = f"{baseline / step['median']:.2f}x" if baseline else "-"  # S-SGD not run
                 lines.append(
                     f"| {method} | **{step['median']:.1f}** ({step['p25']:.1f}-{step['p75']:.1f}) | "
-                    f"{baseline / step['median']:.2f}x | {e['compute_ms']:.1f} | {e['codec_ms']:.1f} | "
+                    f"{versus} | {e['compute_ms']:.1f} | {e['codec_ms']:.1f} | "
                     f"{e['exposed_comm_ms']:.1f} | {e['sent_bytes_per_step'] / 2**20:.2f} | {ratio} | "
                     f"{describe_settings(e['settings'])}{rerun_note(e)} |")
             lines.append("")

@@ -50,6 +50,7 @@ import torch
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round, Traffic, on_result
 from hvd_compress.compressors.feedback import ErrorFeedback
+from hvd_compress.maths.finite import all_finite
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +244,7 @@ class Compressor(GradientCompression):
     def _watch_finite(self, gradient):
         """Aggregated gradients are identical on every rank, and a non-finite entry on any rank
         reaches them, so every rank reaches the same verdict without communicating."""
-        finite = torch.isfinite(gradient).all()
+        finite = all_finite(gradient)
         self._step_finite = finite if self._step_finite is None else self._step_finite & finite
 
     def end_step(self, comm_seconds: Optional[float] = None) -> None:

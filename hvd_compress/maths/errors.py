@@ -7,6 +7,7 @@ the least to the most compressed, computing the first and deriving the others fr
 (GraVAC's multi-level gains)."""
 import torch
 
+from hvd_compress.maths.finite import all_finite
 from hvd_compress.maths.lowrank import orthogonalize, seeded_normal
 from hvd_compress.maths.quantize import bucket_norms, levels_for_bits
 from hvd_compress.maths.sparsify import topk_indices
@@ -125,7 +126,7 @@ def lowrank_kept_energies(matrix, q, ranks, seed, name):
     if q is None or q.shape[1] != top:
         q = seeded_normal(matrix.shape[1], top, seed, name, "gravac").to(matrix)
     projected = orthogonalize(matrix @ q).t() @ matrix  # top x m
-    if not torch.isfinite(projected).all():  # an SVD would raise; the step will be dropped
+    if not all_finite(projected):  # an SVD would raise; the step will be dropped
         return [float("nan")] * len(ranks), q
     squared = torch.linalg.svdvals(projected).square()
     return [squared[:r].sum().item() for r in ranks], projected.t().contiguous()

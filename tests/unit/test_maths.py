@@ -252,3 +252,15 @@ def test_topk_errors_from_the_histogram_are_within_its_stated_accuracy(tail):
         # |kept energy - exact kept energy| <= 0.8% of the energy kept from the boundary bin
         assert abs(a ** 2 - b ** 2) <= 0.008 * (total - b ** 2) + 1e-9 * total, k
     assert approximate[-1] == pytest.approx(0.0, abs=1e-6 * total ** 0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_all_finite_finds_any_nan_or_infinity(dtype):
+    from hvd_compress.maths.finite import all_finite
+    x = torch.randn(10_000).to(dtype)
+    assert bool(all_finite(x)) and bool(all_finite(x[:0]))
+    for bad in [float("nan"), float("inf"), -float("inf")]:
+        for at in [0, 4_321, 9_999]:
+            y = x.clone()
+            y[at] = bad
+            assert not bool(all_finite(y)), (bad, at)
