@@ -141,7 +141,7 @@ class Compressor(GradientCompression):
         self.traffic = Traffic()
         self.skipped_steps = 0  # non-finite steps, which left no trace in the state
         self.last_step_finite = True
-        self._step_finite: Optional[torch.Tensor] = None
+        self._step_extremes: List[torch.Tensor] = []  # this step's aggregated gradients' min and max
         self._undo: Dict[str, Any] = {}
         self._scaler = None
         self._step_scale: Optional[float] = None
@@ -243,14 +243,16 @@ class Compressor(GradientCompression):
 
     def _watch_finite(self, gradient):
         """Aggregated gradients are identical on every rank, and a non-finite entry on any rank
-        reaches them, so every rank reaches the same verdict without communicating."""
-        finite = all_finite(gradient)
-        self._step_finite = finite if self._step_finite is None else self._step_finite & finite
+        reaches them, so every rank reaches the same verdict without communicating. Their
+        extremes are kept and checked together at ``end_step``: one small pass per gradient."""
+        if gradient.numel() and gradient.dtype.is_floating_point:
+            self._step_extremes.extend(torch.aminmax(gradient))
 
     def end_step(self, comm_seconds: Optional[float] = None) -> None:
         """Keeps the step's state updates if every aggregated gradient was finite; otherwise
         puts the state back as it was before the step (one host synchronisation per step)."""
-        self.last_step_finite = self._step_finite is None or bool(self._step_finite)
+        extremes, self._step_extremes = self._step_extremes, []
+        self.last_step_finite = not extremes or bool(all_finite(torch.stack([e.double() for e in extremes])))
         if self.last_step_finite:
             if self.feedback is not None:
                 self.feedback.commit()
@@ -266,7 +268,6 @@ class Compressor(GradientCompression):
             logger.warning("%s: non-finite gradient in this step on some rank; the step leaves "
                            "no trace in the compression state (%d such steps so far)",
                            type(self).__name__, self.skipped_steps)
-        self._step_finite = None
         self._step_scale = None
         self._undo.clear()
         self.traffic.end_step()
