@@ -290,7 +290,9 @@ def target_lines(results):
 
 
 def command_line():
-    return " ".join(["python -m benchmarks ddp"] + [shlex.quote(a) for a in sys.argv[1:]])
+    """The command, less where it wrote (``--out``), which does not change results."""
+    kept = [a for i, a in enumerate(sys.argv[1:]) if a != "--out" and (i == 0 or sys.argv[i] != "--out")]
+    return " ".join(["python -m benchmarks ddp"] + [shlex.quote(a) for a in kept])
 
 
 def parse_args(argv):
