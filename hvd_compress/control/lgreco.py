@@ -82,9 +82,10 @@ class LGreCo(Controller):
         from a linear model of measured communication time), or "accordion" (pass
         ``accordion=Accordion(critical, normal)``).
       * ``apply_delay``: "auto" (default) never stalls training: the first decision is due 10
-        steps after it was submitted (``decide_every - 1`` if fewer), each later one after 1.5x the last decision's time in
-        steps (rank 0's running step time, agreed through the decision), and if rank 0 is still
-        computing when one is due, it names a later step instead of making every rank wait.
+        steps after it was submitted (``decide_every - 1`` if fewer), each later one after
+        1.5x the last decision's time in steps (rank 0's running step time, agreed through the
+        decision), and if rank 0 is still computing when one is due, it names a later step
+        instead of making every rank wait.
         Which step a decision takes effect at then depends on timing, so a run resumed from a
         checkpoint can apply it at another step. An int fixes the delay: every rank waits at
         that step for rank 0 (bit-for-bit repeatable runs); it must be below ``decide_every``.
