@@ -84,12 +84,17 @@ def schedules(decide_every):
             "short, apply_delay 1": (SHORT_EVERY, 1), "short, auto": (SHORT_EVERY, "auto")}
 
 
+def wrapped(method):
+    """A fresh compressor of ``method`` (a METHODS label) for the simulated world."""
+    name, settings = METHODS[method]
+    return hc.COMPRESSORS[name].build(None, **settings)
+
+
 def first_decision(method, grads, decide_every, apply_delay, step_seconds, max_steps=2000):
     """(the first Decision, the longest end_step) of L-GreCo over ``method``: one real step
     accumulates the gradients, the decision is submitted at its end, and emulated steps of
     ``step_seconds`` follow until it has taken effect."""
-    name, settings = METHODS[method]
-    lgreco = hc.LGreCo(hc.COMPRESSORS[name].build(None, **settings), warmup_steps=1,
+    lgreco = hc.LGreCo(wrapped(method), warmup_steps=1,
                        decide_every=decide_every, apply_delay=apply_delay, transport="local")
     SimulatedWorld([lgreco]).step([grads])  # the decision starts in this step's end_step
     longest = 0.0
@@ -105,8 +110,7 @@ def first_decision(method, grads, decide_every, apply_delay, step_seconds, max_s
 
 def accumulation_seconds(method, grads):
     """Median seconds per step of rank 0's accumulation of the tunable gradients."""
-    name, settings = METHODS[method]
-    inner = hc.COMPRESSORS[name].build(None, **settings)
+    inner = wrapped(method)
     tunable = {n: g for n, g in grads.items() if inner.tunable(tuple(g.shape))}
     sums, times = StagedSums(), []
     for _ in range(REPEATS + 1):  # the first allocates the sums

@@ -108,30 +108,30 @@ def timing_worker(args):
     model, data, loss_of = WORKLOADS[args.model](torch.Generator().manual_seed(rank))
     # Compute alone first, every rank at once (so the cores are shared as during training):
     # forward, backward and step of a local optimizer.
-    local, compute = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), []
-    for _ in range(COMPUTE_STEPS):
-        x, y = next(data)
-        started = time.perf_counter()
-        local.zero_grad()
-        loss_of(model, x, y).backward()
-        local.step()
-        compute.append(time.perf_counter() - started)
+    compute = timed_steps(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+                          data, loss_of, COMPUTE_STEPS)
     dist.barrier()
     ddp_model = DistributedDataParallel(model, **ddp_options(args.method))
     register_method(ddp_model, args.method, args.rank)
-    optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
-    seconds = []
-    for step in range(args.warmup + args.steps):
-        x, y = next(data)
-        started = time.perf_counter()
-        optimizer.zero_grad()
-        loss_of(ddp_model, x, y).backward()
-        optimizer.step()
-        seconds.append(time.perf_counter() - started)
+    seconds = timed_steps(ddp_model, torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9),
+                          data, loss_of, args.warmup + args.steps)
     if rank == 0:
         print(RESULT_PREFIX + json.dumps({"seconds": seconds[args.warmup:], "compute_seconds": compute[2:]}),
               flush=True)
     dist.destroy_process_group()
+
+
+def timed_steps(module, optimizer, data, loss_of, steps):
+    """Seconds of each of ``steps`` training steps of ``module``, ``zero_grad`` to ``step``."""
+    seconds = []
+    for _ in range(steps):
+        x, y = next(data)
+        started = time.perf_counter()
+        optimizer.zero_grad()
+        loss_of(module, x, y).backward()
+        optimizer.step()
+        seconds.append(time.perf_counter() - started)
+    return seconds
 
 
 def digits_worker(args):

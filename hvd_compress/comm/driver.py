@@ -101,9 +101,6 @@ class RoundDriver:
 
     def _advance(self, name, round_, result, index):
         del self._inflight[name]
-        self._advance_member(name, round_, result, index)
-
-    def _advance_member(self, name, round_, result, index):
         following = round_.then(result)
         if isinstance(following, Round):
             self._submit(name, following, index + 1)

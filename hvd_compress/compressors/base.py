@@ -50,7 +50,7 @@ import torch
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round, Traffic, on_result
 from hvd_compress.compressors.feedback import ErrorFeedback
-from hvd_compress.maths.finite import all_finite
+from hvd_compress.maths.finite import all_finite, extremes
 
 logger = logging.getLogger(__name__)
 
@@ -245,8 +245,7 @@ class Compressor(GradientCompression):
         """Aggregated gradients are identical on every rank, and a non-finite entry on any rank
         reaches them, so every rank reaches the same verdict without communicating. Their
         extremes are kept and checked together at ``end_step``: one small pass per gradient."""
-        if gradient.numel() and gradient.dtype.is_floating_point:
-            self._step_extremes.extend(torch.aminmax(gradient))
+        self._step_extremes.extend(extremes(gradient))
 
     def end_step(self, comm_seconds: Optional[float] = None) -> None:
         """Keeps the step's state updates if every aggregated gradient was finite; otherwise

@@ -97,9 +97,10 @@ def qsgd_errors(flat, bits_options, bucket_size):
     bit width on it while it is in cache (8x faster than a pass per width on large layers)."""
     n = flat.numel()
     pad = (-n) % bucket_size
-    norms = bucket_norms(flat, bucket_size).double()
+    norms32 = bucket_norms(flat, bucket_size)
+    norms = norms32.double()
     buckets = torch.nn.functional.pad(flat.float(), (0, pad)).view(-1, bucket_size)
-    safe_norms = torch.where(norms > 0, norms, torch.ones_like(norms)).float()
+    safe_norms = torch.where(norms32 > 0, norms32, torch.ones_like(norms32))
     levels = [levels_for_bits(bits) for bits in bits_options]
     weights = torch.stack([(norms / s).square() for s in levels])  # (norm / s)^2: width x bucket
     totals = torch.zeros(len(levels), dtype=torch.float64, device=flat.device)

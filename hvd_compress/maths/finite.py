@@ -1,15 +1,23 @@
 """Whether a tensor holds only finite values, without a host synchronisation."""
+from typing import List
+
 import torch
+
+
+def extremes(tensor: torch.Tensor) -> List[torch.Tensor]:
+    """[min, max] of a non-empty floating-point tensor as 0-dim tensors, else []: all a finiteness
+    check needs (NaN propagates through them, and an infinity is one of them)."""
+    if tensor.numel() == 0 or not tensor.dtype.is_floating_point:
+        return []
+    return list(torch.aminmax(tensor))
 
 
 def all_finite(tensor: torch.Tensor) -> torch.Tensor:
     """A 0-dim bool tensor on ``tensor``'s device: True iff no entry is NaN or infinite. From the
-    extremes (one pass; NaN propagates through them, and an infinity is one of them): on this
-    CPU 28x faster than ``torch.isfinite(tensor).all()``, which builds a mask as large as the
-    tensor (4 ms against 123 ms for 25 M float32 entries)."""
-    if tensor.numel() == 0:
+    extremes (one pass): on this CPU 28x faster than ``torch.isfinite(tensor).all()``, which
+    builds a mask as large as the tensor (4 ms against 123 ms for 25 M float32 entries)."""
+    found = extremes(tensor)
+    if not found:
         return torch.ones((), dtype=torch.bool, device=tensor.device)
-    if not tensor.dtype.is_floating_point:
-        return torch.ones((), dtype=torch.bool, device=tensor.device)
-    low, high = torch.aminmax(tensor)
+    low, high = found
     return torch.isfinite(low) & torch.isfinite(high)
