@@ -1,6 +1,7 @@
 """L-GreCo on real ranks: every rank applies every decision at the same step, parameters stay
 identical, and a stalled rank 0 makes every rank fail within the timeout. Under mpirun the
 service runs over its own mpi4py communicator; under horovodrun --gloo over Horovod."""
+import threading
 import time
 
 import horovod.torch as hvd
@@ -58,19 +59,23 @@ def test_every_rank_applies_each_decision_at_the_same_step(inner, path):
 
 
 def test_auto_delay_postpones_a_slow_decision_alike_on_every_rank():
-    """apply_delay="auto": rank 0's first decision takes over a second, longer than its first
-    10 steps; rank 0 names later steps through the exchange and every rank applies the decision
-    at the same one, with identical parameters after."""
+    """apply_delay="auto": rank 0's first decision (submitted at step 4) is still running when its
+    first 10 steps are over; rank 0 names later steps through the exchange and every rank applies
+    the decision at the same one, with identical parameters after."""
     model = DigitsCNN()
     opt, lgreco = lgreco_optimizer(model, "powersgd", "stock", apply_delay="auto", decide_every=200)
+    past_the_first_exchange = threading.Event()
     if hvd.rank() == 0:
+        # Held by the step count, not a sleep: on a loaded machine 10 steps can outlast any sleep.
         errors = lgreco.inner.errors
-        lgreco.inner.errors = lambda *args: (time.sleep(0.5), errors(*args))[1]
-    for x, y in rank_batches(3000, seed=6):  # until the decision took effect: the same step everywhere
+        lgreco.inner.errors = lambda *args: (past_the_first_exchange.wait(60), errors(*args))[1]
+    for step, (x, y) in enumerate(rank_batches(3000, seed=6), start=1):
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-        if lgreco.decisions:
+        if step >= 4 + 10 + 1:
+            past_the_first_exchange.set()
+        if lgreco.decisions:  # took effect: the same step everywhere
             break
     decisions = [(d.version, d.decided_at, d.effective_step) for d in lgreco.decisions]
     assert len(decisions) == 1 and decisions[0][2] > 4 + 10, decisions
