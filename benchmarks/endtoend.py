@@ -42,7 +42,9 @@ A probe job per rate times Horovod's all-reduce and all-gather of 4 KiB to 16 Mi
 projection (``python -m benchmarks projection``) fits its alpha-beta model to it.
 Writes ``<out>/benchmarks/endtoend.json``, ``endtoend.png`` and the "End to end" section of
 ``<out>/benchmarks.md``. Each job is bounded (``--job-timeout``); the namespaces are removed
-at the end, also on errors and Ctrl-C.
+at the end, also on errors and Ctrl-C. Finished jobs are kept in
+``<out>/benchmarks/endtoend.progress.json`` until the sweep is complete: rerunning the same
+command after a cut-off resumes with the first missing job.
 """
 import argparse
 import copy
@@ -297,24 +299,40 @@ def model_summary(model):
             "tensors": len(list(built.parameters()))}
 
 
-def sweep(args):
+def sweep(args, progress_path):
+    """Runs every job not yet in ``progress_path`` (a sweep cut off resumes job by job; jobs
+    from a sweep with other settings are not reused) and saves it there after each job."""
     from benchmarks.testbed import emulated_cluster
 
-    results = {"command": command_line(), "machine": machine(), "np": args.np, "rank": args.rank,
-               "warmup": args.warmup, "steps": args.steps, "load_average_before": os.getloadavg(),
-               "models": {model: model_summary(model) for model in args.models}, "rates": {}}
-    started = time.perf_counter()
+    settings = {"np": args.np, "rank": args.rank, "warmup": args.warmup, "steps": args.steps}
+    results = json.loads(progress_path.read_text()) if progress_path.exists() else {}
+    if {key: results.get(key) for key in settings} != settings:
+        results = {**settings, "load_average_before": os.getloadavg(), "minutes": 0.0, "rates": {}}
+    results.update(command=command_line(), machine=machine(),
+                   models={model: model_summary(model) for model in args.models})
+    started, minutes_before = time.perf_counter(), results["minutes"]
+
+    def save():
+        results["minutes"] = round(minutes_before + (time.perf_counter() - started) / 60, 1)
+        progress_path.write_text(json.dumps(results, indent=1) + "\n")
+
     for rate in args.rates:
+        entry = results["rates"].get(f"{rate:g}", {})
+        wanted = [(model, method) for model in args.models for method in args.methods
+                  if method not in entry.get("models", {}).get(model, {})]
+        if not wanted:
+            continue
         with emulated_cluster(args.np, rate) as cluster:
-            probed = run_job(cluster, args, ["--probe"])
-            entry = results["rates"][f"{rate:g}"] = {
-                "testbed": cluster.describe(),
-                "probe": {collective: probed[collective] for collective in ("allreduce", "allgather")},
-                "models": {}}
-            for model in args.models:
-                entry["models"][model] = {method: method_job(cluster, args, model, method)
-                                          for method in args.methods}
-    results["minutes"] = round((time.perf_counter() - started) / 60, 1)
+            if "probe" not in entry:
+                probed = run_job(cluster, args, ["--probe"])
+                entry = results["rates"][f"{rate:g}"] = {
+                    "testbed": cluster.describe(),
+                    "probe": {collective: probed[collective] for collective in ("allreduce", "allgather")},
+                    "models": {}}
+                save()
+            for model, method in wanted:
+                entry["models"].setdefault(model, {})[method] = method_job(cluster, args, model, method)
+                save()
     results["load_average_after"] = os.getloadavg()
     results["targets"] = targets(results)
     return results
@@ -451,10 +469,12 @@ def main(argv=None):
         return worker(args)
     if args.probe:
         return probe(args)
-    results = sweep(args)
     out = args.out / "benchmarks"
     out.mkdir(parents=True, exist_ok=True)
+    progress = out / "endtoend.progress.json"
+    results = sweep(args, progress)
     (out / "endtoend.json").write_text(json.dumps(results, indent=1) + "\n")
+    progress.unlink()
     draw_figure(results, out / "endtoend.png")
     write_section(args.out / "benchmarks.md", SECTION, markdown(results, "benchmarks/endtoend.png"))
     for row in results["targets"]:

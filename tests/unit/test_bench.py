@@ -123,10 +123,11 @@ def test_quality_quick_runs_a_point_per_method_resumes_and_writes_its_section(tm
 def test_endtoend_on_the_testbed_then_its_projection(tmp_path, monkeypatch):
     from benchmarks.testbed import NetworkNamespacesUnavailable
     monkeypatch.setattr(sys, "argv", list(sys.argv))
+    endtoend = ["endtoend", "--np", "2", "--rates", "1,2.5", "--models", "cnn",
+                "--methods", "S-SGD,ACP-SGD+fusion", "--warmup", "1", "--steps", "2",
+                "--max-other-cpu", "1", "--job-timeout", "120", "--out", str(tmp_path)]
     try:
-        assert bench.main(["endtoend", "--np", "2", "--rates", "1,2.5", "--models", "cnn",
-                           "--methods", "S-SGD,ACP-SGD+fusion", "--warmup", "1", "--steps", "2",
-                           "--max-other-cpu", "1", "--job-timeout", "120", "--out", str(tmp_path)]) == 0
+        assert bench.main(endtoend) == 0
     except NetworkNamespacesUnavailable as error:
         pytest.skip(f"no network namespaces here: {error}")
     results = json.loads((tmp_path / "benchmarks" / "endtoend.json").read_text())
@@ -137,6 +138,16 @@ def test_endtoend_on_the_testbed_then_its_projection(tmp_path, monkeypatch):
     assert 0.95 * dense < methods["S-SGD"]["sent_bytes_per_step"] < 1.2 * dense
     assert methods["ACP-SGD+fusion"]["sent_bytes_per_step"] < 0.1 * dense
     assert methods["ACP-SGD+fusion"]["traffic"]["by_collective"]["allreduce"]["calls"] > 0
+    # Cut off before the last job: the same command resumes with that job alone.
+    progress = tmp_path / "benchmarks" / "endtoend.progress.json"
+    assert not progress.exists()
+    del methods["ACP-SGD+fusion"]
+    progress.write_text(json.dumps(results))
+    assert bench.main(endtoend) == 0
+    resumed = json.loads((tmp_path / "benchmarks" / "endtoend.json").read_text())
+    assert resumed["rates"]["1"] == results["rates"]["1"]
+    assert resumed["rates"]["2.5"]["models"]["cnn"]["S-SGD"] == methods["S-SGD"]
+    assert "ACP-SGD+fusion" in resumed["rates"]["2.5"]["models"]["cnn"] and not progress.exists()
     assert bench.main(["projection", "--from", str(tmp_path / "benchmarks" / "endtoend.json"),
                        "--out", str(tmp_path)]) == 0
     projection = json.loads((tmp_path / "benchmarks" / "projection.json").read_text())
