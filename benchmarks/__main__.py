@@ -10,6 +10,7 @@ BENCHMARKS = {
     "controller_overhead": "L-GreCo's decision time, stall and per-step cost, GraVAC's gain measurement",
     "convergence": "final accuracy / perplexity, compression ratio and wall time of each method, 4 ranks",
     "ddp": "PyTorch DDP on an emulated cluster: no hook, torch's powerSGD_hook, ours through hvd_compress.ddp",
+    "elastic": "a worker SIGKILLed and a new one joining under horovodrun elastic; error feedback kept or reset",
     "endtoend": "step time of every method on an emulated cluster: compute, compression, exposed communication",
     "fusion": "ACP-SGD step time against the fusion buffer size, on an emulated cluster",
     "projection": "alpha-beta projection of the end-to-end results to 8-64 workers and 1-100 Gbit/s",

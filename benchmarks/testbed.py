@@ -27,6 +27,10 @@ queue actually used far shorter.
 Open MPI runs over TCP only (``pml ob1``, ``btl tcp,self``: no shared memory between the
 namespaces), and rank r is bound to core r mod cores (``pin_ranks``).
 
+Docker's daemon sets iptables' FORWARD policy to DROP, and with ``br_netfilter`` loaded frames
+crossing a bridge go through that chain: where ``iptables`` exists, the testbed inserts an
+ACCEPT rule for its own bridge (in and out) while it exists, and removes it with the bridge.
+
 Every namespace, link and the bridge carry a fixed prefix (``hvdc`` by default). A set-up first
 takes a lock file for that prefix, so two testbeds with the same prefix cannot overlap; whatever
 a killed earlier run left under the prefix is then removed. Leaving the context, also on errors,
@@ -36,6 +40,7 @@ import contextlib
 import fcntl
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -136,6 +141,15 @@ def _remove(cluster_prefix):
     for name in link_names:
         if name.startswith(cluster_prefix):
             subprocess.run(["ip", "link", "delete", name], capture_output=True, timeout=COMMAND_TIMEOUT)
+    if shutil.which("iptables"):
+        bridge = f"{cluster_prefix}br"
+        while subprocess.run(["iptables", "-D", *_forward_rule(bridge)], capture_output=True,
+                             timeout=COMMAND_TIMEOUT).returncode == 0:
+            pass
+
+
+def _forward_rule(bridge):
+    return ["FORWARD", "-i", bridge, "-o", bridge, "-j", "ACCEPT"]
 
 
 def _build(cluster):
@@ -153,6 +167,8 @@ def _build_links(cluster):
     _run("ip", "link", "add", cluster.bridge, "type", "bridge")
     _run("ip", "addr", "add", f"{cluster.bridge_address}/24", "dev", cluster.bridge)
     _run("ip", "link", "set", cluster.bridge, "up")
+    if shutil.which("iptables"):  # Docker's FORWARD policy would drop what crosses the bridge
+        _run("iptables", "-I", *_forward_rule(cluster.bridge))
     for rank in range(cluster.ranks):
         namespace = cluster.namespace(rank)
         host_end, rank_end = f"{namespace}b", f"{namespace}e"

@@ -41,9 +41,10 @@ fi
 
 horovod_ok() {
     "$PYTHON" - <<'PY' 2>/dev/null
-import horovod, horovod.torch as hvd
+import os, horovod, horovod.torch as hvd
 assert horovod.__version__ == "0.28.1"
 assert hvd.mpi_built() and hvd.gloo_built()
+assert hvd.nccl_built() or os.environ.get("HOROVOD_GPU_OPERATIONS") != "NCCL"
 PY
 }
 
@@ -74,6 +75,10 @@ if ! horovod_ok; then
     horovod_ok
 fi
 
+if [ "${HVD_COMPRESS_DEPENDENCIES_ONLY:-0}" = 1 ]; then  # docker/install.sh: no sources yet
+    log "dependencies ready"
+    exit 0
+fi
 # Checked from / so that the source tree in the working directory does not count as installed,
 # and against this checkout so that an install from another clone does not either.
 if [ "$(cd / && "$PYTHON" -c 'import hvd_compress, os; print(os.path.dirname(os.path.dirname(os.path.realpath(hvd_compress.__file__))))' 2>/dev/null)" != "$(realpath "$REPO_ROOT")" ]; then

@@ -7,7 +7,8 @@ Layers, from the bottom up (each imports only the ones below it):
   control/       adaptive controllers (L-GreCo, GraVAC) and the rank-0 decision service; they use
                  compressors only through the controller protocol of ``compressors/base.py``
   integration/   Horovod: the stock optimizer's Compression API, and our DistributedOptimizer
-``registry.py`` names every method once; the classes exported here come from it.
+``registry.py`` names every method once; the classes exported here come from it. Importing the
+package makes every compressor part of ``hvd.elastic.TorchState`` (``integration/elastic.py``).
 
 Use with stock Horovod::
 
@@ -22,10 +23,11 @@ from hvd_compress.comm.fusion import ScaledFusion
 from hvd_compress.compressors.base import Compressor
 from hvd_compress.control.gravac import GraVACPolicy
 from hvd_compress.control.lgreco import Accordion
+from hvd_compress.control.service import DecisionTimeout
 from hvd_compress.integration.optimizer import DistributedOptimizer
 from hvd_compress.registry import COMPRESSORS, CONTROLLERS, PUBLIC
 
 globals().update(PUBLIC)
 
-__all__ = sorted(["Accordion", "COMPRESSORS", "CONTROLLERS", "Compressor", "DistributedOptimizer",
+__all__ = sorted(["Accordion", "COMPRESSORS", "CONTROLLERS", "Compressor", "DecisionTimeout", "DistributedOptimizer",
                   "GraVACPolicy", "ScaledFusion", *PUBLIC])

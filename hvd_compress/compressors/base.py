@@ -109,8 +109,22 @@ class GradientCompression:
         """Everything that must agree on every rank (checked when training starts)."""
         raise NotImplementedError
 
+    # ----- checkpoints and world changes -------------------------------------------------
+    #: What error feedback does when the world changes under elastic training
+    #: (``hvd_compress.elastic``): "keep" (each surviving process keeps its own residuals, a
+    #: joining one starts from zero) or "reset" (every rank starts from zero, as DeepSpeed does).
+    feedback_on_world_change = "keep"
+
     def state_dict(self) -> Dict[str, Any]:
+        """This process's state: what every rank holds alike (settings, warm starts, schedules)
+        and this rank's own error feedback ("residuals"; a controller nests the wrapped
+        compressor's state under "inner")."""
         raise NotImplementedError
+
+    def elastic_state_dict(self) -> Dict[str, Any]:
+        """What an elastic commit saves: ``state_dict``, but never waiting (L-GreCo leaves a
+        decision in flight out)."""
+        return self.state_dict()
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         raise NotImplementedError
@@ -178,6 +192,7 @@ class Compressor(GradientCompression):
         self._bound = True
         if self._expected_world is not None:
             self._check_world(self._expected_world)
+            self._expected_world = None
 
     def begin(self, name: str, grad: torch.Tensor) -> Round:
         if not grad.dtype.is_floating_point:
@@ -346,7 +361,7 @@ class Compressor(GradientCompression):
     def state_dict(self) -> Dict[str, Any]:
         """Everything that determines future outputs, with what it was taken from (the class,
         configuration, parameter shapes, and this process's rank and world size: error feedback
-        is per rank). Tensors are copied, since state is updated in place. Only tensors, numbers,
+        is per rank, and a checkpoint loaded on another rank or world size starts it from zero). Tensors are copied, since state is updated in place. Only tensors, numbers,
         strings, lists and dicts: ``torch.load(path, weights_only=True)`` reads it."""
         residuals = {} if self.feedback is None else self.feedback.state_dict()
         return {"class": type(self).__name__, "config": _plain(self.config()),
@@ -360,8 +375,9 @@ class Compressor(GradientCompression):
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Restores a ``state_dict``. Everything is checked before anything changes: a mismatch
-        (class, configuration, a parameter's shape, a setting out of range, the rank and world
-        size once known) raises one ``ValueError`` naming it, and leaves this object as it was."""
+        (class, configuration, a parameter's shape, a setting out of range) raises one
+        ``ValueError`` naming it, and leaves this object as it was. Taken on another rank or
+        world size (checked once the rank is known), all but the error feedback is restored."""
         cls = type(self).__name__
         missing = {"class", "config", "rank", "world_size", "shapes", "settings", "state",
                    "residuals", "skipped_steps"} - set(state_dict)
@@ -397,25 +413,29 @@ class Compressor(GradientCompression):
         except TypeError as error:
             raise ValueError(f"{cls}.load_state_dict: the checkpoint's per-parameter state does not "
                              f"fit {cls}: {error}") from None
-        expected_world = (state_dict["rank"], state_dict["world_size"])
-        if self._bound:
-            self._check_world(expected_world)
-        # Checked: now change everything.
+        # Checked: now change everything, a step cut off midway (elastic restore) included.
+        self._undo, self._step_extremes, self._step_scale = {}, [], None
         self._overrides = dict(state_dict["settings"])
         self.state = state
         self._shapes = dict(shapes)
         if self.feedback is not None:
             self.feedback.load_state_dict(state_dict["residuals"])
         self.skipped_steps = state_dict["skipped_steps"]
-        self._expected_world = expected_world
+        expected_world = (state_dict["rank"], state_dict["world_size"])
+        if self._bound:
+            self._check_world(expected_world)
+        else:  # checked when the integration binds it
+            self._expected_world = expected_world
 
     def _check_world(self, expected):
+        """Error feedback is per rank: a checkpoint from another rank, or another world size,
+        brings everything but it (the residuals start from zero, as after a reset)."""
         rank, size = expected
-        if (rank, size) != (self.rank, self.size):
-            raise ValueError(f"{type(self).__name__}: the checkpoint was taken on rank {rank} of "
-                             f"{size}, but this is rank {self.rank} of {self.size}; error feedback "
-                             f"is per rank: load each rank's own checkpoint, in a world of the "
-                             f"same size")
+        if (rank, size) != (self.rank, self.size) and self.feedback is not None:
+            logger.warning("%s: the checkpoint was taken on rank %d of %d, but this is rank %d "
+                           "of %d; its error feedback is not this rank's and starts from zero",
+                           type(self).__name__, rank, size, self.rank, self.size)
+            self.feedback.load_state_dict({})
 
     def _new_state_from(self, values):
         raise NotImplementedError

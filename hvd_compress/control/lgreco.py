@@ -148,6 +148,7 @@ class LGreCo(Controller):
         self.decisions = deque(maxlen=DECISIONS_KEPT)  # the latest, oldest first
         self._next_decision = warmup_steps
         self._pending = None  # (version, decided_at, effective_step)
+        self._bound_world = None
         # Agreed by all ranks. "auto" starts within one period: a short schedule's first
         # decision is then not skipped for want of a measured time.
         self._delay = min(FIRST_DELAY, max(1, decide_every - 1)) if apply_delay == "auto" else apply_delay
@@ -170,6 +171,30 @@ class LGreCo(Controller):
     def use_process_set(self, process_set):
         super().use_process_set(process_set)
         self.service.use_process_set(process_set)
+
+    @property
+    def decision_in_flight(self) -> Optional[int]:
+        """The version of the decision submitted but not yet exchanged, or None."""
+        return None if self._pending is None else self._pending[0]
+
+    def bind_world(self, rank, size):
+        """Binding to another world (an elastic reset) drops a decision in flight, on every rank
+        alike: the old world's rank 0 may be gone. The next one comes at the next period."""
+        changed = self._bound_world not in (None, (rank, size))
+        super().bind_world(rank, size)
+        self._bound_world = (rank, size)
+        if changed:
+            self._drop_decision_in_flight()
+        else:  # rebound after an elastic reset that kept the rank and size: a new transport
+            self.service.reconnect()
+
+    def _drop_decision_in_flight(self):
+        if self._pending is not None:
+            logger.warning("L-GreCo: decision %d (gradients up to step %d) dropped: the world "
+                           "changed while it was in flight", self._pending[0], self._pending[1])
+        self._pending = None
+        self._sums.clear()
+        self.service.rejoin()
 
     def begin(self, name, grad):
         if name not in self._shapes:
@@ -340,9 +365,17 @@ class LGreCo(Controller):
         outcome = self.service.finished_outcome() if self._pending is not None else None
         if outcome is not None and outcome[0] == "ok":
             outcome = ["ok", asdict(outcome[1])]
-        return {"class": "LGreCo", "config": self._own_config(), "inner": self.inner.state_dict(),
+        return self._state(self._pending, outcome, self.inner.state_dict())
+
+    def elastic_state_dict(self):
+        """As ``state_dict``, without waiting: a decision in flight is left out (dropped if
+        this state is restored, as on any world change) and so are the gradients it was given."""
+        return self._state(None, None, self.inner.elastic_state_dict())
+
+    def _state(self, pending, outcome, inner):
+        return {"class": "LGreCo", "config": self._own_config(), "inner": inner,
                 "step": self.step, "version": self.version, "next_decision": self._next_decision,
-                "delay": self._delay, "pending": None if self._pending is None else list(self._pending),
+                "delay": self._delay, "pending": None if pending is None else list(pending),
                 "outcome": None if outcome is None else list(outcome),
                 "shapes": [[name, list(shape)] for name, shape in self._shapes.items()],
                 "sums": {name: value.clone() for name, value in self._sums.committed.items()},

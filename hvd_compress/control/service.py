@@ -29,18 +29,16 @@ class DecisionTimeout(RuntimeError):
     pass
 
 
-# Decision threads still computing. A daemon thread killed inside a torch operation when the
-# interpreter exits aborts the process (C++ std::terminate), so a run that ends while a
+# Decision threads, abandoned ones included. A daemon thread killed inside a torch operation
+# when the interpreter exits aborts the process (C++ std::terminate), so a run that ends while a
 # decision computes would exit with SIGABRT: at exit, each is joined first (up to its timeout).
-_RUNNING = weakref.WeakSet()
+_THREADS = weakref.WeakSet()
 
 
 @atexit.register
 def _join_running_decisions():
-    for service in list(_RUNNING):
-        thread = service._thread
-        if thread is not None:
-            thread.join(service.timeout)
+    for thread in list(_THREADS):
+        thread.join(thread.timeout)
 
 
 def launched_under_mpi():
@@ -247,6 +245,7 @@ class DecisionService:
         self._process_set = None
         self._thread = None
         self._outcome = None
+        self._lock = threading.Lock()
         self._started = 0.0
 
     def use_process_set(self, process_set):
@@ -257,20 +256,43 @@ class DecisionService:
     def __getstate__(self):
         # Communicators and threads cannot be checkpointed; they are rebuilt on first use.
         state = dict(self.__dict__)
-        state.update(_transport=None, _process_set=None, _thread=None, _outcome=None)
+        state.update(_transport=None, _process_set=None, _thread=None, _outcome=None, _lock=None)
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def submit(self, compute):
         def run():
             try:
-                self._outcome = ("ok", compute())
+                outcome = ("ok", compute())
             except BaseException as error:  # even SystemExit: carried to every rank by exchange()
-                self._outcome = ("error", f"{type(error).__name__}: {error}")
-        self._outcome = None
+                outcome = ("error", f"{type(error).__name__}: {error}")
+            with self._lock:
+                if self._thread is threading.current_thread():  # else abandoned
+                    self._outcome = outcome
+        thread = threading.Thread(target=run, name="hvd_compress-decision", daemon=True)
+        thread.timeout = self.timeout
+        with self._lock:
+            self._outcome, self._thread = None, thread
         self._started = time.monotonic()
-        self._thread = threading.Thread(target=run, name="hvd_compress-decision", daemon=True)
-        self._thread.start()
-        _RUNNING.add(self)
+        thread.start()
+        _THREADS.add(thread)
+
+    def reconnect(self):
+        """The next exchange forms a new transport (the one it had knew an older world)."""
+        self._transport = None
+
+    def rejoin(self):
+        """The world changed (an elastic reset): a computation still running is abandoned, and
+        the next exchange forms a new transport."""
+        self._abandon()
+        self.reconnect()
+
+    def _abandon(self):
+        with self._lock:  # a thread no longer current never sets its outcome
+            self._thread, self._outcome = None, None
 
     def running(self):
         """Whether a submitted computation is still running."""
@@ -287,7 +309,8 @@ class DecisionService:
 
     def restore(self, outcome):
         """Makes ``outcome`` (from ``finished_outcome``) the result the next exchange sends."""
-        self._thread, self._outcome = None, outcome
+        self._abandon()
+        self._outcome = outcome
 
     def exchange(self, version, effective_step, postpone: Optional[Callable[[float], Optional[int]]] = None):
         """The submitted computation's result on every rank, or ``Postponed(step)`` on every
@@ -308,15 +331,16 @@ class DecisionService:
             elif elapsed > self.timeout:
                 outcome = ("error", f"the computation has run {elapsed:.1f} s, over the timeout "
                                     f"of {self.timeout} s")
-                self._thread, self._outcome = None, None
+                self._abandon()
         if transport.rank == 0 and outcome is None:
             if self._thread is not None:
                 self._thread.join(max(0.0, deadline - time.monotonic()))
                 if self._thread.is_alive():
                     raise DecisionTimeout(f"{what}: rank 0 did not finish its computation in "
                                           f"{self.timeout} s")
-            outcome = self._outcome or ("error", "rank 0 has no computed decision to send")
-            self._thread, self._outcome = None, None
+            with self._lock:
+                outcome = self._outcome or ("error", "rank 0 has no computed decision to send")
+                self._thread, self._outcome = None, None
         outcome = transport.broadcast(outcome, 2 * version, deadline, what)
         if outcome[0] == "error":
             raise RuntimeError(f"{what}: the computation failed on rank 0: {outcome[1]}")

@@ -13,7 +13,7 @@ from hvd_compress.comm.horovod_backend import HorovodBackend
 from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.compressors.cast import NoCompression
 from hvd_compress.integration.agreement import verify_same_configuration
-from hvd_compress.integration.stock import OP_NAMES
+from hvd_compress.integration.stock import OP_NAMES, current_world
 
 
 class _CompressedDistributedOptimizer(torch.optim.Optimizer):
@@ -30,23 +30,46 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         self._started = set()
         self._synchronized = False
         self._should_synchronize = True
-        self._hooks = []
+        self._fusion = fusion
+        self._bind_world()
+        self._hooks = ([p.register_post_accumulate_grad_hook(self._make_hook()) for p in self._requires_update]
+                       if process_set.included() else [])
+
+    def _bind_world(self):
+        """Builds what depends on the world; again at the first gradient of a step after an
+        elastic reset (``integration.elastic``) changed it. No collective here: an elastic
+        worker that joins builds its optimizer while the others synchronise their state."""
+        process_set, compression = self._process_set, self._compression
+        self._world = current_world(process_set)
+        self._verified = False
         # As in Horovod: with one rank there is nothing to exchange, so nothing is compressed.
         self._active = process_set.included() and process_set.size() > 1
+        self._started.clear()
+        self._delay = {p: self.backward_passes_per_step for p in self._names}
         if self._active:
             compression.bind_world(process_set.rank(), process_set.size())
             compression.use_process_set(process_set)
             self._driver = RoundDriver(HorovodBackend(process_set), compression.traffic)
             # Backward order: gradients of the last-registered parameters are ready first.
             shapes = {self._names[p]: tuple(p.shape) for p in reversed(self._requires_update)}
-            self._scheduler = (FusionScheduler(compression, shapes, fusion, process_set.rank())
-                               if fusion is not None else None)
-            verify_same_configuration(compression, process_set)
-            self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook())
-                           for p in self._requires_update]
+            self._scheduler = (FusionScheduler(compression, shapes, self._fusion, process_set.rank())
+                               if self._fusion is not None else None)
+
+    def _begin_step(self):
+        """At the first gradient of a step: rebinds after an elastic reset, and checks that every
+        rank runs the same configuration (collective) once per world."""
+        if self._world != current_world(self._process_set):
+            self._bind_world()
+        if self._active and not self._verified:
+            verify_same_configuration(self._compression, self._process_set)
+            self._verified = True
 
     def _make_hook(self):
         def hook(p):
+            if not self._started:
+                self._begin_step()
+            if not self._active:
+                return
             if self._delay[p] <= 0:
                 raise AssertionError(
                     f"gradient of {self._names[p]!r} was computed more than "
@@ -68,6 +91,8 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
 
     def synchronize(self):
         """Finishes every exchange and writes the aggregated gradients into ``p.grad``."""
+        if not self._started:
+            self._begin_step()
         if not self._active:
             self._synchronized = True
             return
@@ -189,8 +214,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         raise ValueError(f"backward_passes_per_step must be a positive integer, "
                          f"got {backward_passes_per_step!r}")
     del sparse_as_dense  # sparse gradients are always densified
+    # Horovod's broadcast_optimizer_state (hence elastic TorchState.sync) initialises an empty
+    # optimizer state with the wrapped optimizer's own step() when the optimizer's module is
+    # that of hvd.DistributedOptimizer, else with step(): ours would exchange zeros on the
+    # ranks whose state is empty (a joining worker) and wait forever for the others.
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_CompressedDistributedOptimizer.__dict__))
+               dict(_CompressedDistributedOptimizer.__dict__, __module__=hvd.DistributedOptimizer.__module__))
     if fusion is not None and not isinstance(fusion, ScaledFusion):
         raise ValueError(f"fusion must be a ScaledFusion or None, got {type(fusion).__name__}")
     return cls(optimizer.param_groups, named_parameters, compression,

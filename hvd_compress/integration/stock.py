@@ -11,6 +11,7 @@ from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.horovod_backend import HorovodBackend
 from hvd_compress.comm.rounds import Collective
 from hvd_compress.integration.agreement import verify_same_configuration
+from hvd_compress.integration.elastic import world_generation
 from hvd_compress.integration.names import GradientOwners
 
 
@@ -60,6 +61,7 @@ class StockBridge:
                              f"compressed payloads")
         self.process_set = getattr(optimizer, "process_set", hvd.global_process_set)
         self.sum_scale = self.process_set.size() if op == hvd.Sum else 1
+        self.world = current_world(self.process_set)
         compressor.bind_world(self.process_set.rank(), self.process_set.size())
         compressor.use_process_set(self.process_set)
         self.owners = GradientOwners(compressor.parameters) if compressor.parameters else None
@@ -68,6 +70,11 @@ class StockBridge:
         self._outstanding = 0
         self._first_decompress = None
         self._verified = False
+
+    def stale(self):
+        """Whether the world was re-formed (elastic): checked in full as a step starts."""
+        return self.world[0] != world_generation() or (
+            self._outstanding == 0 and self.world != current_world(self.process_set))
 
     def compress(self, tensor):
         if not self._verified:
@@ -123,13 +130,14 @@ class StockBridge:
 class StockCompression(HorovodCompressor):
     """Mixin that gives an hvd_compress compressor (or controller) Horovod's Compression API.
 
-    The bridge is built at the first ``compress``, when Horovod is initialised, and dropped when
-    pickled (it holds hooks and Horovod handles); a restored compressor rebuilds it."""
+    The bridge is built at the first ``compress``, when Horovod is initialised, dropped when
+    pickled (it holds hooks and Horovod handles), and rebuilt by a restored compressor or after
+    an elastic reset."""
 
     _stock_bridge = None
 
     def compress(self, tensor):
-        if self._stock_bridge is None:
+        if self._stock_bridge is None or self._stock_bridge.stale():
             self._stock_bridge = StockBridge(self, _calling_optimizer(self))
         return self._stock_bridge.compress(tensor)
 
@@ -146,6 +154,11 @@ class StockCompression(HorovodCompressor):
 
 OP_NAMES = {hvd.Average: "hvd.Average", hvd.Sum: "hvd.Sum", hvd.Adasum: "hvd.Adasum",
             hvd.Min: "hvd.Min", hvd.Max: "hvd.Max", hvd.Product: "hvd.Product"}
+
+
+def current_world(process_set):
+    """What an elastic reset changes: (reset count, rank, size)."""
+    return world_generation(), process_set.rank(), process_set.size()
 
 
 def _calling_optimizer(compression):

@@ -197,10 +197,10 @@ def test_compressors_configured_differently_fail_loudly(path):
             compressor = hc.PowerSGD(model.named_parameters(), rank=rank_setting)
             opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                            compression=compressor)
-            x, y = next(rank_batches(1))
-            nn.functional.cross_entropy(model(x), y).backward()
         else:
-            hc.DistributedOptimizer(opt, model.named_parameters(), hc.PowerSGD(rank=rank_setting))
+            opt = hc.DistributedOptimizer(opt, model.named_parameters(), hc.PowerSGD(rank=rank_setting))
+        x, y = next(rank_batches(1))  # checked at the first step, on either path
+        nn.functional.cross_entropy(model(x), y).backward()
 
 
 FUSIONS = {"tiny buckets": hc.ScaledFusion(4096, scaled=False), "scaled default": hc.ScaledFusion(),

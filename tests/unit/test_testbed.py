@@ -48,8 +48,27 @@ def _namespaces():
                           timeout=10).stdout.split()
 
 
+@pytest.fixture(params=["as found", "FORWARD policy DROP"])
+def forward_policy(request):
+    """As found, and as Docker's daemon leaves it: iptables' FORWARD policy DROP (put back after)."""
+    if request.param == "as found":
+        yield
+        return
+    if shutil.which("iptables") is None:
+        pytest.skip("no iptables here (Docker's daemon brings it)")
+    rules = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True, timeout=10)
+    if rules.returncode != 0:
+        pytest.skip(f"iptables not usable here: {rules.stderr.strip()}")
+    policy = rules.stdout.split()[2]  # "-P FORWARD ACCEPT"
+    subprocess.run(["iptables", "-P", "FORWARD", "DROP"], check=True, timeout=10)
+    try:
+        yield
+    finally:
+        subprocess.run(["iptables", "-P", "FORWARD", policy], check=True, timeout=10)
+
+
 @pytest.mark.slow
-def test_two_namespace_testbed_runs_mpi_between_ranks_and_is_removed():
+def test_two_namespace_testbed_runs_mpi_between_ranks_and_is_removed(forward_policy):
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
     if shutil.which("ip") is None or shutil.which("mpirun") is None:
@@ -67,3 +86,6 @@ def test_two_namespace_testbed_runs_mpi_between_ranks_and_is_removed():
     # Each rank in its own namespace; the all-reduce crossed the bridge: 1 + 2.
     assert sorted(line for line in stdout.splitlines() if line) == [f"0 {PREFIX}0 3", f"1 {PREFIX}1 3"]
     assert not [name for name in _namespaces() if name.startswith(PREFIX)]
+    if shutil.which("iptables"):  # the testbed's ACCEPT rule went with its bridge
+        rules = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True, timeout=10)
+        assert f"{PREFIX}br" not in rules.stdout

@@ -1,0 +1,87 @@
+"""Elastic Horovod: an hvd_compress compressor (or controller) as part of the elastic state.
+
+    state = hvd.elastic.TorchState(model, optimizer, compression=compression, step=0)
+
+Importing ``hvd_compress`` adds :class:`CompressionStateHandler` to Horovod's registry of state
+handlers (``horovod.torch.elastic.state.set_handler_registry``, Horovod's extension point), so
+``TorchState`` handles any ``GradientCompression`` keyword as it handles the model:
+
+* ``state.commit()`` saves ``elastic_state_dict()`` (copies; L-GreCo leaves a decision in
+  flight out rather than wait for it);
+* after a worker fails, ``restore()`` puts back the committed state, this process's error
+  feedback included;
+* after every reset (and when training starts), ``sync()`` sends rank 0's state to every rank,
+  error feedback excepted: it follows ``compression.feedback_on_world_change`` ("keep": each
+  process keeps its own residuals and a joining one starts from zero; "reset": all start from
+  zero). The compression is bound to the new rank and size, and the integration (the stock
+  bridge, ``hvd_compress.DistributedOptimizer``) rebuilds what depends on the world at its
+  next step. A reset that only removed workers skips ``sync()`` in Horovod; the integration
+  sees the new size at the next step and rebinds then.
+
+Elastic Horovod runs with the Gloo controller (``horovodrun --gloo`` is implied by
+``--host-discovery-script``); the exchange runs among all ranks (``hvd.global_process_set``).
+"""
+import logging
+from typing import Any, Dict, Optional
+
+import horovod.torch as hvd
+from horovod.torch.elastic import state as elastic_state
+
+from hvd_compress.compressors.base import GradientCompression
+
+logger = logging.getLogger(__name__)
+
+FEEDBACK_POLICIES = ("keep", "reset")
+
+# Bumped by every sync(): the integration compares it at each step to see that the world was
+# re-formed, even when the rank and size came out the same.
+_generation = 0
+
+
+def world_generation() -> int:
+    return _generation
+
+
+class CompressionStateHandler(elastic_state.StateHandler):
+    def __init__(self, compression: GradientCompression):
+        super().__init__(compression)
+        self._saved = compression.elastic_state_dict()
+
+    def save(self) -> None:
+        self._saved = self.value.elastic_state_dict()
+
+    def restore(self) -> None:
+        own = self._saved
+        self.value.load_state_dict(rebased(own, own, self.value.rank, self.value.size))
+
+    def sync(self) -> None:
+        global _generation
+        compression = self.value
+        policy = compression.feedback_on_world_change
+        if policy not in FEEDBACK_POLICIES:
+            raise ValueError(f"{type(compression).__name__}.feedback_on_world_change must be one of "
+                             f"{', '.join(FEEDBACK_POLICIES)}, got {policy!r}")
+        own = compression.elastic_state_dict() if policy == "keep" else None
+        shared = hvd.broadcast_object(rebased(compression.elastic_state_dict(), None, 0, 1)
+                                      if hvd.rank() == 0 else None, root_rank=0,
+                                      name="hvd_compress.elastic.sync")
+        rank, size = hvd.rank(), hvd.size()
+        compression.bind_world(rank, size)
+        compression.load_state_dict(rebased(shared, own, rank, size))
+        _generation += 1
+        if rank == 0:
+            logger.info("hvd_compress: %s synchronised in a world of %d ranks (error feedback: %s)",
+                        type(compression).__name__, size, policy)
+
+
+def rebased(state: Dict[str, Any], own: Optional[Dict[str, Any]], rank: int, size: int) -> Dict[str, Any]:
+    """``state`` with the error feedback of ``own`` (a state of this process; None: none) and
+    taken, as far as ``load_state_dict`` can tell, on ``rank`` of ``size``. Controllers nest
+    the wrapped compressor's state under "inner"."""
+    if "inner" in state:
+        return dict(state, inner=rebased(state["inner"], None if own is None else own["inner"], rank, size))
+    return dict(state, rank=rank, world_size=size, residuals={} if own is None else own["residuals"])
+
+
+elastic_state.set_handler_registry(
+    [*elastic_state.get_handler_registry(), (GradientCompression, CompressionStateHandler)])

@@ -1,0 +1,122 @@
+"""Elastic state, one process: Horovod's own TorchState with a compressor as a keyword (the
+handler that importing hvd_compress registers), commit/restore, the error-feedback policy at
+sync, and L-GreCo's decision in flight across a world change. The fault-injection runs with
+real workers are in tests/test_elastic.py."""
+import logging
+import threading
+import time
+
+import horovod.torch as hvd
+import pytest
+import torch
+
+import hvd_compress as hc
+from hvd_compress.comm.simulated import SimulatedWorld
+from hvd_compress.control.service import DecisionService
+from hvd_compress.integration.elastic import CompressionStateHandler
+from test_checkpoints import assert_same_state, gradients, outputs
+from test_lgreco import DECAY, layered_gradients, slow_decisions
+
+
+@pytest.fixture(scope="module", autouse=True)
+def horovod():
+    hvd.init()  # one process: Horovod's collectives answer at once
+
+
+def trained_world(steps=3):
+    world = SimulatedWorld([hc.PowerSGD(rank=2, min_numel=0) for _ in range(2)])
+    outputs(world, range(steps))
+    return world
+
+
+def test_torch_state_takes_any_compressor_as_a_keyword():
+    model = torch.nn.Linear(4, 2)
+    for compression in [hc.PowerSGD(rank=2), hc.LGreCo(hc.TopK(density=0.1), transport="local"),
+                        hc.GraVAC(hc.ACPSGD(rank=2)), hc.FP16()]:
+        state = hvd.elastic.TorchState(model=model, compression=compression, step=0)
+        assert isinstance(state._handlers["compression"], CompressionStateHandler)
+        assert state.compression is compression
+
+
+def test_restore_brings_back_the_committed_state_after_a_step_cut_off_midway():
+    world = trained_world()
+    handlers = [CompressionStateHandler(c) for c in world.compressors]  # commits, as TorchState does
+    committed = [c.state_dict() for c in world.compressors]
+    outputs(world, range(3, 5))
+    world.compressors[1].begin("fc.weight", gradients(5, 1)["fc.weight"])  # a step that never ends
+    for handler in handlers:
+        handler.restore()
+    for compressor, state in zip(world.compressors, committed):
+        assert_same_state(compressor.state_dict(), state)
+    # And training goes on exactly as from the committed step.
+    uninterrupted = trained_world()
+    for ours, theirs in zip(outputs(world, range(3, 6)), outputs(uninterrupted, range(3, 6))):
+        for mine, reference in zip(ours, theirs):
+            assert all(torch.equal(mine[name], reference[name]) for name in mine)
+
+
+@pytest.mark.parametrize("policy", ["keep", "reset"])
+def test_sync_shares_rank0s_state_and_follows_the_feedback_policy(policy):
+    world = trained_world()
+    compressor = world.compressors[1]  # rank 1 of 2 until the reset; rank 0 of 1 after it
+    compressor.feedback_on_world_change = policy
+    before = compressor.state_dict()
+    assert before["residuals"]
+    CompressionStateHandler(compressor).sync()
+    after = compressor.state_dict()
+    assert (compressor.rank, compressor.size) == (0, 1)
+    expected = dict(before, rank=0, world_size=1, residuals=before["residuals"] if policy == "keep" else {})
+    assert_same_state(after, expected)
+
+
+def test_an_unknown_feedback_policy_is_refused_by_name():
+    compressor = hc.TopK(density=0.1)
+    compressor.feedback_on_world_change = "average"
+    with pytest.raises(ValueError, match="TopK.feedback_on_world_change must be one of keep, reset, got 'average'"):
+        CompressionStateHandler(compressor).sync()
+
+
+def lgreco_with_a_decision_in_flight(seconds):
+    lgreco = hc.LGreCo(hc.PowerSGD(rank=4, min_numel=0), warmup_steps=3, decide_every=50,
+                       apply_delay=5, transport="local")
+    slow_decisions(lgreco, seconds)
+    world = SimulatedWorld([lgreco])
+    for step in range(3):
+        world.step([layered_gradients(step, DECAY)])
+    assert lgreco.decision_in_flight == 1
+    return lgreco, world
+
+
+def test_an_elastic_commit_does_not_wait_for_a_decision_in_flight():
+    lgreco, _ = lgreco_with_a_decision_in_flight(3.0)
+    started = time.monotonic()
+    saved = lgreco.elastic_state_dict()
+    assert time.monotonic() - started < 1.0
+    assert saved["pending"] is None and saved["outcome"] is None
+
+
+def test_a_world_change_drops_the_decision_in_flight_and_its_late_result(caplog):
+    lgreco, world = lgreco_with_a_decision_in_flight(0.6)
+    thread = lgreco.service._thread
+    with caplog.at_level(logging.WARNING, logger="hvd_compress.control.lgreco"):
+        lgreco.bind_world(0, 3)  # was (0, 1)
+    assert "decision 1 (gradients up to step 3) dropped" in caplog.text
+    assert lgreco.decision_in_flight is None
+    thread.join()  # it finished after being abandoned: its outcome is never sent
+    assert lgreco.service.finished_outcome() is None
+    lgreco.bind_world(0, 1)
+    for step in range(3, 60):  # the schedule goes on: the next decision is agreed and applied
+        world.step([layered_gradients(step, DECAY)])
+    assert [d.version for d in lgreco.decisions] == [2]
+
+
+def test_an_abandoned_computation_never_sets_the_outcome_of_a_later_one():
+    service = DecisionService("local", timeout=5.0)
+    release = threading.Event()
+    service.submit(lambda: (release.wait(5), "stale")[1])
+    abandoned = service._thread
+    service.rejoin()
+    service.submit(lambda: "fresh")
+    release.set()
+    abandoned.join()
+    assert service.finished_outcome() == ("ok", "fresh")
