@@ -47,7 +47,8 @@ if [ "$BASE" = "$LOCAL_BASE" ] && ! docker image inspect "$LOCAL_BASE" >/dev/nul
     trap - EXIT
 fi
 
-mkdir -p "$CACHE/wheels"
+mkdir -p "$CACHE/wheels" "$CACHE/ca-certificates"
+cp /usr/local/share/ca-certificates/*.crt "$CACHE/ca-certificates/" 2>/dev/null || true
 # The Horovod wheel ci/setup.sh built on this host for the same torch, if any: the one the
 # tests passed with (same Debian, Open MPI and Python minor version as the CPU image).
 host_wheels=${HVD_COMPRESS_CACHE:-$HOME/.cache/hvd_compress}/horovod-0.28.1-torch-${TORCH_VERSION}_cpu

@@ -21,9 +21,10 @@ if [ "${GPU:-0}" = 1 ]; then
         cuda_home=/usr/local/cuda
     else
         log "nvcc and CUDA headers $cuda from pip (nvidia-cuda-nvcc-cu$major)"
-        pip install -q "nvidia-cuda-nvcc-cu$major==$cuda.*" "nvidia-cuda-runtime-cu$major==$cuda.*" \
-            "nvidia-cuda-cccl-cu$major==$cuda.*" 2>/dev/null \
-            || pip install -q "nvidia-cuda-nvcc==$cuda.*" "nvidia-cuda-runtime==$cuda.*" "nvidia-cuda-cccl==$cuda.*"
+        # CUDA 12 packages carry a -cu12 suffix; CUDA 13 split nvcc into nvcc, crt and nvvm.
+        pip install -q "nvidia-cuda-nvcc-cu$major==$cuda.*" "nvidia-cuda-runtime-cu$major==$cuda.*" 2>/dev/null \
+            || pip install -q "nvidia-cuda-nvcc==$cuda.*" "nvidia-cuda-crt==$cuda.*" "nvidia-nvvm==$cuda.*" \
+                "nvidia-cuda-runtime==$cuda.*"
         # One CUDA home, as CMake expects it, from the packages' bin/, include/ and lib/.
         cuda_home=/opt/cuda
         mkdir -p "$cuda_home/bin" "$cuda_home/include" "$cuda_home/lib64"

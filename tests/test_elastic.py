@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("horovodrun") is None,
                                  reason="needs horovodrun (bash ci/setup.sh installs it)")]
 
-STEPS = 150
+STEPS = 300  # a joining worker starts in seconds while training goes on: room to join before the end
 # Killed at step 45, between commits (every 10 steps). L-GreCo (decisions submitted at steps 25,
 # 45, ...): rank 0, the one computing the decision, dies right after submitting one, which is
 # then in flight.
