@@ -113,6 +113,23 @@ class Workload:
         return "perplexity", self.charlm.evaluate(self.model, self.val_ids, self.model.context)
 
 
+def initialise_state(optimizer):
+    """Gives a distributed ``optimizer`` its state with one step of the wrapped optimizer (no
+    exchange) on zero gradients and no weight decay, which leaves the parameters as they are.
+    Horovod's TorchState.sync otherwise does it for a joining worker after the model was
+    broadcast, with the weight decay: AdamW's then moves that worker's parameters away from
+    everyone else's (seen here: ranks ended different)."""
+    decays = [group.get("weight_decay", 0) for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["weight_decay"] = 0
+        for p in group["params"]:
+            p.grad = torch.zeros_like(p)
+    super(type(optimizer), optimizer).step()  # as broadcast_optimizer_state does
+    optimizer.zero_grad()
+    for group, decay in zip(optimizer.param_groups, decays):
+        group["weight_decay"] = decay
+
+
 def worker(args):
     import horovod.torch as hvd
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a stuck worker is: kill -USR1
@@ -120,6 +137,7 @@ def worker(args):
     workdir = Path(args.workdir)
     work = Workload(args.workload, args.steps, args.seed)
     compression, optimizer = build(args.method, work.model, work.optimizer)
+    initialise_state(optimizer)
     compression.feedback_on_world_change = args.feedback
     state = hvd.elastic.TorchState(model=work.model, optimizer=optimizer, compression=compression,
                                    step=0)

@@ -22,9 +22,11 @@ if [ "${GPU:-0}" = 1 ]; then
     else
         log "nvcc and CUDA headers $cuda from pip (nvidia-cuda-nvcc-cu$major)"
         # CUDA 12 packages carry a -cu12 suffix; CUDA 13 split nvcc into nvcc, crt and nvvm.
-        pip install -q "nvidia-cuda-nvcc-cu$major==$cuda.*" "nvidia-cuda-runtime-cu$major==$cuda.*" 2>/dev/null \
+        # cuda_fp16.h includes CCCL's <nv/target>.
+        pip install -q "nvidia-cuda-nvcc-cu$major==$cuda.*" "nvidia-cuda-runtime-cu$major==$cuda.*" \
+                "nvidia-cuda-cccl-cu$major==$cuda.*" 2>/dev/null \
             || pip install -q "nvidia-cuda-nvcc==$cuda.*" "nvidia-cuda-crt==$cuda.*" "nvidia-nvvm==$cuda.*" \
-                "nvidia-cuda-runtime==$cuda.*"
+                "nvidia-cuda-runtime==$cuda.*" "nvidia-cuda-cccl==$cuda.*"
         # One CUDA home, as CMake expects it, from the packages' bin/, include/ and lib/.
         cuda_home=/opt/cuda
         mkdir -p "$cuda_home/bin" "$cuda_home/include" "$cuda_home/lib64"
@@ -37,6 +39,8 @@ if [ "${GPU:-0}" = 1 ]; then
                 esac
             done
         done
+        # CUDA 13 keeps CCCL in include/cccl, which the toolkit's nvcc adds; ours may not.
+        [ ! -d "$cuda_home/include/cccl" ] || cp -rs "$cuda_home/include/cccl/." "$cuda_home/include/"
         for lib in "$cuda_home"/lib64/libcudart.so.*; do ln -sf "$(basename "$lib")" "$cuda_home/lib64/libcudart.so"; break; done
         test -x "$cuda_home/bin/nvcc"
     fi
@@ -45,7 +49,7 @@ if [ "${GPU:-0}" = 1 ]; then
     echo "$(realpath "$nccl/lib")" > /etc/ld.so.conf.d/hvd_compress-nccl.conf && ldconfig  # Horovod loads it
     export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME=$cuda_home HOROVOD_NCCL_HOME=$nccl \
         HOROVOD_NCCL_LINK=SHARED HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-80,90} \
-        CUDACXX=$cuda_home/bin/nvcc LIBRARY_PATH="$cuda_home/lib64:$cuda_home/lib64/stubs:${LIBRARY_PATH:-}"
+        CUDA_HOME=$cuda_home CUDACXX=$cuda_home/bin/nvcc PATH="$cuda_home/bin:$PATH" LIBRARY_PATH="$cuda_home/lib64:$cuda_home/lib64/stubs:${LIBRARY_PATH:-}"
 else
     log "torch==$TORCH_VERSION+cpu from the build context's wheels"
     pip install -q --find-links "$HVD_COMPRESS_CACHE/wheels" "torch==$TORCH_VERSION+cpu"
