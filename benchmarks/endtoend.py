@@ -333,6 +333,8 @@ def sweep(args, progress_path):
             for model, method in wanted:
                 entry["models"].setdefault(model, {})[method] = method_job(cluster, args, model, method)
                 save()
+    # In the order asked for, whichever sweep measured them.
+    results["rates"] = {f"{rate:g}": results["rates"][f"{rate:g}"] for rate in args.rates}
     results["load_average_after"] = os.getloadavg()
     results["targets"] = targets(results)
     return results
