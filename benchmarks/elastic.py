@@ -16,9 +16,10 @@ script prints a file that the driver rewrites:
 Every rank draws the batch of (step, rank, world size), the learning rate follows the step, and
 the state is committed every ``--commit-every`` steps, so the steps lost at the kill are the
 ones since the last commit. At the end every rank's parameters are compared (bit-identical or
-the run fails). The character LM (``benchmarks.workloads.charlm``) trains with PowerSGD rank 4
-on the stock optimizer, once undisturbed and once disturbed under each error-feedback policy
-(``feedback_on_world_change``: "keep", "reset"), per seed. Results resume run by run from
+the run fails). The character LM (``benchmarks.workloads.charlm``) trains with AdamW and
+PowerSGD at the registry's small setting (rank 2) on the stock optimizer, once undisturbed and
+once disturbed under each error-feedback policy (``feedback_on_world_change``: "keep",
+"reset"), per seed. Results resume run by run from
 ``<out>/benchmarks/elastic.json``; writes the "Elastic training" section of
 ``<out>/benchmarks.md``. The fault-injection tests (``tests/test_elastic.py``) use the same
 driver on the digits CNN.
@@ -310,11 +311,13 @@ def markdown(results, seeds):
     runs = results["runs"]
     lines = [f"Command: `{results['command']}`", "",
              f"Machine: {describe_machine(results['machine'])}", "",
-             f"Character LM, PowerSGD rank 4 on stock `hvd.DistributedOptimizer`, {results['steps']} "
-             f"steps, 3 workers under `horovodrun` elastic (Gloo). Disturbed runs: rank "
-             f"{results['kill_rank']} SIGKILLs itself at step {results['kill_step']}, 2 workers go "
-             f"on from the last commit (every {results['commit_every']} steps), and after "
-             f"{results['rejoin_after']} steps a third joins. Validation perplexity (lower is better):",
+             f"Character LM, AdamW, PowerSGD rank 2 (the registry's small setting) on stock "
+             f"`hvd.DistributedOptimizer`, {results['steps']} steps, 3 workers under `horovodrun` "
+             f"elastic (Gloo). Disturbed runs: rank {results['kill_rank']} SIGKILLs itself at step "
+             f"{results['kill_step']}, 2 workers go on from the last commit (every "
+             f"{results['commit_every']} steps); after {results['rejoin_after']} steps with 2 "
+             f"workers the driver adds a host and a third worker joins at the next commit. "
+             f"Validation perplexity (lower is better):",
              "", "| run | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
              "|---|" + "---:|" * (len(seeds) + 1)]
     for label, prefix in [("undisturbed", "undisturbed"), ("kill + rejoin, error feedback kept", "keep"),
