@@ -61,10 +61,10 @@ class CompressionStateHandler(elastic_state.StateHandler):
         if policy not in FEEDBACK_POLICIES:
             raise ValueError(f"{type(compression).__name__}.feedback_on_world_change must be one of "
                              f"{', '.join(FEEDBACK_POLICIES)}, got {policy!r}")
-        own = compression.elastic_state_dict() if policy == "keep" else None
-        shared = hvd.broadcast_object(rebased(compression.elastic_state_dict(), None, 0, 1)
-                                      if hvd.rank() == 0 else None, root_rank=0,
-                                      name="hvd_compress.elastic.sync")
+        mine = compression.elastic_state_dict() if policy == "keep" or hvd.rank() == 0 else None
+        own = mine if policy == "keep" else None
+        shared = hvd.broadcast_object(rebased(mine, None, 0, 1) if hvd.rank() == 0 else None,
+                                      root_rank=0, name="hvd_compress.elastic.sync")
         rank, size = hvd.rank(), hvd.size()
         compression.bind_world(rank, size)
         compression.load_state_dict(rebased(shared, own, rank, size))

@@ -25,7 +25,6 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         self._op = op
         self._process_set = process_set
         self.backward_passes_per_step = backward_passes_per_step
-        self._delay = {p: backward_passes_per_step for p in self._names}
         self._requires_update = [p for p in self._names if p.requires_grad]
         self._started = set()
         self._synchronized = False
