@@ -143,13 +143,19 @@ def printed_results(returncode, stdout, stderr, result_prefix, wall, what, expec
     return records
 
 
+# Every rank on this host: Open MPI's TCP transports stay on loopback. Left to choose, they also
+# take any other interface up or down (Docker's docker0), and 4-rank launches then hung at exit.
+LOOPBACK_ONLY = ("--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo")
+
+
 def mpirun_job(module, spec, np, timeout, result_prefix, what, expected=None):
     """``python -m <module> --worker <spec as JSON>`` as one ``mpirun -np <np>`` job on this host,
     bounded by ``timeout`` seconds; rank 0's printed records, each with the job's wall seconds,
     or RuntimeError with the job's output."""
     from benchmarks.testbed import run_bounded
     argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np),
-            "--mca", "btl", "self,tcp", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "PATH",
+            "--mca", "btl", "self,tcp", *LOOPBACK_ONLY,
+            "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "PATH",
             sys.executable, "-m", module, "--worker", json.dumps(spec)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath())
     started = time.perf_counter()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import elastic
+from benchmarks.report import LOOPBACK_ONLY
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("horovodrun") is None,
@@ -81,7 +82,7 @@ def test_which_controller_elastic_code_runs_under(launch, tmp_path):
     script.chmod(0o755)
     if launch == "mpirun":
         argv = ["mpirun", "--allow-run-as-root", "-np", "2", "--mca", "btl", "self,tcp",
-                "-x", "PYTHONPATH", sys.executable, str(CONTROLLER)]
+                *LOOPBACK_ONLY, "-x", "PYTHONPATH", sys.executable, str(CONTROLLER)]
     else:
         argv = ["horovodrun", "-np", "2", "--min-np", "2", "--max-np", "2", "--host-discovery-script",
                 str(script), "--mpi", sys.executable, str(CONTROLLER)]

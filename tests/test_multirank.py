@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.report import LOOPBACK_ONLY
+
 HERE = Path(__file__).parent / "multirank"
 # Seconds per launch; a healthy run takes a fraction of this on 2 cores.
 TIMEOUTS = {"test_exchange.py": 300, "test_digits.py": 600, "test_lgreco.py": 300, "test_gravac.py": 300,
@@ -57,7 +59,7 @@ def command(launcher, np, test_file):
         return ["horovodrun", "-np", str(np), "--gloo"] + pytest_args
     exported = [flag for name in ["PATH", "PYTHONPATH", *ENVIRONMENT.get(test_file, {})] for flag in ("-x", name)]
     return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np),
-            "--mca", "btl", "self,tcp", *exported] + pytest_args
+            "--mca", "btl", "self,tcp", *LOOPBACK_ONLY, *exported] + pytest_args
 
 
 @pytest.mark.skipif(shutil.which("horovodrun") is None or shutil.which("mpirun") is None,

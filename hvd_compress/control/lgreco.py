@@ -180,10 +180,11 @@ class LGreCo(Controller):
     def bind_world(self, rank, size):
         """Binding to another world (an elastic reset) drops a decision in flight, on every rank
         alike: the old world's rank 0 may be gone. The next one comes at the next period."""
-        changed = self._bound_world not in (None, (rank, size))
+        previous, self._bound_world = self._bound_world, (rank, size)
         super().bind_world(rank, size)
-        self._bound_world = (rank, size)
-        if changed:
+        if previous is None:
+            return
+        if previous != (rank, size):
             self._drop_decision_in_flight()
         else:  # rebound after an elastic reset that kept the rank and size: a new transport
             self.service.reconnect()

@@ -120,3 +120,15 @@ def test_an_abandoned_computation_never_sets_the_outcome_of_a_later_one():
     release.set()
     abandoned.join()
     assert service.finished_outcome() == ("ok", "fresh")
+
+
+def test_only_a_rebinding_forms_a_new_transport():
+    """The first binding keeps the transport it was given (the reference worlds of the DDP tier
+    set theirs before binding); binding again to the same world (an elastic reset that kept
+    rank and size) forms a new one."""
+    lgreco = hc.LGreCo(hc.PowerSGD(rank=2), transport="local")
+    given = lgreco.service._transport = object()
+    lgreco.bind_world(0, 2)
+    assert lgreco.service._transport is given
+    lgreco.bind_world(0, 2)
+    assert lgreco.service._transport is None
