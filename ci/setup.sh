@@ -3,6 +3,11 @@
 # Open MPI from apt, torch 2.13.0, mpi4py/numpy/pytest/scikit-learn, and Horovod 0.28.1
 # built from its sdist with C++17 (see DEVELOPERS.md). The Horovod wheel is cached, so a
 # second run takes seconds. Safe to run repeatedly.
+#
+# GPUs: where the installed torch has CUDA and sees a GPU, Horovod is built with NCCL
+# (HOROVOD_GPU_OPERATIONS=NCCL), with nvcc and NCCL from the machine's CUDA toolkit
+# (/usr/local/cuda) or else from pip's nvidia-* packages, and cached apart from the CPU wheel.
+# HVD_COMPRESS_GPU=1 asks for that without a GPU in sight (an image built for GPUs), =0 never.
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -39,18 +44,76 @@ if [ ${#missing[@]} -gt 0 ]; then
     "$PYTHON" -m pip install -q "${missing[@]}"
 fi
 
+gpu=${HVD_COMPRESS_GPU:-auto}
+case $gpu in
+    auto) gpu=$("$PYTHON" -c "import torch; print(int(torch.version.cuda is not None and torch.cuda.is_available()))") ;;
+    0|1) ;;
+    *) echo "[setup] HVD_COMPRESS_GPU must be auto, 0 or 1, got '$gpu'" >&2; exit 2 ;;
+esac
+if [ "$gpu" = 1 ] && [ "$("$PYTHON" -c "import torch; print(torch.version.cuda or '')")" = "" ]; then
+    echo "[setup] HVD_COMPRESS_GPU=1, but the installed torch $("$PYTHON" -c "import torch; print(torch.__version__)") has no CUDA" >&2
+    exit 2
+fi
+
 horovod_ok() {
-    "$PYTHON" - <<'PY' 2>/dev/null
+    NEED_NCCL=$gpu "$PYTHON" - <<'PY' 2>/dev/null
 import os, horovod, horovod.torch as hvd
 assert horovod.__version__ == "0.28.1"
 assert hvd.mpi_built() and hvd.gloo_built()
-assert hvd.nccl_built() or os.environ.get("HOROVOD_GPU_OPERATIONS") != "NCCL"
+assert hvd.nccl_built() or (os.environ["NEED_NCCL"] != "1" and os.environ.get("HOROVOD_GPU_OPERATIONS") != "NCCL")
 PY
+}
+
+# nvcc, CUDA headers and NCCL for Horovod's NCCL build, and the variables its build reads.
+prepare_nccl_build() {
+    local site cuda major cuda_home nccl
+    site=$("$PYTHON" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    cuda=$("$PYTHON" -c "import torch; print(torch.version.cuda)")
+    major=${cuda%%.*}
+    if [ -x /usr/local/cuda/bin/nvcc ]; then
+        cuda_home=/usr/local/cuda
+    else
+        log "nvcc and CUDA headers $cuda from pip (nvidia-cuda-nvcc-cu$major)"
+        # CUDA 12 packages carry a -cu12 suffix; CUDA 13 split nvcc into nvcc, crt and nvvm.
+        # cuda_fp16.h includes CCCL's <nv/target>.
+        "$PYTHON" -m pip install -q "nvidia-cuda-nvcc-cu$major==$cuda.*" "nvidia-cuda-runtime-cu$major==$cuda.*" \
+                "nvidia-cuda-cccl-cu$major==$cuda.*" 2>/dev/null \
+            || "$PYTHON" -m pip install -q "nvidia-cuda-nvcc==$cuda.*" "nvidia-cuda-crt==$cuda.*" "nvidia-nvvm==$cuda.*" \
+                "nvidia-cuda-runtime==$cuda.*" "nvidia-cuda-cccl==$cuda.*"
+        # One CUDA home, as CMake expects it, from the packages' bin/, include/ and lib/.
+        cuda_home=/opt/cuda
+        mkdir -p "$cuda_home/bin" "$cuda_home/include" "$cuda_home/lib64"
+        for part in bin include lib nvvm; do
+            find "$site/nvidia" -mindepth 2 -maxdepth 3 -type d -name "$part" | while read -r dir; do
+                case $part in
+                    lib) cp -rs "$dir/." "$cuda_home/lib64/" ;;
+                    nvvm) cp -rs "$dir" "$cuda_home/" 2>/dev/null || true ;;
+                    *) cp -rs "$dir/." "$cuda_home/$part/" ;;
+                esac
+            done
+        done
+        # CUDA 13 keeps CCCL in include/cccl, which the toolkit's nvcc adds; ours may not.
+        [ ! -d "$cuda_home/include/cccl" ] || cp -rs "$cuda_home/include/cccl/." "$cuda_home/include/"
+        for lib in "$cuda_home"/lib64/libcudart.so.*; do ln -sf "$(basename "$lib")" "$cuda_home/lib64/libcudart.so"; break; done
+        test -x "$cuda_home/bin/nvcc"
+    fi
+    # NCCL: the one torch came with (its nvidia-nccl package), which Horovod then loads too.
+    nccl=$(dirname "$(find "$site/nvidia" -name nccl.h | head -1)")/..
+    for lib in "$nccl"/lib/libnccl.so.*; do ln -sf "$(basename "$lib")" "$nccl/lib/libnccl.so"; break; done
+    echo "$(realpath "$nccl/lib")" > /etc/ld.so.conf.d/hvd_compress-nccl.conf && ldconfig
+    export HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME=$cuda_home HOROVOD_NCCL_HOME=$nccl \
+        HOROVOD_NCCL_LINK=SHARED HOROVOD_BUILD_CUDA_CC_LIST=${HOROVOD_BUILD_CUDA_CC_LIST:-80,90} \
+        CUDA_HOME=$cuda_home CUDACXX=$cuda_home/bin/nvcc PATH="$cuda_home/bin:$PATH" \
+        LIBRARY_PATH="$cuda_home/lib64:$cuda_home/lib64/stubs:${LIBRARY_PATH:-}"
 }
 
 if ! horovod_ok; then
     torch_tag=$("$PYTHON" -c "import torch; print(torch.__version__.replace('+', '_'))")
     wheel_dir="$CACHE_DIR/horovod-$HOROVOD_VERSION-torch-$torch_tag"
+    if [ "$gpu" = 1 ]; then
+        wheel_dir="$wheel_dir-nccl"
+        prepare_nccl_build
+    fi
     if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
         log "building Horovod $HOROVOD_VERSION against torch $torch_tag (about 10 minutes on 2 cores)"
         command -v cmake >/dev/null || "$PYTHON" -m pip install -q cmake

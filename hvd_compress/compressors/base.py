@@ -65,9 +65,13 @@ class GradientCompression:
     """What runs a gradient exchange: ``begin`` per gradient, ``end_step`` per step.
 
     Attributes the integration reads: ``parameters`` ({name: parameter}, may be empty),
-    ``needs_parameter_names``, ``traffic`` (a ``Traffic``), ``rank`` and ``size``."""
+    ``needs_parameter_names``, ``times_communication``, ``traffic`` (a ``Traffic``), ``rank``
+    and ``size``."""
 
     needs_parameter_names = True
+    # Whether end_step uses comm_seconds; on a GPU the integration then waits for the device
+    # before reading the clock, once per step (comm/timing.py).
+    times_communication = False
     parameters: Dict[str, torch.nn.Parameter]
     traffic: Traffic
 
@@ -201,6 +205,7 @@ class Compressor(GradientCompression):
         if grad.numel() == 0:
             raise ValueError(f"{type(self).__name__}: parameter {name!r}: gradient is empty "
                              f"(shape {tuple(grad.shape)})")
+        self._state_to_device(name, grad.device)
         self._remember_state(name)
         shape = tuple(grad.shape)
         known = self._shapes.setdefault(name, shape)
@@ -248,6 +253,14 @@ class Compressor(GradientCompression):
         if self._step_scale is None:
             self._step_scale = float(self._scaler.get_scale())
         return self._step_scale
+
+    def _state_to_device(self, name, device):
+        """Per-parameter state loaded from a checkpoint mapped to another device
+        (``map_location="cpu"``) moves to the gradient's, once (error feedback moves itself)."""
+        st = self.state.get(name)
+        for key, value in ({} if st is None else vars(st)).items():
+            if torch.is_tensor(value) and value.device != device:
+                setattr(st, key, value.to(device))
 
     def _remember_state(self, name):
         """Called first thing for every gradient of a step."""
@@ -336,10 +349,11 @@ class Compressor(GradientCompression):
         raise self._not_controllable()
 
     def kept_energies(self, name: str, x: torch.Tensor, settings: Sequence[Any],
-                      memo: Dict[str, Any]) -> List[float]:
+                      memo: Dict[str, Any]) -> torch.Tensor:
         """||C(x)||^2 of ``x`` (gradient plus residual, shaped like the gradient) for each of
-        ``settings``, nested from the least to the most compressed. ``memo``: the caller's
-        per-parameter scratch space, kept between calls (warm starts)."""
+        ``settings``, nested from the least to the most compressed, as a float64 tensor on
+        ``x``'s device, computed without waiting for the device (called per layer and step).
+        ``memo``: the caller's per-parameter scratch space, kept between calls (warm starts)."""
         raise self._not_controllable()
 
     def residual(self, name: str) -> Optional[torch.Tensor]:

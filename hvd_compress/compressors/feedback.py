@@ -23,16 +23,24 @@ class StagedSums:
         self._spare: Dict[str, torch.Tensor] = {}
         self._reused = set()  # names updated by ``add``, whose old buffer serves the next step
 
-    def staged(self, name: str) -> Optional[torch.Tensor]:
-        """This step's value so far (staged, else committed), or None."""
-        return self._staged.get(name, self.committed.get(name))
+    def staged(self, name: str, device: Optional[torch.device] = None) -> Optional[torch.Tensor]:
+        """This step's value so far (staged, else committed), or None. With ``device``, on that
+        device: a value loaded from a checkpoint mapped elsewhere (``map_location="cpu"``)
+        moves there, once."""
+        value = self._staged.get(name)
+        if value is not None:
+            return value
+        value = self.committed.get(name)
+        if value is not None and device is not None and value.device != device:
+            value = self.committed[name] = value.to(device)
+        return value
 
     def add(self, name: str, value: torch.Tensor, *, current_weight: float = 1.0,
             value_weight: float = 1.0) -> torch.Tensor:
         """Stages ``current_weight * current + value_weight * value`` in float32, shaped like
         ``value``; returns it. The caller may overwrite the returned tensor: what it leaves there
         is what gets committed. (One weight is always 1, so this is one fused pass.)"""
-        current = self.staged(name)
+        current = self.staged(name, value.device)
         self._reused.add(name)
         if current is None:
             staged = self._staged[name] = value.to(torch.float32, copy=True)
@@ -111,7 +119,7 @@ class ErrorFeedback:
             return grad.to(torch.float32, copy=True)
         if in_place:
             return self._sums.add(name, grad, current_weight=self.loss_scale)
-        residual = self._sums.staged(name)
+        residual = self._sums.staged(name, grad.device)
         if residual is None:
             return grad.to(torch.float32, copy=True)
         return torch.add(grad, residual, alpha=self.loss_scale)

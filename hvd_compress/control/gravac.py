@@ -224,9 +224,10 @@ class GraVAC(Controller):
         # Warm starts are updated in a copy, kept only if the step turns out finite.
         memo = self._step_memos[name] = dict(self._memos.get(name, {}))
         kept = self.inner.kept_energies(name, x, settings, memo)
-        # float32, on the gradient's device: it travels appended to the payload.
-        stats = torch.tensor([x.square().sum().item(), *kept, self._last_seconds],
-                             dtype=torch.float32, device=x.device)
+        # float32, on the gradient's device, made there without waiting for it: the stats
+        # travel appended to the payload, and reach the host once per step (end_step).
+        stats = torch.cat([x.square().sum().double().reshape(1), kept,
+                           kept.new_full((1,), self._last_seconds)]).float()
         if self.cf == DENSE:
             round_ = self.inner.begin_uncompressed(name, grad)
         else:
@@ -278,19 +279,23 @@ class GraVAC(Controller):
 
     # ----- the step -------------------------------------------------------------------------
     def end_step(self, comm_seconds=None):
+        # The step's one wait for the device (its finiteness check) comes first, so that on a
+        # GPU the clock reads when the step's work is done, not when it was launched.
         self.inner.end_step()
-        now = self.clock()
-        started, self._last_end = self._last_end, now
         stats, self._step_stats = self._step_stats, {}
         memos, self._step_memos = self._step_memos, {}
-        if not stats or not self.inner.last_step_finite:
+        totals = None
+        if stats and self.inner.last_step_finite:
+            # Summed in name order: gradients land in different orders on different ranks, and
+            # the totals must agree to the last bit for every rank to take the same decision.
+            totals = torch.stack([stats[name] for name in sorted(stats)]).double().sum(dim=0).tolist()
+        now = self.clock()
+        started, self._last_end = self._last_end, now
+        if totals is None:
             # No trace: the pending step, and its duration, still wait for the next step.
             return
         self._memos.update(memos)
-        # Summed in name order: gradients land in different orders on different ranks, and the
-        # totals must agree to the last bit for every rank to take the same decision.
-        total, kept_min, kept_candidate, seconds = torch.stack(
-            [stats[name] for name in sorted(stats)]).double().sum(dim=0).tolist()
+        total, kept_min, kept_candidate, seconds = totals
         seconds /= len(stats)  # every layer carried the same per-rank duration of the pending step
         if self._pending is not None:  # the previous step's duration has arrived: pair them
             cf, gain_min, gain_candidate, gain = self._pending

@@ -173,6 +173,11 @@ class LGreCo(Controller):
         self.service.use_process_set(process_set)
 
     @property
+    def times_communication(self) -> bool:
+        """The time objective fits seconds per byte to each step's ``comm_seconds``."""
+        return self.objective == "time"
+
+    @property
     def decision_in_flight(self) -> Optional[int]:
         """The version of the decision submitted but not yet exchanged, or None."""
         return None if self._pending is None else self._pending[0]

@@ -48,6 +48,7 @@ import torch.distributed as dist
 from hvd_compress import arguments
 from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.fusion import DEFAULT_DENSE_THRESHOLD, Bucket, FusionPlan, plan_buckets, scaled_threshold
+from hvd_compress.comm.timing import finished_at
 from hvd_compress.comm.torch_backend import TorchBackend
 from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.control.service import TorchTransport
@@ -185,7 +186,8 @@ class State:
             raise
         finally:
             self._driver.use_plan(None)
-        comm_seconds = time.perf_counter() - waited
+        device = pending[0][0].device if pending else None
+        comm_seconds = finished_at(device, self.compressor.times_communication) - waited
         for buffer, members, future in pending:
             covered = sum(numel for _, _, numel in members) == buffer.numel()
             out = torch.empty_like(buffer) if covered else buffer.clone()

@@ -10,6 +10,7 @@ from hvd_compress import arguments
 from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.comm.horovod_backend import HorovodBackend
+from hvd_compress.comm.timing import finished_at
 from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.compressors.cast import NoCompression
 from hvd_compress.integration.agreement import verify_same_configuration
@@ -104,7 +105,9 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
                 self._start(p)
         waited = time.perf_counter()
         results = self._driver.finish()
-        self._compression.end_step(comm_seconds=time.perf_counter() - waited)
+        device = next((grad.device for grad in results.values()), None)
+        ended = finished_at(device, self._compression.times_communication)
+        self._compression.end_step(comm_seconds=ended - waited)
         scale = self._process_set.size() if self._op == hvd.Sum else 1
         for p in self._started:
             grad = results[self._names[p]]

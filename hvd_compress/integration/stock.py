@@ -9,6 +9,7 @@ from horovod.torch.compression import Compressor as HorovodCompressor
 
 from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.horovod_backend import HorovodBackend
+from hvd_compress.comm.timing import finished_at
 from hvd_compress.comm.rounds import Collective
 from hvd_compress.integration.agreement import verify_same_configuration
 from hvd_compress.integration.elastic import world_generation
@@ -89,7 +90,7 @@ class StockBridge:
             return round_.payload, _RidesHorovod(round_)
         self.driver.start(name, tensor, round_)
         self.driver.poll()
-        placeholder = torch.zeros(1)
+        placeholder = torch.zeros(1, device=tensor.device)  # float32 (Horovod takes no bf16)
         self.compressor.traffic.add_payload(placeholder, Collective.ALLREDUCE)
         return placeholder, _Driven(name)
 
@@ -109,7 +110,7 @@ class StockBridge:
         self._outstanding -= 1
         if self._outstanding == 0:
             # From the first decompress to the last: the time synchronize() spent waiting.
-            waited = time.perf_counter() - self._first_decompress
+            waited = finished_at(result.device, self.compressor.times_communication) - self._first_decompress
             self._first_decompress = None
             self.compressor.end_step(comm_seconds=waited)
         return result

@@ -4,10 +4,11 @@ Each ``*_errors`` function returns the L2 norm of (x - decompress(compress(x))) 
 feedback, one value per candidate setting, computed far faster than compressing once per
 candidate. Each ``*_kept_energies`` function returns ||C(x)||^2 for nested settings, from
 the least to the most compressed, computing the first and deriving the others from it
-(GraVAC's multi-level gains)."""
+(GraVAC's multi-level gains). Those run on every step, so they return a float64 tensor on
+the gradient's device and never wait for the device: GraVAC sends them with the payload."""
 import torch
 
-from hvd_compress.maths.finite import all_finite
+from hvd_compress.maths.devices import on_device
 from hvd_compress.maths.lowrank import orthogonalize, seeded_normal
 from hvd_compress.maths.quantize import bucket_norms, levels_for_bits
 from hvd_compress.maths.sparsify import topk_indices
@@ -75,12 +76,19 @@ def _histogram_kept_energies(flat, ks):
     """(energy of the k largest magnitudes for every k in ``ks``, as float64, and the total)."""
     squared = flat.float().square()
     bins = ((squared.view(torch.int32) >> HISTOGRAM_SHIFT) & (HISTOGRAM_BINS - 1)).long()
+    if squared.is_cuda:  # CUDA's bincount reads the largest bin on the host first
+        counts = torch.zeros(HISTOGRAM_BINS, dtype=torch.int64, device=squared.device)
+        counts.scatter_add_(0, bins, torch.ones_like(bins))
+        sums = torch.zeros(HISTOGRAM_BINS, dtype=torch.float64, device=squared.device)
+        sums.scatter_add_(0, bins, squared.double())
+    else:
+        counts = torch.bincount(bins, minlength=HISTOGRAM_BINS)
+        sums = torch.bincount(bins, weights=squared.double(), minlength=HISTOGRAM_BINS)
     # Bin 0 holds the largest magnitudes after the flip.
-    counts = torch.bincount(bins, minlength=HISTOGRAM_BINS).flip(0)
-    sums = torch.bincount(bins, weights=squared.double(), minlength=HISTOGRAM_BINS).flip(0)
+    counts, sums = counts.flip(0), sums.flip(0)
     count_before = torch.cat([counts.new_zeros(1), counts.cumsum(0)])  # in the bins before bin i
     sum_before = torch.cat([sums.new_zeros(1), sums.cumsum(0)])
-    k = torch.tensor(ks, dtype=count_before.dtype, device=counts.device)
+    k = on_device(ks, count_before.dtype, counts.device)
     within = torch.searchsorted(count_before[1:], k).clamp_max(HISTOGRAM_BINS - 1)  # k-th largest's bin
     mean = sums[within] / counts[within].clamp_min(1)
     return sum_before[within] + (k - count_before[within]).double() * mean, sum_before[-1]
@@ -92,9 +100,15 @@ QSGD_CHUNK_ENTRIES = 1 << 18  # 1 MB of float32: every bit width's passes run in
 def qsgd_errors(flat, bits_options, bucket_size):
     """Expected QSGD error for every bit width, in closed form: stochastic rounding of a level
     with fractional part f has variance f(1-f) in units of norm/s. Exact in expectation, so the
-    table does not depend on one random draw. Entries in float32 (the unit magnitudes lie in
-    [0, 1]), sums per bucket and across buckets in float64; a chunk of buckets at a time, every
-    bit width on it while it is in cache (8x faster than a pass per width on large layers)."""
+    table does not depend on one random draw."""
+    return _qsgd_squared_errors(flat, bits_options, bucket_size).sqrt().tolist()
+
+
+def _qsgd_squared_errors(flat, bits_options, bucket_size):
+    """The squared errors of ``qsgd_errors`` as a float64 tensor on ``flat``'s device. Entries
+    in float32 (the unit magnitudes lie in [0, 1]), sums per bucket and across buckets in
+    float64; a chunk of buckets at a time, every bit width on it while it is in cache (8x faster
+    than a pass per width on large layers)."""
     n = flat.numel()
     pad = (-n) % bucket_size
     norms32 = bucket_norms(flat, bucket_size)
@@ -115,35 +129,41 @@ def qsgd_errors(flat, bits_options, bucket_size):
             f = torch.mul(unit[:m], s, out=fraction[:m]).frac_()
             f.sub_(torch.square(f, out=square[:m]))  # f - f^2 = f(1 - f)
             totals[i] += f.sum(dim=1, dtype=torch.float64).mul_(weights[i, start:start + m]).sum()
-    return totals.sqrt().tolist()
+    return totals
 
 
 def lowrank_kept_energies(matrix, q, ranks, seed, name):
     """Energy kept by rank-r projections for every r in ``ranks`` (ranks[0] the largest), from one
-    warm-started power step at ranks[0]: the singular values of the projection P^T M give every
-    smaller rank's energy. ``q``: last call's warm start for this matrix, or None (a seeded
-    normal start, identical on every rank). Returns (energies, the next warm start)."""
+    warm-started power step at ranks[0]. ``q``: last call's warm start for this matrix, or None
+    (a seeded normal start, identical on every rank). Returns (energies, the next warm start).
+
+    P = orthogonalize(M q) keeps its columns nested (the first r span M q[:, :r]), so row i of
+    P^T M carries what column i adds, and rank r keeps the first r rows' energy: what a power
+    step from the first r columns of the warm start keeps. Repeated over steps this is
+    orthogonal iteration, whose columns converge to the leading singular vectors in order,
+    so the energies converge to those of the best rank-r approximations. Unlike the singular
+    values of P^T M it needs no SVD, which on a GPU waits for the device on every call. A
+    non-finite gradient gives non-finite energies (the step is dropped)."""
     top = ranks[0]
     if q is None or q.shape[1] != top:
-        q = seeded_normal(matrix.shape[1], top, seed, name, "gravac").to(matrix)
+        q = seeded_normal(matrix.shape[1], top, seed, name, "gravac")
+    q = q.to(matrix)  # a start drawn on the CPU, or loaded from a checkpoint mapped there
     projected = orthogonalize(matrix @ q).t() @ matrix  # top x m
-    if not all_finite(projected):  # an SVD would raise; the step will be dropped
-        return [float("nan")] * len(ranks), q
-    squared = torch.linalg.svdvals(projected).square()
-    return [squared[:r].sum().item() for r in ranks], projected.t().contiguous()
+    kept = projected.double().square().sum(dim=1).cumsum(0)
+    return kept[on_device([r - 1 for r in ranks], torch.int64, kept.device)], projected.t().contiguous()
 
 
 def topk_kept_energies(flat, ks):
     """Energy of the k largest magnitudes for every k in ``ks`` (ks[0] the largest); from the
     histogram on large layers (within the accuracy stated above)."""
     if flat.numel() >= HISTOGRAM_MIN_NUMEL:
-        return _histogram_kept_energies(flat, [min(k, flat.numel()) for k in ks])[0].tolist()
-    kept = flat[topk_indices(flat.abs(), ks[0])].square()
-    return [kept.sum().item()] + [kept.topk(k, sorted=False).values.sum().item() for k in ks[1:]]
+        return _histogram_kept_energies(flat, [min(k, flat.numel()) for k in ks])[0]
+    kept = flat[topk_indices(flat.abs(), ks[0])].double().square()
+    return torch.stack([kept.sum()] + [kept.topk(k, sorted=False).values.sum() for k in ks[1:]])
 
 
 def qsgd_kept_energies(flat, bits_options, bucket_size):
     """QSGD is unbiased and ||C(x)|| >= ||x||, so energy kept is taken as ||x||^2 minus the
     expected squared error, and 0 where the error exceeds the signal (at 2 bits it can)."""
-    total = flat.square().sum().item()
-    return [max(0.0, total - error ** 2) for error in qsgd_errors(flat, bits_options, bucket_size)]
+    total = flat.double().square().sum()
+    return (total - _qsgd_squared_errors(flat, bits_options, bucket_size)).clamp_min(0)

@@ -22,9 +22,11 @@ def topk_indices(magnitudes, k):
 
     For large tensors at low density, a threshold estimated from a fixed random sample keeps
     a candidate set a little larger than k in one pass; an exact top-k over the candidates
-    then gives the same answer as a full ``torch.topk`` (up to ties), much faster."""
+    then gives the same answer as a full ``torch.topk`` (up to ties), much faster on a CPU.
+    On a GPU it is plain ``torch.topk``: the candidate set's size depends on the data, and
+    learning it would wait for the device once per layer."""
     n = magnitudes.numel()
-    if n < _THRESHOLD_MIN_NUMEL or k > _THRESHOLD_MAX_DENSITY * n:
+    if magnitudes.is_cuda or n < _THRESHOLD_MIN_NUMEL or k > _THRESHOLD_MAX_DENSITY * n:
         return torch.topk(magnitudes, k, sorted=False).indices
     sample = magnitudes.index_select(0, _sample_positions(n, magnitudes.device))
     sample_size = sample.numel()

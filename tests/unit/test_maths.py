@@ -264,3 +264,31 @@ def test_all_finite_finds_any_nan_or_infinity(dtype):
             y = x.clone()
             y[at] = bad
             assert not bool(all_finite(y)), (bad, at)
+
+
+def test_lowrank_kept_energies_are_nested_projections_that_converge_to_the_best_ranks():
+    """Rank r keeps the first r rows of P^T M: at the top rank, all of the projection's energy;
+    warm-started over calls on one matrix (orthogonal iteration), the best rank-r energies."""
+    from hvd_compress.maths.errors import lowrank_kept_energies
+    g = torch.Generator().manual_seed(0)
+    u = torch.linalg.qr(torch.randn(48, 48, generator=g)).Q
+    v = torch.linalg.qr(torch.randn(96, 48, generator=g)).Q
+    matrix = (u * torch.exp(-0.4 * torch.arange(48.0))) @ v.t()
+    ranks = [8, 4, 2, 1]
+    energies, q = lowrank_kept_energies(matrix, None, ranks, seed=0, name="w")
+    assert energies.dtype == torch.float64 and energies.shape == (4,)
+    assert energies.tolist() == sorted(energies.tolist(), reverse=True)
+    p = lowrank.orthogonalize(matrix @ lowrank.seeded_normal(96, 8, 0, "w", "gravac"))
+    assert energies[0].item() == pytest.approx((p.t() @ matrix).double().square().sum().item(), rel=1e-6)
+    for _ in range(20):
+        energies, q = lowrank_kept_energies(matrix, q, ranks, seed=0, name="w")
+    best = torch.linalg.svdvals(matrix.double()).square().cumsum(0)
+    assert energies.tolist() == pytest.approx([best[r - 1].item() for r in ranks], rel=1e-4)
+
+
+def test_lowrank_kept_energies_of_a_non_finite_matrix_are_not_finite():
+    from hvd_compress.maths.errors import lowrank_kept_energies
+    matrix = torch.ones(16, 32)
+    matrix[3, 5] = float("nan")
+    energies, _ = lowrank_kept_energies(matrix, None, [4, 2], seed=0, name="w")
+    assert not torch.isfinite(energies).any()

@@ -1,0 +1,109 @@
+"""The device audit, shown without a GPU (the CUDA tier, tests/unit/test_cuda.py, repeats it on
+one). A torch function mode watches every step of every compressor and controller:
+
+* waits for the device: reads of a tensor's values on the host (``item``, ``tolist``, ``bool``,
+  ...) and operations whose output size depends on the data (``nonzero``, ...). On a GPU each
+  one stalls the host until the device catches up. A step may wait a fixed number of times
+  (its finiteness check, GraVAC's statistics), never once per layer;
+* tensors made from nothing (``torch.zeros`` and kin) without ``device=``: on a GPU they land
+  on the CPU. Only functions that draw on the CPU by design (identical values on every rank
+  and device, then moved) may."""
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+import hvd_compress as hc
+from hvd_compress.comm.simulated import SimulatedWorld
+
+PACKAGE = Path(hc.__file__).parent
+WAITS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy",
+         "nonzero", "masked_select", "unique", "bincount", "linalg_svd", "svdvals", "linalg_svdvals",
+         "linalg_eigh", "linalg_eigvalsh"}
+FACTORIES = {"zeros", "ones", "empty", "full", "tensor", "as_tensor", "arange", "randn", "rand",
+             "randint", "randperm", "eye", "linspace", "scalar_tensor"}
+CPU_BY_DESIGN = {"seeded_normal", "_sample_positions", "on_device"}
+
+
+class Audit(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.waits = Counter()
+        self.placed_on_cpu = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", str(func))
+        where = caller_in_package()
+        if where is not None:
+            if name in WAITS:
+                self.waits[(name, where)] += 1
+            if name in FACTORIES and "device" not in kwargs and where[1] not in CPU_BY_DESIGN:
+                self.placed_on_cpu.add((name, where))
+        return func(*args, **kwargs)
+
+
+def caller_in_package():
+    """(file, function) of the innermost frame in hvd_compress outside comm/simulated.py (the
+    test's stand-in for the network), or None."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = Path(frame.f_code.co_filename)
+        if PACKAGE in path.parents and path.name != "simulated.py":
+            return (str(path.relative_to(PACKAGE)), frame.f_code.co_name)
+        frame = frame.f_back
+    return None
+
+
+def methods():
+    for name, method in hc.COMPRESSORS.items():
+        yield pytest.param(lambda method=method: method.build(small=True), id=name)
+    yield pytest.param(lambda: hc.LGreCo(hc.PowerSGD(rank=2), warmup_steps=1, decide_every=2,
+                                         apply_delay=1, transport="local"), id="lgreco")
+    yield pytest.param(lambda: hc.LGreCo(hc.TopK(density=0.1), warmup_steps=1, decide_every=2,
+                                         apply_delay=1, transport="local"), id="lgreco-topk")
+    yield pytest.param(lambda: hc.GraVAC(hc.PowerSGD(rank=2), theta_min=2, theta_max=16, window=2),
+                       id="gravac-powersgd")
+    yield pytest.param(lambda: hc.GraVAC(hc.TopK(density=0.1), theta_min=2, theta_max=16, window=2),
+                       id="gravac-topk")
+    yield pytest.param(lambda: hc.GraVAC(hc.QSGD(bits=4), theta_min=2, theta_max=16, window=2),
+                       id="gravac-qsgd")
+
+
+def gradients(step, layers):
+    g = torch.Generator().manual_seed(step)
+    grads = {}
+    for i in range(layers):
+        grads[f"layer{i}.weight"] = torch.randn(32, 48, generator=g)
+        grads[f"layer{i}.bias"] = torch.randn(32, generator=g)
+    return grads
+
+
+def audited_steps(make, layers, steps=6, audited=3):
+    """The waits and CPU placements of the last ``audited`` of ``steps`` steps (after warm-ups
+    and first decisions) of one rank (L-GreCo's "local" decisions are a world of one)."""
+    world = SimulatedWorld([make()])
+    for step in range(steps - audited):
+        world.step([gradients(step, layers)])
+    audit = Audit()
+    with audit:
+        for step in range(steps - audited, steps):
+            world.step([gradients(step, layers)])
+    return audit
+
+
+@pytest.mark.parametrize("make", methods())
+def test_a_step_waits_for_the_device_as_often_whatever_the_number_of_layers(make):
+    few, many = audited_steps(make, layers=2), audited_steps(make, layers=6)
+    assert many.waits == few.waits, (
+        f"waits that grow with the layers: {sorted((many.waits - few.waits).items())}")
+    assert sum(few.waits.values()) <= 3 * 2, sorted(few.waits.items())  # at most twice a step
+
+
+@pytest.mark.parametrize("make", methods())
+def test_every_tensor_a_step_makes_is_made_on_the_gradients_device(make):
+    audit = audited_steps(make, layers=2)
+    assert not audit.placed_on_cpu, sorted(audit.placed_on_cpu)
