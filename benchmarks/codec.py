@@ -2,7 +2,7 @@
 the gradient shapes of real models, side by side with PyTorch's own PowerSGD comm hook.
 
     python -m benchmarks codec [--shapes resnet50,bert-base,transformer-xl] [--rank 4]
-        [--density 0.01] [--bits 4] [--repeats 3] [--out docs/] [--quick]
+        [--density 0.01] [--bits 4] [--repeats 3] [--device cpu|cuda] [--out docs/] [--quick]
 
 Communication is left out: each compressor runs on one rank and every collective's result is
 the rank's own payload (what a world of one returns), so the time is encode + error feedback +
@@ -14,6 +14,11 @@ Besides the per-step table the run measures Top-K selection alone (``topk_indice
 ``torch.topk`` on the same magnitudes) and one memory pass over each shape set (``clone`` and
 ``sum`` of every gradient), the yardstick for QSGD. Writes ``codec.json`` (raw numbers) and
 PNGs under ``<out>/benchmarks/`` and the "## Codec cost" section of ``<out>/benchmarks.md``.
+
+``--device cuda`` runs the same on the GPU (gradients, buckets and selection there; every timing
+between two device synchronisations; the hook in an NCCL group of one) against the GPU's
+targets, and writes ``codec-cuda.json``, its own PNGs and the "## Codec cost on a GPU" section,
+which names the GPU.
 """
 import argparse
 import functools
@@ -44,11 +49,14 @@ TOPK_REPEATS = 11  # selection takes milliseconds: more repeats steady the media
 # Each timed cycle is two steps, so ACP-SGD's P and Q steps weigh equally.
 STEPS_PER_CYCLE = 2
 WARMUP_STEPS = 2
-# Targets on this CPU: (label, numerator, denominator, limit).
+# Targets: (label, numerator, denominator, limit), the same on both devices.
 RATIO_TARGETS = [("ACP-SGD / torch hook", "ACP-SGD", HOOK, 0.5),
                  ("PowerSGD / torch hook", "PowerSGD", HOOK, 0.8)]
-QSGD_LIMIT, TOPK_SPEEDUP = 10.0, 10.0
-SECTION = "Codec cost"
+# Per device: QSGD's step within this many memory passes, Top-K selection this much faster.
+QSGD_LIMIT = {"cpu": 10.0, "cuda": 5.0}
+TOPK_SPEEDUP = {"cpu": 10.0, "cuda": 3.0}
+SECTION = {"cpu": "Codec cost", "cuda": "Codec cost on a GPU"}
+SUFFIX = {"cpu": "", "cuda": "-cuda"}  # of the JSON and PNG files
 
 # Labels of the registry's methods in the tables and plots, in their order.
 LABELS = {"powersgd": "PowerSGD", "acpsgd": "ACP-SGD", "topk": "TopK", "qsgd": "QSGD", "fp16": "FP16",
@@ -63,9 +71,9 @@ def compressors(args):
             for name, label in LABELS.items()]
 
 
-def gradients(shapes, seed=0):
+def gradients(shapes, device="cpu", seed=0):
     generator = torch.Generator().manual_seed(seed)
-    return {name: torch.randn(*shape, generator=generator) for name, shape in shapes}
+    return {name: torch.randn(*shape, generator=generator).to(device) for name, shape in shapes}
 
 
 def time_cycles(step, cycles):
@@ -76,20 +84,28 @@ def time_cycles(step, cycles):
     return [sum(step() for _ in range(STEPS_PER_CYCLE)) / STEPS_PER_CYCLE for _ in range(cycles)]
 
 
-def seconds_of(fn):
+def settle(device):
+    """Waits for the work queued on a GPU, so that a timing covers work, not its launch."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def seconds_of(fn, device="cpu"):
+    settle(device)
     start = time.perf_counter()
     fn()
+    settle(device)
     return time.perf_counter() - start
 
 
-def time_ours(make, grads, cycles):
+def time_ours(make, grads, cycles, device):
     compressor = make()
 
     def step():
         for name, grad in grads.items():
             exchange_alone(compressor, name, grad)
 
-    return time_cycles(lambda: seconds_of(step), cycles)
+    return time_cycles(lambda: seconds_of(step, device), cycles)
 
 
 class Bucket:
@@ -98,7 +114,7 @@ class Bucket:
 
     def __init__(self, index, grads, last):
         self._index, self._last = index, last
-        self._buffer = torch.empty(sum(g.numel() for g in grads))
+        self._buffer = torch.empty(sum(g.numel() for g in grads), device=grads[0].device)
         self._views, offset = [], 0
         for grad in grads:
             self._views.append(self._buffer[offset:offset + grad.numel()].view(grad.shape))
@@ -138,7 +154,7 @@ def ddp_buckets(grads):
     return [(Bucket(i, group, last=i == len(groups) - 1), group) for i, group in enumerate(groups)]
 
 
-def time_torch_hook(grads, rank, cycles):
+def time_torch_hook(grads, rank, cycles, device):
     """Seconds per step of ``powerSGD_hook`` over every bucket, after its dense start-up."""
     state = PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
                           min_compression_rate=2, use_error_feedback=True, warm_start=True)
@@ -155,28 +171,28 @@ def time_torch_hook(grads, rank, cycles):
     def step():
         for bucket, group in buckets:
             bucket.fill(group)
-        return seconds_of(hooks)
+        return seconds_of(hooks, device)
 
     return time_cycles(step, cycles)
 
 
-def time_memory_pass(grads, repeats):
+def time_memory_pass(grads, repeats, device):
     """Milliseconds for one pass over every gradient: ``clone`` (read + write) and ``sum`` (read)."""
     def over_all(op):
         return lambda: [op(grad) for grad in grads.values()]
 
-    return {"clone_ms": 1e3 * median_seconds(over_all(torch.clone), repeats),
-            "sum_ms": 1e3 * median_seconds(over_all(torch.sum), repeats)}
+    return {"clone_ms": 1e3 * median_seconds(over_all(torch.clone), repeats, device),
+            "sum_ms": 1e3 * median_seconds(over_all(torch.sum), repeats, device)}
 
 
-def time_topk_selection(sizes, density, repeats, seed=0):
+def time_topk_selection(sizes, density, repeats, device, seed=0):
     """``topk_indices`` against ``torch.topk`` (sorted, the default, and unsorted) on the same
     magnitudes of a standard-normal gradient."""
     rows = []
     for numel in sizes:
-        magnitudes = torch.randn(numel, generator=torch.Generator().manual_seed(seed)).abs()
+        magnitudes = torch.randn(numel, generator=torch.Generator().manual_seed(seed)).abs().to(device)
         k = max(1, math.ceil(density * numel))
-        timings = {label: median_seconds(fn, repeats) for label, fn in [
+        timings = {label: median_seconds(fn, repeats, device) for label, fn in [
             ("torch_topk_ms", lambda: torch.topk(magnitudes, k)),
             ("torch_topk_unsorted_ms", lambda: torch.topk(magnitudes, k, sorted=False)),
             ("ours_ms", lambda: topk_indices(magnitudes, k))]}
@@ -187,31 +203,33 @@ def time_topk_selection(sizes, density, repeats, seed=0):
     return rows
 
 
-def median_seconds(fn, repeats):
+def median_seconds(fn, repeats, device):
     """Median over ``repeats`` timed calls, after one untimed call."""
     fn()
-    return statistics.median(seconds_of(fn) for _ in range(repeats))
+    return statistics.median(seconds_of(fn, device) for _ in range(repeats))
 
 
-def world_of_one():
-    """A gloo process group of one for the torch hook; returns whether this call created it."""
+def world_of_one(device):
+    """A process group of one for the torch hook (gloo; NCCL on a GPU); returns whether this
+    call created it."""
     if dist.is_initialized():
         return False
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return True
 
 
 def measure(set_name, label, options):
     """Seconds per step, one value per cycle, of method ``label`` on shape set ``set_name``."""
-    grads = gradients(shape_set(set_name))
+    grads = gradients(shape_set(set_name), options.device)
     if label == HOOK:
-        created = world_of_one()
+        created = world_of_one(options.device)
         try:
-            return time_torch_hook(grads, options.rank, options.repeats)
+            return time_torch_hook(grads, options.rank, options.repeats, options.device)
         finally:
             if created:
                 dist.destroy_process_group()
-    return time_ours(dict(compressors(options))[label], grads, options.repeats)
+    return time_ours(dict(compressors(options))[label], grads, options.repeats, options.device)
 
 
 def measure_in_fresh_process(*task):
@@ -249,9 +267,12 @@ def run(args):
     started, others = time.perf_counter(), OthersShare()
     if args.quick:
         args.shapes, args.repeats = ["tiny"], 1
+    if args.device == "cuda":
+        gpu = torch.cuda.get_device_properties(0)
+        gpu_name = f"{gpu.name}, {gpu.total_memory / 2 ** 30:.0f} GiB, CUDA {torch.version.cuda}"
     results = {"command": command_line(), "machine": dict(machine(), load_average_start=os.getloadavg()[0]),
                "options": {"shapes": args.shapes, "rank": args.rank, "density": args.density,
-                           "bits": args.bits, "repeats": args.repeats},
+                           "bits": args.bits, "repeats": args.repeats, "device": args.device},
                "codec": {}, "memory_pass": {}}
     for set_name in args.shapes:
         shapes = shape_set(set_name)
@@ -266,9 +287,12 @@ def run(args):
                                        "step_ms_each_cycle": [1e3 * s for s in per_step]}
             print(f"{set_name:>15} {label:>20}: {1e3 * seconds:9.2f} ms/step", flush=True)
         results["codec"][set_name] = entry
-        results["memory_pass"][set_name] = time_memory_pass(gradients(shapes), max(args.repeats, 3))
+        results["memory_pass"][set_name] = time_memory_pass(gradients(shapes, args.device),
+                                                            max(args.repeats, 3), args.device)
     sizes = [1 << 16] if args.quick else TOPK_SIZES
-    results["topk_selection"] = time_topk_selection(sizes, args.density, TOPK_REPEATS)
+    results["topk_selection"] = time_topk_selection(sizes, args.density, TOPK_REPEATS, args.device)
+    if args.device == "cuda":
+        results["machine"]["gpu"] = gpu_name
     results["targets"] = targets(results)
     seconds = time.perf_counter() - started
     results["minutes"] = seconds / 60
@@ -279,6 +303,8 @@ def run(args):
 
 
 def targets(results):
+    device = results["options"].get("device", "cpu")
+    qsgd_limit, topk_speedup = QSGD_LIMIT[device], TOPK_SPEEDUP[device]
     rows = []
     for set_name, entry in results["codec"].items():
         methods = entry["methods"]
@@ -288,11 +314,11 @@ def targets(results):
                          "met": value <= limit})
         value = methods["QSGD"]["step_ms"] / results["memory_pass"][set_name]["clone_ms"]
         rows.append({"target": f"QSGD / memory pass ({set_name})", "value": value,
-                     "limit": f"<= {QSGD_LIMIT}", "met": value <= QSGD_LIMIT})
+                     "limit": f"<= {qsgd_limit}", "met": value <= qsgd_limit})
     for row in results["topk_selection"]:
         rows.append({"target": f"Top-K selection speed-up over torch.topk (n = {row['numel']:,})",
-                     "value": row["speedup"], "limit": f">= {TOPK_SPEEDUP}",
-                     "met": row["speedup"] >= TOPK_SPEEDUP})
+                     "value": row["speedup"], "limit": f">= {topk_speedup}",
+                     "met": row["speedup"] >= topk_speedup})
     return rows
 
 
@@ -300,7 +326,11 @@ def markdown(results, figures):
     """The section's body: what was run, where, and every number as a table."""
     info, options = results["machine"], results["options"]
     sets = list(results["codec"])
+    on_gpu = options.get("device") == "cuda"
+    group = "an NCCL group of one" if on_gpu else "a gloo group of one"
     lines = [f"Command: `{results['command']}` ({results['minutes']:.1f} min)", "",
+             *([f"GPU: **{info['gpu']}**; every timing starts and ends with a device "
+                f"synchronisation.", ""] if on_gpu else []),
              f"Machine: {describe_machine(info)} Torch ran with {info['torch_threads']} threads "
              f"(its default). Other processes used {_percent(info['others_cpu_percent'])} of "
              f"the CPUs during the run (1-minute load average {info['load_average_start']:.2f} "
@@ -308,7 +338,7 @@ def markdown(results, figures):
              "Per step: compress + error feedback + decompress of every gradient of the model on "
              "one rank, communication left out (each collective returns the rank's own payload), "
              "each method in a fresh process. "
-             f"Torch's `powerSGD_hook` runs over DDP-style 25 MiB buckets in a gloo group of one "
+             f"Torch's `powerSGD_hook` runs over DDP-style 25 MiB buckets in {group} "
              f"(its one-rank all-reduces included), after its dense start-up. PowerSGD and ACP-SGD "
              f"rank {options['rank']}, Top-K density {options['density']}, QSGD {options['bits']} "
              f"bits; median over {options['repeats']} cycles of two steps after two warm-up steps. "
@@ -361,6 +391,7 @@ def _ms(value):
 
 def draw_figures(results, out):
     """Per-step cost per shape set, and Top-K selection time; small PNGs."""
+    suffix = SUFFIX[results["options"].get("device", "cpu")]
     sets = list(results["codec"])
     plt, figure, axes = panels(len(sets), 4, 3.2)
     for axis, name in zip(axes, sets):
@@ -371,7 +402,7 @@ def draw_figures(results, out):
         axis.tick_params(labelsize=7)
     figure.suptitle("Codec cost per step (compress + error feedback + decompress)", fontsize=9)
     figure.tight_layout()
-    codec_png = out / "codec_cost.png"
+    codec_png = out / f"codec_cost{suffix}.png"
     figure.savefig(codec_png, dpi=80)
     plt.close(figure)
 
@@ -391,7 +422,7 @@ def draw_figures(results, out):
     axis.set_title(f"Top-K selection at density {results['options']['density']}", fontsize=9)
     axis.legend(fontsize=7)
     figure.tight_layout()
-    topk_png = out / "topk_selection.png"
+    topk_png = out / f"topk_selection{suffix}.png"
     figure.savefig(topk_png, dpi=80)
     plt.close(figure)
     return [codec_png, topk_png]
@@ -410,9 +441,13 @@ def parse_args(argv):
     parser.add_argument("--density", type=float, default=0.01, help="Top-K density")
     parser.add_argument("--bits", type=int, default=4, help="QSGD bits")
     parser.add_argument("--repeats", type=int, default=3, help="timed two-step cycles per method")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where gradients live and the codecs run")
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="tiny shapes, one cycle: a smoke test")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here")
     for name in args.shapes:
         try:
             shape_set(name)
@@ -426,9 +461,9 @@ def main(argv=None):
     results = run(args)
     out = args.out / "benchmarks"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "codec.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / f"codec{SUFFIX[args.device]}.json").write_text(json.dumps(results, indent=1) + "\n")
     figures = [path.relative_to(args.out) for path in draw_figures(results, out)]
-    write_section(args.out / "benchmarks.md", SECTION, markdown(results, figures))
+    write_section(args.out / "benchmarks.md", SECTION[args.device], markdown(results, figures))
     print(f"other processes used {_percent(results['machine']['others_cpu_percent'])} of the CPUs")
     for row in results["targets"]:
         print(f"{'met' if row['met'] else 'NOT met'}: {row['target']} = {row['value']:.3g} ({row['limit']})")

@@ -67,7 +67,7 @@ def test_benchmarks_are_outside_the_installed_package():
 
 
 def test_full_runs_measure_each_method_in_a_fresh_process():
-    options = argparse.Namespace(rank=2, density=0.01, bits=4, repeats=1)
+    options = argparse.Namespace(rank=2, density=0.01, bits=4, repeats=1, device="cpu")
     per_step = measure_in_fresh_process("tiny", HOOK, options)
     assert len(per_step) == 1 and per_step[0] > 0
 
