@@ -86,14 +86,14 @@ prepare_nccl_build() {
         for part in bin include lib nvvm; do
             find "$site/nvidia" -mindepth 2 -maxdepth 3 -type d -name "$part" | while read -r dir; do
                 case $part in
-                    lib) cp -rs "$dir/." "$cuda_home/lib64/" ;;
-                    nvvm) cp -rs "$dir" "$cuda_home/" 2>/dev/null || true ;;
-                    *) cp -rs "$dir/." "$cuda_home/$part/" ;;
+                    lib) cp -rsf "$dir/." "$cuda_home/lib64/" ;;
+                    nvvm) cp -rsf "$dir" "$cuda_home/" 2>/dev/null || true ;;
+                    *) cp -rsf "$dir/." "$cuda_home/$part/" ;;
                 esac
             done
         done
         # CUDA 13 keeps CCCL in include/cccl, which the toolkit's nvcc adds; ours may not.
-        [ ! -d "$cuda_home/include/cccl" ] || cp -rs "$cuda_home/include/cccl/." "$cuda_home/include/"
+        [ ! -d "$cuda_home/include/cccl" ] || cp -rsf "$cuda_home/include/cccl/." "$cuda_home/include/"
         for lib in "$cuda_home"/lib64/libcudart.so.*; do ln -sf "$(basename "$lib")" "$cuda_home/lib64/libcudart.so"; break; done
         test -x "$cuda_home/bin/nvcc"
     fi
