@@ -7,7 +7,7 @@ one). A torch function mode watches every step of every compressor and controlle
   (its finiteness check, GraVAC's statistics), never once per layer;
 * tensors made from nothing (``torch.zeros`` and kin) without ``device=``: on a GPU they land
   on the CPU. Only functions that draw on the CPU by design (identical values on every rank
-  and device, then moved) may."""
+  and device, then moved) may, and the decision service's pickled bytes."""
 import sys
 from collections import Counter
 from pathlib import Path
@@ -26,6 +26,8 @@ WAITS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu
 FACTORIES = {"zeros", "ones", "empty", "full", "tensor", "as_tensor", "arange", "randn", "rand",
              "randint", "randperm", "eye", "linspace", "scalar_tensor"}
 CPU_BY_DESIGN = {"seeded_normal", "_sample_positions", "on_device"}
+# Pickled bytes between ranks (decisions, the configuration check), not gradients: on the host.
+HOST_BYTES = "control/service.py"
 
 
 class Audit(TorchFunctionMode):
@@ -41,7 +43,8 @@ class Audit(TorchFunctionMode):
         if where is not None:
             if name in WAITS:
                 self.waits[(name, where)] += 1
-            if name in FACTORIES and "device" not in kwargs and where[1] not in CPU_BY_DESIGN:
+            if name in FACTORIES and "device" not in kwargs and where[1] not in CPU_BY_DESIGN \
+                    and where[0] != HOST_BYTES:
                 self.placed_on_cpu.add((name, where))
         return func(*args, **kwargs)
 
@@ -107,3 +110,22 @@ def test_a_step_waits_for_the_device_as_often_whatever_the_number_of_layers(make
 def test_every_tensor_a_step_makes_is_made_on_the_gradients_device(make):
     audit = audited_steps(make, layers=2)
     assert not audit.placed_on_cpu, sorted(audit.placed_on_cpu)
+
+
+@pytest.mark.parametrize("name", ["powersgd", "topk"])  # the driver's rounds and a placeholder
+def test_the_stock_bridge_makes_its_tensors_on_the_gradients_device(name):
+    """Through Horovod's Compression API in one process (Horovod's all-reduce of one rank
+    returns its input), as stock ``hvd.DistributedOptimizer`` calls it."""
+    import horovod.torch as hvd
+    hvd.init()
+    model = torch.nn.Sequential(torch.nn.Linear(48, 32), torch.nn.Linear(32, 32))
+    compression = hc.COMPRESSORS[name].build(model.named_parameters(), small=True)
+    for step in range(3):
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        audit = Audit()
+        with audit:
+            sent = [compression.compress(p.grad) for p in model.parameters()]
+            for payload, ctx in sent:
+                compression.decompress(payload, ctx)
+        assert not audit.placed_on_cpu, sorted(audit.placed_on_cpu)
