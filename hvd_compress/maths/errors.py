@@ -165,5 +165,5 @@ def topk_kept_energies(flat, ks):
 def qsgd_kept_energies(flat, bits_options, bucket_size):
     """QSGD is unbiased and ||C(x)|| >= ||x||, so energy kept is taken as ||x||^2 minus the
     expected squared error, and 0 where the error exceeds the signal (at 2 bits it can)."""
-    total = flat.double().square().sum()
+    total = flat.float().square().sum().double()
     return (total - _qsgd_squared_errors(flat, bits_options, bucket_size)).clamp_min(0)
