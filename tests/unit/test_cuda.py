@@ -78,14 +78,15 @@ def test_half_precision_stays_half_and_on_the_device(make):
 
 def count_waits(make, layers):
     world, _ = run(make, "cuda", steps=3, layers=layers)
+    # Copied to the GPU before counting: a copy from pageable host memory waits too.
+    steps = [[{n: g.cuda() for n, g in gradients(step, layers).items()} for _ in world.compressors]
+             for step in range(3, 6)]
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for step in range(3, 6):
-                per_rank = [{n: g.cuda() for n, g in gradients(step, layers).items()}
-                            for _ in world.compressors]
+            for per_rank in steps:
                 world.step(per_rank)
     finally:
         torch.cuda.set_sync_debug_mode("default")
