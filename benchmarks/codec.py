@@ -267,13 +267,13 @@ def run(args):
     started, others = time.perf_counter(), OthersShare()
     if args.quick:
         args.shapes, args.repeats = ["tiny"], 1
-    if args.device == "cuda":
-        gpu = torch.cuda.get_device_properties(0)
-        gpu_name = f"{gpu.name}, {gpu.total_memory / 2 ** 30:.0f} GiB, CUDA {torch.version.cuda}"
     results = {"command": command_line(), "machine": dict(machine(), load_average_start=os.getloadavg()[0]),
                "options": {"shapes": args.shapes, "rank": args.rank, "density": args.density,
                            "bits": args.bits, "repeats": args.repeats, "device": args.device},
                "codec": {}, "memory_pass": {}}
+    if args.device == "cuda":
+        gpu = torch.cuda.get_device_properties(0)
+        results["machine"]["gpu"] = f"{gpu.name}, {gpu.total_memory / 2 ** 30:.0f} GiB, CUDA {torch.version.cuda}"
     for set_name in args.shapes:
         shapes = shape_set(set_name)
         entry = {"parameters": parameter_count(shapes), "tensors": len(shapes),
@@ -291,8 +291,6 @@ def run(args):
                                                             max(args.repeats, 3), args.device)
     sizes = [1 << 16] if args.quick else TOPK_SIZES
     results["topk_selection"] = time_topk_selection(sizes, args.density, TOPK_REPEATS, args.device)
-    if args.device == "cuda":
-        results["machine"]["gpu"] = gpu_name
     results["targets"] = targets(results)
     seconds = time.perf_counter() - started
     results["minutes"] = seconds / 60

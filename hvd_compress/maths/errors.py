@@ -150,7 +150,7 @@ def lowrank_kept_energies(matrix, q, ranks, seed, name):
     q = q.to(matrix)  # a start drawn on the CPU, or loaded from a checkpoint mapped there
     projected = orthogonalize(matrix @ q).t() @ matrix  # top x m
     kept = projected.double().square().sum(dim=1).cumsum(0)
-    return kept[on_device([r - 1 for r in ranks], torch.int64, kept.device)], projected.t().contiguous()
+    return torch.stack([kept[r - 1] for r in ranks]), projected.t().contiguous()
 
 
 def topk_kept_energies(flat, ks):
