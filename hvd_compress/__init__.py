@@ -23,7 +23,7 @@ from hvd_compress.comm.fusion import ScaledFusion
 from hvd_compress.compressors.base import Compressor
 from hvd_compress.control.gravac import GraVACPolicy
 from hvd_compress.control.lgreco import Accordion
-from hvd_compress.control.service import DecisionTimeout
+from hvd_compress.comm.transports import DecisionTimeout
 from hvd_compress.integration.optimizer import DistributedOptimizer
 from hvd_compress.registry import COMPRESSORS, CONTROLLERS, PUBLIC
 

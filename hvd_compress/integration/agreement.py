@@ -1,18 +1,16 @@
 """Every rank must run the same compressor with the same settings, or payloads disagree."""
 import time
 
-from hvd_compress.control.service import HorovodTransport
-
 # Seconds a rank waits for the others' configurations before failing loudly: generous, since
 # ranks reach their first step at different times (data loading, compilation).
 AGREEMENT_TIMEOUT = 600.0
 
 
-def verify_same_configuration(compression, process_set=None):
-    """All-gathers ``compression.describe()`` among ``process_set``'s ranks (all by default) and
-    raises ValueError on every rank, naming what differs, if any rank disagrees. Collective:
-    every rank of the set must call it; ranks outside it are never waited on."""
-    transport = HorovodTransport(process_set)
+def verify_same_configuration(compression, transport):
+    """All-gathers ``compression.describe()`` over ``transport`` (one of ``comm/transports.py``,
+    among the ranks of its process set) and raises ValueError on every rank, naming what
+    differs, if any rank disagrees. Collective: every rank of the set must call it; ranks
+    outside it are never waited on."""
     mine = compression.describe()
     deadline = time.monotonic() + AGREEMENT_TIMEOUT
     everyone = transport.allgather(mine, "hvd_compress.configuration", deadline,

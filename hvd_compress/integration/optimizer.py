@@ -11,6 +11,7 @@ from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.comm.horovod_backend import HorovodBackend
 from hvd_compress.comm.timing import finished_at
+from hvd_compress.comm.transports import HorovodTransport
 from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.compressors.cast import NoCompression
 from hvd_compress.integration.agreement import verify_same_configuration
@@ -61,7 +62,7 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         if self._world != current_world(self._process_set):
             self._bind_world()
         if self._active and not self._verified:
-            verify_same_configuration(self._compression, self._process_set)
+            verify_same_configuration(self._compression, HorovodTransport(self._process_set))
             self._verified = True
 
     def _make_hook(self):

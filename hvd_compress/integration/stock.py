@@ -10,6 +10,7 @@ from horovod.torch.compression import Compressor as HorovodCompressor
 from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.horovod_backend import HorovodBackend
 from hvd_compress.comm.timing import finished_at
+from hvd_compress.comm.transports import HorovodTransport
 from hvd_compress.comm.rounds import Collective
 from hvd_compress.integration.agreement import verify_same_configuration
 from hvd_compress.integration.elastic import world_generation
@@ -79,7 +80,7 @@ class StockBridge:
 
     def compress(self, tensor):
         if not self._verified:
-            verify_same_configuration(self.compressor, self.process_set)
+            verify_same_configuration(self.compressor, HorovodTransport(self.process_set))
             self._verified = True
         name = self._name_of(tensor)
         round_ = self.compressor.begin(name, tensor)

@@ -14,7 +14,7 @@ from torch import nn
 import hvd_compress as hc
 import hvd_compress.ddp
 from hvd_compress.comm.simulated import SimulatedWorld
-from hvd_compress.control.service import DecisionTimeout, TorchTransport
+from hvd_compress.comm.transports import DecisionTimeout, TorchTransport
 
 from ddp_helpers import (METHODS, assert_identical_across_ranks, batches, check_step_against_reference,
                          everyone, make_ddp, train)

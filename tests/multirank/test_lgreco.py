@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import hvd_compress as hc
-from hvd_compress.control.service import DecisionTimeout
+from hvd_compress.comm.transports import DecisionTimeout
 from benchmarks.workloads.digits import DigitsCNN
 
 from helpers import PATHS, gathered, rank_batches

@@ -27,7 +27,7 @@ FACTORIES = {"zeros", "ones", "empty", "full", "tensor", "as_tensor", "arange", 
              "randint", "randperm", "eye", "linspace", "scalar_tensor"}
 CPU_BY_DESIGN = {"seeded_normal", "_sample_positions", "on_device"}
 # Pickled bytes between ranks (decisions, the configuration check), not gradients: on the host.
-HOST_BYTES = "control/service.py"
+HOST_BYTES = {"control/service.py", "comm/transports.py"}
 
 
 class Audit(TorchFunctionMode):
@@ -44,7 +44,7 @@ class Audit(TorchFunctionMode):
             if name in WAITS:
                 self.waits[(name, where)] += 1
             if name in FACTORIES and "device" not in kwargs and where[1] not in CPU_BY_DESIGN \
-                    and where[0] != HOST_BYTES:
+                    and where[0] not in HOST_BYTES:
                 self.placed_on_cpu.add((name, where))
         return func(*args, **kwargs)
 
