@@ -150,7 +150,8 @@ class Compressor(GradientCompression):
 
     def __init__(self, named_parameters: NamedParameters = None, *, default: Any, min_numel: int = 1024):
         self.min_numel = arguments.integer(type(self).__name__, "min_numel", min_numel, low=0)
-        self.parameters = _named(type(self).__name__, named_parameters)
+        self.parameters = ({} if named_parameters is None
+                           else arguments.named_parameters(type(self).__name__, named_parameters))
         self._check_setting(None, default, None)
         self.default = default
         self._overrides: Dict[str, Any] = {}
@@ -459,24 +460,6 @@ class Compressor(GradientCompression):
         state = dict(self.__dict__)
         state["traffic"] = Traffic(world_size=self.size)
         return state
-
-
-def _named(owner, named_parameters):
-    """{name: parameter} from ``model.named_parameters()``-like pairs, refusing anything else."""
-    if named_parameters is None:
-        return {}
-    pairs = list(named_parameters)
-    for item in pairs:
-        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-                and torch.is_tensor(item[1])):
-            raise ValueError(f"{owner}: named_parameters must be (name, parameter) pairs, as "
-                             f"model.named_parameters() gives; got an item of type "
-                             f"{type(item).__name__}")
-    names = [name for name, _ in pairs]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise ValueError(f"{owner}: named_parameters has duplicate names {duplicates}")
-    return dict(pairs)
 
 
 def _plain(config):

@@ -96,16 +96,8 @@ class State:
 
     def name_parameters(self, named_parameters: Iterable[Tuple[str, torch.Tensor]]) -> None:
         """Names gradients by their parameters' identity: ``model.named_parameters()``."""
-        names = {}
-        for item in named_parameters:
-            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-                    and torch.is_tensor(item[1])):
-                raise ValueError("hvd_compress.ddp.State: named_parameters must be (name, "
-                                 "parameter) pairs, as model.named_parameters() gives")
-            names[id(item[1])] = item[0]
-        if len(set(names.values())) != len(names):
-            raise ValueError("hvd_compress.ddp.State: named_parameters has duplicate names")
-        self._names = names
+        named = arguments.named_parameters("hvd_compress.ddp.State", named_parameters)
+        self._names = {id(param): name for name, param in named.items()}
         self._build_lookup()
 
     def _build_lookup(self):

@@ -57,10 +57,7 @@ class StockBridge:
         op = getattr(optimizer, "op", hvd.Average) if optimizer is not None else hvd.Average
         if optimizer is not None and not hasattr(optimizer, "op"):  # Horovod's Adasum optimizer
             op = hvd.Adasum
-        if op not in (hvd.Average, hvd.Sum):
-            raise ValueError(f"op: hvd_compress compressors support hvd.Average and hvd.Sum, got "
-                             f"{OP_NAMES.get(op, op)}; Adasum, Min, Max and Product cannot combine "
-                             f"compressed payloads")
+        check_op("hvd_compress compression", op)
         self.process_set = getattr(optimizer, "process_set", hvd.global_process_set)
         self.sum_scale = self.process_set.size() if op == hvd.Sum else 1
         self.world = current_world(self.process_set)
@@ -156,6 +153,13 @@ class StockCompression(HorovodCompressor):
 
 OP_NAMES = {hvd.Average: "hvd.Average", hvd.Sum: "hvd.Sum", hvd.Adasum: "hvd.Adasum",
             hvd.Min: "hvd.Min", hvd.Max: "hvd.Max", hvd.Product: "hvd.Product"}
+
+
+def check_op(owner, op):
+    """Only averages and sums of compressed payloads make sense; ``owner`` names the refuser."""
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError(f"op: {owner} takes hvd.Average or hvd.Sum, got {OP_NAMES.get(op, op)}; "
+                         f"Adasum, Min, Max and Product cannot combine compressed payloads")
 
 
 def current_world(process_set):
