@@ -11,6 +11,7 @@ look inside a compressor:
 
 =============================================  =================================================
 ``controllable``                               whether the protocol below is implemented
+``config.default``                             the uniform setting (L-GreCo's budget)
 ``tunable(shape)``                             whether any setting compresses such a gradient
 ``check_value(value, label)``                  a user-facing value (a candidate, an Accordion
                                                setting) is valid, or ``ValueError``
@@ -35,8 +36,11 @@ back stay non-finite (so that ``GradScaler`` or the user's check skips the step)
 step runs as if the bad one had never happened. Controllers read ``last_step_finite`` after
 the wrapped compressor's ``end_step`` and drop their own updates of that step too.
 
-A new compressor subclasses ``Compressor`` and implements ``_check_setting``, ``_begin`` and
-``_compressed_bytes`` (plus the protocol, to be controllable); error feedback comes from
+A new compressor subclasses ``Compressor``, passes its configuration (a frozen
+``compressors.config.CompressorConfig``, subclassed for the method's own options, checked when it
+is made) to ``Compressor.__init__``, and implements ``_check_setting``, ``_begin`` and
+``_compressed_bytes``; ``_new_state_from`` if it keeps per-parameter state in ``self.state``
+(checkpoints rebuild it); the protocol, to be controllable. Error feedback comes from
 ``compressors.feedback.ErrorFeedback``. Nothing here knows Horovod: its Compression API is added
 by ``integration.stock.horovod_compression``.
 """
@@ -49,6 +53,7 @@ import torch
 
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round, Traffic, on_result
+from hvd_compress.compressors.config import CompressorConfig, check_checkpoint, checkpoint_header
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths.finite import all_finite, extremes
 
@@ -139,8 +144,8 @@ class Compressor(GradientCompression):
 
     ``named_parameters`` (e.g. ``model.named_parameters()``) lets the compressor tell which
     parameter each gradient belongs to when stock ``hvd.DistributedOptimizer`` calls
-    ``compress(p.grad)`` without a name. ``min_numel``: smaller gradients, and every 1-D
-    gradient, are all-reduced uncompressed.
+    ``compress(p.grad)`` without a name. ``config``: the method's configuration
+    (``compressors.config``), checked when it was made.
     """
 
     setting_name = "setting"
@@ -148,29 +153,32 @@ class Compressor(GradientCompression):
     # Error feedback, for compressors that have it (set in their constructor).
     feedback: Optional[ErrorFeedback] = None
 
-    def __init__(self, named_parameters: NamedParameters = None, *, default: Any, min_numel: int = 1024):
-        self.min_numel = arguments.integer(type(self).__name__, "min_numel", min_numel, low=0)
+    def __init__(self, named_parameters: NamedParameters, config: CompressorConfig):
+        # Configuration: fixed at construction, agreed by every rank, recorded in checkpoints.
+        self.config = config
         self.parameters = ({} if named_parameters is None
                            else arguments.named_parameters(type(self).__name__, named_parameters))
-        self._check_setting(None, default, None)
-        self.default = default
+        self._check_setting(None, config.default, None)
+        # State: what a checkpoint holds, and what a non-finite step leaves as it was.
         self._overrides: Dict[str, Any] = {}
         self.state: Dict[str, Any] = {}
-        self.rank, self.size = 0, 1
-        self.traffic = Traffic()
+        self._shapes: Dict[str, Shape] = {}  # every gradient seen (or checkpointed), by name
         self.skipped_steps = 0  # non-finite steps, which left no trace in the state
+        # Binding, by the integration: the world (bind_world) and the loss scale (track).
+        self.rank, self.size = 0, 1
+        self._bound = False
+        self._expected_world: Optional[Tuple[int, int]] = None  # from a loaded checkpoint
+        self._scaler = None
+        self.traffic = Traffic()
+        # Per-step scratch, emptied by end_step.
         self.last_step_finite = True
         self._step_extremes: List[torch.Tensor] = []  # this step's aggregated gradients' min and max
         self._undo: Dict[str, Any] = {}
-        self._scaler = None
         self._step_scale: Optional[float] = None
-        self._shapes: Dict[str, Shape] = {}  # every gradient seen (or checkpointed), by name
-        self._bound = False
-        self._expected_world: Optional[Tuple[int, int]] = None  # from a loaded checkpoint
 
     # ----- settings, addressable by parameter name ---------------------------------------
     def setting(self, name: str) -> Any:
-        return self._overrides.get(name, self.default)
+        return self._overrides.get(name, self.config.default)
 
     def set_setting(self, name: str, value: Any) -> None:
         """Changes one parameter's setting from the next step on. Controllers call this on
@@ -303,7 +311,7 @@ class Compressor(GradientCompression):
     def tunable(self, shape: Sequence[int]) -> bool:
         """Whether some setting compresses a gradient of ``shape``: 1-D gradients (biases,
         norms) and those under ``min_numel`` are a tiny share of the bytes, and go dense."""
-        return len(shape) >= 2 and math.prod(shape) >= self.min_numel
+        return len(shape) >= 2 and math.prod(shape) >= self.config.min_numel
 
     def compresses(self, shape: Sequence[int], setting: Any) -> bool:
         """Whether a gradient of ``shape`` is compressed at ``setting`` (else sent dense)."""
@@ -365,12 +373,8 @@ class Compressor(GradientCompression):
             self.feedback.clear(name)
 
     # ----- configuration, checkpointing -------------------------------------------------------
-    def config(self) -> Dict[str, Any]:
-        """Constructor settings that must agree on every rank."""
-        return {"min_numel": self.min_numel, "default": self.default}
-
     def describe(self) -> Dict[str, Any]:
-        return {"compressor": type(self).__name__, "config": self.config(),
+        return {"compressor": type(self).__name__, "config": self.config.describe(),
                 "settings": dict(sorted(self._overrides.items()))}
 
     def state_dict(self) -> Dict[str, Any]:
@@ -379,7 +383,7 @@ class Compressor(GradientCompression):
         is per rank, and a checkpoint loaded on another rank or world size starts it from zero). Tensors are copied, since state is updated in place. Only tensors, numbers,
         strings, lists and dicts: ``torch.load(path, weights_only=True)`` reads it."""
         residuals = {} if self.feedback is None else self.feedback.state_dict()
-        return {"class": type(self).__name__, "config": _plain(self.config()),
+        return {**checkpoint_header(type(self).__name__, self.config),
                 "rank": self.rank, "world_size": self.size,
                 "shapes": {name: list(shape) for name, shape in sorted(self._shapes.items())},
                 "settings": dict(self._overrides),
@@ -394,19 +398,8 @@ class Compressor(GradientCompression):
         ``ValueError`` naming it, and leaves this object as it was. Taken on another rank or
         world size (checked once the rank is known), all but the error feedback is restored."""
         cls = type(self).__name__
-        missing = {"class", "config", "rank", "world_size", "shapes", "settings", "state",
-                   "residuals", "skipped_steps"} - set(state_dict)
-        if missing:
-            raise ValueError(f"{cls}.load_state_dict: not an hvd_compress {cls} checkpoint "
-                             f"(missing {sorted(missing)})")
-        if state_dict["class"] != cls:
-            raise ValueError(f"{cls}.load_state_dict: the checkpoint is a {state_dict['class']} "
-                             f"checkpoint, not a {cls} one")
-        mine = _plain(self.config())
-        for key in sorted(set(mine) | set(state_dict["config"])):
-            if mine.get(key) != state_dict["config"].get(key):
-                raise ValueError(f"{cls}.load_state_dict: {key} is {state_dict['config'].get(key)!r} "
-                                 f"in the checkpoint but {mine.get(key)!r} here")
+        check_checkpoint(cls, state_dict, ("rank", "world_size", "shapes", "settings", "state",
+                                           "residuals", "skipped_steps"), self.config)
         shapes = {name: tuple(shape) for name, shape in state_dict["shapes"].items()}
         for name, shape in shapes.items():
             param = self.parameters.get(name)
@@ -460,11 +453,6 @@ class Compressor(GradientCompression):
         state = dict(self.__dict__)
         state["traffic"] = Traffic(world_size=self.size)
         return state
-
-
-def _plain(config):
-    """A configuration as checkpoints hold it: tuples become lists (what torch.load returns)."""
-    return {key: list(value) if isinstance(value, tuple) else value for key, value in config.items()}
 
 
 def dense_round(grad: torch.Tensor) -> Round:

@@ -5,9 +5,12 @@ traffic. Controllers use the compressor only through the controller protocol of
 from typing import Any, Dict, Optional
 
 from hvd_compress.compressors.base import Compressor, GradientCompression, Shape
+from hvd_compress.compressors.config import MethodConfig
 
 
 class Controller(GradientCompression):
+    config: MethodConfig  # the controller's own; set by the subclass's constructor
+
     def __init__(self, compressor: Compressor):
         if not isinstance(compressor, Compressor) or not compressor.controllable:
             raise ValueError(f"{type(self).__name__}: compressor must be PowerSGD, ACPSGD, TopK or QSGD "
@@ -50,11 +53,11 @@ class Controller(GradientCompression):
         self.inner.track(scaler)
         return self
 
-    def config(self) -> Dict[str, Any]:
-        raise NotImplementedError
-
     def describe(self) -> Dict[str, Any]:
-        return {"compressor": type(self).__name__, "config": self.config(), "settings": {}}
+        """The controller's configuration, the wrapped compressor's description nested in it
+        (``inner``): both must agree on every rank."""
+        return {"compressor": type(self).__name__,
+                "config": {"inner": self.inner.describe(), **self.config.describe()}, "settings": {}}
 
     def __getstate__(self):
         return dict(self.__dict__)
