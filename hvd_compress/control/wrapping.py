@@ -4,7 +4,7 @@ traffic. Controllers use the compressor only through the controller protocol of
 ``compressors/base.py``."""
 from typing import Any, Dict, Optional
 
-from hvd_compress.compressors.base import Compressor, GradientCompression, Shape
+from hvd_compress.compressors.base import Compressor, GradientCompression, Shape, controllable_compressors
 from hvd_compress.compressors.config import MethodConfig
 
 
@@ -13,9 +13,9 @@ class Controller(GradientCompression):
 
     def __init__(self, compressor: Compressor):
         if not isinstance(compressor, Compressor) or not compressor.controllable:
-            raise ValueError(f"{type(self).__name__}: compressor must be PowerSGD, ACPSGD, TopK or QSGD "
-                             f"(a compressor with controllable per-parameter settings), got "
-                             f"{type(compressor).__name__}")
+            raise ValueError(f"{type(self).__name__}: compressor must be one of "
+                             f"{', '.join(controllable_compressors())} (a compressor with controllable "
+                             f"per-parameter settings), got {type(compressor).__name__}")
         self.inner = compressor
         self.parameters = compressor.parameters
         self.needs_parameter_names = compressor.needs_parameter_names

@@ -59,14 +59,18 @@ def compressors():
                          id=name) for name in sorted(hc.COMPRESSORS)]
 
 
+# Every registered controller (a new one needs its entry), over compressors it can wrap:
+# (id, compressor, its settings, the controller's settings beyond its small ones).
+CONTROLLED = {"lgreco": [("lgreco-powersgd", "powersgd", {"rank": 2}, {}),
+                         ("lgreco-topk", "topk", {"density": 0.05}, {})],
+              "gravac": [("gravac-acpsgd", "acpsgd", {"rank": 4}, {}),
+                         ("gravac-topk-dense", "topk", {"density": 0.1}, {"scale_down_to": "dense", "epsilon": 0.99})]}
+
+
 def controllers():
-    lgreco = dict(warmup_steps=2, decide_every=3, apply_delay=1, transport="local")
-    gravac = dict(theta_min=2, theta_max=64, window=100, smoothing=1.0, epsilon=0.3)
-    return [pytest.param(lambda: hc.LGreCo(hc.PowerSGD(rank=2, min_numel=0), **lgreco), 1, id="lgreco-powersgd"),
-            pytest.param(lambda: hc.LGreCo(hc.TopK(density=0.05, min_numel=0), **lgreco), 1, id="lgreco-topk"),
-            pytest.param(lambda: hc.GraVAC(hc.ACPSGD(rank=4, min_numel=0), **gravac), 1, id="gravac-acpsgd"),
-            pytest.param(lambda: hc.GraVAC(hc.TopK(density=0.1, min_numel=0), scale_down_to="dense",
-                                           **dict(gravac, epsilon=0.99)), 1, id="gravac-topk-dense")]
+    return [pytest.param(lambda c=c, n=n, s=s, o=o: hc.CONTROLLERS[c].build(
+                hc.COMPRESSORS[n].build(min_numel=0, **s), small=True, **o), 1, id=label)
+            for c in sorted(hc.CONTROLLERS) for label, n, s, o in CONTROLLED[c]]
 
 
 @pytest.mark.parametrize("bad_value", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
