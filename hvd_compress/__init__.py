@@ -2,12 +2,16 @@
 
 Layers, from the bottom up (each imports only the ones below it):
   maths/         pure tensor functions (low-rank, quantisation, top-k); no communication
-  comm/          the communication plan: rounds, collectives, the driver, backends, a simulated world
-  compressors/   per-parameter state and settings; each builds rounds from a gradient
+  comm/          the communication plan: rounds, collectives, the driver, backends, a simulated
+                 world, and the transports that carry decisions and configurations between ranks
+  compressors/   per-parameter state and settings; each builds rounds from a gradient; one frozen
+                 configuration object per method (``compressors/config.py``)
   control/       adaptive controllers (L-GreCo, GraVAC) and the rank-0 decision service; they use
                  compressors only through the controller protocol of ``compressors/base.py``
-  integration/   Horovod: the stock optimizer's Compression API, and our DistributedOptimizer
-``registry.py`` names every method once; the classes exported here come from it. Importing the
+  integration/   Horovod (the stock optimizer's Compression API, our DistributedOptimizer, the
+                 elastic state handler) and the PyTorch DDP hook
+``registry.py`` names every method once; the classes exported here come from it. ``arguments.py``
+is a leaf every layer may use. Importing the
 package makes every compressor part of ``hvd.elastic.TorchState`` (``integration/elastic.py``).
 
 Use with stock Horovod::

@@ -11,8 +11,10 @@ look inside a compressor:
 
 =============================================  =================================================
 ``controllable``                               whether the protocol below is implemented
+``setting_name``                               what a setting is ("rank", "k", "bits"), for logs
 ``config.default``                             the uniform setting (L-GreCo's budget)
 ``tunable(shape)``                             whether any setting compresses such a gradient
+``compresses(shape, setting)``                 whether ``setting`` compresses it (else dense)
 ``check_value(value, label)``                  a user-facing value (a candidate, an Accordion
                                                setting) is valid, or ``ValueError``
 ``setting_for_value(shape, value)``            that value as a setting (Top-K: density -> k)
@@ -26,6 +28,7 @@ look inside a compressor:
 ``begin_uncompressed(name, grad)``             send gradient plus residual whole, clear it
 ``last_step_finite``                           whether the last step was kept (see below)
 ``loss_scale()``                               the loss scale of this step's gradients (``track``)
+``set_setting(name, value)``                   how a controller acts (``setting``/``settings`` read)
 =============================================  =================================================
 
 Non-finite steps: a compressor checks every aggregated gradient it returns. They are identical

@@ -138,10 +138,10 @@ class LGreCo(Controller):
         that step for rank 0 (bit-for-bit repeatable runs); it must be below ``decide_every``.
       * ``accumulate_steps``: None (default, the paper) sums every step's gradients since the
         last decision; N sums only the last N steps before each decision. Summing is a pass
-        over the model's gradients on rank 0 every step it runs (on this repository's CPU,
-        48 ms a step for BERT-base: 16% of a 300 ms step, `python -m benchmarks
-        controller_overhead`); N = 32 at ``decide_every=1000`` cuts it 31-fold. The decision
-        then sees the latest gradients only.
+        over the model's gradients on rank 0 every step it runs (its cost per step, against a
+        step's time: docs/benchmarks.md "Controller overhead", ``python -m benchmarks
+        controller_overhead``); N cuts it ``decide_every / N``-fold. The decision then sees
+        the latest gradients only.
       * ``timeout``: seconds a rank waits for rank 0 before failing loudly, and the longest a
         decision may compute, postponed or not.
 
