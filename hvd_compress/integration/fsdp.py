@@ -101,6 +101,7 @@ class State:
         self._names = {id(p): name for name, p in model.named_parameters()}
         self._world_shape = [mesh_info.replicate_mesh_size, mesh_info.shard_mesh_size]
         self._local_shapes = {name: tuple(p.to_local().shape) for name, p in model.named_parameters()}
+        self._device = next(iter(model.parameters())).device  # where the finiteness verdict goes
         self._active = mesh_info.replicate_mesh_size > 1
         self._driver = None
         self._checked = False
@@ -183,8 +184,9 @@ class State:
         """Every rank learns whether any rank's reduced shard is non-finite (a MIN over the
         shard group of the replicate groups' verdicts, which each replicate group reaches alike);
         if one is, every shard becomes NaN, so that every compressor drops the step."""
-        finite = torch.stack([all_finite(s) for s in shards]).all() if shards else torch.tensor(True)
-        verdict = finite.to(torch.float32).reshape(1)
+        verdict = torch.ones(1, dtype=torch.float32, device=self._device)
+        if shards:
+            verdict.mul_(torch.stack([all_finite(s) for s in shards]).all())
         dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=self.replicate_group)
         dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=self.shard_group)
         if verdict.item() < 1:
@@ -192,16 +194,17 @@ class State:
                 shard.fill_(float("nan"))
 
     def _check_configuration(self):
-        """``describe()`` all-gathered over the replicate group: ValueError on every rank,
-        naming what differs, if any rank disagrees."""
+        """``describe()`` all-gathered over the replicate group (the ranks that exchange
+        together): ValueError on every rank, naming what differs, if any rank disagrees."""
         transport = TorchTransport(self.replicate_group)
         mine = self.compressor.describe()
         everyone = transport.allgather(mine, "hvd_compress.configuration",
                                        time.monotonic() + AGREEMENT_TIMEOUT,
                                        "the cross-rank configuration check")
         for other_rank, theirs in enumerate(everyone):
-            if theirs != mine:
-                raise ValueError(describe_difference(mine, theirs, transport.rank, other_rank))
+            if theirs != mine:  # named by global ranks
+                raise ValueError(describe_difference(
+                    mine, theirs, dist.get_rank(), dist.get_global_rank(self.replicate_group, other_rank)))
 
     # ----- torch.distributed.checkpoint ----------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:

@@ -222,3 +222,12 @@ def test_pure_fsdp_and_misuse_are_refused():
     _, model, _ = make_hsdp()
     with pytest.raises(ValueError, match="without them"):
         hvd_compress.fsdp.register(model, hc.PowerSGD(model.named_parameters(), rank=2))
+
+
+def test_ranks_configured_differently_all_fail_at_the_first_step():
+    """Runs last in this file (the failed backward leaves its model unusable): PowerSGD rank 2
+    on the first replica, rank 3 on the second; every rank raises, naming the difference."""
+    rank = 2 if dist.get_rank() < dist.get_world_size() // 2 else 3
+    _, model, _ = make_hsdp(hc.PowerSGD(rank=rank))
+    with pytest.raises(ValueError, match=r"PowerSGD: default is [23] on rank [0-3] but [23] on rank [0-3]"):
+        train(model, batches(1, seed=9))
