@@ -55,11 +55,13 @@ rows the rank does not own). HSDP's replicate all-reduce is the slow, inter-node
 Checkpoints: :class:`State` is a ``torch.distributed.checkpoint`` ``Stateful``; save it beside
 the model and optimizer (``{"model": ..., "optim": ..., "compression": state}``). Its state dict
 holds every rank's compressor state (gathered at save: each rank's error feedback is its own),
-so a resume at the same world shape is bit-identical, and one at another shape restores the
-settings, L-GreCo's and GraVAC's schedules and counters, and warm starts of shards whose shape
-did not change, but no error feedback.
+so a resume at the same world shape is bit-identical. At another world shape it restores
+everything but error feedback where the shards keep their shapes (another number of replicas);
+where the shard group's size changed, warm starts of reshaped shards are dropped too, and a
+controller restarts its schedule with its compressor's settings restored.
 """
 import io
+import logging
 import time
 from typing import Any, Dict, List, Optional
 
@@ -77,6 +79,8 @@ from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.control.service import TorchTransport
 from hvd_compress.integration.agreement import AGREEMENT_TIMEOUT, describe_difference
 from hvd_compress.maths.finite import all_finite
+
+logger = logging.getLogger(__name__)
 
 
 class State:
@@ -218,32 +222,48 @@ class State:
                 "shapes": {name: list(shape) for name, shape in sorted(self._local_shapes.items())}}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """This rank's own state at the same world shape; otherwise rank 0's, less its error
-        feedback and the warm starts of shards whose shape changed."""
+        """This rank's own state at the same world shape. Otherwise rank 0's, without error
+        feedback, and without the warm starts of shards whose shape changed (another shard
+        group size); there a controller restarts its schedule (its statistics are per shard)
+        and only its compressor's state, the per-layer settings included, comes back."""
         same_world = (list(state_dict["world_shape"]) == list(self._world_shape)
                       and len(state_dict["ranks"]) == dist.get_world_size())
         source = dist.get_rank() if same_world else 0
         saved = torch.load(io.BytesIO(state_dict["ranks"][source]), weights_only=True)
         compressor_state = saved["compressor"]
-        if not same_world:
-            changed = {name for name, shape in state_dict["shapes"].items()
-                       if tuple(shape) != self._local_shapes.get(name)}
-            compressor_state = _without(compressor_state, changed)
-        self.compressor.load_state_dict(compressor_state)
         self.iter = saved["iter"]
+        if same_world:
+            self.compressor.load_state_dict(compressor_state)
+            return
+        compressor_state = _without_feedback(compressor_state)
+        changed = {name for name, shape in state_dict["shapes"].items()
+                   if tuple(shape) != self._local_shapes.get(name)}
+        if not changed:
+            self.compressor.load_state_dict(compressor_state)
+        elif "inner" in compressor_state:
+            logger.warning("hvd_compress.fsdp: the checkpoint's shards have other shapes (%d "
+                           "parameters); %s restarts its schedule, its compressor's settings "
+                           "come back", len(changed), type(self.compressor).__name__)
+            self.compressor.inner.load_state_dict(_without_names(compressor_state["inner"], changed))
+        else:
+            self.compressor.load_state_dict(_without_names(compressor_state, changed))
 
 
-def _without(compressor_state, names):
-    """A compressor (or controller) state dict with no error feedback, and no shapes or
-    per-parameter state for ``names``; a controller nests its compressor's under "inner"."""
+def _without_feedback(compressor_state):
+    """A compressor's (or controller's: nested under "inner") state dict with no error feedback."""
     out = dict(compressor_state)
     if "residuals" in out:
         out["residuals"] = {}
-    for key in ("shapes", "state"):
-        if key in out:
-            out[key] = {name: value for name, value in out[key].items() if name not in names}
     if isinstance(out.get("inner"), dict):
-        out["inner"] = _without(out["inner"], names)
+        out["inner"] = _without_feedback(out["inner"])
+    return out
+
+
+def _without_names(compressor_state, names):
+    """A compressor's state dict without the shapes and per-parameter state of ``names``."""
+    out = dict(compressor_state)
+    for key in ("shapes", "state"):
+        out[key] = {name: value for name, value in out[key].items() if name not in names}
     return out
 
 
