@@ -320,7 +320,8 @@ def register(model: FSDPModule, compressor: GradientCompression) -> State:
     """Compresses ``model``'s replicate all-reduce with ``compressor`` (a compressor or
     controller from the registry, built without ``named_parameters``); returns the
     :class:`State` (save it with ``torch.distributed.checkpoint``). Call once, after
-    ``fully_shard`` and before the first backward; the one line an HSDP script adds::
+    ``fully_shard`` and before the first backward (it replaces any ``set_all_reduce_hook`` of
+    the model's modules); the one line an HSDP script adds::
 
         state = hvd_compress.fsdp.register(model, hvd_compress.PowerSGD(rank=4))
     """
