@@ -63,7 +63,7 @@ controller restarts its schedule with its compressor's settings restored.
 import io
 import logging
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
@@ -105,11 +105,10 @@ class State:
         self._names = {id(p): name for name, p in model.named_parameters()}
         self._world_shape = [mesh_info.replicate_mesh_size, mesh_info.shard_mesh_size]
         self._local_shapes = {name: tuple(p.to_local().shape) for name, p in model.named_parameters()}
-        self._device = next(iter(model.parameters())).device  # where the finiteness verdict goes
+        self._device = next(iter(model.parameters())).device
         self._active = mesh_info.replicate_mesh_size > 1
         self._driver = None
         self._checked = False
-        self._queued = False
         self._reduced: List[torch.nn.Parameter] = []  # this backward's, in reduction order
         self._partial = set()  # ids of parameters holding reduce-scattered but unexchanged sums
         self._prior: Dict[int, torch.Tensor] = {}  # id -> gradient accumulated before this exchange
@@ -136,17 +135,16 @@ class State:
                 self._reduced.append(param)
             else:
                 self._partial.add(key)
-        if not self._queued:
-            self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        # One callback per group, not per backward: the first to run does the step's work and
+        # the others find nothing left, so a backward that raised leaves no stale flag behind.
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 
     def _end_of_backward(self):
-        self._queued = False
         reduced, self._reduced = self._reduced, []
         if not reduced:
             return
         if not self._active:
-            self._restore_priors(reduced, {})
+            self._restore_priors(reduced)
             return
         if not self._checked:
             self._check_configuration()
@@ -161,22 +159,23 @@ class State:
         order = sorted(shards)
         self._agree_on_finiteness([shards[name] for name in order])
         waited = time.perf_counter()
-        self._driver.use_plan(FusionPlan("", 0, (Bucket(tuple(order), 0),)))
+        # One fusion bucket: the first rounds of every shard travel together.
+        self._driver.use_plan(FusionPlan("", 0, (Bucket(tuple(order), 0),)) if order else None)
         try:
             for name in order:
                 self._driver.start(name, shards[name], self.compressor.begin(name, shards[name]))
             results = self._driver.finish()
         finally:
             self._driver.use_plan(None)
-        device = next(iter(shards.values())).device if shards else None
-        comm_seconds = finished_at(device, self.compressor.times_communication) - waited
+        comm_seconds = finished_at(self._device, self.compressor.times_communication) - waited
         for name in order:
             shards[name].copy_(results[name].view_as(shards[name]))
-        self._restore_priors(reduced, shards)
+        self._restore_priors(reduced)
         self.iter += 1
         self.compressor.end_step(comm_seconds=comm_seconds)
 
-    def _restore_priors(self, reduced, shards):
+    def _restore_priors(self, reduced):
+        """Adds each gradient set aside before this exchange back (as FSDP would have)."""
         for param in reduced:
             prior = self._prior.pop(id(param), None)
             if prior is not None:
