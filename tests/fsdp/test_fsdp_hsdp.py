@@ -21,19 +21,20 @@ from hvd_compress.control.service import TorchTransport
 from fsdp_helpers import (METHODS, TOLERANCE, Net, assert_replicas_identical, batches, everyone,
                           expected_shards, local_shards, loss_of, make_hsdp, mesh, train)
 
-LGRECO = dict(warmup_steps=2, decide_every=3, apply_delay=1)  # decisions at steps 2, 5, ...
-GRAVAC = dict(theta_min=2, theta_max=64, window=3, epsilon=0.3)
+# Each registered controller's schedule here, over the first compressor it can control.
+CONTROLLER_OPTIONS = {"lgreco": dict(warmup_steps=2, decide_every=3, apply_delay=1),  # decides at 2, 5, ...
+                      "gravac": dict(theta_min=2, theta_max=64, window=3, epsilon=0.3)}
+CONTROLLERS = sorted(hc.CONTROLLERS)
 
 
 def build(name):
-    if name == "lgreco":
-        return hc.LGreCo(hc.PowerSGD(rank=2), **LGRECO)
-    if name == "gravac":
-        return hc.GraVAC(hc.TopK(density=0.1), **GRAVAC)
+    if name in hc.CONTROLLERS:
+        method = hc.CONTROLLERS[name]
+        return method.build(hc.COMPRESSORS[method.wraps[0]].build(small=True), **CONTROLLER_OPTIONS[name])
     return hc.COMPRESSORS[name].build(small=True)
 
 
-@pytest.mark.parametrize("name", METHODS + ["lgreco", "gravac"])
+@pytest.mark.parametrize("name", METHODS + CONTROLLERS)
 def test_replicas_stay_bit_identical(name):
     _, model, state = make_hsdp(build(name))
     spare = local_shards(model)["spare.weight"]
