@@ -6,7 +6,9 @@ Layers, from the bottom up (each imports only the ones below it):
   compressors/   per-parameter state and settings; each builds rounds from a gradient
   control/       adaptive controllers (L-GreCo, GraVAC) and the rank-0 decision service; they use
                  compressors only through the controller protocol of ``compressors/base.py``
-  integration/   Horovod: the stock optimizer's Compression API, and our DistributedOptimizer
+  integration/   Horovod: the stock optimizer's Compression API, and our DistributedOptimizer;
+                 PyTorch DDP's comm hook (``hvd_compress.ddp``) and HSDP's replicate exchange
+                 (``hvd_compress.fsdp``)
 ``registry.py`` names every method once; the classes exported here come from it. Importing the
 package makes every compressor part of ``hvd.elastic.TorchState`` (``integration/elastic.py``).
 

@@ -204,6 +204,19 @@ def test_gradient_accumulation_over_two_micro_batches(how):
     assert_replicas_identical(model, state)
 
 
+def test_parameters_kept_unsharded_after_forward_change_nothing():
+    """reshard_after_forward=False (no post-forward mesh description to keep in step with the
+    replaced one): the same parameters, bit for bit, as with FSDP's default."""
+    results = []
+    for options in [{}, {"reshard_after_forward": False}]:
+        _, model, state = make_hsdp(hc.PowerSGD(rank=2), **options)
+        train(model, batches(4, seed=10))
+        assert_replicas_identical(model, state)
+        results.append(local_shards(model))
+    for n, p in results[0].items():
+        assert torch.equal(p, results[1][n]), n
+
+
 def test_mixed_precision_with_bf16_reduce():
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
     native, _, _ = accumulated_gradients(None, "sync", mp_policy=policy)
