@@ -9,7 +9,8 @@
 #                             in pytest.ini).
 #   bash ci/test.sh           the full tier (.ci/run): every unit test, each multi-rank file under
 #                             horovodrun --gloo and mpirun at np 2 and 4 and each DDP file under
-#                             torchrun at np 2 and 4, minus the launches in SKIPPED
+#                             torchrun at np 2 and 4, the FSDP/HSDP file under torchrun at np 4
+#                             (tests/test_fsdp.py), minus the launches in SKIPPED
 #                             (tests/test_multirank.py), and the elastic/fault runs
 #                             (tests/test_elastic.py).
 # How long each tier takes, measured: DEVELOPERS.md, "Tests" (the one place that says).

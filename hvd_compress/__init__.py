@@ -9,7 +9,8 @@ Layers, from the bottom up (each imports only the ones below it):
   control/       adaptive controllers (L-GreCo, GraVAC) and the rank-0 decision service; they use
                  compressors only through the controller protocol of ``compressors/base.py``
   integration/   Horovod (the stock optimizer's Compression API, our DistributedOptimizer, the
-                 elastic state handler) and the PyTorch DDP hook
+                 elastic state handler), PyTorch DDP's comm hook (``hvd_compress.ddp``) and HSDP's
+                 replicate exchange (``hvd_compress.fsdp``)
 ``registry.py`` names every method once; the classes exported here come from it. ``arguments.py``
 is a leaf every layer may use. Importing the
 package makes every compressor part of ``hvd.elastic.TorchState`` (``integration/elastic.py``).
