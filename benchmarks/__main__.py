@@ -11,6 +11,7 @@ BENCHMARKS = {
     "convergence": "final accuracy / perplexity, compression ratio and wall time of each method, 4 ranks",
     "ddp": "PyTorch DDP on an emulated cluster: no hook, torch's powerSGD_hook, ours through hvd_compress.ddp",
     "elastic": "a worker SIGKILLed and a new one joining under horovodrun elastic; error feedback kept or reset",
+    "evidence": "the quality tables of docs/benchmarks.md as the data file hvd_compress.advise prints from",
     "endtoend": "step time of every method on an emulated cluster: compute, compression, exposed communication",
     "fusion": "ACP-SGD step time against the fusion buffer size, on an emulated cluster",
     "projection": "alpha-beta projection of the end-to-end results to 8-64 workers and 1-100 Gbit/s",

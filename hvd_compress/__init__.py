@@ -7,6 +7,8 @@ Layers, from the bottom up (each imports only the ones below it):
   control/       adaptive controllers (L-GreCo, GraVAC) and the rank-0 decision service; they use
                  compressors only through the controller protocol of ``compressors/base.py``
   integration/   Horovod: the stock optimizer's Compression API, and our DistributedOptimizer
+``metrics.py`` exports per-step metrics (TensorBoard, JSON lines); ``advise.py`` projects every
+method's step time on the user's own model and ranks (``python -m hvd_compress.advise``).
 ``registry.py`` names every method once; the classes exported here come from it. Importing the
 package makes every compressor part of ``hvd.elastic.TorchState`` (``integration/elastic.py``).
 
@@ -26,8 +28,9 @@ from hvd_compress.control.lgreco import Accordion
 from hvd_compress.control.service import DecisionTimeout
 from hvd_compress.integration.optimizer import DistributedOptimizer
 from hvd_compress.registry import COMPRESSORS, CONTROLLERS, PUBLIC
+from hvd_compress import metrics
 
 globals().update(PUBLIC)
 
 __all__ = sorted(["Accordion", "COMPRESSORS", "CONTROLLERS", "Compressor", "DecisionTimeout", "DistributedOptimizer",
-                  "GraVACPolicy", "ScaledFusion", *PUBLIC])
+                  "GraVACPolicy", "ScaledFusion", "metrics", *PUBLIC])

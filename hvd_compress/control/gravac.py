@@ -197,6 +197,11 @@ class GraVAC(Controller):
                 "epsilon": p.epsilon, "omega": p.omega, "window": p.window, "policy": p.policy,
                 "smoothing": self._smoothing, "scale_down_to": p.scale_down_to}
 
+    def metrics(self):
+        """Adds the compression factor in force, its running mean, and theta_min."""
+        return dict(super().metrics(), gravac_factor=self.cf, gravac_average_factor=self.average_cf,
+                    gravac_theta_min=self.policy.theta_min, gravac_settled=float(self.policy.settled))
+
     @property
     def average_cf(self) -> float:
         """Mean compression factor over the steps so far (1 for dense steps)."""

@@ -168,6 +168,17 @@ class LGreCo(Controller):
                 "accordion": None if self.accordion is None else asdict(self.accordion),
                 "time_buckets": self.time_buckets, "discretization": self.discretization}
 
+    def metrics(self):
+        """Adds the version of the decision in force and each layer's setting
+        (``setting/<name>``, resolved: Top-K's k, ranks, bits)."""
+        numbers = dict(super().metrics(), lgreco_version=self.version, lgreco_step=self.step)
+        for name, shape in self._shapes.items():
+            if self.inner.tunable(shape):
+                setting = self.inner.resolve(shape, self.inner.setting(name))
+                if isinstance(setting, (int, float)):
+                    numbers[f"setting/{name}"] = setting
+        return numbers
+
     def use_process_set(self, process_set):
         super().use_process_set(process_set)
         self.service.use_process_set(process_set)

@@ -50,6 +50,10 @@ class Controller(GradientCompression):
         self.inner.track(scaler)
         return self
 
+    def metrics(self) -> Dict[str, float]:
+        """The wrapped compressor's metrics plus this controller's state (``Compressor.metrics``)."""
+        return self.inner.metrics()
+
     def config(self) -> Dict[str, Any]:
         raise NotImplementedError
 
