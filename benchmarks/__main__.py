@@ -14,6 +14,7 @@ BENCHMARKS = {
     "evidence": "the quality tables of docs/benchmarks.md as the data file hvd_compress.advise prints from",
     "endtoend": "step time of every method on an emulated cluster: compute, compression, exposed communication",
     "fusion": "ACP-SGD step time against the fusion buffer size, on an emulated cluster",
+    "metrics_overhead": "host CPU time per step that a metrics exporter adds (per layer, per write)",
     "projection": "alpha-beta projection of the end-to-end results to 8-64 workers and 1-100 Gbit/s",
     "quality": "final quality against bytes sent, a sweep of settings per method, and the seeds' claims",
     "solver": "the L-GreCo DP solver on a realistic instance",
