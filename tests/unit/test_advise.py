@@ -149,3 +149,18 @@ def test_advise_on_two_ranks_prints_its_table(tmp_path):
     assert lines[-1].startswith("advice: ")
     advice = json.loads(out.read_text())
     assert advice["world_size"] == 2 and len(advice["candidates"]) == 7
+
+
+@pytest.mark.slow
+def test_advise_check_compares_the_model_with_a_measured_run(tmp_path, monkeypatch):
+    from benchmarks import __main__ as bench
+    measured = json.loads((ROOT / "docs" / "benchmarks" / "endtoend.json").read_text())
+    measured["rates"] = {"1": measured["rates"]["1"]}
+    measured["rates"]["1"]["models"] = {"cnn": measured["rates"]["1"]["models"]["cnn"]}
+    measured["models"] = {"cnn": measured["models"]["cnn"]}
+    source = tmp_path / "endtoend.json"
+    source.write_text(json.dumps(measured))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert bench.main(["advise_check", "--from", str(source), "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## advise against end to end" in text and "| 1 | cnn | S-SGD |" in text
