@@ -35,8 +35,8 @@ change during training; their quality evidence is in ``docs/benchmarks.md``.
 import argparse
 import importlib
 import json
-import logging
 import math
+import os
 import re
 import statistics
 import sys
@@ -49,8 +49,6 @@ import torch
 
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.registry import COMPRESSORS
-
-logger = logging.getLogger(__name__)
 
 # The settings tried per method (the registry's constructor keyword: values), from the least
 # to the most compressed; methods without a setting are tried once.
@@ -162,7 +160,6 @@ class TorchRanks:
 
 def launched_ranks(device: torch.device):
     """Horovod's ranks, or torch.distributed's under torchrun (its environment names them)."""
-    import os
     if "TORCHELASTIC_RUN_ID" in os.environ:
         return TorchRanks(device)
     return HorovodRanks()
@@ -462,9 +459,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
     model, loss_of = load_model(args.model)
     device = torch.device(args.device)
-    if device.type == "cuda":
-        import os
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", 0))))
+    if device.type == "cuda":  # one GPU per rank: torchrun's local rank, or Open MPI's
+        local_rank = os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", 0))
+        device = torch.device("cuda", int(local_rank))
     model.to(device)
     ranks = launched_ranks(device)
     advice = advise(model, loss_of, compute_ms=args.compute_ms, ranks=ranks,
