@@ -168,6 +168,21 @@ def test_progress_prefixes_plain_lines_with_count_and_eta():
     assert "/3" in progress.where()
 
 
+def test_progress_on_a_terminal_rewrites_one_status_line_under_whole_result_lines():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    progress = Progress(2, "quality", stream)
+    progress.starting("a")
+    progress.finished("a: 4.5")
+    progress.starting("b")
+    assert stream.getvalue() == ("\r\033[Kquality [0/2, 0 s elapsed, ETA ?] running a"
+                                 "\r\033[Ka: 4.5\n"
+                                 "\r\033[Kquality [1/2, 0 s elapsed, ETA 0 s] running b")
+
+
 @pytest.mark.slow
 def test_tensorboard_event_file_of_a_two_rank_run_holds_the_scalars(tmp_path):
     """examples/train_digits.py at np 2 under mpirun: rank 0 alone writes an event file, and
