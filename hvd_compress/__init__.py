@@ -11,6 +11,8 @@ Layers, from the bottom up (each imports only the ones below it):
   integration/   Horovod (the stock optimizer's Compression API, our DistributedOptimizer, the
                  elastic state handler), PyTorch DDP's comm hook (``hvd_compress.ddp``) and HSDP's
                  replicate exchange (``hvd_compress.fsdp``)
+``metrics.py`` exports per-step metrics (TensorBoard, JSON lines); ``advise.py`` projects every
+method's step time on the user's own model and ranks (``python -m hvd_compress.advise``).
 ``registry.py`` names every method once; the classes exported here come from it. ``arguments.py``
 is a leaf every layer may use. Importing the
 package makes every compressor part of ``hvd.elastic.TorchState`` (``integration/elastic.py``).
@@ -31,8 +33,9 @@ from hvd_compress.control.lgreco import Accordion
 from hvd_compress.comm.transports import DecisionTimeout
 from hvd_compress.integration.optimizer import DistributedOptimizer
 from hvd_compress.registry import COMPRESSORS, CONTROLLERS, PUBLIC
+from hvd_compress import metrics
 
 globals().update(PUBLIC)
 
 __all__ = sorted(["Accordion", "COMPRESSORS", "CONTROLLERS", "Compressor", "DecisionTimeout", "DistributedOptimizer",
-                  "GraVACPolicy", "ScaledFusion", *PUBLIC])
+                  "GraVACPolicy", "ScaledFusion", "metrics", *PUBLIC])

@@ -375,6 +375,12 @@ class Compressor(GradientCompression):
         if self.feedback is not None:
             self.feedback.clear(name)
 
+    def metrics(self) -> Dict[str, float]:
+        """This process's numbers after the last step, as one flat dict of numbers (bytes sent,
+        ratio, skipped non-finite steps; codec seconds where ``hvd_compress.metrics`` times
+        them). Reads no tensor: free to call every step."""
+        return dict(self.traffic.metrics(), skipped_steps=self.skipped_steps)
+
     # ----- configuration, checkpointing -------------------------------------------------------
     def describe(self) -> Dict[str, Any]:
         return {"compressor": type(self).__name__, "config": self.config.describe(),

@@ -217,6 +217,11 @@ class GraVAC(Controller):
         if self.config.smoothing is None:  # the paper: EWMA factor N / 100
             self.policy.smoothing = min(1.0, size / 100)
 
+    def metrics(self):
+        """Adds the compression factor in force, its running mean, and theta_min."""
+        return dict(super().metrics(), gravac_factor=self.cf, gravac_average_factor=self.average_cf,
+                    gravac_theta_min=self.policy.theta_min, gravac_settled=float(self.policy.settled))
+
     @property
     def average_cf(self) -> float:
         """Mean compression factor over the steps so far (1 for dense steps)."""

@@ -186,6 +186,17 @@ class LGreCo(Controller):
         self._time_samples = deque(maxlen=TIME_SAMPLES)  # (bytes per time bucket, seconds)
         self._step_bucket_bytes = None
 
+    def metrics(self):
+        """Adds the version of the decision in force and each layer's setting
+        (``setting/<name>``, resolved: Top-K's k, ranks, bits)."""
+        numbers = dict(super().metrics(), lgreco_version=self.version, lgreco_step=self.step)
+        for name, shape in self._shapes.items():
+            if self.inner.tunable(shape):
+                setting = self.inner.resolve(shape, self.inner.setting(name))
+                if isinstance(setting, (int, float)):
+                    numbers[f"setting/{name}"] = setting
+        return numbers
+
     def use_process_set(self, process_set):
         super().use_process_set(process_set)
         self.service.use_process_set(process_set)

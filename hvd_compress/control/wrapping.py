@@ -53,6 +53,10 @@ class Controller(GradientCompression):
         self.inner.track(scaler)
         return self
 
+    def metrics(self) -> Dict[str, float]:
+        """The wrapped compressor's metrics plus this controller's state (``Compressor.metrics``)."""
+        return self.inner.metrics()
+
     def describe(self) -> Dict[str, Any]:
         """The controller's configuration, the wrapped compressor's description nested in it
         (``inner``): both must agree on every rank."""

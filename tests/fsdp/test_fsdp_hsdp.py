@@ -16,7 +16,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 import hvd_compress as hc
 import hvd_compress.fsdp
 from hvd_compress.comm.simulated import SimulatedWorld
-from hvd_compress.control.service import TorchTransport
+from hvd_compress.comm.transports import TorchTransport
 
 from fsdp_helpers import (METHODS, TOLERANCE, Net, assert_replicas_identical, batches, everyone,
                           expected_shards, local_shards, loss_of, make_hsdp, mesh, train)
