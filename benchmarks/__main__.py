@@ -6,6 +6,7 @@ import importlib
 import sys
 
 BENCHMARKS = {
+    "claims": "the L-GreCo protocol on the word LM: anchors, L-GreCo, ScaleCom in its regime, ablations",
     "codec": "compress + error feedback + decompress per step, against torch's PowerSGD hook",
     "controller_overhead": "L-GreCo's decision time, stall and per-step cost, GraVAC's gain measurement",
     "convergence": "final accuracy / perplexity, compression ratio and wall time of each method, 4 ranks",
