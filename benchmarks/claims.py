@@ -414,6 +414,30 @@ def claims(results, quick):
     return outcomes
 
 
+def ablation_rows(results, quick):
+    """Each L-GreCo run against the uniform run at its anchor: paired quality, bytes ratios."""
+    seeds = SEEDS[:1] if quick else SEEDS
+    anchors = {("wordlm", family): anchor_search(results, family, seeds, quick)[1] for family in FAMILIES}
+    anchors.update({("charlm", family): value for family, value in CHAR_ANCHORS.items()})
+    rows = []
+    for (workload, family), value in anchors.items():
+        if value is None:
+            continue
+        keyword = FAMILIES[family][1]
+        uniform_label = f"{family} {keyword} {value}"
+        uniform = seeds_of(results, uniform_label, workload)
+        labels = sorted({e["spec"]["label"] for e in results["points"].values() if e["spec"]["workload"] == workload
+                         and e["spec"]["label"].startswith(f"L-GreCo ({family}) {keyword} {value}")})
+        for label in labels if uniform else []:
+            change = paired(results, label, uniform_label, workload)
+            if change is None:
+                continue
+            u, a = summary(list(uniform.values())), summary(list(seeds_of(results, label, workload).values()))
+            rows.append(f"| {workload} | {label} | {change[2]} | {100 * change[0]:+.2f}% ± {100 * change[1]:.2f}% | "
+                        f"{u['per_step'] / a['per_step']:.2f}x | {u['whole'] / a['whole']:.2f}x |")
+    return rows
+
+
 def table(results, workload):
     labels = {}
     for entry in results["points"].values():
@@ -458,6 +482,12 @@ def markdown(results, figure):
     lines += ["Claims:", "", "| claim | met | numbers |", "|---|---|---|"]
     for text, met, numbers in claims(results, quick):
         lines.append(f"| {text} | {'-' if met is None else 'yes' if met else 'NO'} | {numbers} |")
+    ablations = ablation_rows(results, quick)
+    if ablations:
+        lines += ["", "L-GreCo and its ablations against the uniform anchor, seed by seed (the factor that "
+                  "decides a claim is the row that moves it):", "",
+                  "| workload | L-GreCo run | seeds | paired Δ perplexity vs uniform | fewer bytes per step | "
+                  "fewer bytes, whole run |", "|---" * 6 + "|"] + ablations
     for workload, title in [("wordlm", "Word LM"), ("charlm", "Character LM (the small-model row)")]:
         rows = table(results, workload)
         if len(rows) > 2:
