@@ -1,7 +1,7 @@
 """The L-GreCo protocol: L-GreCo against the uniform settings it is anchored at, and ScaleCom in
 its paper's regime, on the word-level GPT (``workloads/wordlm``), with paired seeds.
 
-    python -m benchmarks claims [--quick] [--max-minutes 360] [--job-timeout 1800] [--out docs/]
+    python -m benchmarks claims [--quick] [--max-minutes 360] [--job-timeout 7200] [--out docs/]
         [--report-only]
 
 The protocol (every point one ``mpirun -np 2`` job through the stock ``hvd.DistributedOptimizer``,
@@ -540,7 +540,8 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks claims", description=__doc__.splitlines()[0])
     parser.add_argument("--max-minutes", type=float, default=360.0,
                         help="start no new point after this long; rerun to resume")
-    parser.add_argument("--job-timeout", type=int, default=1800, help="seconds per mpirun job")
+    parser.add_argument("--job-timeout", type=int, default=7200,
+                        help="seconds per mpirun job (a point takes minutes on idle cores, an hour or more niced on busy ones)")
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="a tiny model, a few steps, one seed")
     parser.add_argument("--report-only", action="store_true", help="rewrite the section and picture from the JSON")
