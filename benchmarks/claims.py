@@ -466,8 +466,8 @@ def markdown(results, figure):
     quick = results.get("quick", False)
     minutes = sum(e["record"]["job_seconds"] for e in results["points"].values()) / 60
     lines = [f"Command: `python -m benchmarks claims{' --quick' if quick else ''}` (resumable; regenerate this "
-             f"section from the JSON with `--report-only`). {len(results['points'])} jobs, {minutes:.0f} min in "
-             f"jobs, run niced beside other work on the same cores.", "",
+             f"section from the JSON with `--report-only`). Jobs finished: {len(results['points'])}, "
+             f"{minutes:.0f} min in all, run niced beside other work on the same cores.", "",
              f"Machine: {describe_machine(results['machine'])}", "",
              f"Protocol: see `benchmarks/claims.py`. Word LM: {wordlm.VOCAB}-token vocabulary (Python standard "
              f"library source), GPT of 4 blocks, d_model 64, context 64, separate embedding and head; "
@@ -492,6 +492,12 @@ def markdown(results, figure):
         rows = table(results, workload)
         if len(rows) > 2:
             lines += ["", f"**{title}**", ""] + rows
+    curve = next((e["record"].get("curve") for e in results["points"].values()
+                  if e["spec"]["workload"] == "wordlm" and e["spec"]["label"] == UNCOMPRESSED
+                  and e["spec"]["seed"] == 0), None)
+    if curve:
+        lines += ["", "Uncompressed word LM, seed 0, validation perplexity during the run (step: perplexity): "
+                  + ", ".join(f"{step}: {value:.2f}" for step, value in curve) + "."]
     if any(e["spec"]["workload"] == "wordlm" for e in results["points"].values()):
         lines += ["", f"![perplexity against bytes per step]({figure.as_posix()})"]
     return "\n".join(lines) + "\n"
