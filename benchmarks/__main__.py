@@ -7,6 +7,7 @@ import sys
 
 BENCHMARKS = {
     "advise_check": "advise's projection model fed with the end-to-end run's measurements, against its step times",
+    "claims": "the L-GreCo protocol on the word LM: anchors, L-GreCo, ScaleCom in its regime, ablations",
     "codec": "compress + error feedback + decompress per step, against torch's PowerSGD hook",
     "controller_overhead": "L-GreCo's decision time, stall and per-step cost, GraVAC's gain measurement",
     "convergence": "final accuracy / perplexity, compression ratio and wall time of each method, 4 ranks",

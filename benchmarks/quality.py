@@ -145,7 +145,10 @@ def build_compression(spec, model, named, steps, tokens_per_rank):
         inner.set_rates_from_flops(flops, {name: p.numel() for name, p in named if name in flops},
                                    per_worker_batch=tokens_per_rank, reference_batch=4500)
     if controller.get("kind") == "lgreco":
-        return hc.LGreCo(inner, accumulate_steps=controller.get("accumulate_steps"), **lgreco_schedule(steps))
+        # The earlier variant (raw gradients, whole window), which quality.json's rows measured;
+        # the reference's defaults run in ``benchmarks.claims``.
+        return hc.LGreCo(inner, accumulate_steps=controller.get("accumulate_steps"), error_source="raw",
+                         **lgreco_schedule(steps))
     if controller.get("kind") == "gravac":
         return hc.GraVAC(inner, epsilon=controller["epsilon"], window=max(1, steps // 10))
     return inner

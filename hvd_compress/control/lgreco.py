@@ -20,6 +20,8 @@ from hvd_compress.control.wrapping import Controller
 logger = logging.getLogger(__name__)
 
 OBJECTIVES = ("size", "time", "accordion")
+ERROR_SOURCES = ("sent", "raw")
+REFERENCE_ACCUMULATE_STEPS = 10  # the authors' code averages the last 10 steps before a decision
 # The time objective's model is fitted to the last this many steps: a fixed window, so state
 # and checkpoints stay bounded however long training runs.
 TIME_SAMPLES = 512
@@ -67,8 +69,10 @@ class LGreCoConfig(MethodConfig):
     candidates: Optional[tuple] = None
     decide_every: int = 1000
     warmup_steps: int = 1000
+    start_step: int = 0
     apply_delay: Union[int, str] = "auto"
-    accumulate_steps: Optional[int] = None
+    accumulate_steps: Optional[int] = REFERENCE_ACCUMULATE_STEPS
+    error_source: str = "sent"
     objective: str = "size"
     accordion: Optional[Accordion] = None
     time_buckets: int = 4
@@ -77,8 +81,8 @@ class LGreCoConfig(MethodConfig):
     timeout: float = local(60.0)
 
     def check(self, owner):
-        for label, least in [("decide_every", 1), ("warmup_steps", 0), ("time_buckets", 1),
-                             ("discretization", 1)]:
+        for label, least in [("decide_every", 1), ("warmup_steps", 0), ("start_step", 0),
+                             ("time_buckets", 1), ("discretization", 1)]:
             arguments.integer(owner, label, getattr(self, label), low=least)
         if self.accumulate_steps is not None:
             arguments.integer(owner, "accumulate_steps (or None)", self.accumulate_steps, low=1)
@@ -87,6 +91,8 @@ class LGreCoConfig(MethodConfig):
             if self.apply_delay >= self.decide_every:
                 raise ValueError(f"{owner}: apply_delay ({self.apply_delay}) must be smaller than "
                                  f"decide_every ({self.decide_every})")
+        if self.error_source not in ERROR_SOURCES:
+            raise ValueError(f"{owner}: error_source must be one of {ERROR_SOURCES}, got {self.error_source!r}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"{owner}: objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if (self.objective == "accordion") != (self.accordion is not None):
@@ -107,24 +113,44 @@ class LGreCoConfig(MethodConfig):
 class LGreCo(Controller):
     """Wraps PowerSGD, ACPSGD, TopK or QSGD and owns each layer's setting.
 
-    Every ``decide_every`` steps after ``warmup_steps``, rank 0 takes the gradients it
-    accumulated since the last decision, builds error(layer, candidate) (the L2 norm of the
-    compression error, without error feedback) and size(layer, candidate) (bytes actually sent)
-    tables, and solves min total size s.t. total error <= the uniform default's error, in a
-    background thread. The decision reaches every rank ``apply_delay`` steps later, is checked
-    to be identical everywhere, and takes effect on every rank at that same step. A decision
-    due while the previous one has not yet taken effect is skipped (its gradients go to the
-    next one).
+    Until ``start_step`` nothing is compressed (every gradient is sent whole, no error is
+    accumulated). From then on every layer runs at the wrapped compressor's uniform default
+    until the first decision, ``warmup_steps`` later, and then every ``decide_every`` steps
+    rank 0 builds error(layer, candidate) (the L2 norm of the compression error) and
+    size(layer, candidate) (bytes actually sent) tables, and solves min total size s.t. total
+    error <= the uniform default's error, in a background thread. The decision reaches every
+    rank ``apply_delay`` steps later, is checked to be identical everywhere, and takes effect on
+    every rank at that same step. A decision due while the previous one has not yet taken
+    effect is skipped (its gradients go to the next one).
+
+    The error table is measured, as in the authors' reference, on what each layer actually
+    compresses (``error_source="sent"``: its gradient plus its error-feedback residual),
+    averaged over the last ``accumulate_steps`` (10) steps before each decision. A layer that
+    was cut too far shows a growing residual, so the next decision gives it back bytes.
 
     Tuning guide:
       * The wrapped compressor's default (e.g. ``PowerSGD(rank=32)``, ``TopK(density=0.01)``,
-        ``QSGD(bits=4)``) should be a uniform setting known to keep accuracy; L-GreCo matches
-        its total error with fewer bytes.
+        ``QSGD(bits=4)``) is the anchor: a uniform setting known to keep accuracy, whose total
+        error L-GreCo matches with fewer bytes. Pick the most aggressive uniform setting that
+        stays within your quality tolerance (with the same ``start_step``); L-GreCo cannot
+        repair an anchor that already loses quality.
+      * ``start_step``: uncompressed steps first; set it to the end of the learning-rate
+        warm-up (the reference's ``start_powerSGD_iter``). Early gradients change fast and
+        are a poor guide to the later ones.
+      * ``warmup_steps``: steps at the uniform default after ``start_step`` before the first
+        decision, so residuals have built up; the reference uses one period
+        (``warmup_steps=decide_every``).
+      * ``decide_every``: steps between decisions, or "epoch" with ``steps_per_epoch``; the
+        paper decides once an epoch (some 5-20 decisions a run).
       * ``candidates``: settings to search (ranks, densities for TopK, bits). Default: the
         paper's ranges, [D/2, 2D] for ranks and bits, [D/10, 10D] in steps of D/10 for density.
-      * ``decide_every``: steps between decisions, or "epoch" with ``steps_per_epoch``; the
-        paper decides once an epoch. ``warmup_steps``: steps before the first decision
-        (the paper uses the learning-rate warm-up).
+      * ``accumulate_steps``: the steps before each decision whose tensors are averaged into
+        the error table (default 10, the reference's); None averages every step since the
+        last decision. Rank 0 pays a pass over the model's gradients only on those steps.
+      * ``error_source``: "sent" (default, the reference) measures gradient plus residual;
+        "raw" measures the gradients alone, blind to the residuals of layers it cut (the
+        earlier behaviour of this class, with ``accumulate_steps=None``; kept to measure the
+        difference).
       * ``objective``: "size" (default), "time" (sizes weighted by per-bucket seconds per byte
         from a linear model of measured communication time), or "accordion" (pass
         ``accordion=Accordion(critical, normal)``).
@@ -136,12 +162,6 @@ class LGreCo(Controller):
         Which step a decision takes effect at then depends on timing, so a run resumed from a
         checkpoint can apply it at another step. An int fixes the delay: every rank waits at
         that step for rank 0 (bit-for-bit repeatable runs); it must be below ``decide_every``.
-      * ``accumulate_steps``: None (default, the paper) sums every step's gradients since the
-        last decision; N sums only the last N steps before each decision. Summing is a pass
-        over the model's gradients on rank 0 every step it runs (its cost per step, against a
-        step's time: docs/benchmarks.md "Controller overhead", ``python -m benchmarks
-        controller_overhead``); N cuts it ``decide_every / N``-fold. The decision then sees
-        the latest gradients only.
       * ``timeout``: seconds a rank waits for rank 0 before failing loudly, and the longest a
         decision may compute, postponed or not.
 
@@ -150,8 +170,9 @@ class LGreCo(Controller):
 
     def __init__(self, compressor: Compressor, *, candidates: Optional[Sequence[Any]] = None,
                  decide_every: Union[int, str] = 1000, steps_per_epoch: Optional[int] = None,
-                 warmup_steps: int = 1000, apply_delay: Union[int, str] = "auto",
-                 accumulate_steps: Optional[int] = None, objective: str = "size",
+                 warmup_steps: int = 1000, start_step: int = 0, apply_delay: Union[int, str] = "auto",
+                 accumulate_steps: Optional[int] = REFERENCE_ACCUMULATE_STEPS,
+                 error_source: str = "sent", objective: str = "size",
                  accordion: Optional["Accordion"] = None, time_buckets: int = 4,
                  discretization: int = 10000, transport: str = "auto", timeout: float = 60.0):
         super().__init__(compressor)
@@ -160,6 +181,7 @@ class LGreCo(Controller):
                                              steps_per_epoch, low=1)
         self.config = config = LGreCoConfig(
             candidates=candidates, decide_every=decide_every, warmup_steps=warmup_steps,
+            start_step=start_step, error_source=error_source,
             apply_delay=apply_delay, accumulate_steps=accumulate_steps, objective=objective,
             accordion=accordion, time_buckets=time_buckets, discretization=discretization,
             transport=transport, timeout=timeout)
@@ -172,7 +194,7 @@ class LGreCo(Controller):
         self.step = 0
         self.version = 0
         self.decisions = deque(maxlen=DECISIONS_KEPT)  # the latest, oldest first
-        self._next_decision = warmup_steps
+        self._next_decision = start_step + warmup_steps
         self._pending = None  # (version, decided_at, effective_step)
         self._bound_world = None
         # Agreed by all ranks. "auto" starts within one period: a short schedule's first
@@ -234,15 +256,37 @@ class LGreCo(Controller):
     def begin(self, name, grad):
         if name not in self._shapes:
             self._shapes[name] = tuple(grad.shape)
-        window = self.config.accumulate_steps or self.config.decide_every
-        if self.rank == 0 and self._next_decision - self.step <= window and self.inner.tunable(self._shapes[name]):
-            # Staged, without a gradient-sized allocation per layer and step; kept at end_step
-            # only if the step was finite.
-            self._sums.add(name, grad.detach(), value_weight=1.0 / self.inner.loss_scale())
+        if self.step < self.config.start_step:
+            return self.inner.begin_uncompressed(name, grad)
+        if self.rank == 0 and self._accumulating() and self.inner.tunable(self._shapes[name]):
+            self._accumulate(name, grad)
         round_ = self.inner.begin(name, grad)
         if self.config.objective == "time":
             self._count_bucket_bytes(name, round_.payload)
         return round_
+
+    def next_payload_bytes(self, name, shape):
+        if self.step < self.config.start_step:
+            return 4 * math.prod(shape)
+        return self.inner.next_payload_bytes(name, shape)
+
+    def _window(self):
+        """Steps averaged into the error table before each decision."""
+        return min(self.config.accumulate_steps or self.config.decide_every, self.config.decide_every)
+
+    def _accumulating(self):
+        return self._next_decision - self.step <= self._window()
+
+    def _accumulate(self, name, grad):
+        """Adds this step's share of the window's mean, in unscaled units. Staged, without a
+        gradient-sized allocation per layer and step; kept at end_step only if the step was
+        finite. "sent": the residual this step's compression adds to the gradient, read before
+        the compressor replaces it."""
+        share = 1.0 / self._window()
+        self._sums.add(name, grad.detach(), value_weight=share / self.inner.loss_scale())
+        residual = self.inner.residual(name) if self.config.error_source == "sent" else None
+        if residual is not None:
+            self._sums.add(name, residual.view(grad.shape), value_weight=share)
 
     # ----- the schedule ---------------------------------------------------------------------
     def end_step(self, comm_seconds=None):
