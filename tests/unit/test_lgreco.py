@@ -142,7 +142,7 @@ def test_accumulate_steps_averages_only_the_last_steps_before_a_decision():
 
 def decision_budget(inner, tables):
     """The uniform default's total error on ``tables`` (name -> the tensor the table is built on)."""
-    return sum(inner.errors(x, [inner.resolve(tuple(x.shape), inner.default)])[0] for x in tables.values())
+    return sum(inner.errors(x, [inner.resolve(tuple(x.shape), inner.config.default)])[0] for x in tables.values())
 
 
 @pytest.mark.parametrize("error_source", ["sent", "raw"])
