@@ -17,6 +17,7 @@ import hvd_compress as hc
 import hvd_compress.fsdp
 from hvd_compress.comm.simulated import SimulatedWorld
 from hvd_compress.comm.transports import TorchTransport
+from hvd_compress.registry import controllable
 
 from fsdp_helpers import (METHODS, TOLERANCE, Net, assert_replicas_identical, batches, everyone,
                           expected_shards, local_shards, loss_of, make_hsdp, mesh, train)
@@ -30,7 +31,7 @@ CONTROLLERS = sorted(hc.CONTROLLERS)
 def build(name):
     if name in hc.CONTROLLERS:
         method = hc.CONTROLLERS[name]
-        return method.build(hc.COMPRESSORS[method.wraps[0]].build(small=True), **CONTROLLER_OPTIONS[name])
+        return method.build(hc.COMPRESSORS[controllable()[0]].build(small=True), **CONTROLLER_OPTIONS[name])
     return hc.COMPRESSORS[name].build(small=True)
 
 
