@@ -6,7 +6,8 @@ Layers, from the bottom up (each imports only the ones below it):
   compressors/   per-parameter state and settings; each builds rounds from a gradient
   control/       adaptive controllers (L-GreCo, GraVAC) and the rank-0 decision service; they use
                  compressors only through the controller protocol of ``compressors/base.py``
-  integration/   Horovod: the stock optimizer's Compression API, and our DistributedOptimizer
+  integration/   Horovod: the stock optimizer's Compression API, and our DistributedOptimizer;
+                 DiLoCo's outer loop (local steps, compressed pseudo-gradients)
 ``registry.py`` names every method once; the classes exported here come from it. Importing the
 package makes every compressor part of ``hvd.elastic.TorchState`` (``integration/elastic.py``).
 
@@ -25,9 +26,10 @@ from hvd_compress.control.gravac import GraVACPolicy
 from hvd_compress.control.lgreco import Accordion
 from hvd_compress.control.service import DecisionTimeout
 from hvd_compress.integration.optimizer import DistributedOptimizer
+from hvd_compress.integration.outer import DiLoCo
 from hvd_compress.registry import COMPRESSORS, CONTROLLERS, PUBLIC
 
 globals().update(PUBLIC)
 
-__all__ = sorted(["Accordion", "COMPRESSORS", "CONTROLLERS", "Compressor", "DecisionTimeout", "DistributedOptimizer",
+__all__ = sorted(["Accordion", "COMPRESSORS", "CONTROLLERS", "Compressor", "DecisionTimeout", "DiLoCo", "DistributedOptimizer",
                   "GraVACPolicy", "ScaledFusion", *PUBLIC])
