@@ -12,6 +12,7 @@ BENCHMARKS = {
     "ddp": "PyTorch DDP on an emulated cluster: no hook, torch's powerSGD_hook, ours through hvd_compress.ddp",
     "elastic": "a worker SIGKILLed and a new one joining under horovodrun elastic; error feedback kept or reset",
     "endtoend": "step time of every method on an emulated cluster: compute, compression, exposed communication",
+    "outer": "DiLoCo (local steps, compressed pseudo-gradients) against per-step methods, quality and bytes",
     "fusion": "ACP-SGD step time against the fusion buffer size, on an emulated cluster",
     "projection": "alpha-beta projection of the end-to-end results to 8-64 workers and 1-100 Gbit/s",
     "quality": "final quality against bytes sent, a sweep of settings per method, and the seeds' claims",

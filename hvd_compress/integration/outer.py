@@ -53,7 +53,7 @@ def nesterov_outer(params: List[torch.Tensor]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
 
 
-class DiLoCo:
+class DiLoCo(torch.optim.Optimizer):
     """Wraps a local (inner) optimizer: ``step()`` steps it, and every ``inner_steps`` steps
     averages the pseudo-gradients through ``compression`` and takes an outer step.
 
@@ -90,6 +90,10 @@ class DiLoCo:
     Memory: two extra copies of the weights (the anchors and the outer momentum), plus the
     compressor's state. Buffers (BatchNorm statistics) are not exchanged.
 
+    An ``Optimizer`` so that learning-rate schedulers and ``GradScaler.step`` take it: its
+    ``param_groups`` and ``state`` are the inner optimizer's (a scheduler sets the inner learning
+    rate), while ``state_dict`` is DiLoCo's own, below.
+
     Checkpoints: ``state_dict()`` holds the anchors, the outer optimizer's state, the step
     within the period and the compressor's state (this rank's error feedback included); save
     the model and the inner optimizer as usual, beside it. Loading all three resumes exactly,
@@ -118,7 +122,9 @@ class DiLoCo:
             raise ValueError(f"DiLoCo: outer_optimizer must be a callable that builds a "
                              f"torch.optim.Optimizer from a list of tensors, got "
                              f"{type(outer_optimizer).__name__}")
+        # Not Optimizer.__init__: the parameter groups are the inner optimizer's own objects.
         self.optimizer = optimizer
+        self.defaults = optimizer.defaults
         self.compression = compression
         self.process_set = process_set
         self._outer_factory = outer_optimizer

@@ -150,3 +150,14 @@ def test_a_checkpoint_that_does_not_fit_is_refused_and_changes_nothing(edit, mes
     assert after["step_in_period"] == before["step_in_period"]
     assert all(torch.equal(after["anchors"][k], before["anchors"][k]) for k in before["anchors"])
     assert after["compression"]["config"] == before["compression"]["config"]
+
+
+def test_a_learning_rate_scheduler_takes_it_and_sets_the_inner_learning_rate():
+    net = small_net()
+    inner = torch.optim.SGD(net.parameters(), lr=0.1)
+    outer = hc.DiLoCo(inner, net.named_parameters(), inner_steps=2)
+    schedule = torch.optim.lr_scheduler.LambdaLR(outer, lambda step: 0.5 ** step)
+    for _ in range(3):
+        train(net, outer, 1)
+        schedule.step()
+    assert inner.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 3)
