@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import horovod.torch as hvd
 import torch
+from horovod.torch.elastic import state as elastic_state
 
 from hvd_compress import arguments
 from hvd_compress.comm.driver import RoundDriver
@@ -40,7 +41,9 @@ from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.compressors.cast import NoCompression
 from hvd_compress.control.service import HorovodTransport, TorchTransport, uses_torch_distributed
 from hvd_compress.integration.agreement import AGREEMENT_TIMEOUT, describe_difference
+from hvd_compress.integration.elastic import FEEDBACK_POLICIES, rebased
 from hvd_compress.integration.optimizer import _parameter_names
+from hvd_compress.integration.stock import current_world
 from hvd_compress.maths.finite import all_finite, extremes
 
 logger = logging.getLogger(__name__)
@@ -136,6 +139,7 @@ class DiLoCo(torch.optim.Optimizer):
         self.outer_steps = 0
         self.skipped_outer_steps = 0  # non-finite pseudo-gradients: periods thrown away
         self._bound = False
+        self._world = None  # Horovod's (reset count, rank, size) when bound
 
     def _build_outer(self, values):
         """Anchors holding ``values`` (copied) and an outer optimizer over them."""
@@ -162,8 +166,8 @@ class DiLoCo(torch.optim.Optimizer):
 
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """One inner step; at the end of a period, the outer step (collective)."""
-        if not self._bound:
-            self._bind()
+        if not self._bound or (self._world is not None and self._world != current_world(self._process_set)):
+            self._bind()  # the first step, or an elastic reset changed the world
         loss = self.optimizer.step(closure)
         self.step_in_period += 1
         if self.step_in_period == self.inner_steps:
@@ -185,6 +189,8 @@ class DiLoCo(torch.optim.Optimizer):
                                    "call hvd.init() or torch.distributed.init_process_group() first")
             process_set = hvd.global_process_set if self.process_set is None else self.process_set
             backend, transport = HorovodBackend(process_set), HorovodTransport(process_set)
+            self._world = current_world(process_set)
+        self._process_set = process_set
         self.rank, self.size = backend.rank, backend.size
         self._active = self.size > 1
         if self._active:
@@ -264,12 +270,20 @@ class DiLoCo(torch.optim.Optimizer):
         """The anchors, the outer optimizer's state, the step within the period and the
         compression's state (this rank's error feedback included). Tensors are copies; only
         tensors, numbers, strings, lists and dicts (``torch.load(weights_only=True)``)."""
+        return self._state(self.compression.state_dict())
+
+    def elastic_state_dict(self) -> Dict[str, Any]:
+        """What an elastic commit saves: ``state_dict``, never waiting (L-GreCo leaves a decision
+        in flight out)."""
+        return self._state(self.compression.elastic_state_dict())
+
+    def _state(self, compression_state):
         return {"class": "DiLoCo", "config": self.describe(),
                 "step_in_period": self.step_in_period, "outer_steps": self.outer_steps,
                 "skipped_outer_steps": self.skipped_outer_steps,
                 "anchors": {name: anchor.detach().clone() for name, anchor in self._anchors.items()},
                 "outer_optimizer": _copied(self._outer.state_dict()),
-                "compression": self.compression.state_dict()}
+                "compression": compression_state}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Restores a ``state_dict``. Everything is checked before anything changes: a mismatch
@@ -310,6 +324,48 @@ class DiLoCo(torch.optim.Optimizer):
         self.step_in_period = step
         self.outer_steps = state_dict["outer_steps"]
         self.skipped_outer_steps = state_dict["skipped_outer_steps"]
+
+
+class DiLoCoStateHandler(elastic_state.StateHandler):
+    """``hvd.elastic.TorchState(model, inner, outer=diloco, ...)``: a commit saves DiLoCo's state,
+    a failed worker's survivors restore it, and after every reset rank 0's state (anchors, outer
+    optimizer, step within the period, codec settings) goes to every rank; error feedback follows
+    ``compression.feedback_on_world_change`` as anywhere else. The model handler then sends rank
+    0's weights, so every rank continues the period from rank 0's local weights. The wrapper
+    binds to the new world at its next step. Ahead of Horovod's optimizer handler, which would
+    take DiLoCo for a torch optimizer."""
+
+    def __init__(self, outer: DiLoCo):
+        super().__init__(outer)
+        self._saved = outer.elastic_state_dict()
+
+    def save(self) -> None:
+        self._saved = self.value.elastic_state_dict()
+
+    def restore(self) -> None:
+        outer, own = self.value, self._saved["compression"]
+        outer.load_state_dict(dict(self._saved, compression=rebased(own, own, outer.compression.rank,
+                                                                    outer.compression.size)))
+
+    def sync(self) -> None:
+        outer = self.value
+        policy = outer.compression.feedback_on_world_change
+        if policy not in FEEDBACK_POLICIES:
+            raise ValueError(f"{type(outer.compression).__name__}.feedback_on_world_change must be one "
+                             f"of {', '.join(FEEDBACK_POLICIES)}, got {policy!r}")
+        mine = outer.elastic_state_dict() if policy == "keep" or hvd.rank() == 0 else None
+        shared = None
+        if hvd.rank() == 0:
+            shared = dict(mine, compression=rebased(mine["compression"], None, 0, 1))
+        shared = hvd.broadcast_object(shared, root_rank=0, name="hvd_compress.diloco.sync")
+        rank, size = hvd.rank(), hvd.size()
+        outer.compression.bind_world(rank, size)
+        own = mine["compression"] if policy == "keep" else None
+        outer.load_state_dict(dict(shared, compression=rebased(shared["compression"], own, rank, size)))
+        outer._bound = False  # binds to the new world, checks and broadcasts at its next step
+
+
+elastic_state.set_handler_registry([(DiLoCo, DiLoCoStateHandler), *elastic_state.get_handler_registry()])
 
 
 def _copied(value):

@@ -161,3 +161,31 @@ def test_a_learning_rate_scheduler_takes_it_and_sets_the_inner_learning_rate():
         train(net, outer, 1)
         schedule.step()
     assert inner.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 3)
+
+
+def test_elastic_state_commits_restores_and_syncs_the_outer_state():
+    """hvd.elastic.TorchState takes DiLoCo as a keyword through its own handler (not Horovod's
+    optimizer handler): restore() brings back the committed anchors, period and error feedback;
+    sync() loads rank 0's state and makes the wrapper bind again at its next step."""
+    from hvd_compress.integration.outer import DiLoCoStateHandler
+    net = small_net()
+    inner = torch.optim.SGD(net.parameters(), lr=0.1)
+    outer = hc.DiLoCo(inner, net.named_parameters(), hc.TopK(density=0.05), inner_steps=3)
+    state = hvd.elastic.TorchState(net, inner, outer=outer, epoch=0)
+    assert isinstance(state._handlers["outer"], DiLoCoStateHandler)
+    train(net, outer, 4)
+    state.commit()
+    committed = checkpoint_of(outer)
+    train(net, outer, 3, seed=1)
+    assert outer.outer_steps == 2
+    state.restore()
+    restored = outer.state_dict()
+    assert (restored["step_in_period"], restored["outer_steps"]) == (1, 1)
+    for key in ("anchors",):
+        assert all(torch.equal(restored[key][k], committed[key][k]) for k in committed[key])
+    assert all(torch.equal(restored["compression"]["residuals"][k], committed["compression"]["residuals"][k])
+               for k in committed["compression"]["residuals"])
+    state.sync()
+    assert not outer._bound
+    train(net, outer, 2)
+    assert outer._bound and (outer.outer_steps, outer.step_in_period) == (2, 0)
