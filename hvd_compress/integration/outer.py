@@ -22,6 +22,8 @@ Why each rule is what it is:
   period begins. This is what torchft's DiLoCo does when a step may not commit (it restores the
   saved parameters and skips the outer optimizer). The inner optimizer's state is the user's
   and is left alone: copying it every period would cost another copy of its state.
+* Under elastic Horovod the wrapper is a ``TorchState`` keyword with a handler of its own
+  (:class:`DiLoCoStateHandler`), registered ahead of Horovod's optimizer handler.
 """
 import logging
 import time
@@ -138,6 +140,7 @@ class DiLoCo(torch.optim.Optimizer):
         self.step_in_period = 0
         self.outer_steps = 0
         self.skipped_outer_steps = 0  # non-finite pseudo-gradients: periods thrown away
+        self.rank, self.size = 0, 1  # this rank in the averaging group, once bound
         self._bound = False
         self._world = None  # Horovod's (reset count, rank, size) when bound
 
@@ -163,6 +166,10 @@ class DiLoCo(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        raise ValueError("DiLoCo: add_param_group: the parameters are fixed at construction (each "
+                         "has its outer-start copy); build the inner optimizer with every group")
 
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """One inner step; at the end of a period, the outer step (collective)."""

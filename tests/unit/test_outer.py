@@ -60,6 +60,8 @@ def test_bad_arguments_are_refused_by_name():
     for build, message in cases:
         with pytest.raises(ValueError, match=message):
             build()
+    with pytest.raises(ValueError, match="add_param_group"):
+        hc.DiLoCo(sgd, named, inner_steps=2).add_param_group({"params": [torch.zeros(2)]})
 
 
 @pytest.mark.parametrize("outer_lr", [1.0, 0.5])
