@@ -191,3 +191,18 @@ def test_elastic_state_commits_restores_and_syncs_the_outer_state():
     assert not outer._bound
     train(net, outer, 2)
     assert outer._bound and (outer.outer_steps, outer.step_in_period) == (2, 0)
+
+
+def test_gradscaler_steps_it_and_an_overflow_step_does_not_count_in_the_period():
+    net = small_net()
+    outer = diloco(net, inner_steps=2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    x = torch.randn(8, 16)
+    for poison in [False, True, False, False]:
+        outer.zero_grad()
+        scaler.scale(net(x).square().mean()).backward()
+        if poison:
+            net[0].weight.grad[0, 0] = float("inf")
+        scaler.step(outer)
+        scaler.update()
+    assert (outer.outer_steps, outer.step_in_period) == (1, 1)
