@@ -132,21 +132,27 @@ def write_report(results, out):
              "`hvd_compress.DiLoCo` (default Nesterov outer step, lr 0.7, momentum 0.9): H local "
              "steps, then the pseudo-gradients averaged through the codec. MB sent per rank over the "
              "whole run, ring model; \"fewer bytes\" against a float32 all-reduce on every step. "
-             "Dominates / dominated by: per-step points of \"Quality against bytes\" (seed 0) with "
-             "more bytes and higher perplexity / fewer or equal bytes and lower perplexity.",
+             "The last three columns set each point against the per-step points of \"Quality "
+             "against bytes\" (seed 0): how many it dominates (they send more bytes and end at a "
+             "higher perplexity), the best of those that send no more bytes, and the cheapest of "
+             "those that end no higher.",
              "", "| H | codec | validation perplexity | \u0394 vs per-step uncompressed | MB sent per rank "
-             "| fewer bytes | dominates | dominated by |", "|---" * 8 + "|"]
+             "| fewer bytes | dominates | best per-step at no more bytes | cheapest per-step at no higher perplexity |",
+             "|---" * 9 + "|"]
     rows = sorted(results["points"].values(),
                   key=lambda e: (e["spec"]["inner_steps"], list(CODECS).index(e["spec"]["codec"])))
     for entry in rows:
         record, spec = entry["record"], entry["spec"]
-        mb = record["wire_bytes"] / 1e6
-        delta = f"{100 * (record['metric'] / base[0] - 1):+.1f}%" if base else "-"
-        beats = [label for label, (metric, sent) in reference.items() if sent >= mb and metric > record["metric"]]
-        beaten = [label for label, (metric, sent) in reference.items() if sent <= mb and metric < record["metric"]]
-        lines.append(f"| {spec['inner_steps']} | {spec['codec']} | {record['metric']:.3f} | {delta} | "
-                     f"{mb:,.1f} | {record['dense_wire_bytes'] / max(record['wire_bytes'], 1):,.0f}x | "
-                     f"{len(beats)} of {len(reference)} | {', '.join(sorted(beaten)) or 'none'} |")
+        mb, metric = record["wire_bytes"] / 1e6, record["metric"]
+        delta = f"{100 * (metric / base[0] - 1):+.1f}%" if base else "-"
+        beats = [label for label, (m, sent) in reference.items() if sent >= mb and m > metric]
+        cheaper = [(m, label, sent) for label, (m, sent) in reference.items() if sent <= mb]
+        better = [(sent, label, m) for label, (m, sent) in reference.items() if m <= metric]
+        best = "none" if not cheaper else "{1} ({0:.3f}, {2:,.1f} MB)".format(*min(cheaper))
+        cheapest = "none" if not better else "{1} ({2:.3f}, {0:,.1f} MB)".format(*min(better))
+        lines.append(f"| {spec['inner_steps']} | {spec['codec']} | {metric:.3f} | {delta} | {mb:,.1f} | "
+                     f"{record['dense_wire_bytes'] / max(record['wire_bytes'], 1):,.0f}x | "
+                     f"{len(beats)} of {len(reference)} | {best} | {cheapest} |")
     if base:
         lines += ["", f"Per-step uncompressed (seed 0): perplexity {base[0]:.3f} for {base[1]:,.1f} MB."]
     lines += ["", f"Machine: {describe_machine(results['machine'])}", ""]
