@@ -155,6 +155,8 @@ def write_report(results, out):
                      f"{len(beats)} of {len(reference)} | {best} | {cheapest} |")
     if base:
         lines += ["", f"Per-step uncompressed (seed 0): perplexity {base[0]:.3f} for {base[1]:,.1f} MB."]
+    if results.get("note"):
+        lines += ["", f"How it ran: {results['note']}."]
     lines += ["", f"Machine: {describe_machine(results['machine'])}", ""]
     write_section(out / "benchmarks.md", SECTION, "\n".join(lines))
 
