@@ -9,8 +9,9 @@ Layers, from the bottom up (each imports only the ones below it):
   control/       adaptive controllers (L-GreCo, GraVAC) and the rank-0 decision service; they use
                  compressors only through the controller protocol of ``compressors/base.py``
   integration/   Horovod (the stock optimizer's Compression API, our DistributedOptimizer, the
-                 elastic state handler), PyTorch DDP's comm hook (``hvd_compress.ddp``) and HSDP's
-                 replicate exchange (``hvd_compress.fsdp``)
+                 elastic state handler), PyTorch DDP's comm hook (``hvd_compress.ddp``), HSDP's
+                 replicate exchange (``hvd_compress.fsdp``) and DiLoCo's outer loop (local steps,
+                 compressed pseudo-gradients)
 ``metrics.py`` exports per-step metrics (TensorBoard, JSON lines); ``advise.py`` projects every
 method's step time on the user's own model and ranks (``python -m hvd_compress.advise``).
 ``registry.py`` names every method once; the classes exported here come from it. ``arguments.py``
@@ -32,10 +33,11 @@ from hvd_compress.control.gravac import GraVACPolicy
 from hvd_compress.control.lgreco import Accordion
 from hvd_compress.comm.transports import DecisionTimeout
 from hvd_compress.integration.optimizer import DistributedOptimizer
+from hvd_compress.integration.outer import DiLoCo
 from hvd_compress.registry import COMPRESSORS, CONTROLLERS, PUBLIC
 from hvd_compress import metrics
 
 globals().update(PUBLIC)
 
-__all__ = sorted(["Accordion", "COMPRESSORS", "CONTROLLERS", "Compressor", "DecisionTimeout", "DistributedOptimizer",
-                  "GraVACPolicy", "ScaledFusion", "metrics", *PUBLIC])
+__all__ = sorted(["Accordion", "COMPRESSORS", "CONTROLLERS", "Compressor", "DecisionTimeout", "DiLoCo",
+                  "DistributedOptimizer", "GraVACPolicy", "ScaledFusion", "metrics", *PUBLIC])

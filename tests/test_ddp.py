@@ -21,7 +21,8 @@ HERE = Path(__file__).parent / "ddp"
 # Seconds per launch; on this 2-core machine a launch took 13-31 s at np 2 and 26-71 s at np 4
 # (10-20 s of it importing torch._dynamo, which DDP pulls in, Horovod and the package in every
 # rank), up to twice that while other jobs ran.
-TIMEOUTS = {"test_ddp_exchange.py": 300, "test_ddp_state.py": 300, "test_ddp_backend.py": 300}
+TIMEOUTS = {"test_ddp_exchange.py": 300, "test_ddp_state.py": 300, "test_ddp_backend.py": 300,
+            "test_ddp_outer.py": 300}
 QUICK = {(2, "test_ddp_exchange.py")}
 
 

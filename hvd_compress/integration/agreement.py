@@ -31,6 +31,8 @@ def describe_difference(mine, theirs, my_rank, other_rank):
     cls = mine["compressor"]
     for key in sorted(set(mine["config"]) | set(theirs["config"])):
         a, b = mine["config"].get(key), theirs["config"].get(key)
+        if _is_description(a) and _is_description(b) and a != b:  # a wrapped compressor's
+            return describe_difference(a, b, my_rank, other_rank)
         if a != b:
             return f"{cls}: {key} is {a!r} {where} {b!r} on rank {other_rank}"
     for name in sorted(set(mine["settings"]) | set(theirs["settings"])):
@@ -38,3 +40,7 @@ def describe_difference(mine, theirs, my_rank, other_rank):
         if a != b:
             return f"{cls}: parameter {name!r} has setting {a!r} {where} {b!r} on rank {other_rank}"
     return f"{cls}: configuration differs between rank {my_rank} and rank {other_rank}"
+
+
+def _is_description(value):
+    return isinstance(value, dict) and {"compressor", "config", "settings"} <= set(value)

@@ -1,0 +1,190 @@
+"""DiLoCo against per-step compression: quality against bytes on the character LM.
+
+    python -m benchmarks outer [--np 4] [--lm-steps 3000] [--inner-steps 10,50,100]
+        [--max-minutes 60] [--job-timeout 1800] [--out docs/] [--quick]
+
+Each point is one ``mpirun -np W`` job training the quality benchmark's character LM (same
+model, data, AdamW and learning-rate schedule, ``benchmarks.quality.LM``) through
+``hvd_compress.DiLoCo``: ``inner_steps`` local AdamW steps, then the default Nesterov outer step
+on pseudo-gradients averaged through a compressor: uncompressed, FP16, QSGD 4 bits and Top-K
+1% with error feedback. Bytes are those the compressor handed to collectives over the whole
+run, per rank, on the ring model, as in ``quality``; only outer steps send anything.
+
+The section of ``docs/benchmarks.md`` sets each point against the per-step points of
+``docs/benchmarks/quality.json`` (same workload, world size and steps, seed 0): which per-step
+points it dominates (fewer or equal bytes and lower perplexity) and which dominate it.
+
+Resumes point by point from ``<out>/benchmarks/outer.json``; ``--max-minutes`` stops starting
+new points after that long. ``--quick``: 2 ranks, the tiny LM, a few steps, two points.
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import horovod.torch as hvd
+import torch
+
+import hvd_compress as hc
+from benchmarks.convergence import QUICK_LM
+from benchmarks.quality import LM, LM_STEPS
+from benchmarks.report import DOCS, describe_machine, machine, mpirun_job, write_section
+from benchmarks.workloads import charlm
+from hvd_compress.comm.rounds import Collective
+
+RESULT_PREFIX = "OUTER_RESULT "
+SECTION = "DiLoCo: local steps and compressed pseudo-gradients"
+# Codec label -> (registry name, settings); the order in which points run.
+CODECS = {"uncompressed": ("none", {}), "Top-K 1% + EF": ("topk", {"density": 0.01}),
+          "QSGD 4 bits": ("qsgd", {"bits": 4}), "FP16": ("fp16", {})}
+INNER_STEPS = [10, 50, 100]
+
+
+def points(inner_steps, quick):
+    """Every point, the most telling first: each codec at the middle H, then the rest."""
+    codecs = list(CODECS)[:2] if quick else list(CODECS)
+    order = sorted(inner_steps, key=lambda h: (h != inner_steps[len(inner_steps) // 2], h))
+    return [{"key": f"DiLoCo H={h}, {codec}", "codec": codec, "inner_steps": h}
+            for h in order for codec in codecs]
+
+
+# ----- one job: runs on every rank ----------------------------------------------------------------
+def train_point(spec):
+    made, curve = {}, []
+    lm = spec["lm"]
+
+    def make_optimizer(model, optimizer):
+        name, settings = CODECS[spec["codec"]]
+        named = list(model.named_parameters())
+        made["dense_bytes"] = 4 * sum(p.numel() for _, p in named)
+        made["outer"] = hc.DiLoCo(optimizer, named, hc.COMPRESSORS[name].build(**settings),
+                                  inner_steps=spec["inner_steps"])
+        return made["outer"]
+
+    started = time.perf_counter()
+    _, metric = charlm.train(make_optimizer, hvd.rank(), hvd.size(), steps=spec["steps"],
+                             batch_size=lm["batch_size"], seed=spec["seed"], model_kwargs=lm["model"],
+                             max_chars=lm["max_chars"], log_every=max(1, spec["steps"] // 10),
+                             log=lambda step, loss, perplexity: curve.append([step, perplexity]))
+    outer = made["outer"]
+    return {"key": spec["key"], "metric": metric, "steps": spec["steps"], "world_size": hvd.size(),
+            "outer_steps": outer.outer_steps, "skipped_outer_steps": outer.skipped_outer_steps,
+            "train_seconds": time.perf_counter() - started, "curve": curve,
+            "wire_bytes": outer.compression.traffic.wire_bytes,
+            "dense_wire_bytes": spec["steps"] * Collective.ALLREDUCE.wire_bytes(made["dense_bytes"], hvd.size())}
+
+
+def worker(spec):
+    torch.set_num_threads(1)  # W ranks share the machine's cores
+    hvd.init()
+    record = train_point(spec)
+    if hvd.rank() == 0:
+        print(RESULT_PREFIX + json.dumps(record), flush=True)
+
+
+# ----- the driver -----------------------------------------------------------------------------
+def run(args):
+    out = args.out / "benchmarks"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "outer.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.setdefault("points", {})
+    lm = QUICK_LM if args.quick else LM
+    results.update(machine=machine(), np=args.np, lm_steps=args.lm_steps, lm=lm, seed=0,
+                   command="python -m benchmarks outer " + " ".join(sys.argv[1:]))
+    deadline = time.monotonic() + 60 * args.max_minutes
+    for spec in points(args.inner_steps, args.quick):
+        if spec["key"] in results["points"] or time.monotonic() >= deadline:
+            continue
+        job = dict(spec, steps=args.lm_steps, lm=lm, seed=0)
+        [record] = mpirun_job("benchmarks.outer", job, args.np, args.job_timeout, RESULT_PREFIX,
+                              spec["key"], expected=1)
+        results["points"][spec["key"]] = {"spec": spec, "record": record}
+        path.write_text(json.dumps(results, indent=1) + "\n")
+        write_report(results, args.out)
+        print(f"{spec['key']}: perplexity {record['metric']:.3f}, {record['wire_bytes'] / 1e6:,.1f} MB "
+              f"sent, {record['job_seconds']:.0f} s", flush=True)
+    write_report(results, args.out)
+    return results
+
+
+# ----- the report ---------------------------------------------------------------------------------
+def per_step_points(out, np, steps):
+    """{label: (perplexity, MB sent per rank)} of the quality benchmark's character-LM points at
+    seed 0, when it ran at the same world size and steps; else {}."""
+    path = out / "benchmarks" / "quality.json"
+    if not path.exists():
+        return {}
+    quality = json.loads(path.read_text())
+    if quality.get("np") != np or quality.get("lm_steps") != steps:
+        return {}
+    return {entry["spec"]["label"]: (entry["record"]["metric"], entry["record"]["wire_bytes"] / 1e6)
+            for entry in quality["points"].values()
+            if entry["spec"]["workload"] == "charlm" and entry["spec"]["seed"] == 0}
+
+
+def write_report(results, out):
+    reference = per_step_points(out, results["np"], results["lm_steps"])
+    base = reference.get("uncompressed")
+    lines = [f"`{results['command']}`: the character LM of \"Quality against bytes\" "
+             f"({results['lm_steps']:,} AdamW steps, {results['np']} ranks, seed 0) trained through "
+             "`hvd_compress.DiLoCo` (default Nesterov outer step, lr 0.7, momentum 0.9): H local "
+             "steps, then the pseudo-gradients averaged through the codec. MB sent per rank over the "
+             "whole run, ring model; \"fewer bytes\" against a float32 all-reduce on every step. "
+             "The last three columns set each point against the per-step points of \"Quality "
+             "against bytes\" (seed 0): how many it dominates (they send more bytes and end at a "
+             "higher perplexity), the best of those that send no more bytes, and the cheapest of "
+             "those that end no higher.",
+             "", "| H | codec | validation perplexity | \u0394 vs per-step uncompressed | MB sent per rank "
+             "| fewer bytes | dominates | best per-step at no more bytes | cheapest per-step at no higher perplexity |",
+             "|---" * 9 + "|"]
+    rows = sorted(results["points"].values(),
+                  key=lambda e: (e["spec"]["inner_steps"], list(CODECS).index(e["spec"]["codec"])))
+    for entry in rows:
+        record, spec = entry["record"], entry["spec"]
+        mb, metric = record["wire_bytes"] / 1e6, record["metric"]
+        delta = f"{100 * (metric / base[0] - 1):+.1f}%" if base else "-"
+        beats = [label for label, (m, sent) in reference.items() if sent >= mb and m > metric]
+        cheaper = [(m, label, sent) for label, (m, sent) in reference.items() if sent <= mb]
+        better = [(sent, label, m) for label, (m, sent) in reference.items() if m <= metric]
+        best = "none" if not cheaper else "{1} ({0:.3f}, {2:,.1f} MB)".format(*min(cheaper))
+        cheapest = "none" if not better else "{1} ({2:.3f}, {0:,.1f} MB)".format(*min(better))
+        lines.append(f"| {spec['inner_steps']} | {spec['codec']} | {metric:.3f} | {delta} | {mb:,.1f} | "
+                     f"{record['dense_wire_bytes'] / max(record['wire_bytes'], 1):,.0f}x | "
+                     f"{len(beats)} of {len(reference)} | {best} | {cheapest} |")
+    if base:
+        lines += ["", f"Per-step uncompressed (seed 0): perplexity {base[0]:.3f} for {base[1]:,.1f} MB."]
+    if results.get("note"):
+        lines += ["", f"How it ran: {results['note']}."]
+    lines += ["", f"Machine: {describe_machine(results['machine'])}", ""]
+    write_section(out / "benchmarks.md", SECTION, "\n".join(lines))
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks outer", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--np", type=int, default=4)
+    parser.add_argument("--lm-steps", type=int, default=LM_STEPS)
+    parser.add_argument("--inner-steps", type=lambda s: [int(h) for h in s.split(",")], default=INNER_STEPS)
+    parser.add_argument("--max-minutes", type=float, default=600.0)
+    parser.add_argument("--job-timeout", type=float, default=1800.0)
+    parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.np, args.lm_steps, args.inner_steps = 2, 20, [5]
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.worker is not None:
+        worker(json.loads(args.worker))
+        return
+    results = run(args)
+    print(f"{len(results['points'])} points in {args.out / 'benchmarks' / 'outer.json'}")
+
+
+if __name__ == "__main__":
+    main()

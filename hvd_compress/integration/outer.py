@@ -1,0 +1,384 @@
+"""``hvd_compress.DiLoCo``: local steps, then an outer step on compressed pseudo-gradients.
+
+DiLoCo (Douillard et al., 2023) trains each replica alone for ``inner_steps`` steps, then
+averages the pseudo-gradients (the weights at the start of the period minus the weights now)
+and applies an outer optimizer (Nesterov momentum SGD) to the start-of-period weights. Here the
+pseudo-gradients travel through any hvd_compress compressor or controller, on the same round
+driver and backends as gradients: Horovod's collectives (``horovodrun``/``mpirun``) or
+``torch.distributed``'s (``torchrun``).
+
+Why each rule is what it is:
+
+* The outer optimizer works on copies of the weights ("anchors"), one per parameter, and the
+  model's parameters are overwritten with them after each outer step: the anchors are the
+  shared, replicated model; the parameters are this rank's local exploration.
+* The first ``step()`` broadcasts rank 0's anchors (and, at the start of a period, its weights)
+  after checking that every rank runs the same configuration, so replicas start identical
+  whatever each rank initialised. Collective, hence at the first step and not at construction.
+* A non-finite averaged pseudo-gradient (an Inf or NaN on any rank reaches the average, which
+  every rank holds alike, so all ranks agree without an extra collective) skips the outer step
+  on every rank: the weights go back to the period's start, the anchors, the outer optimizer
+  and the compressor stay as they were (the compressor rolls its own step back), and a new
+  period begins. This is what torchft's DiLoCo does when a step may not commit (it restores the
+  saved parameters and skips the outer optimizer). The inner optimizer's state is the user's
+  and is left alone: copying it every period would cost another copy of its state.
+* Under elastic Horovod the wrapper is a ``TorchState`` keyword with a handler of its own
+  (:class:`DiLoCoStateHandler`), registered ahead of Horovod's optimizer handler.
+"""
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import horovod.torch as hvd
+import torch
+from horovod.torch.elastic import state as elastic_state
+
+from hvd_compress import arguments
+from hvd_compress.comm.driver import RoundDriver
+from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
+from hvd_compress.comm.horovod_backend import HorovodBackend
+from hvd_compress.comm.rounds import Collective, Round
+from hvd_compress.comm.torch_backend import TorchBackend
+from hvd_compress.compressors.base import GradientCompression
+from hvd_compress.compressors.cast import NoCompression
+from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header
+from hvd_compress.comm.transports import HorovodTransport, TorchTransport, uses_torch_distributed
+from hvd_compress.integration.agreement import verify_same_configuration
+from hvd_compress.integration.elastic import FEEDBACK_POLICIES, rebased
+from hvd_compress.integration.optimizer import _parameter_names
+from hvd_compress.integration.stock import current_world
+from hvd_compress.maths.finite import all_finite, extremes
+
+logger = logging.getLogger(__name__)
+
+OuterOptimizerFactory = Callable[[List[torch.Tensor]], torch.optim.Optimizer]
+
+
+def nesterov_outer(params: List[torch.Tensor]) -> torch.optim.Optimizer:
+    """DiLoCo's outer optimizer: SGD with Nesterov momentum 0.9 at learning rate 0.7."""
+    return torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiLoCoConfig(MethodConfig):
+    """What must agree on every rank and with a checkpoint: the period, the outer optimizer's
+    class and the parameters' names and shapes."""
+    inner_steps: int
+    outer_optimizer: str
+    parameters: Dict[str, List[int]]
+
+    def check(self, owner):
+        self._keep("inner_steps", arguments.integer(owner, "inner_steps", self.inner_steps, low=1))
+
+
+class DiLoCo(torch.optim.Optimizer):
+    """Wraps a local (inner) optimizer: ``step()`` steps it, and every ``inner_steps`` steps
+    averages the pseudo-gradients through ``compression`` and takes an outer step.
+
+    ::
+
+        hvd.init()  # or torch.distributed.init_process_group(...) under torchrun
+        inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        outer = hvd_compress.DiLoCo(inner, model.named_parameters(), hvd_compress.QSGD(bits=4),
+                                    inner_steps=100)
+        for x, y in batches:
+            outer.zero_grad()
+            loss_fn(model(x), y).backward()
+            outer.step()
+
+    The model must not be wrapped in DDP, nor the optimizer in ``hvd.DistributedOptimizer``:
+    between outer steps nothing is exchanged. Every rank runs the same number of steps.
+
+    * ``inner_steps`` (H): local steps per outer step; communication falls H-fold. DiLoCo used
+      500 and Streaming DiLoCo 100 on language models of 150 M parameters and up; on small
+      models and few steps start lower (10-50) and raise it while quality holds. Larger H also
+      drifts the replicas further apart (more so with a large inner learning rate).
+    * ``compression``: any hvd_compress compressor or controller (default ``NoCompression``);
+      its error feedback, if any, holds pseudo-gradient residuals, and L-GreCo decides on
+      pseudo-gradients (its ``decide_every`` counts outer steps). Do not ``track`` a loss scaler
+      with it: pseudo-gradients are not loss-scaled.
+    * ``outer_optimizer``: a factory, given the anchors (a list of tensors, one per parameter),
+      returning a ``torch.optim.Optimizer``; default :func:`nesterov_outer` (SGD, Nesterov
+      momentum 0.9, learning rate 0.7, as in DiLoCo). ``lambda p: torch.optim.SGD(p, lr=1.0)``
+      is plain model averaging (local SGD).
+    * ``process_set``: the ranks to average over: a Horovod ``ProcessSet`` or a
+      ``torch.distributed`` process group; None: every rank, on ``torch.distributed`` if it is
+      initialised and Horovod is not (torchrun), else on Horovod.
+
+    Memory: two extra copies of the weights (the anchors and the outer momentum), plus the
+    compressor's state. Buffers (BatchNorm statistics) are not exchanged.
+
+    An ``Optimizer`` so that learning-rate schedulers and ``GradScaler.step`` take it: its
+    ``param_groups`` and ``state`` are the inner optimizer's (a scheduler sets the inner learning
+    rate), while ``state_dict`` is DiLoCo's own, below.
+
+    Checkpoints: ``state_dict()`` holds the anchors, the outer optimizer's state, the step
+    within the period and the compressor's state (this rank's error feedback included); save
+    the model and the inner optimizer as usual, beside it. Loading all three resumes exactly,
+    mid-period included. ``load_state_dict`` checks everything before changing anything.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 named_parameters: Iterable[Tuple[str, torch.nn.Parameter]],
+                 compression: Optional[GradientCompression] = None, *, inner_steps: int,
+                 outer_optimizer: OuterOptimizerFactory = nesterov_outer, process_set: Any = None):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(f"DiLoCo: optimizer must be a torch.optim.Optimizer, got "
+                             f"{type(optimizer).__name__}")
+        if type(optimizer).__module__ == hvd.DistributedOptimizer.__module__:
+            raise ValueError("DiLoCo: optimizer must be the local optimizer, not a distributed "
+                             "one (between outer steps nothing is exchanged)")
+        if named_parameters is None:
+            raise ValueError("DiLoCo: named_parameters is required (model.named_parameters()): "
+                             "names key the compressor's state and the checkpoints")
+        compression = NoCompression() if compression is None else compression
+        if not isinstance(compression, GradientCompression):
+            raise ValueError(f"DiLoCo: compression must be an hvd_compress compressor or "
+                             f"controller, got {type(compression).__name__}")
+        arguments.integer("DiLoCo", "inner_steps", inner_steps, low=1)
+        if not callable(outer_optimizer):
+            raise ValueError(f"DiLoCo: outer_optimizer must be a callable that builds a "
+                             f"torch.optim.Optimizer from a list of tensors, got "
+                             f"{type(outer_optimizer).__name__}")
+        # Not Optimizer.__init__: the parameter groups are the inner optimizer's own objects.
+        self.optimizer = optimizer
+        self.defaults = optimizer.defaults
+        self.compression = compression
+        self.process_set = process_set
+        self._outer_factory = outer_optimizer
+        names = _parameter_names(optimizer.param_groups, named_parameters)
+        self._named = {name: p for p, name in names.items() if p.requires_grad}
+        self._anchors, self._outer = self._build_outer(
+            {name: p.detach() for name, p in self._named.items()})
+        self.config = DiLoCoConfig(
+            owner="DiLoCo", inner_steps=inner_steps, outer_optimizer=type(self._outer).__name__,
+            parameters={name: list(p.shape) for name, p in self._named.items()})
+        self.step_in_period = 0
+        self.outer_steps = 0
+        self.skipped_outer_steps = 0  # non-finite pseudo-gradients: periods thrown away
+        self.rank, self.size = 0, 1  # this rank in the averaging group, once bound
+        self._bound = False
+        self._world = None  # Horovod's (reset count, rank, size) when bound
+
+    def _build_outer(self, values):
+        """Anchors holding ``values`` (copied) and an outer optimizer over them."""
+        anchors = {name: torch.nn.Parameter(values[name].to(p.device, p.dtype).clone(), requires_grad=True)
+                   for name, p in self._named.items()}
+        outer = self._outer_factory(list(anchors.values()))
+        if not isinstance(outer, torch.optim.Optimizer):
+            raise ValueError(f"DiLoCo: outer_optimizer must return a torch.optim.Optimizer, "
+                             f"got {type(outer).__name__}")
+        return anchors, outer
+
+    # ----- the optimizer interface ------------------------------------------------------------
+    @property
+    def param_groups(self) -> List[Dict[str, Any]]:
+        """The inner optimizer's (what ``GradScaler.unscale_`` and clipping read)."""
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Dict[Any, Any]:
+        return self.optimizer.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        raise ValueError("DiLoCo: add_param_group: the parameters are fixed at construction (each "
+                         "has its outer-start copy); build the inner optimizer with every group")
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """One inner step; at the end of a period, the outer step (collective)."""
+        if not self._bound or (self._world is not None and self._world != current_world(self._process_set)):
+            self._bind()  # the first step, or an elastic reset changed the world
+        loss = self.optimizer.step(closure)
+        self.step_in_period += 1
+        if self.step_in_period == self.inner_steps:
+            self._outer_step()
+        return loss
+
+    # ----- the world --------------------------------------------------------------------------
+    def _bind(self):
+        """At the first step: the backend, the configuration check, rank 0's anchors."""
+        if uses_torch_distributed(self.process_set):
+            group = self.process_set
+            backend, transport, process_set = TorchBackend(group), TorchTransport(group), group
+            if process_set is None:
+                import torch.distributed as dist
+                process_set = dist.group.WORLD
+        else:
+            if not hvd.is_initialized():
+                raise RuntimeError("DiLoCo: neither Horovod nor torch.distributed is initialised; "
+                                   "call hvd.init() or torch.distributed.init_process_group() first")
+            process_set = hvd.global_process_set if self.process_set is None else self.process_set
+            backend, transport = HorovodBackend(process_set), HorovodTransport(process_set)
+            self._world = current_world(process_set)
+        self._process_set = process_set
+        self.rank, self.size = backend.rank, backend.size
+        self._active = self.size > 1
+        if self._active:
+            self.compression.bind_world(self.rank, self.size)
+            self.compression.use_process_set(process_set)
+            self._backend = backend
+            self._driver = RoundDriver(backend, self.compression.traffic)
+            shapes = {name: tuple(p.shape) for name, p in reversed(self._named.items())}
+            self._scheduler = FusionScheduler(self.compression, shapes, ScaledFusion(), self.rank)
+            verify_same_configuration(self, transport)
+            self._broadcast_anchors()
+        self._bound = True
+
+    @property
+    def inner_steps(self) -> int:
+        return self.config.inner_steps
+
+    def describe(self) -> Dict[str, Any]:
+        """What must agree on every rank (the cross-rank check's format): the configuration, the
+        step within the period and the compression's own description."""
+        return {"compressor": "DiLoCo", "settings": {},
+                "config": {**self.config.describe(), "step_in_period": self.step_in_period,
+                           "inner": self.compression.describe()}}
+
+    def _broadcast_anchors(self):
+        """Rank 0's anchors everywhere; at a period's start, its weights too (they are equal)."""
+        handles = {name: self._backend.start(f"hvd_compress.diloco.anchor.{name}",
+                                             Round(anchor.detach(), Collective.BROADCAST, None))
+                   for name, anchor in self._anchors.items()}
+        with torch.no_grad():
+            for name, handle in handles.items():
+                self._anchors[name].copy_(self._backend.wait(handle))
+                if self.step_in_period == 0:
+                    self._named[name].copy_(self._anchors[name])
+
+    # ----- the outer step ---------------------------------------------------------------------
+    def _outer_step(self):
+        with torch.no_grad():
+            deltas = {name: self._anchors[name] - p for name, p in self._named.items()}
+            averaged = self._exchange(deltas) if self._active else deltas
+            found = [e.double() for delta in averaged.values() for e in extremes(delta)]
+            finite = not found or bool(all_finite(torch.stack(found)))
+            if finite:
+                for name, anchor in self._anchors.items():
+                    anchor.grad = averaged[name].to(anchor.dtype)
+                self._outer.step()
+                self._outer.zero_grad(set_to_none=True)
+                self.outer_steps += 1
+            else:
+                self.skipped_outer_steps += 1
+                logger.warning("DiLoCo: non-finite pseudo-gradient on some rank; outer step skipped, "
+                               "the weights go back to the period's start (%d such steps so far)",
+                               self.skipped_outer_steps)
+            for name, p in self._named.items():
+                p.copy_(self._anchors[name])
+        self.step_in_period = 0
+
+    def _exchange(self, deltas):
+        """Averages the pseudo-gradients through the compression, fused as gradients are."""
+        self._driver.use_plan(self._scheduler.plan())
+        for name, delta in deltas.items():
+            self._driver.start(name, delta, self.compression.begin(name, delta))
+        results = self._driver.finish()
+        self.compression.end_step()
+        return results
+
+    # ----- checkpoints ------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """The anchors, the outer optimizer's state, the step within the period and the
+        compression's state (this rank's error feedback included). Tensors are copies; only
+        tensors, numbers, strings, lists and dicts (``torch.load(weights_only=True)``)."""
+        return self._state(self.compression.state_dict())
+
+    def elastic_state_dict(self) -> Dict[str, Any]:
+        """What an elastic commit saves: ``state_dict``, never waiting (L-GreCo leaves a decision
+        in flight out)."""
+        return self._state(self.compression.elastic_state_dict())
+
+    def _state(self, compression_state):
+        return {**checkpoint_header("DiLoCo", self.config),
+                "step_in_period": self.step_in_period, "outer_steps": self.outer_steps,
+                "skipped_outer_steps": self.skipped_outer_steps,
+                "anchors": {name: anchor.detach().clone() for name, anchor in self._anchors.items()},
+                "outer_optimizer": _copied(self._outer.state_dict()),
+                "compression": compression_state}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restores a ``state_dict``. Everything is checked before anything changes: a mismatch
+        raises one ``ValueError`` naming it and leaves this object as it was."""
+        check_checkpoint("DiLoCo", state_dict, ("step_in_period", "outer_steps", "skipped_outer_steps",
+                                                "anchors", "outer_optimizer", "compression"), self.config)
+        step = state_dict["step_in_period"]
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < self.inner_steps:
+            raise ValueError(f"DiLoCo.load_state_dict: step_in_period must lie in [0, "
+                             f"{self.inner_steps}), got {step!r}")
+        anchors = state_dict["anchors"]
+        for name, p in self._named.items():
+            value = anchors.get(name)
+            if not torch.is_tensor(value) or tuple(value.shape) != tuple(p.shape):
+                raise ValueError(f"DiLoCo.load_state_dict: anchor of parameter {name!r} is missing "
+                                 f"or has the wrong shape in the checkpoint")
+        extra = sorted(set(anchors) - set(self._named))
+        if extra:
+            raise ValueError(f"DiLoCo.load_state_dict: anchors {extra} are not parameters here")
+        new_anchors, new_outer = self._build_outer(anchors)
+        try:
+            new_outer.load_state_dict(_copied(state_dict["outer_optimizer"]))
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"DiLoCo.load_state_dict: outer_optimizer state does not fit: {error}") from None
+        self.compression.load_state_dict(state_dict["compression"])  # checks its own part; last to raise
+        self._anchors, self._outer = new_anchors, new_outer
+        self.step_in_period = step
+        self.outer_steps = state_dict["outer_steps"]
+        self.skipped_outer_steps = state_dict["skipped_outer_steps"]
+
+
+class DiLoCoStateHandler(elastic_state.StateHandler):
+    """``hvd.elastic.TorchState(model, inner, outer=diloco, ...)``: a commit saves DiLoCo's state,
+    a failed worker's survivors restore it, and after every reset rank 0's state (anchors, outer
+    optimizer, step within the period, codec settings) goes to every rank; error feedback follows
+    ``compression.feedback_on_world_change`` as anywhere else. The model handler then sends rank
+    0's weights, so every rank continues the period from rank 0's local weights. The wrapper
+    binds to the new world at its next step. Ahead of Horovod's optimizer handler, which would
+    take DiLoCo for a torch optimizer."""
+
+    def __init__(self, outer: DiLoCo):
+        super().__init__(outer)
+        self._saved = outer.elastic_state_dict()
+
+    def save(self) -> None:
+        self._saved = self.value.elastic_state_dict()
+
+    def restore(self) -> None:
+        outer, own = self.value, self._saved["compression"]
+        outer.load_state_dict(dict(self._saved, compression=rebased(own, own, outer.compression.rank,
+                                                                    outer.compression.size)))
+
+    def sync(self) -> None:
+        outer = self.value
+        policy = outer.compression.feedback_on_world_change
+        if policy not in FEEDBACK_POLICIES:
+            raise ValueError(f"{type(outer.compression).__name__}.feedback_on_world_change must be one "
+                             f"of {', '.join(FEEDBACK_POLICIES)}, got {policy!r}")
+        mine = outer.elastic_state_dict() if policy == "keep" or hvd.rank() == 0 else None
+        shared = None
+        if hvd.rank() == 0:
+            shared = dict(mine, compression=rebased(mine["compression"], None, 0, 1))
+        shared = hvd.broadcast_object(shared, root_rank=0, name="hvd_compress.diloco.sync")
+        rank, size = hvd.rank(), hvd.size()
+        outer.compression.bind_world(rank, size)
+        own = mine["compression"] if policy == "keep" else None
+        outer.load_state_dict(dict(shared, compression=rebased(shared["compression"], own, rank, size)))
+        outer._bound = False  # binds to the new world, checks and broadcasts at its next step
+
+
+elastic_state.set_handler_registry([(DiLoCo, DiLoCoStateHandler), *elastic_state.get_handler_registry()])
+
+
+def _copied(value):
+    """Tensors cloned, containers rebuilt: a torch optimizer's state dict shares its tensors."""
+    if torch.is_tensor(value):
+        return value.clone()
+    if isinstance(value, dict):
+        return {key: _copied(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copied(item) for item in value)
+    return value
+

@@ -1,0 +1,42 @@
+"""hvd_compress.DiLoCo through torch.distributed (``torchrun``, Gloo, no Horovod initialised):
+the cases of tests/outer_cases.py, shared with the Horovod launch (tests/multirank/test_outer.py)."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from ddp_helpers import gathered
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import outer_cases as cases  # noqa: E402
+
+
+def gather(tensor, name):
+    return gathered(tensor)
+
+
+@pytest.mark.parametrize("method", cases.COMPRESSIONS)
+def test_replicas_identical_after_every_outer_step(method):
+    cases.replicas_identical_after_every_outer_step(gather, dist.get_rank(), method)
+
+
+def test_outer_step_is_the_reference_outer_optimizer_on_the_mean():
+    cases.outer_step_is_the_reference_outer_optimizer_on_the_mean(gather, dist.get_rank(), dist.get_world_size())
+
+
+def test_one_inner_step_is_data_parallel_sgd():
+    cases.one_inner_step_is_data_parallel_sgd(gather, dist.get_rank(), dist.get_world_size())
+
+
+def test_nonfinite_pseudo_gradient_on_one_rank_skips_the_outer_step_everywhere():
+    cases.nonfinite_pseudo_gradient_on_one_rank_skips_the_outer_step_everywhere(
+        gather, dist.get_rank(), dist.get_world_size())
+
+
+def test_resume_mid_period_is_exact():
+    cases.resume_mid_period_is_exact(gather, dist.get_rank())
+
+
+def test_ranks_that_disagree_all_fail():
+    cases.ranks_that_disagree_all_fail(dist.get_rank())

@@ -1,0 +1,196 @@
+"""hvd_compress.DiLoCo's multi-rank checks, shared by the Horovod launch
+(tests/multirank/test_outer.py) and the torchrun launch (tests/ddp/test_ddp_outer.py): each
+passes a ``gather(tensor, name) -> (W, numel)`` over its own collectives. DiLoCo picks its
+backend itself (Horovod there, torch.distributed here)."""
+import io
+
+import pytest
+import torch
+from torch import nn
+
+import hvd_compress as hc
+
+# Outer steps through these, each with its own state (error feedback, warm starts, L-GreCo).
+COMPRESSIONS = ["none", "fp16", "qsgd", "topk", "powersgd", "lgreco"]
+H = 3
+
+
+def compression(name):
+    if name == "lgreco":
+        return hc.LGreCo(hc.TopK(density=0.05), warmup_steps=1, decide_every=2, apply_delay=1)
+    return hc.COMPRESSORS[name].build(small=True)
+
+
+def model(seed):
+    """16 -> 64 -> 64 -> 4: two weights large enough to be compressed, a dense head."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 4))
+
+
+def batches(rank, steps, seed=0):
+    """Rank ``rank``'s data: its own regression batches."""
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    target = torch.randn(16, 4, generator=torch.Generator().manual_seed(seed))
+    for _ in range(steps):
+        x = torch.randn(32, 16, generator=g)
+        yield x, torch.tanh(x @ target)
+
+
+def inner_step(net, optimizer, x, y):
+    optimizer.zero_grad()
+    nn.functional.mse_loss(net(x), y).backward()
+    optimizer.step()
+
+
+def weights(net):
+    return {name: p.detach().clone() for name, p in net.named_parameters()}
+
+
+def assert_identical(gather, net, label):
+    for name, p in net.named_parameters():
+        rows = gather(p, f"outer.{label}.{name}")
+        assert all(torch.equal(rows[0], row) for row in rows), f"{label}: {name} differs between ranks"
+
+
+def replicas_identical_after_every_outer_step(gather, rank, method):
+    """Every rank starts from other weights (the first step broadcasts rank 0's); after each
+    outer step every parameter is bit-identical on every rank, and only outer steps exchange."""
+    net = model(seed=rank)
+    outer = hc.DiLoCo(torch.optim.AdamW(net.parameters(), lr=1e-2), net.named_parameters(),
+                      compression(method), inner_steps=H)
+    for step, (x, y) in enumerate(batches(rank, 3 * H), 1):
+        outer.zero_grad()
+        nn.functional.mse_loss(net(x), y).backward()
+        outer.step()
+        if step % H == 0:
+            assert outer.step_in_period == 0 and outer.outer_steps == step // H
+            assert_identical(gather, net, f"{method}.{step}")
+    assert outer.compression.traffic.steps == 3  # one exchange per outer step, none between
+
+
+def outer_step_is_the_reference_outer_optimizer_on_the_mean(gather, rank, size):
+    """Uncompressed, two periods: the weights after each outer step are the default Nesterov
+    outer optimizer's step on the mean of the ranks' pseudo-gradients, computed here by hand
+    from every rank's local weights (a replica of the inner training run beside it)."""
+    net, local = model(0), model(0)
+    outer = hc.DiLoCo(torch.optim.SGD(net.parameters(), lr=0.05), net.named_parameters(), inner_steps=H)
+    local_opt = torch.optim.SGD(local.parameters(), lr=0.05)
+    anchors = [nn.Parameter(p.detach().clone()) for p in local.parameters()]
+    reference = torch.optim.SGD(anchors, lr=0.7, momentum=0.9, nesterov=True)
+    for step, (x, y) in enumerate(batches(rank, 2 * H), 1):
+        inner_step(net, outer, x, y)
+        inner_step(local, local_opt, x, y)
+        if step % H:
+            continue
+        with torch.no_grad():
+            for i, (anchor, p) in enumerate(zip(anchors, local.parameters())):
+                everyone = gather(p, f"outer.reference.{step}.{i}").view(size, *p.shape)
+                anchor.grad = (anchor - everyone).mean(dim=0)
+            reference.step()
+            for anchor, p in zip(anchors, local.parameters()):
+                p.copy_(anchor)
+        for (name, p), q in zip(net.named_parameters(), local.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=f"{name} at step {step}")
+
+
+def one_inner_step_is_data_parallel_sgd(gather, rank, size):
+    """inner_steps=1, no compression, outer SGD at learning rate 1 without momentum: each outer
+    step moves the weights by the mean of the ranks' local SGD steps, i.e. data-parallel SGD
+    on the mean gradient, to float32 rounding."""
+    net, reference = model(0), model(0)
+    outer = hc.DiLoCo(torch.optim.SGD(net.parameters(), lr=0.1), net.named_parameters(), hc.NoCompression(),
+                      inner_steps=1, outer_optimizer=lambda params: torch.optim.SGD(params, lr=1.0))
+    for step, (x, y) in enumerate(batches(rank, 6), 1):
+        inner_step(net, outer, x, y)
+        reference.zero_grad()
+        nn.functional.mse_loss(reference(x), y).backward()
+        with torch.no_grad():
+            for i, p in enumerate(reference.parameters()):
+                p -= 0.1 * gather(p.grad, f"outer.dp.{step}.{i}").mean(dim=0).view_as(p)
+        for (name, p), q in zip(net.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=f"{name} at step {step}")
+    assert outer.outer_steps == 6
+
+
+def nonfinite_pseudo_gradient_on_one_rank_skips_the_outer_step_everywhere(gather, rank, size):
+    """An Inf in the last rank's weights in the second period: every rank skips that outer
+    step, its weights go back to the period's start, the outer optimizer and the compressor
+    (error feedback) are as before the period, and the next period runs as usual."""
+    net = model(0)
+    outer = hc.DiLoCo(torch.optim.SGD(net.parameters(), lr=0.05), net.named_parameters(),
+                      hc.TopK(density=0.05), inner_steps=2)
+    data = batches(rank, 6)
+    for x, y in [next(data), next(data)]:
+        inner_step(net, outer, x, y)
+    start, before = weights(net), outer.state_dict()
+    inner_step(net, outer, *next(data))
+    if rank == size - 1:
+        with torch.no_grad():
+            net[2].weight[0, 0] = float("inf")
+    inner_step(net, outer, *next(data))
+    assert (outer.outer_steps, outer.skipped_outer_steps, outer.step_in_period) == (1, 1, 0)
+    for name, p in net.named_parameters():
+        assert torch.equal(p, start[name]), name
+    after = outer.state_dict()
+    for key in ("anchors", "outer_optimizer"):
+        assert _same(after[key], before[key]), key
+    assert _same(after["compression"]["residuals"], before["compression"]["residuals"])
+    for x, y in [next(data), next(data)]:
+        inner_step(net, outer, x, y)
+    assert (outer.outer_steps, outer.skipped_outer_steps) == (2, 1)
+    assert all(torch.isfinite(p).all() for p in net.parameters())
+    assert_identical(gather, net, "after-skip")
+
+
+def resume_mid_period_is_exact(gather, rank):
+    """A checkpoint taken mid-period (model, inner AdamW, DiLoCo with Top-K's error feedback and
+    Nesterov momentum), loaded into fresh objects built from other weights, continues bit for
+    bit as the uninterrupted run."""
+    def build(seed):
+        net = model(seed)
+        inner = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        return net, inner, hc.DiLoCo(inner, net.named_parameters(), hc.TopK(density=0.05), inner_steps=H)
+
+    steps, cut = 3 * H, H + 1
+    net, _, outer = build(0)
+    for x, y in batches(rank, steps):
+        inner_step(net, outer, x, y)
+    expected = weights(net)
+
+    net, inner, outer = build(0)
+    data = batches(rank, steps)
+    for _ in range(cut):
+        inner_step(net, outer, *next(data))
+    assert outer.step_in_period == cut % H != 0
+    buffer = io.BytesIO()
+    torch.save({"model": net.state_dict(), "inner": inner.state_dict(), "outer": outer.state_dict()}, buffer)
+    buffer.seek(0)
+    checkpoint = torch.load(buffer, weights_only=True)
+
+    net, inner, outer = build(100 + rank)  # other weights everywhere: all of it must come back
+    net.load_state_dict(checkpoint["model"])
+    inner.load_state_dict(checkpoint["inner"])
+    outer.load_state_dict(checkpoint["outer"])
+    for x, y in data:
+        inner_step(net, outer, x, y)
+    for name, p in net.named_parameters():
+        assert torch.equal(p, expected[name]), name
+    assert_identical(gather, net, "resumed")
+
+
+def ranks_that_disagree_all_fail(rank):
+    net = model(0)
+    outer = hc.DiLoCo(torch.optim.SGD(net.parameters(), lr=0.05), net.named_parameters(), inner_steps=2 + rank)
+    x, y = next(batches(rank, 1))
+    with pytest.raises(ValueError, match="inner_steps is"):
+        inner_step(net, outer, x, y)
+
+
+def _same(a, b):
+    if torch.is_tensor(a):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
