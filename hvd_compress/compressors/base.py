@@ -28,8 +28,13 @@ look inside a compressor:
 =============================================  =================================================
 
 Non-finite steps: a compressor checks every aggregated gradient it returns. They are identical
-on every rank, and a non-finite entry on any rank reaches them, so all ranks agree, at no
-communication cost, whether a step was finite. If it was not, ``end_step`` puts the state back
+on every rank, so all ranks agree whether a step was finite. A non-finite entry of a dense
+gradient reaches the aggregate; a compressed one need not (a sparsifier may leave it out of
+every payload: ScaleCom sends only the leader's indices, and the entry would stay in that rank's
+error feedback for good). So each compressed gradient's exchange also carries a marker of its
+input, 0 or NaN, in the payload of its first round that every rank contributes to
+(``comm.rounds.carrying``: 4 bytes, no extra collective), and the aggregated gradient is made
+non-finite wherever any rank's input was. If the step was not finite, ``end_step`` puts the state back
 as it was before the step (error feedback, warm starts, step counters), the gradients handed
 back stay non-finite (so that ``GradScaler`` or the user's check skips the step), and the next
 step runs as if the bad one had never happened. Controllers read ``last_step_finite`` after
@@ -48,9 +53,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from hvd_compress import arguments
-from hvd_compress.comm.rounds import Collective, Round, Traffic, on_result
+from hvd_compress.comm.rounds import Collective, Round, Traffic, carrying, on_result
 from hvd_compress.compressors.feedback import ErrorFeedback
-from hvd_compress.maths.finite import all_finite, extremes
+from hvd_compress.maths.finite import all_finite, extremes, nonfinite_marker
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +150,9 @@ class Compressor(GradientCompression):
 
     setting_name = "setting"
     controllable = False
+    # Whether every input entry reaches the payload unchanged in finiteness (the 16-bit casts),
+    # so that no marker of the input needs to travel (see the module docstring).
+    payload_carries_input = False
     # Error feedback, for compressors that have it (set in their constructor).
     feedback: Optional[ErrorFeedback] = None
 
@@ -218,6 +226,8 @@ class Compressor(GradientCompression):
         else:
             self._check_setting(name, setting, grad.numel())
             round_ = self._begin(name, grad)
+            if not self.payload_carries_input:
+                round_ = _marking_non_finite_input(round_, grad)
         return on_result(round_, self._watch_finite)
 
     def _begin(self, name, grad):
@@ -316,7 +326,7 @@ class Compressor(GradientCompression):
         ``setting``: what L-GreCo's size table counts (indices and norms included)."""
         if not self.compresses(shape, setting):
             return 4 * math.prod(shape)
-        return self._compressed_bytes(shape, setting)
+        return self._compressed_bytes(shape, setting) + (0 if self.payload_carries_input else MARKER_BYTES)
 
     def _compressed_bytes(self, shape, setting):
         raise NotImplementedError
@@ -482,6 +492,22 @@ def _named(owner, named_parameters):
 def _plain(config):
     """A configuration as checkpoints hold it: tuples become lists (what torch.load returns)."""
     return {key: list(value) if isinstance(value, tuple) else value for key, value in config.items()}
+
+
+# The float32 marker of a compressed gradient's input (see the module docstring).
+MARKER_BYTES = 4
+
+
+def _marking_non_finite_input(round_, grad):
+    """``round_`` carrying whether ``grad`` had a non-finite entry; its final gradient gets NaN
+    added to its first entry where any rank's input had one (one element: no pass over it)."""
+    received = []
+    marked = carrying(round_, nonfinite_marker(grad).reshape(1), received.append)
+
+    def mark(gradient):
+        gradient[(0,) * gradient.dim()] += received[0][0].to(gradient.dtype)
+
+    return on_result(marked, mark)
 
 
 def dense_round(grad: torch.Tensor) -> Round:

@@ -12,6 +12,8 @@ from hvd_compress.compressors.base import Compressor, NamedParameters
 class _Settingless(Compressor):
     """No per-parameter setting and no state; applies to every gradient, whatever its shape."""
 
+    payload_carries_input = True  # a cast keeps infinities and NaN, and every entry travels
+
     def __init__(self, named_parameters: NamedParameters = None, *, min_numel: int = 0):
         super().__init__(named_parameters, default=None, min_numel=min_numel)
 

@@ -52,7 +52,8 @@ def test_decisions_take_effect_at_the_announced_step():
     payload_rank = []
     for step in range(13):
         g = layered_gradients(step, DECAY)
-        payload_rank.append(lgreco.inner.begin("probe", torch.randn(64, 64)).payload.shape[1])
+        p_and_marker = lgreco.inner.begin("probe", torch.randn(64, 64)).payload.numel()
+        payload_rank.append((p_and_marker - 1) // 64)
         sim.step([g])
     assert [(d.version, d.decided_at, d.effective_step) for d in lgreco.decisions] == [(1, 3, 5), (2, 8, 10)]
     before = {n: 4 for n in ["a", "b", "c"]}
