@@ -72,6 +72,11 @@ class StockBridge:
         self._first_decompress = None
         self._verified = False
 
+    def close(self):
+        """Removes this bridge's hooks from the parameters: a replacing bridge adds its own."""
+        if self.owners is not None:
+            self.owners.remove()
+
     def stale(self):
         """Whether the world was re-formed (elastic): checked in full as a step starts."""
         return self.world[0] != world_generation() or (
@@ -139,6 +144,8 @@ class StockCompression(HorovodCompressor):
 
     def compress(self, tensor):
         if self._stock_bridge is None or self._stock_bridge.stale():
+            if self._stock_bridge is not None:
+                self._stock_bridge.close()
             self._stock_bridge = StockBridge(self, _calling_optimizer(self))
         return self._stock_bridge.compress(tensor)
 
