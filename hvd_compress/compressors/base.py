@@ -84,6 +84,11 @@ class GradientCompression:
         """This process's rank and the world size; called before the first ``begin``."""
         raise NotImplementedError
 
+    def adopt_parameters(self, named: Dict[str, torch.nn.Parameter]) -> None:
+        """Takes ``named`` ({name: parameter}) as its parameters when it was built without
+        ``named_parameters``: stock ``hvd.DistributedOptimizer`` passes the names it uses."""
+        raise NotImplementedError
+
     def use_process_set(self, process_set: Any) -> None:
         """The ranks the exchange runs among, as the integration names them (a Horovod
         ``ProcessSet``), for whatever talks to other ranks outside the rounds (L-GreCo's decision
@@ -144,7 +149,8 @@ class Compressor(GradientCompression):
 
     ``named_parameters`` (e.g. ``model.named_parameters()``) lets the compressor tell which
     parameter each gradient belongs to when stock ``hvd.DistributedOptimizer`` calls
-    ``compress(p.grad)`` without a name. ``min_numel``: smaller gradients, and every 1-D
+    ``compress(p.grad)`` without a name. Without it, the compressor takes the calling
+    optimizer's parameters and names at the first ``compress`` (``adopt_parameters``). ``min_numel``: smaller gradients, and every 1-D
     gradient, are all-reduced uncompressed.
     """
 
@@ -193,6 +199,20 @@ class Compressor(GradientCompression):
     def _check_setting(self, name, value, numel):
         raise NotImplementedError
 
+    def adopt_parameters(self, named: Dict[str, torch.nn.Parameter]) -> None:
+        if self.parameters:
+            raise ValueError(f"{type(self).__name__}: already has its named_parameters")
+        for name, shape in sorted(self._shapes.items()):
+            param = named.get(name)
+            if param is None:
+                raise self._error(name, f"is not among the optimizer's parameter names "
+                                        f"{sorted(named)[:8]}{'...' if len(named) > 8 else ''} (a "
+                                        f"checkpoint or gradient under another name)")
+            if tuple(param.shape) != shape:
+                raise self._error(name, f"has shape {tuple(param.shape)} in the optimizer but {shape} "
+                                        f"before (or in the loaded checkpoint)")
+        self.parameters.update(named)  # in place: a controller shares this dict
+
     def _error(self, name, message):
         where = f"parameter {name!r}: " if name is not None else ""
         return ValueError(f"{type(self).__name__}: {where}{message}")
@@ -216,7 +236,7 @@ class Compressor(GradientCompression):
         self._state_to_device(name, grad.device)
         self._remember_state(name)
         shape = tuple(grad.shape)
-        known = self._shapes.setdefault(name, shape)
+        known = self._shapes.setdefault(name, shape) if name is not None else shape  # None: no names
         if known != shape:
             raise self._error(name, f"gradient has shape {shape}, but {known} before (or in the "
                                     f"loaded checkpoint)")
@@ -423,6 +443,10 @@ class Compressor(GradientCompression):
                 raise self._error(name, "is in the checkpoint but is not one of the named_parameters")
             if param is not None and tuple(param.shape) != shape:
                 raise self._error(name, f"has shape {tuple(param.shape)} here but {shape} in the "
+                                        f"checkpoint")
+            seen = self._shapes.get(name)
+            if param is None and seen is not None and seen != shape:
+                raise self._error(name, f"had gradients of shape {seen} here but {shape} in the "
                                         f"checkpoint")
         for name, value in state_dict["settings"].items():
             shape = shapes.get(name) or (tuple(self.parameters[name].shape) if name in self.parameters else None)

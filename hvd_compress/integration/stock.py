@@ -61,6 +61,9 @@ class StockBridge:
                              f"{OP_NAMES.get(op, op)}; Adasum, Min, Max and Product cannot combine "
                              f"compressed payloads")
         self.process_set = getattr(optimizer, "process_set", hvd.global_process_set)
+        names = getattr(optimizer, "_parameter_names", None)  # {parameter: name}, as Horovod names them
+        if not compressor.parameters and names:
+            compressor.adopt_parameters({name: param for param, name in names.items()})
         self.sum_scale = self.process_set.size() if op == hvd.Sum else 1
         self.world = current_world(self.process_set)
         compressor.bind_world(self.process_set.rank(), self.process_set.size())
@@ -126,8 +129,8 @@ class StockBridge:
             cls = type(self.compressor).__name__
             if self.owners is None:
                 raise ValueError(
-                    f"{cls}: stock hvd.DistributedOptimizer passes gradients without their "
-                    f"parameter names; construct it as {cls}(model.named_parameters(), ...)")
+                    f"{cls}: compress() was called without parameter names, outside "
+                    f"hvd.DistributedOptimizer; construct it as {cls}(model.named_parameters(), ...)")
             raise ValueError(f"{cls}: got a gradient of shape {tuple(tensor.shape)} that belongs "
                              f"to none of the named_parameters it was given")
         return name
@@ -165,7 +168,10 @@ OP_NAMES = {hvd.Average: "hvd.Average", hvd.Sum: "hvd.Sum", hvd.Adasum: "hvd.Ada
 
 
 def current_world(process_set):
-    """What an elastic reset changes: (reset count, rank, size)."""
+    """What an elastic reset changes: (reset count, rank, size); a process outside
+    ``process_set`` has no rank in it."""
+    if not process_set.included():
+        return world_generation(), None, None
     return world_generation(), process_set.rank(), process_set.size()
 
 
