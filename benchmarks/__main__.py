@@ -13,6 +13,7 @@ BENCHMARKS = {
     "elastic": "a worker SIGKILLed and a new one joining under horovodrun elastic; error feedback kept or reset",
     "endtoend": "step time of every method on an emulated cluster: compute, compression, exposed communication",
     "fusion": "ACP-SGD step time against the fusion buffer size, on an emulated cluster",
+    "horovod_suite": "Horovod's own optimizer tests with each compressor injected, both paths, np 2",
     "projection": "alpha-beta projection of the end-to-end results to 8-64 workers and 1-100 Gbit/s",
     "quality": "final quality against bytes sent, a sweep of settings per method, and the seeds' claims",
     "solver": "the L-GreCo DP solver on a realistic instance",
