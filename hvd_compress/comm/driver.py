@@ -59,7 +59,8 @@ class RoundDriver:
         members = self._buckets[bucket].members
         if members and len(self._waiting.get(bucket, ())) == len(members):
             rounds = self._waiting.pop(bucket)
-            self._submit_together(f"bucket{bucket}", [(name, rounds[name]) for name in members], 0)
+            # Named by a member too: two optimizers' drivers in one process never share a name.
+            self._submit_together(f"bucket{bucket}.{members[0]}", [(name, rounds[name]) for name in members], 0)
 
     def _submit_together(self, label, rounds, index):
         """One collective per (collective, dtype) among ``rounds`` ([(name, round)], in order):

@@ -49,6 +49,7 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         # As in Horovod: with one rank there is nothing to exchange, so nothing is compressed.
         self._active = process_set.included() and process_set.size() > 1
         self._started.clear()
+        self._sparse.clear()
         self._delay = {p: self.backward_passes_per_step for p in self._parameter_names}
         if self._active:
             compression.bind_world(process_set.rank(), process_set.size())
@@ -130,7 +131,9 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
                 p.grad = self._sparse.pop(p)()
             else:
                 grad = results[self._parameter_names[p]]
-                p.grad = grad * scale if scale != 1 else grad
+                grad = grad * scale if scale != 1 else grad
+                # sparse_as_dense: handed back sparse, as Horovod does (SparseAdam needs it)
+                p.grad = grad.to_sparse() if p.grad.is_sparse else grad
             self._delay[p] = self.backward_passes_per_step
         self._started.clear()
         self._synchronized = True
@@ -163,6 +166,8 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, *args, **kwargs):
         self._started.clear()
+        self._sparse.clear()
+        self._synchronized = False
         self._delay = {p: self.backward_passes_per_step for p in self._parameter_names}
         return super(self.__class__, self).load_state_dict(*args, **kwargs)
 

@@ -130,9 +130,11 @@ def test_sparse_as_dense_either_way_keeps_ranks_identical(path, sparse_as_dense)
     assert all(torch.equal(rows[0], row) for row in rows)
 
 
-def test_wrapper_hands_sparse_gradients_back_sparse_for_sparse_adam():
-    """sparse_as_dense=False, as in Horovod: all-gathered uncompressed, averaged, still sparse
-    (torch.optim.SparseAdam refuses dense gradients); the compressor never sees them."""
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_wrapper_hands_sparse_gradients_back_sparse_for_sparse_adam(sparse_as_dense):
+    """As in Horovod, sparse gradients come back sparse (torch.optim.SparseAdam refuses dense
+    ones): with sparse_as_dense=False all-gathered uncompressed and averaged, the compressor
+    never sees them; with True densified, compressed, and made sparse again."""
     torch.manual_seed(0)
     embedding = nn.Embedding(50, 8, sparse=True)
     linear = nn.Linear(8, 1)
@@ -140,7 +142,8 @@ def test_wrapper_hands_sparse_gradients_back_sparse_for_sparse_adam():
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     compressor = hc.PowerSGD(rank=2, min_numel=0)
     opts = [hc.DistributedOptimizer(torch.optim.SparseAdam(embedding.parameters(), lr=0.1),
-                                    embedding.named_parameters(prefix="embedding"), compressor),
+                                    embedding.named_parameters(prefix="embedding"), compressor,
+                                    sparse_as_dense=sparse_as_dense),
             hc.DistributedOptimizer(torch.optim.SGD(linear.parameters(), lr=0.1),
                                     linear.named_parameters(prefix="linear"), hc.PowerSGD(rank=2, min_numel=0))]
     for step in range(3):
@@ -155,12 +158,13 @@ def test_wrapper_hands_sparse_gradients_back_sparse_for_sparse_adam():
         expected = torch.zeros(50, 8)
         for r in range(hvd.size()):
             expected[[r, 10 + step]] += linear.weight.detach()[0] / hvd.size()
-        assert torch.allclose(grad.to_dense(), expected, atol=1e-6)
+        if not sparse_as_dense:  # else compressed
+            assert torch.allclose(grad.to_dense(), expected, atol=1e-6)
         for opt in opts:
             with opt.skip_synchronize():
                 opt.step()
-    assert "embedding.weight" not in compressor.state
-    rows = gathered(embedding.weight, "sparse.adam")
+    assert ("embedding.weight" in compressor.state) == sparse_as_dense
+    rows = gathered(embedding.weight, f"sparse.adam.{sparse_as_dense}")
     assert all(torch.equal(rows[0], row) for row in rows)
 
 
