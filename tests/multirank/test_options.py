@@ -216,7 +216,7 @@ def test_wrapper_names_parameters_as_horovod():
         {p: name for name, p in model.named_parameters()}
 
 
-def stock_run(method, named_optimizer, named_compressor, steps=3):
+def stock_run(method, named_optimizer, named_compressor, steps=2):
     """Parameters after ``steps`` steps of stock hvd.DistributedOptimizer, with or without
     names given to the optimizer and to the compressor."""
     torch.manual_seed(0)
