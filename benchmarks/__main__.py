@@ -6,14 +6,18 @@ import importlib
 import sys
 
 BENCHMARKS = {
+    "advise_check": "advise's projection model fed with the end-to-end run's measurements, against its step times",
+    "claims": "the L-GreCo protocol on the word LM: anchors, L-GreCo, ScaleCom in its regime, ablations",
     "codec": "compress + error feedback + decompress per step, against torch's PowerSGD hook",
     "controller_overhead": "L-GreCo's decision time, stall and per-step cost, GraVAC's gain measurement",
     "convergence": "final accuracy / perplexity, compression ratio and wall time of each method, 4 ranks",
     "ddp": "PyTorch DDP on an emulated cluster: no hook, torch's powerSGD_hook, ours through hvd_compress.ddp",
     "elastic": "a worker SIGKILLed and a new one joining under horovodrun elastic; error feedback kept or reset",
+    "evidence": "the quality tables of docs/benchmarks.md as the data file hvd_compress.advise prints from",
     "endtoend": "step time of every method on an emulated cluster: compute, compression, exposed communication",
     "fusion": "ACP-SGD step time against the fusion buffer size, on an emulated cluster",
     "horovod_suite": "Horovod's own optimizer tests with each compressor injected, both paths, np 2",
+    "metrics_overhead": "host CPU time per step that a metrics exporter adds (per layer, per write)",
     "projection": "alpha-beta projection of the end-to-end results to 8-64 workers and 1-100 Gbit/s",
     "quality": "final quality against bytes sent, a sweep of settings per method, and the seeds' claims",
     "solver": "the L-GreCo DP solver on a realistic instance",

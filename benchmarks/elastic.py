@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import DOCS, checkout_pythonpath, describe_machine, machine, write_section
+from benchmarks.report import DOCS, Progress, checkout_pythonpath, describe_machine, machine, write_section
 
 RESULT_FILE = "result.json"
 PROGRESS_FILE = "progress.jsonl"
@@ -293,15 +293,16 @@ def benchmark(args):
                    kill_rank=args.kill_rank, kill_step=args.kill_step, rejoin_after=args.rejoin_after,
                    commit_every=args.commit_every)
     runs = results.setdefault("runs", {})
-    for key, options in variants(args):
-        if key in runs:
-            continue
+    wanted = [(key, options) for key, options in variants(args) if key not in runs]
+    progress = Progress(len(wanted), "elastic")
+    for key, options in wanted:
+        progress.starting(key)
         result = run("charlm", "powersgd", steps=args.steps, commit_every=args.commit_every,
                      timeout=args.run_timeout, **options)
         del result["progress"]
         runs[key] = result
-        print(f"{key}: perplexity {result['perplexity']:.3f}, steps lost {result['steps_lost']}, "
-              f"{result['wall_seconds']:.0f} s", flush=True)
+        progress.finished(f"{key}: perplexity {result['perplexity']:.3f}, steps lost "
+                          f"{result['steps_lost']}, {result['wall_seconds']:.0f} s")
         path.write_text(json.dumps(results, indent=1) + "\n")
     write_section(args.out / "benchmarks.md", SECTION, markdown(results, args.seeds))
     return results

@@ -58,7 +58,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine, panels,
+from benchmarks.report import (DOCS, Progress, checkout_pythonpath, cluster_job, describe_machine, machine, panels,
                                summarise, timed_step, undisturbed, write_section)
 from hvd_compress.comm.simulated import exchange_alone
 
@@ -256,13 +256,13 @@ def run_job(cluster, args, flags, env=None):
     return cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX)
 
 
-def method_job(cluster, args, model, method):
+def method_job(cluster, args, model, method, progress):
     flags = ["--worker", "--model", model, "--method", method, "--rank", str(args.rank),
              "--warmup", str(args.warmup), "--steps", str(args.steps)]
     # Our buckets are the only fusion for the wrapper; stock runs keep Horovod's.
     env = {"HOROVOD_FUSION_THRESHOLD": "0"} if method in WRAPPED else None
     job = undisturbed(lambda: run_job(cluster, args, flags, env), args.max_other_cpu,
-                      lambda result: job_line(cluster.rate_gbit, model, method, result))
+                      lambda result: job_line(cluster.rate_gbit, model, method, result), show=progress.line)
     return summarise_job(job)
 
 
@@ -316,10 +316,15 @@ def sweep(args, progress_path):
         results["minutes"] = round(minutes_before + (time.perf_counter() - started) / 60, 1)
         progress_path.write_text(json.dumps(results, indent=1) + "\n")
 
+    def wanted_at(rate):
+        entry = results["rates"].get(f"{rate:g}", {})
+        return [(model, method) for model in args.models for method in args.methods
+                if method not in entry.get("models", {}).get(model, {})]
+
+    progress = Progress(sum(len(wanted_at(rate)) for rate in args.rates), "endtoend")
     for rate in args.rates:
         entry = results["rates"].get(f"{rate:g}", {})
-        wanted = [(model, method) for model in args.models for method in args.methods
-                  if method not in entry.get("models", {}).get(model, {})]
+        wanted = wanted_at(rate)
         if not wanted:
             continue
         with emulated_cluster(args.np, rate) as cluster:
@@ -331,7 +336,9 @@ def sweep(args, progress_path):
                     "models": {}}
                 save()
             for model, method in wanted:
-                entry["models"].setdefault(model, {})[method] = method_job(cluster, args, model, method)
+                progress.starting(f"{rate:g} Gbit/s {model} {method}")
+                entry["models"].setdefault(model, {})[method] = method_job(cluster, args, model, method, progress)
+                progress.finished()
                 save()
     # In the order asked for, whichever sweep measured them.
     results["rates"] = {f"{rate:g}": results["rates"][f"{rate:g}"] for rate in args.rates}

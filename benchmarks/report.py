@@ -94,7 +94,58 @@ def wait_until_idle(max_share, interval=2.0, patience=300):
             break
     waited = time.monotonic() - started - interval
     if waited >= 1:
-        print(f"  waited {waited:.0f} s for other processes to leave the cores", flush=True)
+        say(f"  waited {waited:.0f} s for other processes to leave the cores")
+
+
+def say(text, stream=None):
+    """Prints ``text`` and its newline in one write. ``horovodrun`` sets PYTHONUNBUFFERED, so a
+    plain ``print`` writes the text and the newline separately, and ``mpirun --tag-output``
+    then tags the newline as a line of its own (``...accuracy 0.3788[1,0]<stdout>:``)."""
+    stream = stream or sys.stdout
+    stream.write(text + "\n")
+    stream.flush()
+
+
+class Progress:
+    """How far a long sweep is, with an ETA from the items it ran so far (resumed ones left
+    out). On a terminal, one status line is rewritten in place under the result lines; in a log
+    (CI, a file), each result line starts with ``[done/total, elapsed, ETA]`` and nothing is
+    rewritten."""
+
+    def __init__(self, total, label, stream=None):
+        self.total, self.label, self.done = total, label, 0
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self.started = time.monotonic()
+
+    def add(self, count):
+        """More items than first counted (a stage that follows from the first's results)."""
+        self.total += count
+
+    def where(self):
+        elapsed = time.monotonic() - self.started
+        left = "?" if not self.done else _minutes(elapsed / self.done * (self.total - self.done))
+        return f"{self.done}/{self.total}, {_minutes(elapsed)} elapsed, ETA {left}"
+
+    def starting(self, item):
+        """Shows what runs now (on a terminal only)."""
+        if self.tty:
+            self.stream.write(f"\r\033[K{self.label} [{self.where()}] running {item}")
+            self.stream.flush()
+
+    def line(self, text):
+        """A result line, whole, above the status line (or prefixed with it in a log)."""
+        say(f"\r\033[K{text}" if self.tty else f"[{self.where()}] {text}", self.stream)
+
+    def finished(self, text=None):
+        """One item done, with its result line if not shown already."""
+        self.done += 1
+        if text is not None:
+            self.line(text)
+
+
+def _minutes(seconds):
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
 def summarise(seconds):
@@ -168,20 +219,20 @@ def mpirun_job(module, spec, np, timeout, result_prefix, what, expected=None):
     return records
 
 
-def undisturbed(job, max_other_cpu, describe, attempts=3):
+def undisturbed(job, max_other_cpu, describe, attempts=3, show=say):
     """``job()`` run until the ranks had the machine to themselves: a run during which more
     than ``max_other_cpu`` of the cores' time went elsewhere runs again, up to ``attempts``
     times in all; the last one is kept, its ``disturbed_attempts`` saying so. ``describe(result)``
-    is the progress line."""
+    is the progress line, shown by ``show``."""
     for attempt in range(attempts):
         wait_until_idle(max_other_cpu)
         result = job()
         result["disturbed_attempts"] = attempt
-        print(describe(result), flush=True)
+        show(describe(result))
         share = result["other_cpu_seconds"] / (result["wall_seconds"] * os.cpu_count())
         if share <= max_other_cpu:
             return result
-        print(f"  {100 * share:.0f}% of the CPU went to other processes during that job", flush=True)
+        show(f"  {100 * share:.0f}% of the CPU went to other processes during that job")
     result["disturbed_attempts"] = attempts
     return result
 

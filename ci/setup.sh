@@ -39,6 +39,7 @@ have_py numpy || missing+=(numpy)
 have_py pytest || missing+=(pytest)
 have_py sklearn || missing+=(scikit-learn)
 have_py matplotlib || missing+=(matplotlib)  # benchmark plots
+have_py tensorboard || missing+=(tensorboard)  # hvd_compress.metrics.TensorBoard and its test
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]}"
     "$PYTHON" -m pip install -q "${missing[@]}"

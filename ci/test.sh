@@ -6,12 +6,14 @@
 #                             one np 2 launch of test_exchange.py per launcher (both integration
 #                             paths under mpirun and horovodrun --gloo), L-GreCo under mpirun and
 #                             the DDP exchange under torchrun (pytest -m "not slow"; the marker is
-#                             in pytest.ini). About 3 minutes on 2 cores.
+#                             in pytest.ini).
 #   bash ci/test.sh           the full tier (.ci/run): every unit test, each multi-rank file under
 #                             horovodrun --gloo and mpirun at np 2 and 4 and each DDP file under
-#                             torchrun at np 2 and 4, minus the launches in SKIPPED
+#                             torchrun at np 2 and 4, the FSDP/HSDP file under torchrun at np 4
+#                             (tests/test_fsdp.py), minus the launches in SKIPPED
 #                             (tests/test_multirank.py), and the elastic/fault runs
-#                             (tests/test_elastic.py). 24 minutes on 2 cores shared at load 1-8.
+#                             (tests/test_elastic.py).
+# How long each tier takes, measured: DEVELOPERS.md, "Tests" (the one place that says).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 selection=()

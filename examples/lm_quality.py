@@ -18,6 +18,7 @@ import hvd_compress as hc
 
 # The workloads live in the repository's benchmarks/, outside the installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.report import say  # noqa: E402
 from benchmarks.workloads import charlm  # noqa: E402
 
 RUNS = [(hc.PowerSGD, 4, 0), (hc.PowerSGD, 4, 30), (hc.PowerSGD, 4, 100), (hc.ACPSGD, 4, 100),
@@ -40,8 +41,8 @@ def main():
                                      seed=0, model_kwargs={"d_model": 128, "layers": 2, "heads": 4,
                                                            "context": 64})
         if hvd.rank() == 0:
-            print(f"{compressor_class.__name__} rank {rank}, start_step {start_step}: validation perplexity {perplexity:.3f}, "
-                  f"{compressors[-1].traffic.ratio:.1f}x fewer bytes", flush=True)
+            say(f"{compressor_class.__name__} rank {rank}, start_step {start_step}: validation perplexity {perplexity:.3f}, "
+                f"{compressors[-1].traffic.ratio:.1f}x fewer bytes")
 
 
 if __name__ == "__main__":

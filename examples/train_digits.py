@@ -4,6 +4,8 @@
     horovodrun -np 2 python examples/train_digits.py --compression acpsgd --rank 4 --adapt lgreco
 
 Prints loss and test accuracy per epoch, then bytes sent per step and the compression ratio.
+``--tensorboard DIR`` writes the compression's per-step metrics (bytes, ratio, codec time,
+controller state) there from rank 0: ``tensorboard --logdir DIR``.
 """
 import argparse
 import sys
@@ -16,6 +18,7 @@ import hvd_compress
 
 # The workloads live in the repository's benchmarks/, outside the installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.report import say  # noqa: E402
 from benchmarks.workloads import digits  # noqa: E402
 
 
@@ -31,6 +34,8 @@ def main():
                         help="wrap the compressor in L-GreCo (per-layer settings) or GraVAC "
                              "(adaptive factor; Top-K, low-rank or QSGD)")
     parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--tensorboard", metavar="DIR", help="write per-step compression metrics here")
+    parser.add_argument("--metrics-every", type=int, default=5, help="steps between metric writes")
     args = parser.parse_args()
 
     hvd.init()
@@ -41,6 +46,12 @@ def main():
     kwargs = {key: given[key] for key in method.defaults if key in given}
     made = {}
     steps_per_epoch = len(digits.load_digits_split()[1]) // hvd.size() // 32
+
+    def watched(compressor):
+        if args.tensorboard:
+            made["exporter"] = hvd_compress.metrics.TensorBoard(args.tensorboard, every=args.metrics_every)
+            return made["exporter"].watch(compressor)
+        return compressor
 
     def adapted(compressor):
         if args.adapt == "lgreco":
@@ -55,28 +66,32 @@ def main():
     def make_optimizer(model, optimizer):
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         if args.optimizer == "stock":
-            made["compressor"] = adapted(method.build(model.named_parameters(), **kwargs))
+            made["compressor"] = watched(adapted(method.build(model.named_parameters(), **kwargs)))
             return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                             compression=made["compressor"])
-        made["compressor"] = adapted(method.build(**kwargs))
+        made["compressor"] = watched(adapted(method.build(**kwargs)))
         return hvd_compress.DistributedOptimizer(optimizer, model.named_parameters(),
                                                  made["compressor"])
 
     def log(epoch, loss, acc):
         if hvd.rank() == 0:
-            print(f"epoch {epoch + 1:2d}  loss {loss:.4f}  test accuracy {acc:.4f}", flush=True)
+            say(f"epoch {epoch + 1:2d}  loss {loss:.4f}  test accuracy {acc:.4f}")
 
     if hvd.rank() == 0:
-        print(f"{hvd.size()} ranks, compression={args.compression} {kwargs}, "
-              f"adapt={args.adapt}, optimizer={args.optimizer}", flush=True)
+        say(f"{hvd.size()} ranks, compression={args.compression} {kwargs}, "
+            f"adapt={args.adapt}, optimizer={args.optimizer}")
     _, acc = digits.train(make_optimizer, hvd.rank(), hvd.size(), epochs=args.epochs, lr=0.1,
                           log=log)
+    if "exporter" in made:
+        made["exporter"].close()
     if hvd.rank() == 0:
         traffic = made["compressor"].traffic.summary()
-        print(f"final test accuracy {acc:.4f}")
-        print(f"bytes on the wire per step: {traffic['wire_bytes_per_step']} sent vs "
-              f"{traffic['float32_allreduce_wire_bytes_per_step']} for an uncompressed "
-              f"float32 all-reduce; compression ratio {traffic['compression_ratio']}x")
+        say(f"final test accuracy {acc:.4f}\n"
+            f"bytes on the wire per step: {traffic['wire_bytes_per_step']} sent vs "
+            f"{traffic['float32_allreduce_wire_bytes_per_step']} for an uncompressed "
+            f"float32 all-reduce; compression ratio {traffic['compression_ratio']}x")
+        if args.tensorboard:
+            say(f"metrics every {args.metrics_every} steps in {args.tensorboard} (tensorboard --logdir {args.tensorboard})")
 
 
 if __name__ == "__main__":

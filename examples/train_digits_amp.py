@@ -59,6 +59,9 @@ def train(args, compressed, log_epochs):
                                               decide_every="epoch", steps_per_epoch=steps_per_epoch,
                                               apply_delay=5)
         compression.track(scaler)  # error feedback in unscaled units
+        if args.tensorboard:  # per-step metrics, skipped overflow steps among them
+            exporter = hvd_compress.metrics.TensorBoard(args.tensorboard, every=args.metrics_every)
+            exporter.watch(compression)
     else:
         compression = hvd_compress.NoCompression(model.named_parameters())
     optimizer = hvd.DistributedOptimizer(
@@ -102,6 +105,8 @@ def train(args, compressed, log_epochs):
         if log_epochs and hvd.rank() == 0:
             logger.info("epoch %2d  loss %.4f  test accuracy %.4f  loss scale %g", epoch + 1,
                         loss.item(), digits.accuracy(model, x_test, y_test), scaler.get_scale())
+    if compressed and args.tensorboard:
+        exporter.close()
     inner = getattr(compression, "inner", compression)
     return digits.accuracy(model, x_test, y_test), skipped, inner.skipped_steps, dtype
 
@@ -118,6 +123,8 @@ def main():
                         help="GradScaler doubles its scale after this many clean steps")
     parser.add_argument("--overflow-every", type=int, default=50,
                         help="put an Inf into the last rank's gradient every N steps (0: never)")
+    parser.add_argument("--tensorboard", metavar="DIR", help="write per-step compression metrics here")
+    parser.add_argument("--metrics-every", type=int, default=5, help="steps between metric writes")
     parser.add_argument("--baseline", action="store_true",
                         help="also train float32, uncompressed, and compare")
     args = parser.parse_args()

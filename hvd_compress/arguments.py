@@ -4,7 +4,9 @@ parameter and what was wrong, at construction rather than steps later.
 A leaf module: it imports nothing from the package, and every layer may use it."""
 import math
 from numbers import Integral, Real
-from typing import Any, Optional
+from typing import Any, Dict, Optional
+
+import torch
 
 
 def integer(owner: str, label: str, value: Any, *, low: Optional[int] = None,
@@ -36,6 +38,23 @@ def choice(owner: str, label: str, value: Any, options) -> Any:
     if value not in options:
         raise ValueError(f"{owner}: {label} must be one of {tuple(options)}, got {value!r}")
     return value
+
+
+def named_parameters(owner: str, pairs: Any) -> Dict[str, torch.Tensor]:
+    """{name: parameter} from ``model.named_parameters()``-like pairs, refusing anything else
+    (bare parameters, duplicate names)."""
+    pairs = list(pairs)
+    for item in pairs:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and torch.is_tensor(item[1])):
+            raise ValueError(f"{owner}: named_parameters must be (name, parameter) pairs, as "
+                             f"model.named_parameters() gives; got an item of type "
+                             f"{type(item).__name__}")
+    names = [name for name, _ in pairs]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"{owner}: named_parameters has duplicate names {duplicates}")
+    return dict(pairs)
 
 
 def _in_range(owner, label, value, low, high, low_open):

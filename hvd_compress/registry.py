@@ -1,17 +1,17 @@
 """The one registry of methods: what the package offers, by command-line name.
 
-The examples, the tests' parametrisation and the benchmarks all read it. Adding a compressor is
-one file in ``compressors/`` plus one line in ``COMPRESSORS``; it is then exported as
-``hvd_compress.<ClassName>`` (with Horovod's Compression API), tested by the generic tests, and
-offered by the examples and benchmarks.
+The examples, the tests' parametrisation and the benchmarks all read it. A compressor added to
+``COMPRESSORS`` (or a controller to ``CONTROLLERS``) is exported as ``hvd_compress.<ClassName>``
+(with Horovod's Compression API), tested by the generic tests, and offered by the examples and
+benchmarks; README "Layout and contracts" says what else a new one needs.
 
-Each entry has:
+Each compressor entry has:
   * ``defaults``: the documented default settings, as constructor keywords;
   * ``small``: settings that compress every weight of a small model (the digits CNN), for
     tests and quick runs: the defaults leave its small layers dense.
 """
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -26,8 +26,7 @@ NamedParameters = Optional[Iterable[Tuple[str, torch.nn.Parameter]]]
 @dataclass(frozen=True)
 class Method:
     name: str
-    core: type                     # the class in compressors/ or control/
-    description: str
+    core: type                     # the class in compressors/
     defaults: Dict[str, Any] = field(default_factory=dict)
     small: Dict[str, Any] = field(default_factory=dict)
 
@@ -46,42 +45,44 @@ class Method:
 
 @dataclass(frozen=True)
 class ControllerMethod:
+    """A controller; it wraps any compressor whose class is ``controllable`` (``controllable()``).
+
+    ``small``: settings under which it acts within a few steps of a single-process run (the
+    unit tests: decisions on rank 0 of a world of one, exchanged locally)."""
     name: str
-    core: type
-    description: str
-    wraps: Tuple[str, ...]         # the compressors it can control, by name
+    core: type                     # the class in control/
+    small: Dict[str, Any] = field(default_factory=dict)
 
     @property
     def cls(self) -> type:
         return PUBLIC[self.core.__name__]
 
-    def build(self, compressor, **options) -> Any:
-        return self.cls(compressor, **options)
+    def build(self, compressor: Any, *, small: bool = False, **overrides) -> Any:
+        """A controller of ``compressor`` at the default (or ``small``) settings, with
+        ``overrides`` on top."""
+        return self.cls(compressor, **dict(self.small if small else {}, **overrides))
 
 
 _COMPRESSOR_LIST = [
-    Method("none", NoCompression, "uncompressed all-reduce (the baseline)"),
-    Method("fp16", FP16, "float16 all-reduce: half the bytes"),
-    Method("bf16", BF16, "bfloat16 reduce-scatter/all-gather: half the bytes, float32's range"),
-    Method("powersgd", PowerSGD, "rank-r PowerSGD, two all-reduces per matrix",
-           {"rank": 4}, {"rank": 2}),
-    Method("acpsgd", ACPSGD, "ACP-SGD: PowerSGD's half-steps on alternate steps, one all-reduce",
-           {"rank": 4}, {"rank": 4}),
-    Method("qsgd", QSGD, "QSGD stochastic quantisation, all-gathered",
-           {"bits": 4}, {"bits": 4, "bucket_size": 128}),
-    Method("topk", TopK, "Top-K sparsification with error feedback, all-gathered",
-           {"density": 0.01}, {"density": 0.05}),
-    Method("scalecom", ScaleCom, "ScaleCom: cyclic local top-k, all-reduced",
-           {"density": 0.01}, {"density": 0.05}),
-    Method("signsgd", SignSGD, "EF-SignSGD: 1 bit per entry, error feedback, majority vote", {}, {}),
+    Method("none", NoCompression),             # uncompressed all-reduce (the baseline)
+    Method("fp16", FP16),                      # float16 all-reduce: half the bytes
+    Method("bf16", BF16),                      # bfloat16 reduce-scatter/all-gather: float32's range
+    Method("powersgd", PowerSGD, {"rank": 4}, {"rank": 2}),  # two all-reduces per matrix
+    Method("acpsgd", ACPSGD, {"rank": 4}, {"rank": 4}),      # PowerSGD's half-steps, one all-reduce
+    Method("qsgd", QSGD, {"bits": 4}, {"bits": 4, "bucket_size": 128}),  # all-gathered
+    Method("topk", TopK, {"density": 0.01}, {"density": 0.05}),          # all-gathered
+    Method("scalecom", ScaleCom, {"density": 0.01}, {"density": 0.05}),  # cyclic local top-k, all-reduced
+    Method("signsgd", SignSGD, {}, {}),        # 1 bit per entry, majority vote
 ]
 COMPRESSORS: Dict[str, Method] = {m.name: m for m in _COMPRESSOR_LIST}
 
 CONTROLLERS: Dict[str, ControllerMethod] = {m.name: m for m in [
-    ControllerMethod("lgreco", LGreCo, "L-GreCo: per-layer settings by DP under an error budget",
-                     ("powersgd", "acpsgd", "topk", "qsgd")),
-    ControllerMethod("gravac", GraVAC, "GraVAC: one compression factor, adapted to the gain",
-                     ("powersgd", "acpsgd", "topk", "qsgd")),
+    # Per-layer settings by dynamic programming under an error budget.
+    ControllerMethod("lgreco", LGreCo, {"warmup_steps": 2, "decide_every": 3, "apply_delay": 1,
+                                        "transport": "local"}),
+    # One compression factor for the whole model, adapted to the compression gain.
+    ControllerMethod("gravac", GraVAC, {"theta_min": 2, "theta_max": 64, "window": 100,
+                                        "smoothing": 1.0, "epsilon": 0.3}),
 ]}
 
 # hvd_compress.<ClassName>: every registered class with Horovod's Compression API.
@@ -89,9 +90,6 @@ PUBLIC: Dict[str, type] = {m.core.__name__: horovod_compression(m.core)
                            for m in [*COMPRESSORS.values(), *CONTROLLERS.values()]}
 
 
-def build(name: str, named_parameters: NamedParameters = None, *, small: bool = False,
-          **overrides) -> Any:
-    """``build("powersgd", model.named_parameters(), rank=8)``; names as in ``COMPRESSORS``."""
-    if name not in COMPRESSORS:
-        raise ValueError(f"compressor name must be one of {sorted(COMPRESSORS)}, got {name!r}")
-    return COMPRESSORS[name].build(named_parameters, small=small, **overrides)
+def controllable() -> List[str]:
+    """The registered compressors that controllers can wrap, by name."""
+    return [name for name, method in COMPRESSORS.items() if method.core.controllable]

@@ -58,14 +58,14 @@ def descendants(pid):
     return found
 
 
-@pytest.mark.skipif(shutil.which("torchrun") is None, reason="needs torchrun (comes with torch)")
-@pytest.mark.parametrize("np, test_file", launches())
-def test_launch(np, test_file):
+def run_torchrun(np, test_file, folder, timeout):
+    """``test_file`` (in ``folder``) under ``torchrun --nproc_per_node np``, killed with every
+    rank after ``timeout`` seconds; fails the calling test if it fails or times out."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(command(np, test_file), cwd=HERE, env=env, stdout=subprocess.PIPE,
+    process = subprocess.Popen(command(np, test_file), cwd=folder, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        output, _ = process.communicate(timeout=TIMEOUTS[test_file])
+        output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         # torchrun starts each rank in a session of its own: kill them by id, then torchrun.
         for pid in descendants(process.pid):
@@ -76,10 +76,16 @@ def test_launch(np, test_file):
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
         pytest.fail(f"torchrun --nproc_per_node {np} {test_file} timed out after "
-                    f"{TIMEOUTS[test_file]} s:\n{output[-6000:]}")
+                    f"{timeout} s:\n{output[-6000:]}")
     summary = [line for line in output.splitlines() if " passed" in line or " failed" in line]
     print(f"\ntorchrun --nproc_per_node {np} {test_file}:\n" + "\n".join(summary))
     assert process.returncode == 0, output[-8000:]
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="needs torchrun (comes with torch)")
+@pytest.mark.parametrize("np, test_file", launches())
+def test_launch(np, test_file):
+    run_torchrun(np, test_file, HERE, TIMEOUTS[test_file])
 
 
 class Layers(nn.Module):

@@ -119,18 +119,26 @@ def evaluate(model, val_ids, context, windows=256, batch_size=64):
 
 def train(make_optimizer, rank=0, size=1, steps=300, batch_size=32, lr=2e-3, seed=0, log=None,
           log_every=50, model_kwargs=None, max_chars=2_000_000):
-    """Data-parallel training with AdamW, a linear warmup over the first 10% of the steps, then
-    cosine decay to a tenth of ``lr``. Every rank draws its own random windows from the whole
-    training text, so the ranks together sample like one process with ``size`` times the batch.
-    ``make_optimizer`` turns (model, torch optimizer) into the optimizer to step;
-    ``log(step, mean training loss since the last call, validation perplexity)`` is called every
-    ``log_every`` steps and after the last. Returns (model, validation perplexity)."""
+    """Data-parallel training of a ``CharTransformer(**model_kwargs)`` on the corpus's first
+    ``max_chars`` bytes: see ``fit``. Returns (model, validation perplexity)."""
     torch.manual_seed(seed)
     train_ids, val_ids = load_corpus(max_chars)
-    model = CharTransformer(**(model_kwargs or {}))
+    return fit(make_optimizer, CharTransformer(**(model_kwargs or {})), train_ids, val_ids, rank, size,
+               steps, batch_size, lr, seed, log, log_every)
+
+
+def fit(make_optimizer, model, train_ids, val_ids, rank=0, size=1, steps=300, batch_size=32, lr=2e-3,
+        seed=0, log=None, log_every=50):
+    """Data-parallel training with AdamW, a linear warmup over the first 10% of the steps
+    (``warmup_steps``), then cosine decay to a tenth of ``lr``. Every rank draws its own random
+    windows from the whole training text, so the ranks together sample like one process with
+    ``size`` times the batch. ``make_optimizer`` turns (model, torch optimizer) into the
+    optimizer to step; ``log(step, mean training loss since the last call, validation
+    perplexity)`` is called every ``log_every`` steps and after the last. The caller seeds torch
+    before building ``model``. Returns (model, validation perplexity)."""
     optimizer = make_optimizer(model, torch.optim.AdamW(model.parameters(), lr=lr,
                                                         weight_decay=0.01))
-    warmup = max(1, steps // 10)
+    warmup = warmup_steps(steps)
 
     def lr_factor(step):
         if step < warmup:
@@ -155,3 +163,8 @@ def train(make_optimizer, rank=0, size=1, steps=300, batch_size=32, lr=2e-3, see
             log(step + 1, total / since_log, evaluate(model, val_ids, model.context))
             total, since_log = 0.0, 0
     return model, evaluate(model, val_ids, model.context)
+
+
+def warmup_steps(steps):
+    """The learning-rate warm-up of a ``steps``-step run of ``fit``."""
+    return max(1, steps // 10)

@@ -17,7 +17,7 @@ from hvd_compress import arguments
 logger = logging.getLogger(__name__)
 
 # The dense buffer that gets scaled: ACP-SGD's (and PyTorch DDP's) 25 MB. On the emulated
-# 1 Gbit/s cluster it landed within 4% of the best buffer, Horovod's 64 MiB 9-12% (docs/fusion.md).
+# 1 Gbit/s cluster it landed closer to the best buffer than Horovod's 64 MiB (docs/fusion.md).
 DEFAULT_DENSE_THRESHOLD = 25 * 1024 * 1024
 
 

@@ -6,7 +6,7 @@ rounds; drivers (Horovod, or the simulated world in tests) decide when and how t
 """
 import enum
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -55,6 +55,11 @@ class Traffic:
     # collective name -> [calls, payload bytes] since the start: what an alpha-beta model of
     # the exchange at another world size or link rate needs.
     by_collective: dict = field(default_factory=dict)
+    # The last step's [float32 all-reduce wire bytes, payload bytes, wire bytes]: what per-step
+    # metrics report (hvd_compress.metrics).
+    last_step: list = field(default_factory=lambda: [0, 0, 0])
+    # Host seconds of the last step's codec work, where ``hvd_compress.metrics`` times it.
+    codec_seconds: Optional[float] = None
     _current: list = field(default_factory=lambda: [0, 0, 0])
 
     def add_gradient(self, grad):
@@ -75,11 +80,21 @@ class Traffic:
         self.dense_wire_bytes += self._current[0]
         self.payload_bytes += self._current[1]
         self.wire_bytes += self._current[2]
-        self._current = [0, 0, 0]
+        self.last_step, self._current = self._current, [0, 0, 0]
 
     @property
     def ratio(self):
         return self.dense_wire_bytes / self.wire_bytes if self.wire_bytes else 1.0
+
+    def metrics(self):
+        """The last step's numbers, flat: what ``GradientCompression.metrics`` starts from."""
+        dense, payload, wire = self.last_step
+        numbers = {"steps": self.steps, "bytes_sent": wire, "payload_bytes": payload,
+                   "float32_allreduce_bytes": dense, "ratio": dense / wire if wire else 1.0,
+                   "ratio_since_start": self.ratio}
+        if self.codec_seconds is not None:
+            numbers["codec_seconds"] = self.codec_seconds
+        return numbers
 
     def summary(self):
         steps = max(self.steps, 1)

@@ -16,9 +16,9 @@ class ACPSGD(LowRankCompressor):
     Tuning guide: as for :class:`PowerSGD`. The paper uses rank 4 for CNNs and 32-256 for
     BERT; both reuse and error feedback are needed for accuracy (its Fig. 7). Compare it with
     PowerSGD at equal bytes, i.e. at twice PowerSGD's rank: ACP-SGD rank 2r sends what
-    PowerSGD rank r sends. On the character LM of ``python -m benchmarks quality`` (one seed)
-    ACP-SGD rank 16 ended at 4.60 validation perplexity with 461 MB per rank, PowerSGD rank 8
-    at 4.53 with 438 MB (uncompressed: 4.49).
+    PowerSGD rank r sends. How the two compared at equal bytes on a character LM: README
+    "Choosing a method and its setting" and docs/benchmarks.md "Quality against bytes"
+    (``python -m benchmarks quality``).
     """
 
     def _compressed_bytes(self, shape, setting):

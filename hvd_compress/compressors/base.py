@@ -11,7 +11,10 @@ look inside a compressor:
 
 =============================================  =================================================
 ``controllable``                               whether the protocol below is implemented
+``setting_name``                               what a setting is ("rank", "k", "bits"), for logs
+``config.default``                             the uniform setting (L-GreCo's budget)
 ``tunable(shape)``                             whether any setting compresses such a gradient
+``compresses(shape, setting)``                 whether ``setting`` compresses it (else dense)
 ``check_value(value, label)``                  a user-facing value (a candidate, an Accordion
                                                setting) is valid, or ``ValueError``
 ``setting_for_value(shape, value)``            that value as a setting (Top-K: density -> k)
@@ -25,6 +28,7 @@ look inside a compressor:
 ``begin_uncompressed(name, grad)``             send gradient plus residual whole, clear it
 ``last_step_finite``                           whether the last step was kept (see below)
 ``loss_scale()``                               the loss scale of this step's gradients (``track``)
+``set_setting(name, value)``                   how a controller acts (``setting``/``settings`` read)
 =============================================  =================================================
 
 Non-finite steps: a compressor checks every aggregated gradient it returns. They are identical
@@ -40,8 +44,11 @@ back stay non-finite (so that ``GradScaler`` or the user's check skips the step)
 step runs as if the bad one had never happened. Controllers read ``last_step_finite`` after
 the wrapped compressor's ``end_step`` and drop their own updates of that step too.
 
-A new compressor subclasses ``Compressor`` and implements ``_check_setting``, ``_begin`` and
-``_compressed_bytes`` (plus the protocol, to be controllable); error feedback comes from
+A new compressor subclasses ``Compressor``, passes its configuration (a frozen
+``compressors.config.CompressorConfig``, subclassed for the method's own options, checked when it
+is made) to ``Compressor.__init__``, and implements ``_check_setting``, ``_begin`` and
+``_compressed_bytes``; ``_new_state_from`` if it keeps per-parameter state in ``self.state``
+(checkpoints rebuild it); the protocol, to be controllable. Error feedback comes from
 ``compressors.feedback.ErrorFeedback``. Nothing here knows Horovod: its Compression API is added
 by ``integration.stock.horovod_compression``.
 """
@@ -54,6 +61,7 @@ import torch
 
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round, Traffic, carrying, on_result
+from hvd_compress.compressors.config import CompressorConfig, check_checkpoint, checkpoint_header
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths.finite import all_finite, extremes, nonfinite_marker
 
@@ -150,8 +158,8 @@ class Compressor(GradientCompression):
     ``named_parameters`` (e.g. ``model.named_parameters()``) lets the compressor tell which
     parameter each gradient belongs to when stock ``hvd.DistributedOptimizer`` calls
     ``compress(p.grad)`` without a name. Without it, the compressor takes the calling
-    optimizer's parameters and names at the first ``compress`` (``adopt_parameters``). ``min_numel``: smaller gradients, and every 1-D
-    gradient, are all-reduced uncompressed.
+    optimizer's parameters and names at the first ``compress`` (``adopt_parameters``).
+    ``config``: the method's configuration (``compressors.config``), checked when it was made.
     """
 
     setting_name = "setting"
@@ -162,28 +170,32 @@ class Compressor(GradientCompression):
     # Error feedback, for compressors that have it (set in their constructor).
     feedback: Optional[ErrorFeedback] = None
 
-    def __init__(self, named_parameters: NamedParameters = None, *, default: Any, min_numel: int = 1024):
-        self.min_numel = arguments.integer(type(self).__name__, "min_numel", min_numel, low=0)
-        self.parameters = _named(type(self).__name__, named_parameters)
-        self._check_setting(None, default, None)
-        self.default = default
+    def __init__(self, named_parameters: NamedParameters, config: CompressorConfig):
+        # Configuration: fixed at construction, agreed by every rank, recorded in checkpoints.
+        self.config = config
+        self.parameters = ({} if named_parameters is None
+                           else arguments.named_parameters(type(self).__name__, named_parameters))
+        self._check_setting(None, config.default, None)
+        # State: what a checkpoint holds, and what a non-finite step leaves as it was.
         self._overrides: Dict[str, Any] = {}
         self.state: Dict[str, Any] = {}
-        self.rank, self.size = 0, 1
-        self.traffic = Traffic()
+        self._shapes: Dict[str, Shape] = {}  # every gradient seen (or checkpointed), by name
         self.skipped_steps = 0  # non-finite steps, which left no trace in the state
+        # Binding, by the integration: the world (bind_world) and the loss scale (track).
+        self.rank, self.size = 0, 1
+        self._bound = False
+        self._expected_world: Optional[Tuple[int, int]] = None  # from a loaded checkpoint
+        self._scaler = None
+        self.traffic = Traffic()
+        # Per-step scratch, emptied by end_step.
         self.last_step_finite = True
         self._step_extremes: List[torch.Tensor] = []  # this step's aggregated gradients' min and max
         self._undo: Dict[str, Any] = {}
-        self._scaler = None
         self._step_scale: Optional[float] = None
-        self._shapes: Dict[str, Shape] = {}  # every gradient seen (or checkpointed), by name
-        self._bound = False
-        self._expected_world: Optional[Tuple[int, int]] = None  # from a loaded checkpoint
 
     # ----- settings, addressable by parameter name ---------------------------------------
     def setting(self, name: str) -> Any:
-        return self._overrides.get(name, self.default)
+        return self._overrides.get(name, self.config.default)
 
     def set_setting(self, name: str, value: Any) -> None:
         """Changes one parameter's setting from the next step on. Controllers call this on
@@ -332,7 +344,7 @@ class Compressor(GradientCompression):
     def tunable(self, shape: Sequence[int]) -> bool:
         """Whether some setting compresses a gradient of ``shape``: 1-D gradients (biases,
         norms) and those under ``min_numel`` are a tiny share of the bytes, and go dense."""
-        return len(shape) >= 2 and math.prod(shape) >= self.min_numel
+        return len(shape) >= 2 and math.prod(shape) >= self.config.min_numel
 
     def compresses(self, shape: Sequence[int], setting: Any) -> bool:
         """Whether a gradient of ``shape`` is compressed at ``setting`` (else sent dense)."""
@@ -393,13 +405,15 @@ class Compressor(GradientCompression):
         if self.feedback is not None:
             self.feedback.clear(name)
 
-    # ----- configuration, checkpointing -------------------------------------------------------
-    def config(self) -> Dict[str, Any]:
-        """Constructor settings that must agree on every rank."""
-        return {"min_numel": self.min_numel, "default": self.default}
+    def metrics(self) -> Dict[str, float]:
+        """This process's numbers after the last step, as one flat dict of numbers (bytes sent,
+        ratio, skipped non-finite steps; codec seconds where ``hvd_compress.metrics`` times
+        them). Reads no tensor: free to call every step."""
+        return dict(self.traffic.metrics(), skipped_steps=self.skipped_steps)
 
+    # ----- configuration, checkpointing -------------------------------------------------------
     def describe(self) -> Dict[str, Any]:
-        return {"compressor": type(self).__name__, "config": self.config(),
+        return {"compressor": type(self).__name__, "config": self.config.describe(),
                 "settings": dict(sorted(self._overrides.items()))}
 
     def state_dict(self) -> Dict[str, Any]:
@@ -408,7 +422,7 @@ class Compressor(GradientCompression):
         is per rank, and a checkpoint loaded on another rank or world size starts it from zero). Tensors are copied, since state is updated in place. Only tensors, numbers,
         strings, lists and dicts: ``torch.load(path, weights_only=True)`` reads it."""
         residuals = {} if self.feedback is None else self.feedback.state_dict()
-        return {"class": type(self).__name__, "config": _plain(self.config()),
+        return {**checkpoint_header(type(self).__name__, self.config),
                 "rank": self.rank, "world_size": self.size,
                 "shapes": {name: list(shape) for name, shape in sorted(self._shapes.items())},
                 "settings": dict(self._overrides),
@@ -423,19 +437,8 @@ class Compressor(GradientCompression):
         ``ValueError`` naming it, and leaves this object as it was. Taken on another rank or
         world size (checked once the rank is known), all but the error feedback is restored."""
         cls = type(self).__name__
-        missing = {"class", "config", "rank", "world_size", "shapes", "settings", "state",
-                   "residuals", "skipped_steps"} - set(state_dict)
-        if missing:
-            raise ValueError(f"{cls}.load_state_dict: not an hvd_compress {cls} checkpoint "
-                             f"(missing {sorted(missing)})")
-        if state_dict["class"] != cls:
-            raise ValueError(f"{cls}.load_state_dict: the checkpoint is a {state_dict['class']} "
-                             f"checkpoint, not a {cls} one")
-        mine = _plain(self.config())
-        for key in sorted(set(mine) | set(state_dict["config"])):
-            if mine.get(key) != state_dict["config"].get(key):
-                raise ValueError(f"{cls}.load_state_dict: {key} is {state_dict['config'].get(key)!r} "
-                                 f"in the checkpoint but {mine.get(key)!r} here")
+        check_checkpoint(cls, state_dict, ("rank", "world_size", "shapes", "settings", "state",
+                                           "residuals", "skipped_steps"), self.config)
         shapes = {name: tuple(shape) for name, shape in state_dict["shapes"].items()}
         for name, shape in shapes.items():
             param = self.parameters.get(name)
@@ -495,27 +498,18 @@ class Compressor(GradientCompression):
         return state
 
 
-def _named(owner, named_parameters):
-    """{name: parameter} from ``model.named_parameters()``-like pairs, refusing anything else."""
-    if named_parameters is None:
-        return {}
-    pairs = list(named_parameters)
-    for item in pairs:
-        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-                and torch.is_tensor(item[1])):
-            raise ValueError(f"{owner}: named_parameters must be (name, parameter) pairs, as "
-                             f"model.named_parameters() gives; got an item of type "
-                             f"{type(item).__name__}")
-    names = [name for name, _ in pairs]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        raise ValueError(f"{owner}: named_parameters has duplicate names {duplicates}")
-    return dict(pairs)
-
-
-def _plain(config):
-    """A configuration as checkpoints hold it: tuples become lists (what torch.load returns)."""
-    return {key: list(value) if isinstance(value, tuple) else value for key, value in config.items()}
+def controllable_compressors() -> List[str]:
+    """The names of the compressor classes a controller can wrap: ``controllable`` subclasses
+    of ``Compressor`` that implement what every compressor must (the registry's, and any other
+    defined so far)."""
+    required = ("_check_setting", "_begin", "_compressed_bytes")
+    names, classes = set(), [Compressor]
+    while classes:
+        cls = classes.pop()
+        classes.extend(cls.__subclasses__())
+        if cls.controllable and all(getattr(cls, m) is not getattr(Compressor, m) for m in required):
+            names.add(cls.__name__)
+    return sorted(names)
 
 
 # The float32 marker of a compressed gradient's input (see the module docstring).

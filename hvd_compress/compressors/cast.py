@@ -7,6 +7,7 @@ import torch
 
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import Compressor, NamedParameters
+from hvd_compress.compressors.config import CompressorConfig
 
 
 class _Settingless(Compressor):
@@ -15,14 +16,14 @@ class _Settingless(Compressor):
     payload_carries_input = True  # a cast keeps infinities and NaN, and every entry travels
 
     def __init__(self, named_parameters: NamedParameters = None, *, min_numel: int = 0):
-        super().__init__(named_parameters, default=None, min_numel=min_numel)
+        super().__init__(named_parameters, CompressorConfig(min_numel=min_numel, owner=type(self).__name__))
 
     def _check_setting(self, name, value, numel):
         if value is not None:
             raise self._error(name, f"{type(self).__name__} has no per-parameter setting")
 
     def tunable(self, shape):
-        return math.prod(shape) >= self.min_numel
+        return math.prod(shape) >= self.config.min_numel
 
 
 class FP16(_Settingless):

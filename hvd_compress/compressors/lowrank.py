@@ -6,6 +6,7 @@ import torch
 from hvd_compress import arguments
 from hvd_compress.compressors.base import (Compressor, NamedParameters, check_candidate, check_positive_int,
                                            dense_round)
+from hvd_compress.compressors.config import CompressorConfig
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths import lowrank
@@ -18,6 +19,25 @@ class LowRankState:
     step: int = 0
 
 
+@dataclass(frozen=True, kw_only=True)
+class LowRankConfig(CompressorConfig):
+    """PowerSGD's and ACP-SGD's configuration (``default``: the rank); see their tuning guides."""
+    min_compression_rate: float = 2.0
+    start_step: int = 0
+    error_feedback: bool = True
+    warm_start: bool = True
+    seed: int = 0
+
+    def check(self, owner):
+        super().check(owner)
+        self._keep("min_compression_rate", arguments.real(owner, "min_compression_rate",
+                                                          self.min_compression_rate, low=0, low_open=True))
+        self._keep("start_step", arguments.integer(owner, "start_step", self.start_step, low=0))
+        arguments.flag(owner, "error_feedback", self.error_feedback)
+        arguments.flag(owner, "warm_start", self.warm_start)
+        self._keep("seed", arguments.integer(owner, "seed", self.seed))
+
+
 class LowRankCompressor(Compressor):
     setting_name = "rank"
     controllable = True
@@ -25,27 +45,18 @@ class LowRankCompressor(Compressor):
     def __init__(self, named_parameters: NamedParameters = None, rank: int = 4, *,
                  min_compression_rate: float = 2.0, start_step: int = 0, error_feedback: bool = True,
                  warm_start: bool = True, seed: int = 0, min_numel: int = 1024):
-        owner = type(self).__name__
-        self.min_compression_rate = arguments.real(owner, "min_compression_rate", min_compression_rate,
-                                                   low=0, low_open=True)
-        self.start_step = arguments.integer(owner, "start_step", start_step, low=0)
-        self.error_feedback = arguments.flag(owner, "error_feedback", error_feedback)
-        self.warm_start = arguments.flag(owner, "warm_start", warm_start)
-        self.seed = arguments.integer(owner, "seed", seed)
-        self.feedback = ErrorFeedback(enabled=error_feedback)
-        super().__init__(named_parameters, default=rank, min_numel=min_numel)
-
-    def config(self):
-        return dict(super().config(), min_compression_rate=self.min_compression_rate,
-                    start_step=self.start_step, error_feedback=self.error_feedback,
-                    warm_start=self.warm_start, seed=self.seed)
+        config = LowRankConfig(default=rank, min_numel=min_numel, min_compression_rate=min_compression_rate,
+                               start_step=start_step, error_feedback=error_feedback,
+                               warm_start=warm_start, seed=seed, owner=type(self).__name__)
+        self.feedback = ErrorFeedback(enabled=config.error_feedback)
+        super().__init__(named_parameters, config)
 
     def _check_setting(self, name, value, numel):
         check_positive_int(self, name, "rank", value)
 
     def _worth_compressing(self, shape, setting):
         n, m, r = lowrank.factor_shapes(shape, setting)
-        return lowrank.worth_compressing(n, m, r, self.min_compression_rate)
+        return lowrank.worth_compressing(n, m, r, self.config.min_compression_rate)
 
     def _new_state_from(self, values):
         return LowRankState(**values)
@@ -73,7 +84,7 @@ class LowRankCompressor(Compressor):
         matrix = x.reshape(lowrank.matrix_shape(x.shape))
         top = lowrank.effective_rank(settings[0], *matrix.shape)
         energies, memo["q"] = error_maths.lowrank_kept_energies(
-            matrix, memo.get("q"), [min(top, s) for s in settings], self.seed, name)
+            matrix, memo.get("q"), [min(top, s) for s in settings], self.config.seed, name)
         return energies
 
     # ----- the exchange -------------------------------------------------------------------
@@ -84,14 +95,14 @@ class LowRankCompressor(Compressor):
         st = self.state.get(name)
         if st is None:
             device = grad.device
-            st = LowRankState(p=lowrank.seeded_normal(n, r, self.seed, name, "p").to(device),
-                              q=lowrank.seeded_normal(m, r, self.seed, name, "q").to(device))
+            st = LowRankState(p=lowrank.seeded_normal(n, r, self.config.seed, name, "p").to(device),
+                              q=lowrank.seeded_normal(m, r, self.config.seed, name, "q").to(device))
             self.state[name] = st
         if st.q.shape[1] != r:
-            st.p = lowrank.resize_columns(st.p, r, self.seed, f"{name}.p")
-            st.q = lowrank.resize_columns(st.q, r, self.seed, f"{name}.q")
+            st.p = lowrank.resize_columns(st.p, r, self.config.seed, f"{name}.p")
+            st.q = lowrank.resize_columns(st.q, r, self.config.seed, f"{name}.q")
         st.step += 1
-        if st.step <= self.start_step:
+        if st.step <= self.config.start_step:
             return None
         # M is built in the error-feedback buffer itself, and ``_remember`` leaves the new
         # residual there: no gradient-sized allocation per step.
@@ -100,16 +111,16 @@ class LowRankCompressor(Compressor):
     def _remember(self, matrix, p, q):
         """Error feedback: what this rank failed to send, M - P Q^T, stays in M's buffer and is
         added to its next gradient. Nothing reads M afterwards."""
-        if self.error_feedback:
+        if self.config.error_feedback:
             matrix.addmm_(p, q.t(), alpha=-1)
 
     def _reused(self, st, name, which):
         """The factor (``"p"`` or ``"q"``) to start this step from: last step's (warm start), or
         without warm start a fresh random one, identical on every rank."""
         factor = getattr(st, which)
-        if self.warm_start:
+        if self.config.warm_start:
             return factor
-        return lowrank.seeded_normal(*factor.shape, self.seed, name, f"{which}{st.step}").to(factor)
+        return lowrank.seeded_normal(*factor.shape, self.config.seed, name, f"{which}{st.step}").to(factor)
 
     def _begin(self, name, grad):
         prepared = self._prepare(name, grad)

@@ -11,10 +11,9 @@ class PowerSGD(LowRankCompressor):
     Tuning guide:
       * ``rank``: 1-4 is enough for CNNs on image classification; transformers usually want
         8-32. Raise it if accuracy lags uncompressed training; the bytes grow linearly. The
-        default rank 4 is too low for a small transformer: on a 2-layer, 64-wide character
-        LM (``python -m benchmarks quality``, 3,000 AdamW steps, 4 ranks, one seed) rank 4
-        ended 4.8% above uncompressed validation perplexity and rank 8 within 1%, at 5.6x
-        fewer bytes than a float32 all-reduce.
+        default rank 4 is too low for a small transformer; what each rank cost and kept on a
+        character LM is in README "Choosing a method and its setting" and docs/benchmarks.md
+        "Quality against bytes" (``python -m benchmarks quality``).
       * ``start_step``: dense steps before compression starts (torch's ``start_powerSGD_iter``).
         A few hundred to a thousand steps helps when the learning rate is warming up.
       * ``min_compression_rate``: matrices that would not shrink by this factor are sent

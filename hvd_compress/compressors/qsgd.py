@@ -8,10 +8,23 @@ import torch
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate
+from hvd_compress.compressors.config import CompressorConfig
 from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths import quantize
 
 MIN_BITS, MAX_BITS = 2, 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class QSGDConfig(CompressorConfig):
+    """``default``: the bits per entry."""
+    bucket_size: int = 512
+    seed: int = 0
+
+    def check(self, owner):
+        super().check(owner)
+        self._keep("bucket_size", arguments.integer(owner, "bucket_size", self.bucket_size, low=1))
+        self._keep("seed", arguments.integer(owner, "seed", self.seed))
 
 
 @dataclass
@@ -40,12 +53,8 @@ class QSGD(Compressor):
 
     def __init__(self, named_parameters: NamedParameters = None, bits: int = 4, *, bucket_size: int = 512,
                  seed: int = 0, min_numel: int = 1024):
-        self.bucket_size = arguments.integer("QSGD", "bucket_size", bucket_size, low=1)
-        self.seed = arguments.integer("QSGD", "seed", seed)
-        super().__init__(named_parameters, default=bits, min_numel=min_numel)
-
-    def config(self):
-        return dict(super().config(), bucket_size=self.bucket_size, seed=self.seed)
+        super().__init__(named_parameters, QSGDConfig(default=bits, bucket_size=bucket_size, seed=seed,
+                                                      min_numel=min_numel, owner=type(self).__name__))
 
     def _check_setting(self, name, value, numel):
         if isinstance(value, bool) or not isinstance(value, int) or not MIN_BITS <= value <= MAX_BITS:
@@ -53,7 +62,7 @@ class QSGD(Compressor):
 
     def _compressed_bytes(self, shape, setting):
         numel = math.prod(shape)
-        buckets = -(-numel // self.bucket_size)
+        buckets = -(-numel // self.config.bucket_size)
         return quantize.packed_size(numel, setting) + 4 * (buckets + buckets % 2)
 
     def _new_state_from(self, values):
@@ -72,26 +81,26 @@ class QSGD(Compressor):
         return list(range(max(MIN_BITS, default // 2), min(MAX_BITS, 2 * default) + 1))
 
     def errors(self, gradient, settings):
-        return error_maths.qsgd_errors(gradient.flatten(), settings, self.bucket_size)
+        return error_maths.qsgd_errors(gradient.flatten(), settings, self.config.bucket_size)
 
     def setting_for_factor(self, shape, factor):
         return min(MAX_BITS, max(MIN_BITS, round(32 / factor)))
 
     def kept_energies(self, name, x, settings, memo):
-        return error_maths.qsgd_kept_energies(x.reshape(-1), settings, self.bucket_size)
+        return error_maths.qsgd_kept_energies(x.reshape(-1), settings, self.config.bucket_size)
 
     def _rounding_generator(self, name, device):
         """Rounding noise differs per rank (so it averages out) and is reproducible from
         (seed, rank, parameter, step) whatever order gradients arrive in."""
         st = self.state.setdefault(name, QSGDState())
         st.step += 1
-        key = zlib.crc32(f"{self.seed}:{self.rank}:{name}:{st.step}".encode())
+        key = zlib.crc32(f"{self.config.seed}:{self.rank}:{name}:{st.step}".encode())
         return torch.Generator(device=device).manual_seed(key)
 
     def _begin(self, name, grad):
         shape, dtype, n = grad.shape, grad.dtype, grad.numel()
         bits = self.setting(name)
-        codes, norms = quantize.quantize(grad.reshape(-1).float(), bits, self.bucket_size,
+        codes, norms = quantize.quantize(grad.reshape(-1).float(), bits, self.config.bucket_size,
                                          self._rounding_generator(name, grad.device))
         code_bytes = quantize.packed_size(n, bits)
         # Codes first and an even number of norms keep every gathered row 8-byte aligned.
@@ -103,7 +112,7 @@ class QSGD(Compressor):
             for row in rows:
                 row_codes = quantize.unpack_codes(row[:code_bytes], bits, n)
                 row_norms = row[code_bytes:].view(torch.float32)[:norms.numel()]
-                values = quantize.dequantize(row_codes, row_norms, bits, self.bucket_size)
+                values = quantize.dequantize(row_codes, row_norms, bits, self.config.bucket_size)
                 total = values if total is None else total.add_(values)
             if rows.shape[0] > 1:  # dividing by one would only cost a pass
                 total.div_(rows.shape[0])

@@ -9,8 +9,21 @@ from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import NamedParameters, dense_round
 from hvd_compress.compressors.feedback import ErrorFeedback
-from hvd_compress.compressors.topk import KSparse
+from hvd_compress.compressors.topk import KSparse, KSparseConfig
 from hvd_compress.maths.chunked_topk import chunked_topk_indices
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleComConfig(KSparseConfig):
+    beta: float = 1.0
+    chunks: int = 64
+    warmup_steps: int = 0
+
+    def check(self, owner):
+        super().check(owner)
+        self._keep("beta", arguments.real(owner, "beta", self.beta, low=0, high=1, low_open=True))
+        self._keep("chunks", arguments.integer(owner, "chunks", self.chunks, low=1))
+        self._keep("warmup_steps", arguments.integer(owner, "warmup_steps", self.warmup_steps, low=0))
 
 
 @dataclass
@@ -38,14 +51,10 @@ class ScaleCom(KSparse):
 
     def __init__(self, named_parameters: NamedParameters = None, density: float = 0.01, *,
                  beta: float = 1.0, chunks: int = 64, warmup_steps: int = 0, min_numel: int = 1024):
-        self.beta = arguments.real("ScaleCom", "beta", beta, low=0, high=1, low_open=True)
-        self.chunks = arguments.integer("ScaleCom", "chunks", chunks, low=1)
-        self.warmup_steps = arguments.integer("ScaleCom", "warmup_steps", warmup_steps, low=0)
         self.feedback = ErrorFeedback()  # low-pass filtered, below
-        super().__init__(named_parameters, density, min_numel=min_numel)
-
-    def config(self):
-        return dict(super().config(), beta=self.beta, chunks=self.chunks, warmup_steps=self.warmup_steps)
+        super().__init__(named_parameters, ScaleComConfig(
+            density=density, beta=beta, chunks=chunks, warmup_steps=warmup_steps, min_numel=min_numel,
+            owner=type(self).__name__))
 
     def _new_state_from(self, values):
         return ScaleComState(**values)
@@ -58,14 +67,14 @@ class ScaleCom(KSparse):
         shape, dtype, n = grad.shape, grad.dtype, grad.numel()
         st = self.state.setdefault(name, ScaleComState())
         st.step += 1
-        if st.step <= self.warmup_steps:
+        if st.step <= self.config.warmup_steps:
             return dense_round(grad)
         k = self.k_for(self.setting(name), n)
         # Not in place: the filter below needs the old residual.
         acc = self.feedback.compensated(name, grad.reshape(-1), in_place=False)
         leader = self.leader(st.step)
         if self.rank == leader:
-            indices = chunked_topk_indices(acc.abs(), k, self.chunks).to(torch.int32)
+            indices = chunked_topk_indices(acc.abs(), k, self.config.chunks).to(torch.int32)
         else:
             indices = torch.zeros(k, dtype=torch.int32, device=grad.device)
 
@@ -73,10 +82,10 @@ class ScaleCom(KSparse):
             chosen = leader_indices.long()
             residual = acc.clone()
             residual[chosen] = 0  # m + g - C(m + g)
-            if self.beta != 1.0:
+            if self.config.beta != 1.0:
                 previous = self.feedback.residual(name)  # None at first: zero; unscaled
-                residual = self.beta * residual if previous is None else torch.add(
-                    self.beta * residual, previous, alpha=(1 - self.beta) * self.loss_scale())
+                residual = self.config.beta * residual if previous is None else torch.add(
+                    self.config.beta * residual, previous, alpha=(1 - self.config.beta) * self.loss_scale())
             self.feedback.keep(name, residual)
 
             def after_values(mean_values):

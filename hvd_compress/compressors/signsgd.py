@@ -5,6 +5,7 @@ import torch
 
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import Compressor, NamedParameters
+from hvd_compress.compressors.config import CompressorConfig
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import signs
 
@@ -48,7 +49,7 @@ class SignSGD(Compressor):
 
     def __init__(self, named_parameters: NamedParameters = None, *, min_numel: int = 1024):
         self.feedback = ErrorFeedback()
-        super().__init__(named_parameters, default=None, min_numel=min_numel)
+        super().__init__(named_parameters, CompressorConfig(min_numel=min_numel, owner=type(self).__name__))
 
     def _check_setting(self, name, value, numel):
         if value is not None:

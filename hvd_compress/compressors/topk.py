@@ -1,5 +1,6 @@
 """Top-K sparsification with error feedback."""
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -7,9 +8,29 @@ import torch
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate, check_positive_int
+from hvd_compress.compressors.config import CompressorConfig
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths.sparsify import topk_indices
+
+
+@dataclass(frozen=True, kw_only=True)
+class KSparseConfig(CompressorConfig):
+    """``density``: the share of entries sent where a parameter's setting (k) is None."""
+    density: float = 0.01
+
+    def check(self, owner):
+        super().check(owner)
+        self._keep("density", arguments.real(owner, "density", self.density, low=0, high=1, low_open=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopKConfig(KSparseConfig):
+    error_feedback: bool = True
+
+    def check(self, owner):
+        super().check(owner)
+        arguments.flag(owner, "error_feedback", self.error_feedback)
 
 
 class KSparse(Compressor):
@@ -18,21 +39,13 @@ class KSparse(Compressor):
 
     setting_name = "k"
 
-    def __init__(self, named_parameters: NamedParameters = None, density: float = 0.01, *,
-                 min_numel: int = 1024):
-        self.density = arguments.real(type(self).__name__, "density", density, low=0, high=1, low_open=True)
-        super().__init__(named_parameters, default=None, min_numel=min_numel)
-
-    def config(self):
-        return dict(super().config(), density=self.density)
-
     def _check_setting(self, name, value, numel):
         if value is not None:  # None: k follows ``density``
             check_positive_int(self, name, "k", value, upper=numel)
 
     def k_for(self, setting: Optional[int], numel: int) -> int:
         """k at ``setting``; None means ``density`` of the gradient."""
-        return setting if setting is not None else max(1, math.ceil(self.density * numel))
+        return setting if setting is not None else max(1, math.ceil(self.config.density * numel))
 
     def _compressed_bytes(self, shape, setting):
         return 8 * self.k_for(setting, math.prod(shape))
@@ -53,7 +66,7 @@ class KSparse(Compressor):
         """k for ``values`` (densities), or for the L-GreCo paper's [D/10, 10D] in steps of
         D/10 around the default density D; the default's k among them."""
         numel = math.prod(shape)
-        density = self.density if default is None else default / numel
+        density = self.config.density if default is None else default / numel
         densities = values if values is not None else [density * i / 10 for i in range(1, 101)]
         return sorted({self.setting_for_value(shape, d) for d in densities} | {self.resolve(shape, default)})
 
@@ -86,12 +99,10 @@ class TopK(KSparse):
 
     def __init__(self, named_parameters: NamedParameters = None, density: float = 0.01, *,
                  error_feedback: bool = True, min_numel: int = 1024):
-        self.error_feedback = arguments.flag(type(self).__name__, "error_feedback", error_feedback)
-        self.feedback = ErrorFeedback(enabled=error_feedback)
-        super().__init__(named_parameters, density, min_numel=min_numel)
-
-    def config(self):
-        return dict(super().config(), error_feedback=self.error_feedback)
+        config = TopKConfig(density=density, error_feedback=error_feedback, min_numel=min_numel,
+                            owner=type(self).__name__)
+        self.feedback = ErrorFeedback(enabled=config.error_feedback)
+        super().__init__(named_parameters, config)
 
     def _begin(self, name, grad):
         shape, dtype, n = grad.shape, grad.dtype, grad.numel()

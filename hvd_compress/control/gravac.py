@@ -3,6 +3,7 @@ throughput. Policy (Algorithm 1, pure) apart from mechanism (gains measured on r
 agreed across ranks)."""
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -10,12 +11,38 @@ import torch
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, carrying
 from hvd_compress.compressors.base import Compressor
+from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header
 from hvd_compress.control.wrapping import Controller
 
 DENSE = 1.0
 # ``history`` keeps the latest steps only, so state and checkpoints stay bounded.
 HISTORY_KEPT = 1000
 POLICIES = ("exponential", "geometric")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GraVACConfig(MethodConfig):
+    """GraVAC's configuration (see its tuning guide); ``smoothing=None``: the paper's N / 100."""
+    theta_min: float = 10.0
+    theta_max: float = 1000.0
+    epsilon: float = 0.7
+    omega: float = 0.01
+    window: int = 500
+    policy: str = "exponential"
+    smoothing: Optional[float] = None
+    scale_down_to: str = "min"
+
+    def check(self, owner):
+        self._keep("theta_min", arguments.real(owner, "theta_min", self.theta_min, low=1))
+        self._keep("theta_max", arguments.real(owner, "theta_max", self.theta_max, low=self.theta_min))
+        self._keep("epsilon", arguments.real(owner, "epsilon", self.epsilon, low=0, high=1, low_open=True))
+        self._keep("omega", arguments.real(owner, "omega", self.omega, low=0))
+        self._keep("window", arguments.integer(owner, "window", self.window, low=1))
+        arguments.choice(owner, "policy", self.policy, POLICIES)
+        if self.smoothing is not None:
+            self._keep("smoothing", arguments.real(owner, "smoothing", self.smoothing, low=0, high=1,
+                                                   low_open=True))
+        arguments.choice(owner, "scale_down_to", self.scale_down_to, ("min", "dense"))
 
 
 class GraVACPolicy:
@@ -34,17 +61,13 @@ class GraVACPolicy:
     def __init__(self, theta_min: float = 10.0, theta_max: float = 1000.0, epsilon: float = 0.7,
                  omega: float = 0.01, window: int = 500, policy: str = "exponential",
                  smoothing: float = 0.1, scale_down_to: str = "min"):
-        theta_min = arguments.real("GraVAC", "theta_min", theta_min, low=1)
-        theta_max = arguments.real("GraVAC", "theta_max", theta_max, low=theta_min)
-        epsilon = arguments.real("GraVAC", "epsilon", epsilon, low=0, high=1, low_open=True)
-        omega = arguments.real("GraVAC", "omega", omega, low=0)
-        window = arguments.integer("GraVAC", "window", window, low=1)
-        arguments.choice("GraVAC", "policy", policy, POLICIES)
-        smoothing = arguments.real("GraVAC", "smoothing", smoothing, low=0, high=1, low_open=True)
-        arguments.choice("GraVAC", "scale_down_to", scale_down_to, ("min", "dense"))
-        self.initial_min, self.theta_min, self.theta_max = float(theta_min), float(theta_min), float(theta_max)
-        self.epsilon, self.omega, self.window, self.policy = epsilon, omega, window, policy
-        self.smoothing, self.scale_down_to = smoothing, scale_down_to
+        config = GraVACConfig(theta_min=theta_min, theta_max=theta_max, epsilon=epsilon, omega=omega,
+                              window=window, policy=policy, smoothing=smoothing, scale_down_to=scale_down_to)
+        self.initial_min, self.theta_min, self.theta_max = config.theta_min, config.theta_min, config.theta_max
+        self.epsilon, self.omega, self.window, self.policy = config.epsilon, config.omega, config.window, policy
+        if config.smoothing is None:  # the controller's None (N / 100) is resolved before this
+            raise ValueError("GraVAC: smoothing must be a finite number, got None")
+        self.smoothing, self.scale_down_to = config.smoothing, scale_down_to
         self.exponent = 0  # the candidate is initial_min * 2^(sequence[exponent])
         self.candidate = self._next_candidate()
         self.gain_min = self.gain_candidate = None
@@ -169,9 +192,12 @@ class GraVAC(Controller):
                  policy: str = "exponential", smoothing: Optional[float] = None,
                  scale_down_to: str = "min"):
         super().__init__(compressor)
-        self._smoothing = smoothing
-        self.policy = GraVACPolicy(theta_min, theta_max, epsilon, omega, window, policy,
-                                   0.1 if smoothing is None else smoothing, scale_down_to)
+        self.config = config = GraVACConfig(theta_min=theta_min, theta_max=theta_max, epsilon=epsilon,
+                                            omega=omega, window=window, policy=policy,
+                                            smoothing=smoothing, scale_down_to=scale_down_to)
+        self.policy = GraVACPolicy(config.theta_min, config.theta_max, config.epsilon, config.omega,
+                                   config.window, config.policy,
+                                   0.1 if config.smoothing is None else config.smoothing, config.scale_down_to)
         self.cf = self.policy.choose()
         # Per step, one step late (when its duration arrives): (cf, gain_min, gain_candidate, seconds).
         self.history = deque(maxlen=HISTORY_KEPT)
@@ -188,14 +214,13 @@ class GraVAC(Controller):
 
     def bind_world(self, rank, size):
         super().bind_world(rank, size)
-        if self._smoothing is None:  # the paper: EWMA factor N / 100
+        if self.config.smoothing is None:  # the paper: EWMA factor N / 100
             self.policy.smoothing = min(1.0, size / 100)
 
-    def config(self):
-        p = self.policy
-        return {"inner": self.inner.describe(), "theta_min": p.initial_min, "theta_max": p.theta_max,
-                "epsilon": p.epsilon, "omega": p.omega, "window": p.window, "policy": p.policy,
-                "smoothing": self._smoothing, "scale_down_to": p.scale_down_to}
+    def metrics(self):
+        """Adds the compression factor in force, its running mean, and theta_min."""
+        return dict(super().metrics(), gravac_factor=self.cf, gravac_average_factor=self.average_cf,
+                    gravac_theta_min=self.policy.theta_min, gravac_settled=float(self.policy.settled))
 
     @property
     def average_cf(self) -> float:
@@ -295,7 +320,7 @@ class GraVAC(Controller):
     def state_dict(self):
         """The policy, the wrapped compressor's checkpoint, the bounded history, warm starts and
         the step waiting for its duration. Readable with ``torch.load(weights_only=True)``."""
-        return {"class": "GraVAC", "config": self._own_config(), "inner": self.inner.state_dict(),
+        return {**checkpoint_header("GraVAC", self.config), "inner": self.inner.state_dict(),
                 "policy": self.policy.state(), "cf": self.cf, "history": list(self.history),
                 "factor_sum": self._factor_sum, "factor_count": self._factor_count,
                 "memos": {name: dict(memo) for name, memo in self._memos.items()},
@@ -306,19 +331,9 @@ class GraVAC(Controller):
     def load_state_dict(self, state_dict):
         """Checked before anything changes: a mismatch raises ``ValueError`` and leaves this
         object as it was. A step's duration does not span a reload."""
-        missing = {"class", "config", "inner", "policy", "cf", "history", "factor_sum",
-                   "factor_count", "memos", "shapes", "pending", "last_seconds"} - set(state_dict)
-        if missing:
-            raise ValueError(f"GraVAC.load_state_dict: not an hvd_compress GraVAC checkpoint "
-                             f"(missing {sorted(missing)})")
-        if state_dict["class"] != "GraVAC":
-            raise ValueError(f"GraVAC.load_state_dict: the checkpoint is a {state_dict['class']} "
-                             f"checkpoint, not a GraVAC one")
-        mine = self._own_config()
-        for key in sorted(set(mine) | set(state_dict["config"])):
-            if mine.get(key) != state_dict["config"].get(key):
-                raise ValueError(f"GraVAC.load_state_dict: {key} is {state_dict['config'].get(key)!r} "
-                                 f"in the checkpoint but {mine.get(key)!r} here")
+        check_checkpoint("GraVAC", state_dict, ("inner", "policy", "cf", "history", "factor_sum",
+                                                "factor_count", "memos", "shapes", "pending",
+                                                "last_seconds"), self.config)
         self.inner.load_state_dict(state_dict["inner"])  # checks its own part; last to raise
         self.policy.load(state_dict["policy"])
         self.cf = state_dict["cf"]
@@ -330,9 +345,3 @@ class GraVAC(Controller):
         self._pending = None if pending is None else tuple(pending)
         self._last_seconds = state_dict["last_seconds"]
         self._last_end = None
-
-    def _own_config(self):
-        """``config()`` without the wrapped compressor's, which checks its own."""
-        config = dict(self.config())
-        del config["inner"]
-        return config

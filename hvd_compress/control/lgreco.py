@@ -11,6 +11,7 @@ import numpy as np
 
 from hvd_compress import arguments
 from hvd_compress.compressors.base import Compressor
+from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header, local
 from hvd_compress.compressors.feedback import StagedSums
 from hvd_compress.control.service import DecisionService, Postponed
 from hvd_compress.control.solver import solve
@@ -19,6 +20,8 @@ from hvd_compress.control.wrapping import Controller
 logger = logging.getLogger(__name__)
 
 OBJECTIVES = ("size", "time", "accordion")
+ERROR_SOURCES = ("sent", "raw")
+REFERENCE_ACCUMULATE_STEPS = 10  # the authors' code averages the last 10 steps before a decision
 # The time objective's model is fitted to the last this many steps: a fixed window, so state
 # and checkpoints stay bounded however long training runs.
 TIME_SAMPLES = 512
@@ -57,27 +60,97 @@ class Accordion:
     threshold: float = 0.5
 
 
+@dataclass(frozen=True, kw_only=True)
+class LGreCoConfig(MethodConfig):
+    """L-GreCo's configuration (see its tuning guide). ``decide_every`` is in steps ("epoch" is
+    resolved by the constructor); candidates and Accordion's values are checked against the
+    wrapped compressor by the constructor, ``transport`` and ``timeout`` by the decision
+    service."""
+    candidates: Optional[tuple] = None
+    decide_every: int = 1000
+    warmup_steps: int = 1000
+    start_step: int = 0
+    apply_delay: Union[int, str] = "auto"
+    accumulate_steps: Optional[int] = REFERENCE_ACCUMULATE_STEPS
+    error_source: str = "sent"
+    objective: str = "size"
+    accordion: Optional[Accordion] = None
+    time_buckets: int = 4
+    discretization: int = 10000
+    transport: str = local("auto")
+    timeout: float = local(60.0)
+
+    def check(self, owner):
+        for label, least in [("decide_every", 1), ("warmup_steps", 0), ("start_step", 0),
+                             ("time_buckets", 1), ("discretization", 1)]:
+            arguments.integer(owner, label, getattr(self, label), low=least)
+        if self.accumulate_steps is not None:
+            arguments.integer(owner, "accumulate_steps (or None)", self.accumulate_steps, low=1)
+        if self.apply_delay != "auto":
+            arguments.integer(owner, 'apply_delay (or "auto")', self.apply_delay, low=1)
+            if self.apply_delay >= self.decide_every:
+                raise ValueError(f"{owner}: apply_delay ({self.apply_delay}) must be smaller than "
+                                 f"decide_every ({self.decide_every})")
+        if self.error_source not in ERROR_SOURCES:
+            raise ValueError(f"{owner}: error_source must be one of {ERROR_SOURCES}, got {self.error_source!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"{owner}: objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if (self.objective == "accordion") != (self.accordion is not None):
+            raise ValueError(f"{owner}: objective='accordion' and accordion=Accordion(...) go together")
+        if self.accordion is not None and not isinstance(self.accordion, Accordion):
+            raise ValueError(f"{owner}: accordion must be an Accordion(critical, normal), got {self.accordion!r}")
+        candidates = self.candidates
+        if candidates is not None and (isinstance(candidates, (str, bytes)) or not hasattr(candidates, "__iter__")):
+            raise ValueError(f"{owner}: candidates must be a list of settings, got {candidates!r}")
+        if candidates is not None:
+            self._keep("candidates", tuple(candidates))
+        if self.candidates == ():
+            raise ValueError(f"{owner}: candidates must not be empty (None: the paper's range)")
+        if self.accordion is not None:
+            arguments.real(owner, "accordion.threshold", self.accordion.threshold, low=0, low_open=True)
+
+
 class LGreCo(Controller):
     """Wraps PowerSGD, ACPSGD, TopK or QSGD and owns each layer's setting.
 
-    Every ``decide_every`` steps after ``warmup_steps``, rank 0 takes the gradients it
-    accumulated since the last decision, builds error(layer, candidate) (the L2 norm of the
-    compression error, without error feedback) and size(layer, candidate) (bytes actually sent)
-    tables, and solves min total size s.t. total error <= the uniform default's error, in a
-    background thread. The decision reaches every rank ``apply_delay`` steps later, is checked
-    to be identical everywhere, and takes effect on every rank at that same step. A decision
-    due while the previous one has not yet taken effect is skipped (its gradients go to the
-    next one).
+    Until ``start_step`` nothing is compressed (every gradient is sent whole, no error is
+    accumulated). From then on every layer runs at the wrapped compressor's uniform default
+    until the first decision, ``warmup_steps`` later, and then every ``decide_every`` steps
+    rank 0 builds error(layer, candidate) (the L2 norm of the compression error) and
+    size(layer, candidate) (bytes actually sent) tables, and solves min total size s.t. total
+    error <= the uniform default's error, in a background thread. The decision reaches every
+    rank ``apply_delay`` steps later, is checked to be identical everywhere, and takes effect on
+    every rank at that same step. A decision due while the previous one has not yet taken
+    effect is skipped (its gradients go to the next one).
+
+    The error table is measured, as in the authors' reference, on what each layer actually
+    compresses (``error_source="sent"``: its gradient plus its error-feedback residual),
+    averaged over the last ``accumulate_steps`` (10) steps before each decision. A layer that
+    was cut too far shows a growing residual, so the next decision gives it back bytes.
 
     Tuning guide:
       * The wrapped compressor's default (e.g. ``PowerSGD(rank=32)``, ``TopK(density=0.01)``,
-        ``QSGD(bits=4)``) should be a uniform setting known to keep accuracy; L-GreCo matches
-        its total error with fewer bytes.
+        ``QSGD(bits=4)``) is the anchor: a uniform setting known to keep accuracy, whose total
+        error L-GreCo matches with fewer bytes. Pick the most aggressive uniform setting that
+        stays within your quality tolerance (with the same ``start_step``); L-GreCo cannot
+        repair an anchor that already loses quality.
+      * ``start_step``: uncompressed steps first; set it to the end of the learning-rate
+        warm-up (the reference's ``start_powerSGD_iter``). Early gradients change fast and
+        are a poor guide to the later ones.
+      * ``warmup_steps``: steps at the uniform default after ``start_step`` before the first
+        decision, so residuals have built up; the reference uses one period
+        (``warmup_steps=decide_every``).
+      * ``decide_every``: steps between decisions, or "epoch" with ``steps_per_epoch``; the
+        paper decides once an epoch (some 5-20 decisions a run).
       * ``candidates``: settings to search (ranks, densities for TopK, bits). Default: the
         paper's ranges, [D/2, 2D] for ranks and bits, [D/10, 10D] in steps of D/10 for density.
-      * ``decide_every``: steps between decisions, or "epoch" with ``steps_per_epoch``; the
-        paper decides once an epoch. ``warmup_steps``: steps before the first decision
-        (the paper uses the learning-rate warm-up).
+      * ``accumulate_steps``: the steps before each decision whose tensors are averaged into
+        the error table (default 10, the reference's); None averages every step since the
+        last decision. Rank 0 pays a pass over the model's gradients only on those steps.
+      * ``error_source``: "sent" (default, the reference) measures gradient plus residual;
+        "raw" measures the gradients alone, blind to the residuals of layers it cut (the
+        earlier behaviour of this class, with ``accumulate_steps=None``; kept to measure the
+        difference).
       * ``objective``: "size" (default), "time" (sizes weighted by per-bucket seconds per byte
         from a linear model of measured communication time), or "accordion" (pass
         ``accordion=Accordion(critical, normal)``).
@@ -89,12 +162,6 @@ class LGreCo(Controller):
         Which step a decision takes effect at then depends on timing, so a run resumed from a
         checkpoint can apply it at another step. An int fixes the delay: every rank waits at
         that step for rank 0 (bit-for-bit repeatable runs); it must be below ``decide_every``.
-      * ``accumulate_steps``: None (default, the paper) sums every step's gradients since the
-        last decision; N sums only the last N steps before each decision. Summing is a pass
-        over the model's gradients on rank 0 every step it runs (on this repository's CPU,
-        48 ms a step for BERT-base: 16% of a 300 ms step, `python -m benchmarks
-        controller_overhead`); N = 32 at ``decide_every=1000`` cuts it 31-fold. The decision
-        then sees the latest gradients only.
       * ``timeout``: seconds a rank waits for rank 0 before failing loudly, and the longest a
         decision may compute, postponed or not.
 
@@ -103,55 +170,36 @@ class LGreCo(Controller):
 
     def __init__(self, compressor: Compressor, *, candidates: Optional[Sequence[Any]] = None,
                  decide_every: Union[int, str] = 1000, steps_per_epoch: Optional[int] = None,
-                 warmup_steps: int = 1000, apply_delay: Union[int, str] = "auto",
-                 accumulate_steps: Optional[int] = None, objective: str = "size",
+                 warmup_steps: int = 1000, start_step: int = 0, apply_delay: Union[int, str] = "auto",
+                 accumulate_steps: Optional[int] = REFERENCE_ACCUMULATE_STEPS,
+                 error_source: str = "sent", objective: str = "size",
                  accordion: Optional["Accordion"] = None, time_buckets: int = 4,
                  discretization: int = 10000, transport: str = "auto", timeout: float = 60.0):
         super().__init__(compressor)
         if decide_every == "epoch":
             decide_every = arguments.integer("LGreCo", "steps_per_epoch (with decide_every='epoch')",
                                              steps_per_epoch, low=1)
-        for label, value, least in [("decide_every", decide_every, 1), ("warmup_steps", warmup_steps, 0),
-                                    ("time_buckets", time_buckets, 1), ("discretization", discretization, 1)]:
-            arguments.integer("LGreCo", label, value, low=least)
-        if accumulate_steps is not None:
-            arguments.integer("LGreCo", "accumulate_steps (or None)", accumulate_steps, low=1)
-        if apply_delay != "auto":
-            arguments.integer("LGreCo", 'apply_delay (or "auto")', apply_delay, low=1)
-            if apply_delay >= decide_every:
-                raise ValueError(f"LGreCo: apply_delay ({apply_delay}) must be smaller than "
-                                 f"decide_every ({decide_every})")
-        if objective not in OBJECTIVES:
-            raise ValueError(f"LGreCo: objective must be one of {OBJECTIVES}, got {objective!r}")
-        if (objective == "accordion") != (accordion is not None):
-            raise ValueError("LGreCo: objective='accordion' and accordion=Accordion(...) go together")
-        if accordion is not None and not isinstance(accordion, Accordion):
-            raise ValueError(f"LGreCo: accordion must be an Accordion(critical, normal), got {accordion!r}")
-        if candidates is not None and (isinstance(candidates, (str, bytes)) or not hasattr(candidates, "__iter__")):
-            raise ValueError(f"LGreCo: candidates must be a list of settings, got {candidates!r}")
-        self.candidates = None if candidates is None else list(candidates)
-        if self.candidates == []:
-            raise ValueError("LGreCo: candidates must not be empty (None: the paper's range)")
-        for value in self.candidates or []:
+        self.config = config = LGreCoConfig(
+            candidates=candidates, decide_every=decide_every, warmup_steps=warmup_steps,
+            start_step=start_step, error_source=error_source,
+            apply_delay=apply_delay, accumulate_steps=accumulate_steps, objective=objective,
+            accordion=accordion, time_buckets=time_buckets, discretization=discretization,
+            transport=transport, timeout=timeout)
+        for value in config.candidates or []:
             self.inner.check_value(value, "LGreCo: every candidate")
         if accordion is not None:
             self.inner.check_value(accordion.critical, "LGreCo: accordion.critical")
             self.inner.check_value(accordion.normal, "LGreCo: accordion.normal")
-            arguments.real("LGreCo", "accordion.threshold", accordion.threshold, low=0, low_open=True)
-        self.decide_every, self.warmup_steps, self.apply_delay = decide_every, warmup_steps, apply_delay
-        self.accumulate_steps = accumulate_steps
-        self.objective, self.accordion = objective, accordion
-        self.time_buckets, self.discretization = time_buckets, discretization
         self.service = DecisionService(transport, timeout)
         self.step = 0
         self.version = 0
         self.decisions = deque(maxlen=DECISIONS_KEPT)  # the latest, oldest first
-        self._next_decision = warmup_steps
+        self._next_decision = start_step + warmup_steps
         self._pending = None  # (version, decided_at, effective_step)
         self._bound_world = None
         # Agreed by all ranks. "auto" starts within one period: a short schedule's first
         # decision is then not skipped for want of a measured time.
-        self._delay = min(FIRST_DELAY, max(1, decide_every - 1)) if apply_delay == "auto" else apply_delay
+        self._delay = min(FIRST_DELAY, max(1, config.decide_every - 1)) if apply_delay == "auto" else apply_delay
         self._step_seconds = 0.0  # rank 0's running step time; 0 until measured
         self._step_ended = None
         self._sums = StagedSums()  # rank 0: gradients accumulated since the last decision
@@ -160,13 +208,16 @@ class LGreCo(Controller):
         self._time_samples = deque(maxlen=TIME_SAMPLES)  # (bytes per time bucket, seconds)
         self._step_bucket_bytes = None
 
-    def config(self):
-        return {"inner": self.inner.describe(), "candidates": self.candidates,
-                "decide_every": self.decide_every, "warmup_steps": self.warmup_steps,
-                "apply_delay": self.apply_delay, "accumulate_steps": self.accumulate_steps,
-                "objective": self.objective,
-                "accordion": None if self.accordion is None else asdict(self.accordion),
-                "time_buckets": self.time_buckets, "discretization": self.discretization}
+    def metrics(self):
+        """Adds the version of the decision in force and each layer's setting
+        (``setting/<name>``, resolved: Top-K's k, ranks, bits)."""
+        numbers = dict(super().metrics(), lgreco_version=self.version, lgreco_step=self.step)
+        for name, shape in self._shapes.items():
+            if self.inner.tunable(shape):
+                setting = self.inner.resolve(shape, self.inner.setting(name))
+                if isinstance(setting, (int, float)):
+                    numbers[f"setting/{name}"] = setting
+        return numbers
 
     def use_process_set(self, process_set):
         super().use_process_set(process_set)
@@ -175,7 +226,7 @@ class LGreCo(Controller):
     @property
     def times_communication(self) -> bool:
         """The time objective fits seconds per byte to each step's ``comm_seconds``."""
-        return self.objective == "time"
+        return self.config.objective == "time"
 
     @property
     def decision_in_flight(self) -> Optional[int]:
@@ -205,15 +256,37 @@ class LGreCo(Controller):
     def begin(self, name, grad):
         if name not in self._shapes:
             self._shapes[name] = tuple(grad.shape)
-        if self.rank == 0 and self._next_decision - self.step <= (self.accumulate_steps or self.decide_every) \
-                and self.inner.tunable(self._shapes[name]):
-            # Staged, without a gradient-sized allocation per layer and step; kept at end_step
-            # only if the step was finite.
-            self._sums.add(name, grad.detach(), value_weight=1.0 / self.inner.loss_scale())
+        if self.step < self.config.start_step:
+            return self.inner.begin_uncompressed(name, grad)
+        if self.rank == 0 and self._accumulating() and self.inner.tunable(self._shapes[name]):
+            self._accumulate(name, grad)
         round_ = self.inner.begin(name, grad)
-        if self.objective == "time":
+        if self.config.objective == "time":
             self._count_bucket_bytes(name, round_.payload)
         return round_
+
+    def next_payload_bytes(self, name, shape):
+        if self.step < self.config.start_step:
+            return 4 * math.prod(shape)
+        return self.inner.next_payload_bytes(name, shape)
+
+    def _window(self):
+        """Steps averaged into the error table before each decision."""
+        return min(self.config.accumulate_steps or self.config.decide_every, self.config.decide_every)
+
+    def _accumulating(self):
+        return self._next_decision - self.step <= self._window()
+
+    def _accumulate(self, name, grad):
+        """Adds this step's share of the window's mean, in unscaled units. Staged, without a
+        gradient-sized allocation per layer and step; kept at end_step only if the step was
+        finite. "sent": the residual this step's compression adds to the gradient, read before
+        the compressor replaces it."""
+        share = 1.0 / self._window()
+        self._sums.add(name, grad.detach(), value_weight=share / self.inner.loss_scale())
+        residual = self.inner.residual(name) if self.config.error_source == "sent" else None
+        if residual is not None:
+            self._sums.add(name, residual.view(grad.shape), value_weight=share)
 
     # ----- the schedule ---------------------------------------------------------------------
     def end_step(self, comm_seconds=None):
@@ -229,7 +302,7 @@ class LGreCo(Controller):
         self._step_bucket_bytes = None
         self.step += 1
         if self.step == self._next_decision:
-            self._next_decision += self.decide_every
+            self._next_decision += self.config.decide_every
             if self._pending is None:  # else skipped: its gradients go to the next decision
                 self._submit()
         if self._pending is not None and self.step == self._pending[2]:
@@ -256,7 +329,7 @@ class LGreCo(Controller):
 
     def _exchange(self):
         version, decided_at, effective = self._pending
-        adaptive = self.apply_delay == "auto"
+        adaptive = self.config.apply_delay == "auto"
         result = self.service.exchange(version, effective, self._postpone if adaptive else None)
         if isinstance(result, Postponed):
             self._pending = (version, decided_at, result.step)
@@ -288,15 +361,15 @@ class LGreCo(Controller):
     def _defaults(self, sums):
         """Each layer's default setting, whose total error is the budget: the wrapped
         compressor's uniform default, or Accordion's choice (densities become k for TopK)."""
-        if self.objective != "accordion":
-            return {name: self.inner.default for name in sums}
+        if self.config.objective != "accordion":
+            return {name: self.inner.config.default for name in sums}
         shapes = self._shapes
         defaults = {}
         for name, gradient in sums.items():
             norm = gradient.norm().item()
             before = self._previous_norms.get(name)
-            critical = before is None or abs(norm - before) >= self.accordion.threshold * before
-            value = self.accordion.critical if critical else self.accordion.normal
+            critical = before is None or abs(norm - before) >= self.config.accordion.threshold * before
+            value = self.config.accordion.critical if critical else self.config.accordion.normal
             defaults[name] = self.inner.setting_for_value(shapes[name], value)
             self._previous_norms[name] = norm
         return defaults
@@ -306,12 +379,12 @@ class LGreCo(Controller):
         notes = []
         names = sorted(sums)
         defaults = self._defaults(sums)
-        weights = self._time_weights(names, shapes, samples, notes) if self.objective == "time" else None
+        weights = self._time_weights(names, shapes, samples, notes) if self.config.objective == "time" else None
         width = 0
         rows = []
         for name in names:
             shape, default = shapes[name], defaults[name]
-            options = self.inner.candidates(shape, default, self.candidates)
+            options = self.inner.candidates(shape, default, self.config.candidates)
             errors = [0.0 if not self.inner.compresses(shape, o) else e
                       for o, e in zip(options, self.inner.errors(sums[name], options))]
             sizes = [self.inner.payload_bytes(shape, o) for o in options]
@@ -331,7 +404,7 @@ class LGreCo(Controller):
         uniform = np.array(defaults_at)
         choice, total_error = uniform, budget
         try:
-            solved, _, solved_error = solve(cost, error_table, budget, self.discretization)
+            solved, _, solved_error = solve(cost, error_table, budget, self.config.discretization)
             if cost[np.arange(len(names)), solved].sum() < cost[np.arange(len(names)), uniform].sum():
                 choice, total_error = solved, solved_error
         except ValueError as error:
@@ -339,23 +412,23 @@ class LGreCo(Controller):
         settings = {name: options[c] for name, (options, _, _, _), c in zip(names, rows, choice)}
         total_bytes = int(sum(size_table[i, c] for i, c in enumerate(choice)))
         return Decision(version, decided_at, effective_step, settings, total_bytes, uniform_bytes,
-                        float(total_error), budget, self.objective, time.perf_counter() - start,
+                        float(total_error), budget, self.config.objective, time.perf_counter() - start,
                         step_seconds, notes)
 
     # ----- the time objective -------------------------------------------------------------
     def _bucket_of(self, name, shapes):
         """Layers split into ``time_buckets`` consecutive groups in the order gradients arrive."""
         order = list(shapes)
-        return min(self.time_buckets - 1, order.index(name) * self.time_buckets // len(order))
+        return min(self.config.time_buckets - 1, order.index(name) * self.config.time_buckets // len(order))
 
     def _count_bucket_bytes(self, name, payload):
         if self._step_bucket_bytes is None:
-            self._step_bucket_bytes = [0] * self.time_buckets
+            self._step_bucket_bytes = [0] * self.config.time_buckets
         bucket = self._bucket_of(name, self._shapes)
         self._step_bucket_bytes[bucket] += payload.numel() * payload.element_size()
 
     def _time_weights(self, names, shapes, samples, notes):
-        coefficients = fit_bucket_seconds_per_byte(samples, self.time_buckets)
+        coefficients = fit_bucket_seconds_per_byte(samples, self.config.time_buckets)
         if coefficients is None:
             notes.append(f"time model not identifiable from {len(samples)} samples; "
                          f"optimised size instead")
@@ -379,7 +452,7 @@ class LGreCo(Controller):
         return self._state(None, None, self.inner.elastic_state_dict())
 
     def _state(self, pending, outcome, inner):
-        return {"class": "LGreCo", "config": self._own_config(), "inner": inner,
+        return {**checkpoint_header("LGreCo", self.config), "inner": inner,
                 "step": self.step, "version": self.version, "next_decision": self._next_decision,
                 "delay": self._delay, "pending": None if pending is None else list(pending),
                 "outcome": None if outcome is None else list(outcome),
@@ -393,20 +466,9 @@ class LGreCo(Controller):
         """Restores the wrapped compressor (so the current per-layer settings), the schedule and
         a decision in flight, so that training resumes exactly. Checked before anything changes:
         a mismatch raises ``ValueError`` and leaves this object as it was."""
-        missing = {"class", "config", "inner", "step", "version", "next_decision", "delay", "pending",
-                   "outcome", "shapes", "sums", "decisions", "previous_norms",
-                   "time_samples"} - set(state_dict)
-        if missing:
-            raise ValueError(f"LGreCo.load_state_dict: not an hvd_compress LGreCo checkpoint "
-                             f"(missing {sorted(missing)})")
-        if state_dict["class"] != "LGreCo":
-            raise ValueError(f"LGreCo.load_state_dict: the checkpoint is a {state_dict['class']} "
-                             f"checkpoint, not an LGreCo one")
-        mine = self._own_config()
-        for key in sorted(set(mine) | set(state_dict["config"])):
-            if mine.get(key) != state_dict["config"].get(key):
-                raise ValueError(f"LGreCo.load_state_dict: {key} is {state_dict['config'].get(key)!r} "
-                                 f"in the checkpoint but {mine.get(key)!r} here")
+        check_checkpoint("LGreCo", state_dict, ("inner", "step", "version", "next_decision", "delay",
+                                                "pending", "outcome", "shapes", "sums", "decisions",
+                                                "previous_norms", "time_samples"), self.config)
         decisions = [Decision(**d) for d in state_dict["decisions"]]
         outcome = state_dict["outcome"]
         if outcome is not None and outcome[0] == "ok":
@@ -423,12 +485,6 @@ class LGreCo(Controller):
         self._previous_norms = dict(state_dict["previous_norms"])
         self._time_samples = deque(((tuple(b), s) for b, s in state_dict["time_samples"]),
                                    maxlen=TIME_SAMPLES)
-
-    def _own_config(self):
-        """``config()`` without the wrapped compressor's, which checks its own."""
-        config = dict(self.config())
-        del config["inner"]
-        return {key: list(value) if isinstance(value, tuple) else value for key, value in config.items()}
 
 
 def next_delay(decision):

@@ -6,16 +6,11 @@ that stopped it, or, when it is still computing and may postpone, the later step
 exchange again), then all ranks all-gather a digest and fail loudly if any disagree. Every
 wait has a deadline, so a dead or stalled rank 0 makes the others raise instead of hang.
 
-Transports: under ``mpirun``/``horovodrun`` with MPI, an mpi4py communicator of our own (a
-duplicate of COMM_WORLD, so our messages never interleave with Horovod's); under
-``horovodrun --gloo``, Horovod's own asynchronous collectives; under PyTorch DDP
-(``torch.distributed`` initialised, Horovod not, or a ``torch.distributed`` process group
-given), ``torch.distributed``'s asynchronous collectives on that group.
+The exchange runs over a transport of ``comm/transports.py`` (``transport="auto"``: mpi4py under
+``mpirun``, Horovod's collectives under ``horovodrun --gloo``, ``torch.distributed`` under DDP).
 """
 import atexit
 import hashlib
-import os
-import pickle
 import threading
 import time
 import weakref
@@ -23,10 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from hvd_compress import arguments
-
-
-class DecisionTimeout(RuntimeError):
-    pass
+from hvd_compress.comm.transports import TRANSPORTS, DecisionTimeout, make_transport
 
 
 # Decision threads, abandoned ones included. A daemon thread killed inside a torch operation
@@ -39,186 +31,6 @@ _THREADS = weakref.WeakSet()
 def _join_running_decisions():
     for thread in list(_THREADS):
         thread.join(thread.timeout)
-
-
-def launched_under_mpi():
-    return "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
-
-
-def _poll(ready, deadline, what):
-    while not ready():
-        if time.monotonic() > deadline:
-            raise DecisionTimeout(f"{what}: no answer before the deadline; is rank 0 dead or stalled?")
-        time.sleep(0.0005)
-
-
-class MpiTransport:
-    """Over the ranks of ``process_set`` (all of them by default), in their order: rank 0 of the
-    set decides. Only the set's members create the communicator, so others are never waited on."""
-
-    def __init__(self, process_set=None):
-        from mpi4py import MPI  # MPI is already initialised by Horovod or by the user
-        world = MPI.COMM_WORLD
-        ranks = list(range(world.Get_size())) if process_set is None else list(process_set.ranks)
-        if ranks == list(range(world.Get_size())):
-            self.comm = world.Dup()
-        else:
-            self.comm = world.Create_group(world.group.Incl(ranks))
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
-
-    def broadcast(self, obj, tag, deadline, what):
-        if self.rank == 0:
-            requests = [self.comm.isend(obj, dest=r, tag=tag) for r in range(1, self.size)]
-            _poll(lambda: all(r.test()[0] for r in requests), deadline, what)
-            return obj
-        _poll(lambda: self.comm.iprobe(source=0, tag=tag), deadline, what)
-        return self.comm.recv(source=0, tag=tag)
-
-    def allgather(self, obj, tag, deadline, what):
-        others = [r for r in range(self.size) if r != self.rank]
-        requests = [self.comm.isend(obj, dest=r, tag=tag) for r in others]
-        gathered = [None] * self.size
-        gathered[self.rank] = obj
-        for r in others:
-            _poll(lambda: self.comm.iprobe(source=r, tag=tag), deadline, what)
-            gathered[r] = self.comm.recv(source=r, tag=tag)
-        _poll(lambda: all(q.test()[0] for q in requests), deadline, what)
-        return gathered
-
-
-class HorovodTransport:
-    """Horovod's asynchronous collectives within ``process_set`` (the global one by default)."""
-
-    def __init__(self, process_set=None):
-        import horovod.torch as hvd
-        self.hvd = hvd
-        self.process_set = hvd.global_process_set if process_set is None else process_set
-        self.rank, self.size = self.process_set.rank(), self.process_set.size()
-
-    def _wait(self, handle, deadline, what):
-        _poll(lambda: self.hvd.poll(handle), deadline, what)
-        return self.hvd.synchronize(handle)
-
-    def broadcast(self, obj, tag, deadline, what):
-        import torch
-        data = pickle.dumps(obj) if self.rank == 0 else b""
-        length = torch.tensor([len(data)], dtype=torch.int64)
-        root = self.process_set.ranks[0]  # Horovod's root_rank is a global rank
-        length = self._wait(self.hvd.broadcast_async(length, root, name=f"{tag}.length",
-                                                     process_set=self.process_set), deadline, what)
-        buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == 0
-                  else torch.empty(int(length[0]), dtype=torch.uint8))
-        buffer = self._wait(self.hvd.broadcast_async(buffer, root, name=f"{tag}.data",
-                                                     process_set=self.process_set), deadline, what)
-        return pickle.loads(buffer.numpy().tobytes())
-
-    def allgather(self, obj, tag, deadline, what):
-        import torch
-        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-        lengths = self._wait(self.hvd.allgather_async(torch.tensor([data.numel()]), name=f"{tag}.length",
-                                                      process_set=self.process_set), deadline, what)
-        gathered = self._wait(self.hvd.allgather_async(data, name=f"{tag}.data",
-                                                       process_set=self.process_set), deadline, what)
-        pieces = gathered.split(lengths.tolist())
-        return [pickle.loads(piece.numpy().tobytes()) for piece in pieces]
-
-
-class TorchTransport:
-    """``torch.distributed``'s asynchronous collectives within ``process_set``, a
-    ``torch.distributed`` process group (None: the default group); rank 0 of the group decides.
-
-    Collectives on a group are matched by the order ranks issue them, not by tag: every rank of
-    the group must call ``broadcast``/``allgather`` at the same point of its sequence of
-    collectives on that group (the DDP adapter calls them from the comm hook of the last bucket,
-    after every round of the step has landed). Waits poll ``Work.is_completed`` against the
-    deadline. Bytes travel as uint8 tensors, on the current CUDA device when the group's backend
-    is NCCL (untested: no GPU here), on the CPU otherwise."""
-
-    def __init__(self, process_set=None):
-        import torch
-        import torch.distributed as dist
-        self.dist = dist
-        # torch 2.13 deprecates all_gather_into_tensor for all_gather_single (same arguments).
-        self.all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        self.group = process_set
-        self.rank, self.size = dist.get_rank(process_set), dist.get_world_size(process_set)
-        self.root = 0 if process_set is None else dist.get_global_rank(process_set, 0)
-        on_gpu = dist.get_backend(process_set) == "nccl"
-        self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-
-    def _wait(self, work, deadline, what):
-        _poll(work.is_completed, deadline, what)
-        work.wait()
-
-    def broadcast(self, obj, tag, deadline, what):
-        import torch
-        data = pickle.dumps(obj) if self.rank == 0 else b""
-        length = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
-        self._wait(self.dist.broadcast(length, self.root, group=self.group, async_op=True),
-                   deadline, what)
-        buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device) if self.rank == 0
-                  else torch.empty(int(length[0]), dtype=torch.uint8, device=self.device))
-        self._wait(self.dist.broadcast(buffer, self.root, group=self.group, async_op=True),
-                   deadline, what)
-        return pickle.loads(buffer.cpu().numpy().tobytes())
-
-    def allgather(self, obj, tag, deadline, what):
-        import torch
-        data = pickle.dumps(obj)
-        length = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
-        lengths = torch.empty(self.size, dtype=torch.int64, device=self.device)
-        self._wait(self.all_gather(lengths, length, group=self.group, async_op=True),
-                   deadline, what)
-        lengths = lengths.tolist()
-        padded = torch.zeros(max(lengths), dtype=torch.uint8)
-        padded[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        rows = torch.empty(self.size * max(lengths), dtype=torch.uint8, device=self.device)
-        self._wait(self.all_gather(rows, padded.to(self.device), group=self.group,
-                                                    async_op=True), deadline, what)
-        rows = rows.cpu().view(self.size, -1)
-        return [pickle.loads(rows[r, :n].numpy().tobytes()) for r, n in enumerate(lengths)]
-
-
-def uses_torch_distributed(process_set):
-    """Whether "auto" means "torch": ``process_set`` is a ``torch.distributed`` process group,
-    or it is None while ``torch.distributed`` is initialised and Horovod is not (torchrun)."""
-    import sys
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return False
-    if not dist.is_available():
-        return False
-    if isinstance(process_set, dist.ProcessGroup):
-        return True
-    if process_set is not None or not dist.is_initialized():
-        return False
-    hvd = sys.modules.get("horovod.torch")
-    return hvd is None or not hvd.is_initialized()
-
-
-class LocalTransport:
-    """One process, no peers: for single-process tests and tools."""
-    rank, size = 0, 1
-
-    def broadcast(self, obj, tag, deadline, what):
-        return obj
-
-    def allgather(self, obj, tag, deadline, what):
-        return [obj]
-
-
-TRANSPORTS = ("auto", "mpi", "horovod", "local", "torch")
-
-
-def make_transport(kind, process_set=None):
-    if kind == "auto" and uses_torch_distributed(process_set):
-        kind = "torch"
-    if kind == "auto":
-        kind = "mpi" if launched_under_mpi() else "horovod"
-    if kind == "local":
-        return LocalTransport()
-    return {"mpi": MpiTransport, "horovod": HorovodTransport, "torch": TorchTransport}[kind](process_set)
 
 
 def digest(obj):

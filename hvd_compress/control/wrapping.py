@@ -4,15 +4,18 @@ traffic. Controllers use the compressor only through the controller protocol of
 ``compressors/base.py``."""
 from typing import Any, Dict, Optional
 
-from hvd_compress.compressors.base import Compressor, GradientCompression, Shape
+from hvd_compress.compressors.base import Compressor, GradientCompression, Shape, controllable_compressors
+from hvd_compress.compressors.config import MethodConfig
 
 
 class Controller(GradientCompression):
+    config: MethodConfig  # the controller's own; set by the subclass's constructor
+
     def __init__(self, compressor: Compressor):
         if not isinstance(compressor, Compressor) or not compressor.controllable:
-            raise ValueError(f"{type(self).__name__}: compressor must be PowerSGD, ACPSGD, TopK or QSGD "
-                             f"(a compressor with controllable per-parameter settings), got "
-                             f"{type(compressor).__name__}")
+            raise ValueError(f"{type(self).__name__}: compressor must be one of "
+                             f"{', '.join(controllable_compressors())} (a compressor with controllable "
+                             f"per-parameter settings), got {type(compressor).__name__}")
         self.inner = compressor
         self.parameters = compressor.parameters
         self.needs_parameter_names = compressor.needs_parameter_names
@@ -53,11 +56,15 @@ class Controller(GradientCompression):
         self.inner.track(scaler)
         return self
 
-    def config(self) -> Dict[str, Any]:
-        raise NotImplementedError
+    def metrics(self) -> Dict[str, float]:
+        """The wrapped compressor's metrics plus this controller's state (``Compressor.metrics``)."""
+        return self.inner.metrics()
 
     def describe(self) -> Dict[str, Any]:
-        return {"compressor": type(self).__name__, "config": self.config(), "settings": {}}
+        """The controller's configuration, the wrapped compressor's description nested in it
+        (``inner``): both must agree on every rank."""
+        return {"compressor": type(self).__name__,
+                "config": {"inner": self.inner.describe(), **self.config.describe()}, "settings": {}}
 
     def __getstate__(self):
         return dict(self.__dict__)

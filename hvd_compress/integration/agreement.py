@@ -1,25 +1,26 @@
 """Every rank must run the same compressor with the same settings, or payloads disagree."""
 import time
 
-from hvd_compress.control.service import HorovodTransport
-
 # Seconds a rank waits for the others' configurations before failing loudly: generous, since
 # ranks reach their first step at different times (data loading, compilation).
 AGREEMENT_TIMEOUT = 600.0
 
 
-def verify_same_configuration(compression, process_set=None):
-    """All-gathers ``compression.describe()`` among ``process_set``'s ranks (all by default) and
-    raises ValueError on every rank, naming what differs, if any rank disagrees. Collective:
-    every rank of the set must call it; ranks outside it are never waited on."""
-    transport = HorovodTransport(process_set)
+def verify_same_configuration(compression, transport, rank_name=None):
+    """All-gathers ``compression.describe()`` over ``transport`` (one of ``comm/transports.py``,
+    among the ranks of its process set) and raises ValueError on every rank, naming what
+    differs, if any rank disagrees. Collective: every rank of the set must call it; ranks
+    outside it are never waited on. ``rank_name`` maps a rank within the set to the rank the
+    error names (default: the rank within the set; HSDP names global ranks)."""
+    rank_name = rank_name or (lambda rank: rank)
     mine = compression.describe()
     deadline = time.monotonic() + AGREEMENT_TIMEOUT
     everyone = transport.allgather(mine, "hvd_compress.configuration", deadline,
                                    "the cross-rank configuration check")
     for other_rank, theirs in enumerate(everyone):
         if theirs != mine:
-            raise ValueError(describe_difference(mine, theirs, transport.rank, other_rank))
+            raise ValueError(describe_difference(mine, theirs, rank_name(transport.rank),
+                                                 rank_name(other_rank)))
 
 
 def describe_difference(mine, theirs, my_rank, other_rank):

@@ -50,9 +50,9 @@ from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.fusion import DEFAULT_DENSE_THRESHOLD, Bucket, FusionPlan, plan_buckets, scaled_threshold
 from hvd_compress.comm.timing import finished_at
 from hvd_compress.comm.torch_backend import TorchBackend
+from hvd_compress.comm.transports import TorchTransport
 from hvd_compress.compressors.base import GradientCompression
-from hvd_compress.control.service import TorchTransport
-from hvd_compress.integration.agreement import AGREEMENT_TIMEOUT, describe_difference
+from hvd_compress.integration.agreement import verify_same_configuration
 
 MIB = 1024 * 1024  # DDP's bucket_cap_mb is in MiB
 
@@ -96,16 +96,8 @@ class State:
 
     def name_parameters(self, named_parameters: Iterable[Tuple[str, torch.Tensor]]) -> None:
         """Names gradients by their parameters' identity: ``model.named_parameters()``."""
-        names = {}
-        for item in named_parameters:
-            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-                    and torch.is_tensor(item[1])):
-                raise ValueError("hvd_compress.ddp.State: named_parameters must be (name, "
-                                 "parameter) pairs, as model.named_parameters() gives")
-            names[id(item[1])] = item[0]
-        if len(set(names.values())) != len(names):
-            raise ValueError("hvd_compress.ddp.State: named_parameters has duplicate names")
-        self._names = names
+        named = arguments.named_parameters("hvd_compress.ddp.State", named_parameters)
+        self._names = {id(param): name for name, param in named.items()}
         self._build_lookup()
 
     def _build_lookup(self):
@@ -142,21 +134,9 @@ class State:
             # torch.distributed group makes its "auto" transport torch.distributed's.
             self.compressor.use_process_set(group if group is not None else dist.group.WORLD)
             self._driver = RoundDriver(TorchBackend(group), self.compressor.traffic)
-            self._check_configuration()
+            verify_same_configuration(self.compressor, TorchTransport(self.process_group))
         self._build_lookup()
         self._ready = True
-
-    def _check_configuration(self):
-        """``describe()`` all-gathered over the group; ValueError on every rank, naming what
-        differs, if any rank disagrees (as ``integration/agreement.py`` for Horovod)."""
-        transport = TorchTransport(self.process_group)
-        mine = self.compressor.describe()
-        everyone = transport.allgather(mine, "hvd_compress.configuration",
-                                       time.monotonic() + AGREEMENT_TIMEOUT,
-                                       "the cross-rank configuration check")
-        for other_rank, theirs in enumerate(everyone):
-            if theirs != mine:
-                raise ValueError(describe_difference(mine, theirs, transport.rank, other_rank))
 
     def _start_bucket(self, bucket):
         buffer = bucket.buffer()

@@ -13,10 +13,11 @@ from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.comm.horovod_backend import HorovodBackend
 from hvd_compress.comm.timing import finished_at
+from hvd_compress.comm.transports import HorovodTransport
 from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.compressors.cast import NoCompression
 from hvd_compress.integration.agreement import verify_same_configuration
-from hvd_compress.integration.stock import OP_NAMES, current_world
+from hvd_compress.integration.stock import check_op, current_world
 
 
 class _CompressedDistributedOptimizer(torch.optim.Optimizer):
@@ -66,7 +67,7 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         if self._world != current_world(self._process_set):
             self._bind_world()
         if self._active and not self._verified:
-            verify_same_configuration(self._compression, self._process_set)
+            verify_same_configuration(self._compression, HorovodTransport(self._process_set))
             self._verified = True
 
     def _make_hook(self):
@@ -177,15 +178,8 @@ def _parameter_names(param_groups, named_parameters):
     if named_parameters is None:
         return {p: f"allreduce.noname.{i}.{j}"
                 for i, group in enumerate(param_groups) for j, p in enumerate(group["params"])}
-    named_parameters = list(named_parameters)
-    if any(not isinstance(item, tuple) or len(item) != 2 for item in named_parameters):
-        raise ValueError("named_parameters must be a sequence of (name, parameter) tuples, "
-                         "usually model.named_parameters()")
-    names = [name for name, _ in named_parameters]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(f"named_parameters: names must be unique, found duplicates: {duplicates}")
-    by_param = {p: name for name, p in named_parameters}
+    named = arguments.named_parameters("DistributedOptimizer", named_parameters)
+    by_param = {p: name for name, p in named.items()}
     unnamed = [p for group in param_groups for p in group["params"] if p not in by_param]
     if unnamed:
         raise ValueError(f"named_parameters: {len(unnamed)} optimizer parameter(s) are not named, "
@@ -233,10 +227,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         raise ValueError(f"compression must be an hvd_compress compressor, got "
                          f"{type(compression).__name__}; use hvd.DistributedOptimizer for "
                          f"Horovod's own compressors")
-    if op not in (hvd.Average, hvd.Sum):
-        raise ValueError(f"op: hvd_compress.DistributedOptimizer supports hvd.Average and hvd.Sum, "
-                         f"got {OP_NAMES.get(op, op)}; Adasum, Min, Max and Product cannot combine "
-                         f"compressed payloads")
+    check_op("hvd_compress.DistributedOptimizer", op)
     arguments.real("DistributedOptimizer", "gradient_predivide_factor", gradient_predivide_factor,
                    low=0, low_open=True)
     if gradient_predivide_factor != 1.0 and op != hvd.Average:

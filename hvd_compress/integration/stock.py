@@ -10,6 +10,7 @@ from horovod.torch.compression import Compressor as HorovodCompressor
 from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.horovod_backend import HorovodBackend
 from hvd_compress.comm.timing import finished_at
+from hvd_compress.comm.transports import HorovodTransport
 from hvd_compress.comm.rounds import Collective
 from hvd_compress.integration.agreement import verify_same_configuration
 from hvd_compress.integration.elastic import world_generation
@@ -56,10 +57,7 @@ class StockBridge:
         op = getattr(optimizer, "op", hvd.Average) if optimizer is not None else hvd.Average
         if optimizer is not None and not hasattr(optimizer, "op"):  # Horovod's Adasum optimizer
             op = hvd.Adasum
-        if op not in (hvd.Average, hvd.Sum):
-            raise ValueError(f"op: hvd_compress compressors support hvd.Average and hvd.Sum, got "
-                             f"{OP_NAMES.get(op, op)}; Adasum, Min, Max and Product cannot combine "
-                             f"compressed payloads")
+        check_op("hvd_compress compression", op)
         self.process_set = getattr(optimizer, "process_set", hvd.global_process_set)
         names = getattr(optimizer, "_parameter_names", None)  # {parameter: name}, as Horovod names them
         if not compressor.parameters and names:
@@ -87,7 +85,7 @@ class StockBridge:
 
     def compress(self, tensor):
         if not self._verified:
-            verify_same_configuration(self.compressor, self.process_set)
+            verify_same_configuration(self.compressor, HorovodTransport(self.process_set))
             self._verified = True
         name = self._name_of(tensor)
         round_ = self.compressor.begin(name, tensor)
@@ -165,6 +163,13 @@ class StockCompression(HorovodCompressor):
 
 OP_NAMES = {hvd.Average: "hvd.Average", hvd.Sum: "hvd.Sum", hvd.Adasum: "hvd.Adasum",
             hvd.Min: "hvd.Min", hvd.Max: "hvd.Max", hvd.Product: "hvd.Product"}
+
+
+def check_op(owner, op):
+    """Only averages and sums of compressed payloads make sense; ``owner`` names the refuser."""
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError(f"op: {owner} takes hvd.Average or hvd.Sum, got {OP_NAMES.get(op, op)}; "
+                         f"Adasum, Min, Max and Product cannot combine compressed payloads")
 
 
 def current_world(process_set):

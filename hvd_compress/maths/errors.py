@@ -107,8 +107,8 @@ def qsgd_errors(flat, bits_options, bucket_size):
 def _qsgd_squared_errors(flat, bits_options, bucket_size):
     """The squared errors of ``qsgd_errors`` as a float64 tensor on ``flat``'s device. Entries
     in float32 (the unit magnitudes lie in [0, 1]), sums per bucket and across buckets in
-    float64; a chunk of buckets at a time, every bit width on it while it is in cache (8x faster
-    than a pass per width on large layers)."""
+    float64; a chunk of buckets at a time, every bit width on it while it is in cache (on large
+    layers much faster than a pass over the whole layer per width)."""
     n = flat.numel()
     pad = (-n) % bucket_size
     norms32 = bucket_norms(flat, bucket_size)

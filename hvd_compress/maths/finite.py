@@ -14,8 +14,8 @@ def extremes(tensor: torch.Tensor) -> List[torch.Tensor]:
 
 def all_finite(tensor: torch.Tensor) -> torch.Tensor:
     """A 0-dim bool tensor on ``tensor``'s device: True iff no entry is NaN or infinite. From the
-    extremes (one pass): on this CPU 28x faster than ``torch.isfinite(tensor).all()``, which
-    builds a mask as large as the tensor (4 ms against 123 ms for 25 M float32 entries)."""
+    extremes (one pass), not ``torch.isfinite(tensor).all()``, which builds a mask as large as
+    the tensor and reads it again."""
     found = extremes(tensor)
     if not found:
         return torch.ones((), dtype=torch.bool, device=tensor.device)

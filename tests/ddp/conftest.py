@@ -1,30 +1,3 @@
-"""Runs inside each rank of a ``torchrun`` launch (see tests/test_ddp.py): PyTorch DDP on Gloo,
-no Horovod initialised.
-
-Fail fast: a rank whose test fails would leave the others waiting in a collective, so it exits
-at once; torchrun then stops the other ranks and the launch fails."""
-import os
-import sys
-
-import pytest
-import torch
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
-torch.set_num_threads(1)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    if report.failed:
-        sys.stderr.write(f"\n[rank {dist.get_rank()}] {item.nodeid} failed:\n{report.longreprtext}\n")
-        sys.stderr.flush()
-        os._exit(1)
-
-
-def pytest_sessionfinish(session, exitstatus):
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+"""Runs inside each rank of a ``torchrun`` launch (see tests/test_ddp.py): PyTorch DDP on Gloo
+(tests/torchrun_rank.py: the process group and the fail-fast hooks)."""
+from torchrun_rank import pytest_runtest_makereport, pytest_sessionfinish  # noqa: F401 (pytest hooks)

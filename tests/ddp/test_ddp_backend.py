@@ -11,7 +11,7 @@ import hvd_compress.ddp
 from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.rounds import Collective, Round, Traffic
 from hvd_compress.comm.torch_backend import TorchBackend
-from hvd_compress.control.service import TorchTransport, make_transport
+from hvd_compress.comm.transports import TorchTransport, make_transport
 
 from ddp_helpers import batches, make_ddp
 

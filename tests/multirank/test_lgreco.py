@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import hvd_compress as hc
-from hvd_compress.control.service import DecisionTimeout
+from hvd_compress.comm.transports import DecisionTimeout
 from benchmarks.workloads.digits import DigitsCNN
 
 from helpers import PATHS, gathered, rank_batches
@@ -56,6 +56,26 @@ def test_every_rank_applies_each_decision_at_the_same_step(inner, path):
     for name, p in model.named_parameters():
         rows = gathered(p, f"lgreco.{inner}.{path}.{name}")
         assert all(torch.equal(rows[0], row) for row in rows), name
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_start_step_sends_whole_gradients_first_and_decides_one_warm_up_later(path):
+    """start_step 5: the first 5 steps send every gradient whole on every rank (the bytes of a
+    float32 all-reduce); the first decision comes warmup_steps (4) after, built on the
+    gradients plus residuals (the default), alike everywhere."""
+    model = DigitsCNN()
+    opt, lgreco = lgreco_optimizer(model, "topk", path, start_step=5)
+    for step, (x, y) in enumerate(rank_batches(18, seed=5), start=1):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if step == 5:
+            assert lgreco.traffic.wire_bytes == lgreco.traffic.dense_wire_bytes
+    assert lgreco.traffic.wire_bytes < lgreco.traffic.dense_wire_bytes
+    decisions = [(d.version, d.decided_at, d.effective_step, sorted(d.settings.items())) for d in lgreco.decisions]
+    assert [d[:3] for d in decisions] == [(1, 9, 11), (2, 15, 17)]
+    everyone = hvd.allgather_object(decisions, name=f"lgreco.start.{path}")
+    assert all(theirs == everyone[0] for theirs in everyone)
 
 
 def test_auto_delay_postpones_a_slow_decision_alike_on_every_rank():

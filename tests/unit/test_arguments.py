@@ -44,6 +44,8 @@ TABLE = [
     (hc.FP16, "min_numel", NUMBERS + [-1], "min_numel"),
     (lgreco, "decide_every", NUMBERS + [0, -1, "weekly"], "decide_every"),
     (lgreco, "warmup_steps", NUMBERS + [-1], "warmup_steps"),
+    (lgreco, "start_step", NUMBERS + [-1, 2.5], "start_step"),
+    (lgreco, "error_source", [NONE, 1, "residual"], "error_source"),
     (lgreco, "apply_delay", NUMBERS + [0, -1, 1000, "later"], "apply_delay"),
     (lgreco, "accumulate_steps", [BOOL, NAN, INF, "1", [1], 0, -1, 2.5], "accumulate_steps"),
     (lgreco, "time_buckets", NUMBERS + [0], "time_buckets"),

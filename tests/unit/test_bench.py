@@ -1,6 +1,7 @@
 """Smoke test of the benchmark harness: it runs end to end on tiny shapes and writes its
 outputs (no timing assertions: timings belong in docs/benchmarks.md, not in tests)."""
 import argparse
+import collections
 import json
 import sys
 from pathlib import Path
@@ -221,3 +222,48 @@ def test_horovod_suite_injects_each_compressor_on_both_paths_and_resumes(tmp_pat
                                             "test_optimizer_runs": "passed"}, results[job]
     assert "| `test_optimizer_runs` | passed | passed | passed |" in (tmp_path / "benchmarks.md").read_text()
     assert bench.main(args) == 0  # resumed: nothing to run again
+
+
+def test_claims_protocol_searches_anchors_then_plans_lgreco_and_resumes(tmp_path, monkeypatch):
+    """The protocol's driver with jobs faked: the anchor search runs each setting at 3 seeds from
+    the least aggressive and stops at the first over 1% above uncompressed; L-GreCo and its
+    ablations follow at the anchor; the report names the claims; a rerun runs nothing."""
+    from benchmarks import claims
+    metric = {"uncompressed": 100.0, "PowerSGD": lambda rank: 100 + 4 / rank,
+              "Top-K": lambda density: 100 + 0.1 / density}
+    ran = []
+
+    def fake_job(module, job, np, timeout, prefix, what, expected=None):
+        ran.append(job["key"])
+        family, settings = job["family"], job["settings"]
+        value = metric[family](*settings.values()) if family in ("PowerSGD", "Top-K") else 99.5
+        value = metric["uncompressed"] if family == "uncompressed" else value
+        value += 0.1 * (job["seed"] - 1)
+        sent = 1e6 / (2 if "L-GreCo" in family else 1)
+        return [{"key": job["key"], "metric": value, "steps": job["steps"], "wire_bytes": 100 * sent,
+                 "wire_bytes_per_step_after": sent, "dense_wire_bytes_per_step": 4e6, "job_seconds": 1.0}]
+    monkeypatch.setattr(claims, "mpirun_job", fake_job)
+    monkeypatch.setattr(sys, "argv", ["python -m benchmarks claims"])
+    monkeypatch.setattr(claims, "CHAR_ANCHORS", {"PowerSGD": 8})
+    monkeypatch.setattr(claims, "epoch_steps", lambda lm: 100)
+    draw = claims.draw_figure
+    monkeypatch.setattr(claims, "draw_figure", lambda *_: None)  # once at the end, below
+    claims.main(["--out", str(tmp_path)])
+    labels = {key.split("/")[1] for key in ran}
+    assert {"PowerSGD rank 16", "PowerSGD rank 4", "PowerSGD rank 2", "Top-K density 0.03"} <= labels
+    assert "PowerSGD rank 1" not in labels and "Top-K density 0.01" not in labels  # the search stopped
+    assert {"L-GreCo (PowerSGD) rank 4", "L-GreCo (Top-K) density 0.1",
+            "L-GreCo (PowerSGD) rank 4, raw error, whole period", "ScaleCom (paper's regime)"} <= labels
+    assert ran.index("wordlm/L-GreCo (PowerSGD) rank 4/seed 2") < ran.index("wordlm/Top-K density 0.3/seed 0")
+    assert ran.index("wordlm/L-GreCo (Top-K) density 0.1/seed 2") < ran.index("wordlm/ScaleCom (paper's regime)/seed 0")
+    assert set(collections.Counter(key.split("/seed")[0] for key in ran).values()) == {3}  # every point, 3 seeds
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## L-GreCo protocol on the word LM" in text and "Partial" not in text
+    assert "| Word LM: L-GreCo over PowerSGD rank 4: equal quality at >= 1.5x fewer bytes per step | yes |" in text
+    monkeypatch.setattr(claims, "draw_figure", draw)
+    claims.main(["--out", str(tmp_path), "--report-only"])
+    assert (tmp_path / "benchmarks" / "claims.png").stat().st_size > 0
+    monkeypatch.setattr(claims, "draw_figure", lambda *_: None)
+    ran.clear()
+    claims.main(["--out", str(tmp_path)])
+    assert ran == []

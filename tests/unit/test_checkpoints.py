@@ -36,16 +36,20 @@ def assert_same(a, b):
             assert all(torch.equal(rank_a[n], rank_b[n]) for n in SHAPES)
 
 
+# Every registered controller (a new one needs its entry), over compressors it can wrap:
+# (compressor, its settings, world size). L-GreCo has a decision in flight within the run;
+# GraVAC's small window is longer than the run: the factor follows the gains alone.
+CONTROLLED = {"lgreco": [("powersgd", {"rank": 4}, 1), ("topk", {"density": 0.05}, 1)],
+              "gravac": [("topk", {"density": 0.1}, 2), ("acpsgd", {"rank": 4}, 2)]}
+SCHEDULES = {"lgreco": dict(warmup_steps=3, decide_every=5, apply_delay=2)}
+
+
 def methods():
-    lgreco = dict(warmup_steps=3, decide_every=5, apply_delay=2, transport="local")
-    gravac = dict(theta_min=2, theta_max=64, window=100, smoothing=1.0, epsilon=0.3)
     return ([pytest.param(lambda n=n: hc.COMPRESSORS[n].build(small=True, min_numel=0), 2, id=n)
              for n in sorted(hc.COMPRESSORS)]
-            + [pytest.param(lambda: hc.LGreCo(hc.PowerSGD(rank=4, min_numel=0), **lgreco), 1, id="lgreco-powersgd"),
-               pytest.param(lambda: hc.LGreCo(hc.TopK(density=0.05, min_numel=0), **lgreco), 1, id="lgreco-topk"),
-               # A window longer than the run: the factor follows the gains alone, not step times.
-               pytest.param(lambda: hc.GraVAC(hc.TopK(density=0.1, min_numel=0), **gravac), 2, id="gravac-topk"),
-               pytest.param(lambda: hc.GraVAC(hc.ACPSGD(rank=4, min_numel=0), **gravac), 2, id="gravac-acpsgd")])
+            + [pytest.param(lambda c=c, n=n, s=s: hc.CONTROLLERS[c].build(
+                hc.COMPRESSORS[n].build(min_numel=0, **s), small=True, **SCHEDULES.get(c, {})), w, id=f"{c}-{n}")
+               for c in sorted(hc.CONTROLLERS) for n, s, w in CONTROLLED[c]])
 
 
 @pytest.mark.parametrize("make, world_size", methods())

@@ -197,3 +197,15 @@ def test_payload_bytes_count_what_is_sent(make):
     predicted = sum(compressor.payload_bytes(shape, compressor.setting(name))
                     for name, shape in SHAPES.items())
     assert compressor.traffic.payload_bytes == 2 * predicted
+
+
+@pytest.mark.parametrize("controller", sorted(hc.CONTROLLERS))
+def test_every_controller_wraps_exactly_the_controllable_registered_compressors(controller):
+    controllable = hc.registry.controllable()
+    names = ", ".join(sorted(hc.COMPRESSORS[n].core.__name__ for n in controllable))
+    for name, method in hc.COMPRESSORS.items():
+        if name in controllable:
+            hc.CONTROLLERS[controller].build(method.build(small=True), small=True)
+        else:
+            with pytest.raises(ValueError, match=f"compressor must be one of {names} .* got {method.core.__name__}"):
+                hc.CONTROLLERS[controller].build(method.build(small=True), small=True)

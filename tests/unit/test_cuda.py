@@ -22,7 +22,7 @@ from test_device_audit import gradients, methods
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device here (torch.cuda.is_available() is False); "
                                        "this tier runs on a GPU machine")
-STOCHASTIC = {"qsgd", "lgreco", "lgreco-topk", "gravac-qsgd"}
+STOCHASTIC = {"qsgd", "lgreco-powersgd", "lgreco-topk", "gravac-qsgd"}
 
 
 def run(make, device, steps=6, layers=2, dtype=torch.float32):

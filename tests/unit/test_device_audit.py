@@ -27,7 +27,7 @@ FACTORIES = {"zeros", "ones", "empty", "full", "tensor", "as_tensor", "arange", 
              "randint", "randperm", "eye", "linspace", "scalar_tensor"}
 CPU_BY_DESIGN = {"seeded_normal", "_sample_positions", "on_device"}
 # Pickled bytes between ranks (decisions, the configuration check), not gradients: on the host.
-HOST_BYTES = "control/service.py"
+HOST_BYTES = {"control/service.py", "comm/transports.py"}
 
 
 class Audit(TorchFunctionMode):
@@ -44,7 +44,7 @@ class Audit(TorchFunctionMode):
             if name in WAITS:
                 self.waits[(name, where)] += 1
             if name in FACTORIES and "device" not in kwargs and where[1] not in CPU_BY_DESIGN \
-                    and where[0] != HOST_BYTES:
+                    and where[0] not in HOST_BYTES:
                 self.placed_on_cpu.add((name, where))
         return func(*args, **kwargs)
 
@@ -61,19 +61,20 @@ def caller_in_package():
     return None
 
 
+# Controllers over compressors they can wrap, at schedules that decide within a few steps.
+CONTROLLED = {"lgreco": [("powersgd", {"rank": 2}), ("topk", {"density": 0.1})],
+              "gravac": [("powersgd", {"rank": 2}), ("topk", {"density": 0.1}), ("qsgd", {"bits": 4})]}
+SCHEDULES = {"lgreco": dict(warmup_steps=1, decide_every=2, apply_delay=1, transport="local"),
+             "gravac": dict(theta_min=2, theta_max=16, window=2)}
+
+
 def methods():
     for name, method in hc.COMPRESSORS.items():
         yield pytest.param(lambda method=method: method.build(small=True), id=name)
-    yield pytest.param(lambda: hc.LGreCo(hc.PowerSGD(rank=2), warmup_steps=1, decide_every=2,
-                                         apply_delay=1, transport="local"), id="lgreco")
-    yield pytest.param(lambda: hc.LGreCo(hc.TopK(density=0.1), warmup_steps=1, decide_every=2,
-                                         apply_delay=1, transport="local"), id="lgreco-topk")
-    yield pytest.param(lambda: hc.GraVAC(hc.PowerSGD(rank=2), theta_min=2, theta_max=16, window=2),
-                       id="gravac-powersgd")
-    yield pytest.param(lambda: hc.GraVAC(hc.TopK(density=0.1), theta_min=2, theta_max=16, window=2),
-                       id="gravac-topk")
-    yield pytest.param(lambda: hc.GraVAC(hc.QSGD(bits=4), theta_min=2, theta_max=16, window=2),
-                       id="gravac-qsgd")
+    for controller in sorted(hc.CONTROLLERS):  # a new controller needs its entries below
+        for name, settings in CONTROLLED[controller]:
+            yield pytest.param(lambda c=controller, n=name, s=settings: hc.CONTROLLERS[c].build(
+                hc.COMPRESSORS[n].build(**s), **SCHEDULES[c]), id=f"{controller}-{name}")
 
 
 def gradients(step, layers):

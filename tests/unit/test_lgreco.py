@@ -122,22 +122,80 @@ def test_state_dict_resumes_with_the_same_decisions():
     assert all(torch.equal(out_a[n], out_b[n]) for n in SHAPES)
 
 
-def test_accumulate_steps_sums_only_the_last_steps_before_a_decision():
-    """decide_every 5 from step 3: decisions at 3 and 8. With accumulate_steps=2 the second
-    one sees steps 6 and 7 only, and so decides as a run given just those two steps would."""
+def test_accumulate_steps_averages_only_the_last_steps_before_a_decision():
+    """decide_every 5 from step 3: decisions at 3 and 8. With accumulate_steps=2 (raw gradients)
+    the second one sees steps 6 and 7 only, and so decides as a run given just those two steps
+    would; accumulate_steps=None averages the whole period."""
     def decided(lgreco, steps):
         sim = SimulatedWorld([lgreco])
         for step in steps:
             sim.step([layered_gradients(step, DECAY)])
         return lgreco.decisions[-1]
-    windowed = decided(make(hc.TopK(density=0.05, min_numel=0), accumulate_steps=2, apply_delay=1), range(9))
-    everything = decided(make(hc.TopK(density=0.05, min_numel=0), apply_delay=1), range(9))
+    raw = dict(error_source="raw", apply_delay=1)
+    windowed = decided(make(hc.TopK(density=0.05, min_numel=0), accumulate_steps=2, **raw), range(9))
+    everything = decided(make(hc.TopK(density=0.05, min_numel=0), accumulate_steps=None, **raw), range(9))
     assert windowed.decided_at == everything.decided_at == 8
-    alone = make(hc.TopK(density=0.05, min_numel=0), warmup_steps=2, accumulate_steps=2, apply_delay=1)
+    alone = make(hc.TopK(density=0.05, min_numel=0), warmup_steps=2, accumulate_steps=2, **raw)
     alone_decision = decided(alone, [6, 7, 8])
     assert windowed.budget == pytest.approx(alone_decision.budget, rel=1e-12)
     assert windowed.settings == alone_decision.settings
     assert windowed.budget != pytest.approx(everything.budget, rel=1e-3)
+
+
+def decision_budget(inner, tables):
+    """The uniform default's total error on ``tables`` (name -> the tensor the table is built on)."""
+    return sum(inner.errors(x, [inner.resolve(tuple(x.shape), inner.config.default)])[0] for x in tables.values())
+
+
+@pytest.mark.parametrize("error_source", ["sent", "raw"])
+def test_error_table_is_built_on_gradient_plus_residual_or_on_the_gradient(error_source):
+    """Decision at step 3 over the last step only: the table is built on step 2's gradient plus
+    the residual compression left before it ("sent", the reference's), or on the gradient alone."""
+    lgreco = make(hc.TopK(density=0.05, min_numel=0), accumulate_steps=1, apply_delay=1,
+                  error_source=error_source)
+    sim = SimulatedWorld([lgreco])
+    for step in range(2):
+        sim.step([layered_gradients(step, DECAY)])
+    grads = layered_gradients(2, DECAY)
+    residuals = {n: lgreco.inner.residual(n).clone() for n in "abc"}
+    assert all(r.norm() > 0 for r in residuals.values())
+    tables = {n: grads[n] + residuals[n].view(grads[n].shape) if error_source == "sent" else grads[n] for n in "abc"}
+    for step in range(2, 5):
+        sim.step([grads if step == 2 else layered_gradients(step, DECAY)])
+    [decision] = lgreco.decisions
+    assert decision.decided_at == 3
+    assert decision.budget == pytest.approx(decision_budget(lgreco.inner, tables), rel=1e-6)
+
+
+def test_sent_errors_see_the_residual_of_a_layer_cut_too_far():
+    """After a decision that cut layer b, b's residual grows; the next decision, built on what
+    b actually sends, gives it more bytes than one built on its raw gradient."""
+    def second_decision(error_source):
+        lgreco = make(hc.PowerSGD(rank=4, min_numel=0), accumulate_steps=2, error_source=error_source)
+        run(lgreco, 11)
+        return lgreco.decisions[-1]
+    sent, raw = second_decision("sent"), second_decision("raw")
+    assert sent.version == raw.version == 2
+    assert sent.budget > raw.budget  # the residuals add to what is compressed
+    assert sent.settings != raw.settings
+
+
+def test_start_step_sends_everything_whole_and_accumulates_nothing():
+    """start_step 4: steps 0-3 dense (no residual, nothing accumulated for the error table),
+    compression from step 4, the first decision warmup_steps (3) later, at step 7."""
+    lgreco = make(hc.TopK(density=0.05, min_numel=0), start_step=4, accumulate_steps=None, apply_delay=1)
+    sim = SimulatedWorld([lgreco])
+    dense = 4 * sum(torch.Size(shape).numel() for shape in SHAPES.values())
+    for step in range(4):
+        assert lgreco.next_payload_bytes("a", SHAPES["a"]) == 4 * 96 * 96
+        sim.step([layered_gradients(step, DECAY)])
+        assert lgreco.traffic.payload_bytes == dense * (step + 1)
+        assert not lgreco._sums.committed and lgreco.inner.residual("a") is None
+    assert lgreco.next_payload_bytes("a", SHAPES["a"]) < 4 * 96 * 96
+    for step in range(4, 10):
+        sim.step([layered_gradients(step, DECAY)])
+    assert lgreco.traffic.payload_bytes < dense * 10
+    assert [d.decided_at for d in lgreco.decisions] == [7]
 
 
 def slow_decisions(lgreco, seconds):
@@ -220,7 +278,7 @@ def test_decision_log_names_every_layer(caplog):
 
 
 def test_bad_configuration_is_named():
-    with pytest.raises(ValueError, match="compressor must be PowerSGD, ACPSGD, TopK or QSGD"):
+    with pytest.raises(ValueError, match="compressor must be one of ACPSGD, PowerSGD, QSGD, TopK"):
         hc.LGreCo(hc.FP16())
     with pytest.raises(ValueError, match="apply_delay"):
         hc.LGreCo(hc.PowerSGD(), decide_every=5, apply_delay=5)
@@ -232,6 +290,8 @@ def test_bad_configuration_is_named():
         hc.LGreCo(hc.PowerSGD(), decide_every="epoch")
     with pytest.raises(ValueError, match="transport"):
         hc.LGreCo(hc.PowerSGD(), transport="tcp")
+    with pytest.raises(ValueError, match="error_source"):
+        hc.LGreCo(hc.PowerSGD(), error_source="residual")
 
 
 def test_topk_decisions_from_the_histogram_match_the_exact_selection(monkeypatch):

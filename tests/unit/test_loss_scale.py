@@ -47,9 +47,10 @@ def with_feedback():
              if hc.COMPRESSORS[n].build(small=True, min_numel=0).feedback is not None]
     params = [pytest.param(lambda n=n: hc.COMPRESSORS[n].build(small=True, min_numel=0), 2, id=n)
               for n in names]
-    lgreco = dict(warmup_steps=2, decide_every=3, apply_delay=1, transport="local")
-    return params + [pytest.param(lambda: hc.LGreCo(hc.PowerSGD(rank=2, min_numel=0), **lgreco), 1,
-                                  id="lgreco-powersgd")]
+    # Every registered controller, over PowerSGD (a compressor with error feedback).
+    return params + [pytest.param(lambda c=c: hc.CONTROLLERS[c].build(
+                         hc.COMPRESSORS["powersgd"].build(small=True, min_numel=0), small=True), 1, id=f"{c}-powersgd")
+                     for c in sorted(hc.CONTROLLERS)]
 
 
 @pytest.mark.parametrize("make, world_size", with_feedback())

@@ -69,37 +69,25 @@ def assert_state_finite(compression):
     walk(compression.state_dict())
 
 
-# Options that make each controller act within STEPS steps (decisions, factor changes).
-CONTROLLER_OPTIONS = {
-    "lgreco": dict(warmup_steps=2, decide_every=3, apply_delay=1, transport="local"),
-    "gravac": dict(theta_min=2, theta_max=64, window=100, smoothing=1.0, epsilon=0.3),
-}
-INNER_SMALL = {"powersgd": dict(rank=2), "acpsgd": dict(rank=4), "topk": dict(density=0.1),
-               "qsgd": dict(bits=4, bucket_size=128)}
-
-
-def controllable():
-    return sorted(n for n, m in hc.COMPRESSORS.items() if m.core.controllable)
+# Every registered controller (a new one needs its entry), over compressors it can wrap:
+# (id, compressor, its settings, the controller's settings beyond its small ones).
+CONTROLLED = {"lgreco": [("lgreco-powersgd", "powersgd", {"rank": 2}, {}),
+                         ("lgreco-topk", "topk", {"density": 0.05}, {})],
+              "gravac": [("gravac-acpsgd", "acpsgd", {"rank": 4}, {}),
+                         ("gravac-topk-dense", "topk", {"density": 0.1}, {"scale_down_to": "dense", "epsilon": 0.99})]}
 
 
 def methods():
-    """Every registered compressor, and every registered controller around every controllable
-    compressor. L-GreCo's rank 0 decides for everyone through a transport, which the simulated
-    world lacks: it runs alone here (tests/ddp poisons one of its ranks under torchrun)."""
-    cases = [pytest.param(lambda name=name: hc.COMPRESSORS[name].build(small=True, min_numel=0), 2, id=name)
-             for name in sorted(hc.COMPRESSORS)]
-    for controller in sorted(hc.CONTROLLERS):
-        for inner in controllable():
-            def make(controller=controller, inner=inner):
-                compressor = hc.COMPRESSORS[inner].cls(**INNER_SMALL[inner], min_numel=0)
-                return hc.CONTROLLERS[controller].cls(compressor, **CONTROLLER_OPTIONS[controller])
-            cases.append(pytest.param(make, 1 if controller == "lgreco" else 2, id=f"{controller}-{inner}"))
-    return cases
-
-
-def test_every_registered_controller_and_controllable_compressor_is_tested():
-    assert set(CONTROLLER_OPTIONS) == set(hc.CONTROLLERS)
-    assert set(INNER_SMALL) == set(controllable())
+    """Every registered compressor, and every registered controller. L-GreCo's rank 0 decides
+    for everyone through a transport, which the simulated world lacks: it runs alone here
+    (tests/ddp poisons one of its ranks under torchrun)."""
+    compressors = [pytest.param(lambda name=name: hc.COMPRESSORS[name].build(small=True, min_numel=0), 2, id=name)
+                   for name in sorted(hc.COMPRESSORS)]
+    controllers = [pytest.param(lambda c=c, n=n, s=s, o=o: hc.CONTROLLERS[c].build(
+                       hc.COMPRESSORS[n].build(min_numel=0, **s), small=True, **o),
+                       1 if c == "lgreco" else 2, id=label)
+                   for c in sorted(hc.CONTROLLERS) for label, n, s, o in CONTROLLED[c]]
+    return compressors + controllers
 
 
 @pytest.mark.parametrize("bad_value", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])

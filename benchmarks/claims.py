@@ -1,0 +1,573 @@
+"""The L-GreCo protocol: L-GreCo against the uniform settings it is anchored at, and ScaleCom in
+its paper's regime, on the word-level GPT (``workloads/wordlm``), with paired seeds.
+
+    python -m benchmarks claims [--quick] [--max-minutes 360] [--job-timeout 7200] [--out docs/]
+        [--report-only]
+
+The protocol (every point one ``mpirun -np 2`` job through the stock ``hvd.DistributedOptimizer``,
+seeds 0, 1 and 2):
+
+* every compressed run sends gradients whole through the learning-rate warm-up (the first 10% of
+  steps), then compresses;
+* the anchor of a family (PowerSGD ranks, Top-K densities) is its most aggressive uniform setting
+  whose 3-seed mean perplexity lies within 1% of uncompressed: settings are run from the least
+  aggressive down, and the search stops at the first one outside;
+* L-GreCo, anchored there, decides every 5% of the run, the first decision one period after the
+  warm-up, on the mean of the last 10 steps' gradient plus residual (the class's defaults);
+* bytes are reported per step after the first decision (what a layer-wise choice changes) and
+  over the whole run, separately; quality is compared seed by seed: equal when the mean of the
+  paired relative differences is at most max(1%, 2 standard errors);
+* ScaleCom in its paper's regime: one epoch dense, 2,048 tokens per worker, beta = 1, the paper's
+  per-layer rates from FLOPs per element; ablations: embeddings sent dense, and plain Top-K at the
+  same per-layer densities;
+* ablations of L-GreCo over PowerSGD: the table on raw gradients summed over the whole period
+  (this repository's earlier behaviour), the whole period with residuals, no uncompressed
+  warm-up; and the workload: the character LM (``quality``'s) at the anchors ``quality`` found.
+
+Resumes point by point from ``<out>/benchmarks/claims.json`` (rewritten after every point, with
+the section of ``<out>/benchmarks.md``), so it can run in pieces; ``--max-minutes`` starts no new
+point after that long. ``--report-only`` rewrites the section and the picture from the JSON.
+``--quick``: a tiny model and a few steps, every stage once with one seed: a smoke test.
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+
+import horovod.torch as hvd
+import torch
+
+import hvd_compress as hc
+from benchmarks.convergence import StepCounter
+from benchmarks.quality import LM as CHAR_LM, scalecom_flops
+from benchmarks.report import DOCS, describe_machine, machine, mpirun_job, panels, write_section
+from benchmarks.workloads import charlm, wordlm
+from hvd_compress.comm.rounds import Collective
+from hvd_compress.compressors.base import GradientCompression
+from hvd_compress.integration.stock import horovod_compression
+
+RESULT_PREFIX = "CLAIMS_RESULT "
+SECTION = "L-GreCo protocol on the word LM"
+NP = 2
+SEEDS = [0, 1, 2]
+UNCOMPRESSED = "uncompressed"
+WORD_LM = {"model": {"d_model": 64, "layers": 4, "heads": 4, "context": 64}, "batch_size": 32,
+           "max_chars": 3_000_000, "vocab": wordlm.VOCAB}
+WORD_STEPS = 600
+QUICK_LM = {"model": {"d_model": 32, "layers": 2, "heads": 2, "context": 32}, "batch_size": 8,
+            "max_chars": 300_000, "vocab": 512}
+QUICK_STEPS = 40
+# The character LM of ``quality`` and the anchors its sweep found (smallest within 2%).
+CHAR_STEPS = 3000
+CHAR_ANCHORS = {"PowerSGD": 8, "Top-K": 0.2}
+# Uniform settings, least aggressive first, and how each family is built.
+FAMILIES = {"PowerSGD": ("powersgd", "rank", [16, 8, 4, 2, 1]),
+            "Top-K": ("topk", "density", [0.3, 0.1, 0.03, 0.01])}
+WITHIN_ANCHOR = 0.01
+EQUAL_QUALITY = 0.01
+SCALECOM_WITHIN = 0.02
+CLAIMED_RATIO = {"PowerSGD": 1.5, "Top-K": 2.5}
+EMBEDDINGS = ("token_embedding.weight", "position_embedding.weight")
+# L-GreCo ablations: label suffix -> LGreCo options (or the warm-up) replaced.
+ABLATIONS = {"raw error, whole period": {"error_source": "raw", "accumulate_steps": None},
+             "whole period": {"accumulate_steps": None},
+             "no warm-up": {"start_step": 0}}
+
+
+class DenseWhere(GradientCompression):
+    """Sends every gradient whole before ``start_step``, and those of ``dense_names`` always;
+    the rest through ``inner``: the protocol's uncompressed warm-up for compressors that have
+    none, and ScaleCom with its embeddings left dense."""
+
+    def __init__(self, inner, start_step=0, dense_names=()):
+        self.inner, self.start_step, self.dense_names = inner, start_step, frozenset(dense_names)
+        self.parameters, self.traffic = inner.parameters, inner.traffic
+        self.needs_parameter_names = inner.needs_parameter_names
+        self.step = 0
+
+    @property
+    def rank(self):
+        return self.inner.rank
+
+    @property
+    def size(self):
+        return self.inner.size
+
+    def _dense(self, name):
+        return self.step < self.start_step or name in self.dense_names
+
+    def bind_world(self, rank, size):
+        self.inner.bind_world(rank, size)
+
+    def use_process_set(self, process_set):
+        self.inner.use_process_set(process_set)
+
+    def begin(self, name, grad):
+        return self.inner.begin_uncompressed(name, grad) if self._dense(name) else self.inner.begin(name, grad)
+
+    def end_step(self, comm_seconds=None):
+        self.inner.end_step(comm_seconds)
+        self.step += 1
+
+    def setting(self, name):
+        return self.inner.setting(name)
+
+    def next_payload_bytes(self, name, shape):
+        return 4 * math.prod(shape) if self._dense(name) else self.inner.next_payload_bytes(name, shape)
+
+    def describe(self):
+        return {"compressor": "DenseWhere", "start_step": self.start_step,
+                "dense_names": sorted(self.dense_names), "inner": self.inner.describe()}
+
+
+DenseWhere = horovod_compression(DenseWhere)  # what hvd.DistributedOptimizer(compression=) takes
+
+
+def schedule(steps):
+    """(learning-rate warm-up, L-GreCo's period, the step of its first decision)."""
+    warmup = charlm.warmup_steps(steps)
+    period = max(2, steps // 20)
+    return warmup, period, warmup + period
+
+
+def point(workload, family, seed, compressor=None, settings=None, extra=None, suffix=""):
+    """One job's description (JSON); ``key`` names it in the results, ``label`` its seeds."""
+    settings = settings or {}
+    label = family + "".join(f" {k} {v}" for k, v in settings.items()) + (f", {suffix}" if suffix else "")
+    return {"key": f"{workload}/{label}/seed {seed}", "workload": workload, "family": family, "label": label,
+            "suffix": suffix, "seed": seed, "compressor": compressor, "settings": settings, "extra": extra or {}}
+
+
+# ----- one job: runs on every rank ----------------------------------------------------------------
+def epoch_steps(lm):
+    """Steps of ``NP`` ranks in one pass over the word LM's training tokens."""
+    train_ids, _, _ = wordlm.load_corpus(lm["max_chars"], lm["vocab"])
+    return math.ceil(len(train_ids) / (NP * lm["batch_size"] * lm["model"]["context"]))
+
+
+def build_compression(spec, model, named, steps, tokens_per_rank, world):
+    """The ``compression=`` of ``hvd.DistributedOptimizer`` for the point; None: uncompressed."""
+    if spec["compressor"] is None:
+        return None
+    extra = spec["extra"]
+    warmup, period, _ = schedule(steps)
+    settings = dict(spec["settings"])
+    if extra.get("scalecom"):  # the paper's regime: one epoch dense, its per-layer rates
+        epoch = extra["epoch_steps"]
+        inner = hc.ScaleCom(named, beta=1.0, warmup_steps=epoch if spec["compressor"] == "scalecom" else 0)
+        flops = scalecom_flops(model, tokens_per_rank)
+        inner.set_rates_from_flops(flops, {name: p.numel() for name, p in named if name in flops},
+                                   per_worker_batch=tokens_per_rank, reference_batch=4500)
+        if spec["compressor"] == "topk":  # the same k per layer, Top-K's all-gather
+            ks = {name: inner.setting(name) for name in flops}
+            inner = hc.TopK(named)
+            for name, k in ks.items():
+                inner.set_setting(name, k)
+            return DenseWhere(inner, start_step=epoch)
+        return DenseWhere(inner, dense_names=EMBEDDINGS if extra.get("dense_embeddings") else ())
+    inner = hc.COMPRESSORS[spec["compressor"]].build(named, **settings)
+    if "lgreco" not in extra:
+        return DenseWhere(inner, start_step=warmup)
+    options = dict({"start_step": warmup, "warmup_steps": period, "decide_every": period,
+                    "apply_delay": min(5, period - 1)}, **extra["lgreco"])
+    return hc.LGreCo(inner, **options)
+
+
+def train_point(spec):
+    """Trains the point on every rank; rank 0's record."""
+    counter, made, curve, bytes_before = StepCounter(), {}, [], []
+    steps, lm = spec["steps"], spec["lm"]
+    _, _, first_decision = schedule(steps)
+    tokens = lm["batch_size"] * lm["model"]["context"]
+
+    def make_optimizer(model, optimizer):
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        named = list(model.named_parameters())
+        made["dense_bytes"] = 4 * sum(p.numel() for _, p in named)
+        made["compression"] = build_compression(spec, model, named, steps, tokens, hvd.size())
+        extra = {} if made["compression"] is None else {"compression": made["compression"]}
+        wrapped = counter.wrap(hvd.DistributedOptimizer(optimizer, named_parameters=named, **extra))
+        step = wrapped.step
+
+        def step_and_count(_, *args, **kwargs):  # the bytes sent before the first decision
+            result = step(*args, **kwargs)
+            if counter.steps == first_decision:
+                bytes_before.append(sent_bytes())
+            return result
+        wrapped.step = types.MethodType(step_and_count, wrapped)  # bound, as schedulers expect
+        return wrapped
+
+    def sent_bytes():
+        compression = made["compression"]
+        if compression is None:
+            return counter.steps * Collective.ALLREDUCE.wire_bytes(made["dense_bytes"], hvd.size())
+        return compression.traffic.wire_bytes
+
+    started = time.perf_counter()
+    log_every = max(1, steps // 10)
+    log = lambda step, loss, perplexity: curve.append([step, perplexity])
+    if spec["workload"] == "wordlm":
+        _, metric = wordlm.train(make_optimizer, hvd.rank(), hvd.size(), steps=steps, batch_size=lm["batch_size"],
+                                 seed=spec["seed"], model_kwargs=lm["model"], max_chars=lm["max_chars"],
+                                 vocab=lm["vocab"], log_every=log_every, log=log)
+    else:
+        _, metric = charlm.train(make_optimizer, hvd.rank(), hvd.size(), steps=steps, batch_size=lm["batch_size"],
+                                 seed=spec["seed"], model_kwargs=lm["model"], max_chars=lm["max_chars"],
+                                 log_every=log_every, log=log)
+    total = sent_bytes()
+    record = {"key": spec["key"], "metric": metric, "steps": counter.steps, "first_decision": first_decision,
+              "train_seconds": time.perf_counter() - started, "world_size": hvd.size(), "wire_bytes": total,
+              "wire_bytes_per_step_after": (total - bytes_before[0]) / (counter.steps - first_decision),
+              "dense_wire_bytes_per_step": Collective.ALLREDUCE.wire_bytes(made["dense_bytes"], hvd.size()),
+              "curve": curve}
+    compression = made["compression"]
+    if isinstance(compression, hc.LGreCo):
+        record["lgreco"] = [{"decided_at": d.decided_at, "effective_step": d.effective_step,
+                             "uniform_over_chosen": d.uniform_bytes / max(d.total_bytes, 1)}
+                            for d in compression.decisions]
+        record["last_settings"] = compression.decisions[-1].settings if compression.decisions else {}
+    return record
+
+
+def worker(spec):
+    torch.set_num_threads(1)  # the ranks share the machine's cores
+    hvd.init()
+    record = train_point(spec)
+    if hvd.rank() == 0:
+        print(RESULT_PREFIX + json.dumps(record), flush=True)
+
+
+# ----- what to run next -------------------------------------------------------------------------
+def seeds_of(results, label, workload="wordlm"):
+    """The finished records of ``label``, by seed."""
+    return {e["spec"]["seed"]: e["record"] for e in results["points"].values()
+            if e["spec"]["workload"] == workload and e["spec"]["label"] == label}
+
+
+def mean_metric(results, label, seeds, workload="wordlm"):
+    done = seeds_of(results, label, workload)
+    return statistics.fmean(done[s]["metric"] for s in seeds) if all(s in done for s in seeds) else None
+
+
+def anchor_search(results, family, seeds, quick=False):
+    """(points to run for the search so far, the anchor or None, why): settings from the least
+    aggressive down, each at every seed, stopping at the first whose mean is over 1% above
+    uncompressed."""
+    name, keyword, values = FAMILIES[family]
+    if quick:  # a smoke test: one setting that compresses the tiny model, taken as the anchor
+        value = values[1]
+        return [point("wordlm", family, seed, name, {keyword: value}) for seed in seeds], value, ""
+    base = mean_metric(results, UNCOMPRESSED, seeds)
+    wanted, anchor = [], None
+    for value in values:
+        wanted += [point("wordlm", family, seed, name, {keyword: value}) for seed in seeds]
+        mean = mean_metric(results, wanted[-1]["label"], seeds)
+        if base is None or mean is None:
+            return wanted, None, "search not finished"
+        if mean > (1 + WITHIN_ANCHOR) * base:
+            break
+        anchor = value
+    return wanted, anchor, "" if anchor is not None else "no uniform setting within 1% of uncompressed"
+
+
+def plan(results, quick):
+    """Every point wanted, most important first, as far as the finished points determine it."""
+    seeds = SEEDS[:1] if quick else SEEDS
+    wanted = [point("wordlm", UNCOMPRESSED, seed) for seed in seeds]
+    anchors = {}
+    for family, (name, keyword, _) in FAMILIES.items():  # each family's search, then L-GreCo there
+        search, anchors[family], _ = anchor_search(results, family, seeds, quick)
+        wanted += search
+        if anchors[family] is not None:
+            wanted += [point("wordlm", f"L-GreCo ({family})", seed, name, {keyword: anchors[family]},
+                             {"lgreco": {}}) for seed in seeds]
+    job = workload_spec("wordlm", quick)
+    epoch = epoch_steps(job["lm"])
+    # --quick runs a fraction of an epoch: its ScaleCom stays dense through the LR warm-up only.
+    scalecom = {"scalecom": True, "epoch_steps": schedule(job["steps"])[0] if quick else epoch}
+    for seed in seeds:
+        wanted += [point("wordlm", "ScaleCom (paper's regime)", seed, "scalecom", {}, scalecom),
+                   point("wordlm", "ScaleCom (paper's regime)", seed, "scalecom", {},
+                         dict(scalecom, dense_embeddings=True), "embeddings dense"),
+                   point("wordlm", "Top-K at ScaleCom's densities", seed, "topk", {}, scalecom)]
+    if anchors["PowerSGD"] is not None:
+        for suffix, options in ABLATIONS.items():
+            wanted += [point("wordlm", "L-GreCo (PowerSGD)", seed, "powersgd", {"rank": anchors["PowerSGD"]},
+                             {"lgreco": options}, suffix) for seed in seeds]
+    wanted += [point("charlm", UNCOMPRESSED, seed) for seed in seeds]
+    for family, value in CHAR_ANCHORS.items():
+        name, keyword, _ = FAMILIES[family]
+        wanted += [point("charlm", label, seed, name, {keyword: value}, extra)
+                   for label, extra in [(family, {}), (f"L-GreCo ({family})", {"lgreco": {}})] for seed in seeds]
+    return wanted
+
+
+def workload_spec(workload, quick):
+    if quick:
+        return {"steps": QUICK_STEPS, "lm": QUICK_LM if workload == "wordlm" else
+                dict(CHAR_LM, max_chars=200_000, model=dict(CHAR_LM["model"], d_model=32))}
+    return {"steps": WORD_STEPS, "lm": WORD_LM} if workload == "wordlm" else {"steps": CHAR_STEPS, "lm": CHAR_LM}
+
+
+def run(args):
+    path = args.out / "benchmarks" / "claims.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.setdefault("points", {})
+    results.update(machine=machine(), np=NP, quick=args.quick)
+    failed = set()
+    deadline = time.monotonic() + 60 * args.max_minutes
+    while time.monotonic() < deadline:
+        todo = [s for s in plan(results, args.quick) if s["key"] not in results["points"] and s["key"] not in failed]
+        if not todo:
+            break
+        spec = todo[0]
+        job = dict(spec, **workload_spec(spec["workload"], args.quick))
+        try:
+            [record] = mpirun_job("benchmarks.claims", job, NP, args.job_timeout, RESULT_PREFIX, spec["key"],
+                                  expected=1)
+        except RuntimeError as error:  # recorded; retried by the next run of the command
+            failed.add(spec["key"])
+            results.setdefault("failures", {})[spec["key"]] = str(error)[-2000:]
+            print(f"{spec['key']}: FAILED ({str(error)[-300:]})", flush=True)
+            continue
+        results.setdefault("failures", {}).pop(spec["key"], None)
+        results["points"][spec["key"]] = {"spec": spec, "record": record}
+        path.write_text(json.dumps(results, indent=1) + "\n")
+        write_report(results, args.out)
+        print(f"{spec['key']}: perplexity {record['metric']:.3f}, "
+              f"{record['wire_bytes_per_step_after'] / 1e6:.3f} MB/step after the first decision, "
+              f"{record['wire_bytes'] / 1e6:,.1f} MB in all, {record['job_seconds']:.0f} s", flush=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    write_report(results, args.out)
+    return results
+
+
+# ----- the report ---------------------------------------------------------------------------------
+def summary(records):
+    """Mean and standard error of the metric, mean bytes, over ``records`` (one per seed)."""
+    metrics = [r["metric"] for r in records]
+    return {"metric": statistics.fmean(metrics),
+            "se": statistics.stdev(metrics) / math.sqrt(len(metrics)) if len(metrics) > 1 else 0.0,
+            "seeds": len(records), "per_step": statistics.fmean(r["wire_bytes_per_step_after"] for r in records),
+            "whole": statistics.fmean(r["wire_bytes"] for r in records),
+            "dense_per_step": records[0]["dense_wire_bytes_per_step"], "steps": records[0]["steps"],
+            "seconds": sum(r["job_seconds"] for r in records)}
+
+
+def paired(results, label, reference, workload="wordlm"):
+    """Seed-paired comparison of ``label`` against ``reference``: (mean relative perplexity
+    change, its standard error, seeds) over the seeds both have, or None."""
+    mine, theirs = seeds_of(results, label, workload), seeds_of(results, reference, workload)
+    common = sorted(set(mine) & set(theirs))
+    if not common:
+        return None
+    changes = [mine[s]["metric"] / theirs[s]["metric"] - 1 for s in common]
+    se = statistics.stdev(changes) / math.sqrt(len(changes)) if len(changes) > 1 else 0.0
+    return statistics.fmean(changes), se, len(common)
+
+
+def lgreco_claim(results, workload, family, value, seeds):
+    """(claim text, met or None, numbers) of L-GreCo over ``family`` at ``value``."""
+    name, keyword, _ = FAMILIES[family]
+    uniform_label = f"{family} {keyword} {value}"
+    adaptive_label = f"L-GreCo ({family}) {keyword} {value}"
+    text = (f"{'Word' if workload == 'wordlm' else 'Char'} LM: L-GreCo over {family} {keyword} {value}: equal "
+            f"quality at >= {CLAIMED_RATIO[family]}x fewer bytes per step")
+    uniform, adaptive = seeds_of(results, uniform_label, workload), seeds_of(results, adaptive_label, workload)
+    if len(uniform) < len(seeds) or len(adaptive) < len(seeds):
+        return text, None, f"not measured yet ({len(adaptive)} of {len(seeds)} L-GreCo seeds)"
+    u, a = summary(list(uniform.values())), summary(list(adaptive.values()))
+    change, se, count = paired(results, adaptive_label, uniform_label, workload)
+    tolerance = max(EQUAL_QUALITY, 2 * se)
+    ratio, whole = u["per_step"] / a["per_step"], u["whole"] / a["whole"]
+    met = change <= tolerance and ratio >= CLAIMED_RATIO[family]
+    return text, met, (f"perplexity {a['metric']:.2f} vs {u['metric']:.2f} (paired {100 * change:+.2f}% "
+                       f"± {100 * se:.2f}%, tolerance {100 * tolerance:.1f}%); {ratio:.2f}x fewer bytes per step "
+                       f"after the first decision, {whole:.2f}x over the whole run")
+
+
+def claims(results, quick):
+    seeds = SEEDS[:1] if quick else SEEDS
+    outcomes = []
+    for family in FAMILIES:
+        _, anchor, why = anchor_search(results, family, seeds, quick)
+        if anchor is None:
+            outcomes.append((f"Word LM: L-GreCo over {family}", None if why.startswith("search") else False, why))
+        else:
+            outcomes.append(lgreco_claim(results, "wordlm", family, anchor, seeds))
+    text = "Word LM: ScaleCom in the paper's regime within 2% of uncompressed"
+    change = paired(results, "ScaleCom (paper's regime)", UNCOMPRESSED)
+    if change is None or change[2] < len(seeds):
+        outcomes.append((text, None, "not measured yet"))
+    else:
+        s = summary(list(seeds_of(results, "ScaleCom (paper's regime)").values()))
+        outcomes.append((text, change[0] <= SCALECOM_WITHIN,
+                         f"perplexity paired {100 * change[0]:+.2f}% ± {100 * change[1]:.2f}% at "
+                         f"{s['dense_per_step'] / s['per_step']:.1f}x fewer bytes per step after the warm-up"))
+    for family, value in CHAR_ANCHORS.items():
+        outcomes.append(lgreco_claim(results, "charlm", family, value, seeds))
+    return outcomes
+
+
+def ablation_rows(results, quick):
+    """Each L-GreCo run against the uniform run at its anchor: paired quality, bytes ratios."""
+    seeds = SEEDS[:1] if quick else SEEDS
+    anchors = {("wordlm", family): anchor_search(results, family, seeds, quick)[1] for family in FAMILIES}
+    anchors.update({("charlm", family): value for family, value in CHAR_ANCHORS.items()})
+    rows = []
+    for (workload, family), value in anchors.items():
+        if value is None:
+            continue
+        keyword = FAMILIES[family][1]
+        uniform_label = f"{family} {keyword} {value}"
+        uniform = seeds_of(results, uniform_label, workload)
+        labels = sorted({e["spec"]["label"] for e in results["points"].values() if e["spec"]["workload"] == workload
+                         and e["spec"]["label"].startswith(f"L-GreCo ({family}) {keyword} {value}")})
+        for label in labels if uniform else []:
+            change = paired(results, label, uniform_label, workload)
+            if change is None:
+                continue
+            u, a = summary(list(uniform.values())), summary(list(seeds_of(results, label, workload).values()))
+            rows.append(f"| {workload} | {label} | {change[2]} | {100 * change[0]:+.2f}% ± {100 * change[1]:.2f}% | "
+                        f"{u['per_step'] / a['per_step']:.2f}x | {u['whole'] / a['whole']:.2f}x |")
+    return rows
+
+
+def table(results, workload):
+    labels = {}
+    for entry in results["points"].values():
+        if entry["spec"]["workload"] == workload:
+            labels.setdefault(entry["spec"]["label"], []).append(entry["record"])
+    lines = ["| run | perplexity (mean ± s.e.) | paired Δ vs uncompressed | MB/step after first decision "
+             "| fewer bytes/step | MB whole run | seeds | minutes |", "|---" * 8 + "|"]
+    ordered = sorted(labels.items(), key=lambda item: (item[0] != UNCOMPRESSED, item[0]))
+    for label, records in ordered:
+        s = summary(records)
+        change = paired(results, label, UNCOMPRESSED, workload)
+        delta = "-" if change is None or label == UNCOMPRESSED else f"{100 * change[0]:+.2f}% ± {100 * change[1]:.2f}%"
+        lines.append(f"| {label} | {s['metric']:.2f} ± {s['se']:.2f} | {delta} | {s['per_step'] / 1e6:.3f} | "
+                     f"{s['dense_per_step'] / s['per_step']:.1f}x | {s['whole'] / 1e6:,.0f} | {s['seeds']} | "
+                     f"{s['seconds'] / 60:.0f} |")
+    return lines
+
+
+def missing(results, quick):
+    todo = [s for s in plan(results, quick) if s["key"] not in results["points"]]
+    labels = sorted({f"{s['workload']}: {s['label']}" for s in todo})
+    return labels
+
+
+def markdown(results, figure):
+    quick = results.get("quick", False)
+    minutes = sum(e["record"]["job_seconds"] for e in results["points"].values()) / 60
+    lines = [f"Command: `python -m benchmarks claims{' --quick' if quick else ''}` (resumable; regenerate this "
+             f"section from the JSON with `--report-only`). Jobs finished: {len(results['points'])}, "
+             f"{minutes:.0f} min in all, run niced beside other work on the same cores.", "",
+             f"Machine: {describe_machine(results['machine'])}", "",
+             f"Protocol: see `benchmarks/claims.py`. Word LM: {wordlm.VOCAB}-token vocabulary (Python standard "
+             f"library source), GPT of 4 blocks, d_model 64, context 64, separate embedding and head; "
+             f"{WORD_STEPS} steps at np {NP}, 2,048 tokens per rank and step; dense through the learning-rate "
+             f"warm-up ({schedule(WORD_STEPS)[0]} steps); L-GreCo decides every {schedule(WORD_STEPS)[1]} steps "
+             f"from step {schedule(WORD_STEPS)[2]}. Bytes per rank on the ring model.", ""]
+    todo = missing(results, quick)
+    if todo:
+        lines += [f"**Partial.** Not measured yet (all or some seeds): " + "; ".join(todo) + ". Further runs "
+                  f"follow from these (the anchor search goes on while settings stay within 1%, L-GreCo and "
+                  f"its ablations run at the anchor found).", ""]
+    lines += ["Claims:", "", "| claim | met | numbers |", "|---|---|---|"]
+    for text, met, numbers in claims(results, quick):
+        lines.append(f"| {text} | {'-' if met is None else 'yes' if met else 'NO'} | {numbers} |")
+    ablations = ablation_rows(results, quick)
+    if ablations:
+        lines += ["", "L-GreCo and its ablations against the uniform anchor, seed by seed (the factor that "
+                  "decides a claim is the row that moves it):", "",
+                  "| workload | L-GreCo run | seeds | paired Δ perplexity vs uniform | fewer bytes per step | "
+                  "fewer bytes, whole run |", "|---" * 6 + "|"] + ablations
+    for workload, title in [("wordlm", "Word LM"), ("charlm", "Character LM (the small-model row)")]:
+        rows = table(results, workload)
+        if len(rows) > 2:
+            lines += ["", f"**{title}**", ""] + rows
+    curve = next((e["record"].get("curve") for e in results["points"].values()
+                  if e["spec"]["workload"] == "wordlm" and e["spec"]["label"] == UNCOMPRESSED
+                  and e["spec"]["seed"] == 0), None)
+    if curve:
+        lines += ["", "Uncompressed word LM, seed 0, validation perplexity during the run (step: perplexity): "
+                  + ", ".join(f"{step}: {value:.2f}" for step, value in curve) + "."]
+    if any(e["spec"]["workload"] == "wordlm" for e in results["points"].values()):
+        lines += ["", f"![perplexity against bytes per step]({figure.as_posix()})"]
+    return "\n".join(lines) + "\n"
+
+
+def draw_figure(results, path):
+    """Word LM: mean perplexity (± s.e.) against MB per step after the first decision (left)
+    and over the whole run (right), a line per family."""
+    labels, families = {}, {}
+    for entry in results["points"].values():
+        spec = entry["spec"]
+        if spec["workload"] == "wordlm":
+            labels.setdefault(spec["label"], []).append(entry["record"])
+            families[spec["label"]] = spec["family"] + (f", {spec['suffix']}" if spec.get("suffix") else "")
+    plt, figure, axes = panels(2, 6, 4.2)
+    for axis, key, title in [(axes[0], "per_step", "MB per rank and step after the first decision (log)"),
+                             (axes[1], "whole", "MB per rank over the whole run (log)")]:
+        lines = {}
+        for label, records in labels.items():
+            s = summary(records)
+            lines.setdefault(families[label], []).append((s[key] / 1e6, s["metric"], s["se"]))
+        for family, values in sorted(lines.items()):
+            values.sort()
+            x, y, se = zip(*values)
+            style = {"marker": "*", "markersize": 12, "linestyle": "none"} if family == UNCOMPRESSED else \
+                {"marker": "o", "markersize": 4, "linestyle": "--" if "L-GreCo" in family else "-"}
+            axis.errorbar(x, y, yerr=se, label=family, capsize=2, **style)
+        axis.set_xscale("log")
+        axis.set_xlabel(title, fontsize=8)
+        axis.set_ylabel("validation perplexity (word LM), lower is better", fontsize=8)
+        axis.tick_params(labelsize=7)
+        axis.legend(fontsize=6)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+
+
+def write_report(results, out):
+    figure = out / "benchmarks" / "claims.png"
+    if any(e["spec"]["workload"] == "wordlm" for e in results["points"].values()):
+        draw_figure(results, figure)
+    write_section(out / "benchmarks.md", SECTION, markdown(results, figure.relative_to(out)))
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks claims", description=__doc__.splitlines()[0])
+    parser.add_argument("--max-minutes", type=float, default=360.0,
+                        help="start no new point after this long; rerun to resume")
+    parser.add_argument("--job-timeout", type=int, default=7200,
+                        help="seconds per mpirun job (a point takes minutes on idle cores, an hour or more niced on busy ones)")
+    parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--quick", action="store_true", help="a tiny model, a few steps, one seed")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the section and picture from the JSON")
+    parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.worker is not None:
+        worker(json.loads(args.worker))
+        return
+    if args.report_only:
+        write_report(json.loads((args.out / "benchmarks" / "claims.json").read_text()), args.out)
+        return
+    started = time.perf_counter()
+    results = run(args)
+    print(f"{(time.perf_counter() - started) / 60:.1f} min; {len(results['points'])} points in "
+          f"{args.out / 'benchmarks' / 'claims.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,477 @@
+"""Does gradient compression pay for this model, on these ranks and links, and at what setting?
+Run it before choosing a method, under the launcher and on the ranks that will train:
+
+    mpirun -np 4 python -m hvd_compress.advise --model examples.models:charlm
+    horovodrun -np 16 python -m hvd_compress.advise --model mypackage.models:resnet --json advice.json
+
+``--model module:function``: ``function()`` returns the model, or ``(model, loss_of)`` where
+``loss_of(model)`` is the loss of one fresh batch of this rank (then compute is measured);
+without ``loss_of`` give ``--compute-ms`` (forward + backward of one step on one rank).
+
+What it does, on every rank together:
+
+1. **Codec**: every registered compressor at one to three settings (``SETTINGS``) compresses,
+   feeds back error and decompresses this model's gradients on this device, each collective
+   answered locally as if every rank had sent the same payload. Counted on the way: the bytes
+   each collective carries per step and how many rounds follow one another.
+2. **Links**: Horovod's all-reduce, all-gather, broadcast and all-to-all, timed over the ranks
+   at sizes from 4 KiB up to the largest message a method would send (Horovod fuses what is
+   submitted together into buffers of up to 64 MiB), and fitted to seconds = latency +
+   bytes / bandwidth for each collective.
+3. **Compute**: a few forward and backward passes of ``loss_of`` (the first one untimed).
+4. **Projection**: a step is compute + codec + exposed communication. Communication is, per
+   collective, one fused message per round that follows another (PowerSGD's P then Q) or per
+   64 MiB; backward hides what it can, as the integrations start each gradient's exchange when
+   it is ready, so exposed = max(communication - backward, the last message).
+
+It prints one table (method, setting, bytes one rank sends per step, codec and communication
+time, projected step, speed-up over uncompressed, and the quality this project measured for
+that setting: ``hvd_compress/data/quality_evidence.json``, from ``docs/benchmarks.md``) and one
+line of advice: the fastest setting whose measured quality loss stays within
+``QUALITY_LIMITS``, or "do not compress: the link is fast enough" when nothing beats
+uncompressed by ``WORTH_IT``. Controllers (L-GreCo, GraVAC) are not projected: their settings
+change during training; their quality evidence is in ``docs/benchmarks.md``.
+"""
+import argparse
+import importlib
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from hvd_compress.comm.rounds import Collective, Round
+from hvd_compress.registry import COMPRESSORS
+
+# The settings tried per method (the registry's constructor keyword: values), from the least
+# to the most compressed; methods without a setting are tried once.
+SETTINGS = {"rank": (16, 8, 4), "density": (0.1, 0.01, 0.001), "bits": (8, 4, 2)}
+FUSION_BYTES = 64 << 20  # Horovod's default fusion buffer (HOROVOD_FUSION_THRESHOLD)
+SMALLEST_PROBE = 4 << 10
+PROBE_SIZES = 4
+# A setting is recommended only if this project measured no larger loss for it: perplexity up
+# by at most this many percent, accuracy down by at most this many points.
+QUALITY_LIMITS = {"%": 5.0, "points": 1.0}
+WORTH_IT = 1.05  # a projected speed-up below this is not worth compression's risks
+EVIDENCE = Path(__file__).with_name("data") / "quality_evidence.json"
+
+
+@dataclass
+class Link:
+    """One collective as the ranks see it: seconds = latency + bytes / bandwidth (bytes: what
+    each rank contributes)."""
+    latency_s: float
+    bytes_per_s: float
+    measured: Dict[int, float] = field(default_factory=dict)  # bytes -> median seconds
+
+    def seconds(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bytes_per_s
+
+
+@dataclass
+class Candidate:
+    method: str
+    setting: str                     # "rank=8", or "" for a method without one
+    wire_bytes: float                # what one rank sends per step (ring model, as Traffic counts)
+    codec_ms: float
+    messages: Dict[str, Tuple[int, float]]  # collective -> (fused messages, bytes per message)
+    communication_ms: float = 0.0
+    step_ms: float = 0.0
+    speedup: float = 1.0
+    evidence: str = ""
+    quality_ok: Optional[bool] = None  # None: no evidence held
+
+
+@dataclass
+class Advice:
+    world_size: int
+    parameters: int
+    compute_ms: float
+    backward_ms: float
+    links: Dict[str, Link]
+    candidates: List[Candidate]
+    recommendation: str
+
+
+# ----- the ranks ------------------------------------------------------------------------------
+class HorovodRanks:
+    """Collectives through Horovod (``horovodrun`` or ``mpirun``)."""
+
+    def __init__(self):
+        import horovod.torch as hvd
+        if not hvd.is_initialized():
+            hvd.init()
+        self.hvd, self.rank, self.size = hvd, hvd.rank(), hvd.size()
+
+    def run(self, collective: str, tensor: torch.Tensor, label: str) -> None:
+        hvd = self.hvd
+        if collective == "allreduce":
+            hvd.allreduce(tensor, name=label)
+        elif collective == "allgather":
+            hvd.allgather(tensor, name=label)
+        elif collective == "broadcast":
+            hvd.broadcast(tensor, root_rank=0, name=label)
+        else:
+            hvd.alltoall(tensor, name=label)
+
+    def barrier(self) -> None:
+        self.hvd.allreduce(torch.zeros(1), name="hvd_compress.advise.barrier")
+
+    def agree(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        return self.hvd.broadcast_object(obj, root_rank=0, name="hvd_compress.advise.agree")
+
+
+class TorchRanks:
+    """Collectives through ``torch.distributed`` (``torchrun``), Gloo on CPUs, NCCL on GPUs."""
+
+    def __init__(self, device: torch.device):
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        self.dist, self.rank, self.size = dist, dist.get_rank(), dist.get_world_size()
+
+    def run(self, collective: str, tensor: torch.Tensor, label: str) -> None:
+        dist = self.dist
+        if collective == "allreduce":
+            dist.all_reduce(tensor)
+        elif collective == "allgather":
+            dist.all_gather([torch.empty_like(tensor) for _ in range(self.size)], tensor)
+        elif collective == "broadcast":
+            dist.broadcast(tensor, src=0)
+        else:
+            dist.all_to_all_single(torch.empty_like(tensor), tensor)
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def agree(self, obj: Any) -> Any:
+        box = [obj]
+        self.dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def launched_ranks(device: torch.device):
+    """Horovod's ranks, or torch.distributed's under torchrun (its environment names them)."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return TorchRanks(device)
+    return HorovodRanks()
+
+
+# ----- measuring ------------------------------------------------------------------------------
+def load_model(spec: str) -> Tuple[torch.nn.Module, Optional[Callable]]:
+    """``module:function`` -> (model, loss_of or None)."""
+    module_name, _, function_name = spec.partition(":")
+    if not module_name or not function_name:
+        raise ValueError(f"--model must be module:function (e.g. examples.models:charlm), got {spec!r}")
+    sys.path.insert(0, ".")
+    made = getattr(importlib.import_module(module_name), function_name)()
+    model, loss_of = made if isinstance(made, tuple) else (made, None)
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"--model: {spec}() must return a torch.nn.Module or (module, loss_of), "
+                         f"got {type(model).__name__}")
+    return model, loss_of
+
+
+def _settle(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def measure_compute(model, loss_of, steps: int = 3) -> Tuple[float, float]:
+    """Median (forward, backward) seconds of one step of ``loss_of`` on this rank."""
+    device = next(model.parameters()).device
+    forward, backward = [], []
+    for step in range(steps + 1):
+        model.zero_grad(set_to_none=True)
+        started = _settle(device)
+        loss = loss_of(model)
+        middle = _settle(device)
+        loss.backward()
+        ended = _settle(device)
+        if step:  # the first: allocations, lazy initialisation
+            forward.append(middle - started)
+            backward.append(ended - middle)
+    return statistics.median(forward), statistics.median(backward)
+
+
+def gradients_of(model, loss_of) -> Dict[str, torch.Tensor]:
+    """This model's gradients: one backward of ``loss_of``, else random ones of its shapes."""
+    if loss_of is not None:
+        model.zero_grad(set_to_none=True)
+        loss_of(model).backward()
+    generator = torch.Generator().manual_seed(0)
+    grads = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if p.grad is not None:
+            grads[name] = p.grad.detach().clone()
+        else:
+            grads[name] = torch.randn(p.shape, generator=generator).to(p.device, p.dtype)
+    return grads
+
+
+def _answer(round_: Round, world: int) -> torch.Tensor:
+    """What the collective would return if every rank had sent this payload."""
+    if round_.collective is Collective.ALLGATHER:
+        return round_.payload.unsqueeze(0).expand(world, *round_.payload.shape).contiguous()
+    return round_.payload
+
+
+def measure_codec(method: str, setting: Dict[str, Any], grads: Dict[str, torch.Tensor],
+                  named, rank: int, world: int, steps: int = 2) -> Candidate:
+    """One method at one setting on these gradients: codec seconds per step (median of
+    ``steps`` after one untimed), bytes per step and the rounds of each collective."""
+    compressor = COMPRESSORS[method].build(named, **setting)
+    compressor.bind_world(rank, world)
+    traffic = compressor.traffic
+    device = next(iter(grads.values())).device
+    seconds, rounds = [], {}
+    for step in range(steps + 1):
+        started = _settle(device)
+        for name, grad in grads.items():
+            traffic.add_gradient(grad)
+            round_, index = compressor.begin(name, grad), 0
+            while isinstance(round_, Round):
+                traffic.add_payload(round_.payload, round_.collective)
+                rounds.setdefault(round_.collective.value, set()).add(index)
+                round_, index = round_.then(_answer(round_, world)), index + 1
+        compressor.end_step()
+        if step:
+            seconds.append(_settle(device) - started)
+    counted = max(1, traffic.steps)
+    messages = {}
+    for collective, (_, payload_bytes) in traffic.by_collective.items():
+        per_step = payload_bytes / counted
+        fused = max(len(rounds[collective]), math.ceil(per_step / FUSION_BYTES))
+        messages[collective] = (fused, per_step / fused)
+    label = ",".join(f"{key}={value}" for key, value in setting.items())
+    return Candidate(method, label, traffic.wire_bytes / counted, 1e3 * statistics.median(seconds), messages)
+
+
+def probe_sizes(largest: float) -> List[int]:
+    """``PROBE_SIZES`` sizes from 4 KiB to ``largest`` bytes, geometrically, multiples of 4."""
+    largest = max(SMALLEST_PROBE, int(largest))
+    if largest == SMALLEST_PROBE:
+        return [SMALLEST_PROBE]
+    ratio = (largest / SMALLEST_PROBE) ** (1 / (PROBE_SIZES - 1))
+    return sorted({4 * max(1, round(SMALLEST_PROBE * ratio ** i / 4)) for i in range(PROBE_SIZES)})
+
+
+def fit_link(measured: Dict[int, float]) -> Link:
+    """Least squares of seconds = latency + bytes / bandwidth, weighted by 1/seconds (relative
+    errors, so small messages count as much as large ones)."""
+    points = sorted(measured.items())
+    if len(points) == 1:
+        (nbytes, seconds), = points
+        return Link(seconds, float("inf"), dict(measured))
+    w = [1 / max(s, 1e-9) ** 2 for _, s in points]
+    sw = sum(w)
+    sx = sum(wi * n for wi, (n, _) in zip(w, points))
+    sy = sum(wi * s for wi, (_, s) in zip(w, points))
+    sxx = sum(wi * n * n for wi, (n, _) in zip(w, points))
+    sxy = sum(wi * n * s for wi, (n, s) in zip(w, points))
+    slope = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
+    if slope <= 0:  # no bandwidth term visible: all latency
+        return Link(sy / sw, float("inf"), dict(measured))
+    latency = max(0.0, (sy - slope * sx) / sw)
+    return Link(latency, 1 / slope, dict(measured))
+
+
+def measure_links(ranks, largest: Dict[str, float], device: torch.device, repeats: int = 3) -> Dict[str, Link]:
+    """Each collective timed over the ranks at ``probe_sizes(largest[collective])``: the median
+    of ``repeats`` after one untimed, each started together (a barrier before it)."""
+    links = {}
+    for collective in sorted(largest):
+        measured = {}
+        for nbytes in probe_sizes(largest[collective]):
+            numel = nbytes // 4
+            tensor = torch.ones((ranks.size, max(1, numel // ranks.size)) if collective == "alltoall" else (numel,),
+                                device=device)
+            seconds = []
+            for repeat in range(repeats + 1):
+                ranks.barrier()
+                started = _settle(device)
+                ranks.run(collective, tensor, f"hvd_compress.advise.{collective}.{nbytes}")
+                if repeat:
+                    seconds.append(_settle(device) - started)
+            measured[nbytes] = statistics.median(seconds)
+        links[collective] = fit_link(ranks.agree(measured))
+    return links
+
+
+# ----- projecting -----------------------------------------------------------------------------
+def project(candidate: Candidate, links: Dict[str, Link], compute_s: float, backward_s: float) -> None:
+    """Fills in the candidate's communication and step time (the module docstring's model)."""
+    communication, last = 0.0, 0.0
+    for collective, (fused, per_message) in candidate.messages.items():
+        seconds = links[collective].seconds(per_message)
+        communication += fused * seconds
+        last = max(last, seconds)
+    exposed = max(communication - backward_s, last)
+    candidate.communication_ms = 1e3 * communication
+    candidate.step_ms = 1e3 * (compute_s + exposed) + candidate.codec_ms
+
+
+def _loss_of(delta: str) -> Optional[Tuple[float, str]]:
+    """"+2.7%" -> (2.7, "%"); "-0.84 points" -> (0.84, "points"): how much worse, in its unit."""
+    match = re.fullmatch(r"([+-]?[0-9.]+)\s*(%|points)", delta.strip())
+    if not match:
+        return None
+    value, unit = float(match.group(1)), match.group(2)
+    return (value if unit == "%" else -value), unit
+
+
+def evidence_for(method: str, setting: str, evidence: Dict[str, Any]) -> Tuple[str, Optional[bool]]:
+    """(what this project measured for the setting, whether every loss is within QUALITY_LIMITS)."""
+    records = evidence.get("methods", {}).get(method, {}).get(setting)
+    if not records:
+        return "none held", None
+    texts, ok = [], True
+    for record in records:
+        metric = evidence["workloads"].get(record["workload"], "quality")
+        seeds = f", {record['seeds']} seeds" if record["seeds"] > 1 else ""
+        texts.append(f"{record['workload']}: {metric} {record['value']} ({record['delta']}{seeds})")
+        loss = _loss_of(record["delta"])
+        if loss is not None and loss[0] > QUALITY_LIMITS[loss[1]]:
+            ok = False
+    return "; ".join(texts), ok
+
+
+def recommend(candidates: Sequence[Candidate]) -> str:
+    """The one line of advice (the module docstring's rule)."""
+    baseline = next(c for c in candidates if c.method == "none")
+    fastest = min(candidates, key=lambda c: c.step_ms)
+    safe = [c for c in candidates if c.method != "none" and c.quality_ok]
+    best = min(safe, key=lambda c: c.step_ms) if safe else None
+    if best is None or best.speedup < WORTH_IT:
+        if fastest.method == "none" or fastest.speedup < WORTH_IT:
+            return (f"do not compress: the link is fast enough (uncompressed {baseline.step_ms:.1f} ms a step; "
+                    f"no method is projected {WORTH_IT:.2f}x faster)")
+        return (f"do not compress: only {describe(fastest)} is projected faster ({fastest.speedup:.2f}x), "
+                f"and this project measured a quality loss for it beyond the limits (or holds no evidence)")
+    line = (f"compress with {describe(best)}: {baseline.step_ms:.1f} -> {best.step_ms:.1f} ms a step "
+            f"({best.speedup:.2f}x); quality measured here: {best.evidence}")
+    if fastest is not best and fastest.method != "none":
+        line += (f". Faster but with a larger or unmeasured quality loss: {describe(fastest)} "
+                 f"({fastest.speedup:.2f}x)")
+    return line
+
+
+def describe(candidate: Candidate) -> str:
+    return candidate.method + (f" {candidate.setting}" if candidate.setting else "")
+
+
+def _settings_of(method: str) -> List[Dict[str, Any]]:
+    keys = [key for key in COMPRESSORS[method].defaults if key in SETTINGS]
+    if not keys:
+        return [{}]
+    key = keys[0]
+    return [{key: value} for value in SETTINGS[key]]
+
+
+# ----- the whole -----------------------------------------------------------------------------
+def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, compute_ms: Optional[float] = None,
+           methods: Optional[Sequence[str]] = None, ranks=None, codec_steps: int = 2,
+           compute_steps: int = 3, repeats: int = 3) -> Advice:
+    """Measures and projects every method (``methods``: registry names, default all) for
+    ``model`` on the launched ranks; every rank must call it. ``compute_ms``: forward plus
+    backward of one step, when ``loss_of`` is not given (backward taken as two thirds of it)."""
+    device = next(model.parameters()).device
+    ranks = ranks or launched_ranks(device)
+    methods = list(methods or COMPRESSORS)
+    unknown = sorted(set(methods) - set(COMPRESSORS))
+    if unknown:
+        raise ValueError(f"methods: {unknown} are not registered; known: {sorted(COMPRESSORS)}")
+    if "none" not in methods:
+        methods.insert(0, "none")
+    if loss_of is None and compute_ms is None:
+        raise ValueError("compute_ms: give the compute time of one step (forward + backward, ms), or a "
+                         "loss_of(model) to measure it")
+    if loss_of is not None:
+        ranks.barrier()
+        forward_s, backward_s = ranks.agree(measure_compute(model, loss_of, compute_steps))
+    else:
+        if compute_ms <= 0:
+            raise ValueError(f"compute_ms must be positive, got {compute_ms!r}")
+        forward_s, backward_s = compute_ms / 3e3, 2 * compute_ms / 3e3
+    grads = gradients_of(model, loss_of)
+    named = [(name, p) for name, p in model.named_parameters() if name in grads]
+    candidates = []
+    for method in methods:
+        for setting in _settings_of(method):
+            ranks.barrier()  # every rank's codec runs at once, as in training
+            candidates.append(ranks.agree(measure_codec(method, setting, grads, named, ranks.rank,
+                                                        ranks.size, codec_steps)))
+    largest = {}
+    for candidate in candidates:
+        for collective, (_, per_message) in candidate.messages.items():
+            largest[collective] = max(largest.get(collective, 0.0), per_message)
+    links = measure_links(ranks, largest, device, repeats)
+    evidence = json.loads(EVIDENCE.read_text()) if EVIDENCE.exists() else {}
+    for candidate in candidates:
+        project(candidate, links, forward_s + backward_s, backward_s)
+        candidate.evidence, candidate.quality_ok = evidence_for(candidate.method, candidate.setting, evidence)
+    baseline = next(c for c in candidates if c.method == "none")
+    for candidate in candidates:
+        candidate.speedup = baseline.step_ms / candidate.step_ms
+    baseline.quality_ok = True
+    return Advice(ranks.size, sum(g.numel() for g in grads.values()), 1e3 * (forward_s + backward_s),
+                  1e3 * backward_s, links, candidates, recommend(candidates))
+
+
+def format_advice(advice: Advice) -> str:
+    """The table and the recommendation, as printed."""
+    lines = [f"hvd_compress.advise: {advice.parameters:,} parameters, {advice.world_size} ranks, "
+             f"compute {advice.compute_ms:.1f} ms a step (backward {advice.backward_ms:.1f} ms)",
+             "links (latency, bandwidth as each rank contributes bytes):"]
+    for collective, link in advice.links.items():
+        bandwidth = "-" if math.isinf(link.bytes_per_s) else f"{8 * link.bytes_per_s / 1e9:.2f} Gbit/s"
+        lines.append(f"  {collective:9} {1e6 * link.latency_s:8.0f} us  {bandwidth}")
+    header = ("method", "setting", "MB/step", "codec ms", "comm ms", "step ms", "speed-up", "quality evidence")
+    rows = [(c.method, c.setting or "-", f"{c.wire_bytes / 1e6:.2f}", f"{c.codec_ms:.1f}",
+             f"{c.communication_ms:.1f}", f"{c.step_ms:.1f}", f"{c.speedup:.2f}x", c.evidence)
+            for c in sorted(advice.candidates, key=lambda c: c.step_ms)]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    lines.append(f"advice: {advice.recommendation}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m hvd_compress.advise",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="module:function returning the model, or (model, loss_of)")
+    parser.add_argument("--compute-ms", type=float, help="forward + backward ms of one step (without loss_of)")
+    parser.add_argument("--methods", help="comma-separated registry names (default: every one)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", type=Path, help="also write the advice as JSON (rank 0)")
+    args = parser.parse_args(argv)
+    model, loss_of = load_model(args.model)
+    device = torch.device(args.device)
+    if device.type == "cuda":  # one GPU per rank: torchrun's local rank, or Open MPI's
+        local_rank = os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", 0))
+        device = torch.device("cuda", int(local_rank))
+    model.to(device)
+    ranks = launched_ranks(device)
+    advice = advise(model, loss_of, compute_ms=args.compute_ms, ranks=ranks,
+                    methods=args.methods.split(",") if args.methods else None)
+    if ranks.rank == 0:
+        sys.stdout.write(format_advice(advice) + "\n")  # one write: whole lines under any launcher
+        sys.stdout.flush()
+        if args.json:
+            args.json.write_text(json.dumps(asdict(advice), indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

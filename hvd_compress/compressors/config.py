@@ -1,0 +1,92 @@
+"""One configuration object per method, and the one checkpoint header, for compressors and
+controllers alike.
+
+A method's configuration is a frozen dataclass (``MethodConfig`` and its subclasses, one per
+compressor family and controller) that
+
+* is checked when it is made: a bad value raises ``ValueError`` naming the method, the
+  parameter and what was wrong (``owner`` names the method in the message);
+* ``describe()``s itself for the cross-rank check (``GradientCompression.describe``) and for
+  checkpoints, as checkpoints hold it: tuples as lists, nested dataclasses as dicts. Fields
+  marked ``local()`` are this process's own business (L-GreCo's transport and timeout) and
+  left out;
+* is recorded in every checkpoint by ``checkpoint_header`` and compared against it by
+  ``check_checkpoint``, which refuses a checkpoint of another class or configuration.
+"""
+import dataclasses
+from dataclasses import InitVar, dataclass, field, fields
+from typing import Any, Dict, Iterable
+
+from hvd_compress import arguments
+
+
+def local(default: Any) -> Any:
+    """A field that need not agree across ranks nor with a checkpoint."""
+    return field(default=default, metadata={"agreed": False})
+
+
+@dataclass(frozen=True, kw_only=True)
+class MethodConfig:
+    """Base of every method's configuration; subclasses add fields and extend ``check``."""
+    owner: InitVar[str] = ""
+
+    def __post_init__(self, owner: str) -> None:
+        self.check(owner or type(self).__name__.removesuffix("Config"))
+
+    def check(self, owner: str) -> None:
+        """Raises ``ValueError`` naming ``owner`` and the parameter for a bad value; stores the
+        normalised values (``arguments.real`` makes an int a float)."""
+
+    def _keep(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+
+    def describe(self) -> Dict[str, Any]:
+        """The fields that must agree on every rank and with a checkpoint, as plain data."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)
+                if f.metadata.get("agreed", True)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompressorConfig(MethodConfig):
+    """What every compressor has: ``min_numel`` (smaller gradients, and every 1-D gradient, are
+    all-reduced uncompressed) and ``default``, the per-parameter setting unless overridden
+    (checked by the compressor itself, which alone knows its settings)."""
+    min_numel: int = 1024
+    default: Any = None
+
+    def check(self, owner):
+        self._keep("min_numel", arguments.integer(owner, "min_numel", self.min_numel, low=0))
+
+
+def _plain(value):
+    """As checkpoints hold it (what ``torch.load`` returns): tuples become lists, dataclasses dicts."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _plain(dataclasses.asdict(value))
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
+
+
+def checkpoint_header(owner: str, config: MethodConfig) -> Dict[str, Any]:
+    """What a checkpoint of ``owner`` (a class name) starts with: its class and configuration."""
+    return {"class": owner, "config": config.describe()}
+
+
+def check_checkpoint(owner: str, state_dict: Dict[str, Any], keys: Iterable[str],
+                     config: MethodConfig) -> None:
+    """Raises ``ValueError`` unless ``state_dict`` has ``keys`` (besides the header) and is a
+    checkpoint of ``owner`` taken with ``config``, naming the first difference."""
+    missing = ({"class", "config"} | set(keys)) - set(state_dict)
+    if missing:
+        raise ValueError(f"{owner}.load_state_dict: not an hvd_compress {owner} checkpoint "
+                         f"(missing {sorted(missing)})")
+    if state_dict["class"] != owner:
+        raise ValueError(f"{owner}.load_state_dict: the checkpoint is a {state_dict['class']} "
+                         f"checkpoint, not a {owner} one")
+    mine, theirs = config.describe(), state_dict["config"]
+    for key in sorted(set(mine) | set(theirs)):
+        if mine.get(key) != theirs.get(key):
+            raise ValueError(f"{owner}.load_state_dict: {key} is {theirs.get(key)!r} in the "
+                             f"checkpoint but {mine.get(key)!r} here")

@@ -1,0 +1,335 @@
+"""Compression of HSDP's replicate all-reduce (FSDP2, ``torch.distributed.fsdp.fully_shard``
+over a 2-D ``("replicate", "shard")`` mesh): ``hvd_compress.fsdp.register(model, compressor)``.
+
+What changes, and what does not
+-------------------------------
+HSDP reduces each gradient in two steps: a reduce-scatter over the shard group (inside a node:
+fast links) leaves each rank the average of its shard group's gradients for its rows, then an
+all-reduce over the replicate group (between nodes: the slow links) averages those shards across
+replicas. :func:`register` replaces the second step by the compressor's exchange over the
+replicate group; the reduce-scatter stays FSDP's own, exact. Each parameter's local shard (its
+rows, in the parameter's shape) is one gradient to the compressor, named by the parameter's
+fully qualified name, so error feedback and warm starts are kept per shard and per-layer
+settings, L-GreCo and GraVAC see the same names as under DDP or Horovod.
+
+How: FSDP2 has no public way to swap its replicate all-reduce. :func:`register` gives each of
+the model's parameter groups a shard-only mesh description (torch's ``FSDPMeshInfo`` over the
+same mesh and shard dimension, so FSDP reduce-scatters, averages over the shard group and skips
+its own all-reduce), and installs a hook through the public ``set_all_reduce_hook``, which FSDP
+calls after each group's reduce-scatter. The hook notes which parameters were reduced; when
+backward ends (an autograd final callback, queued after FSDP's own), every noted shard's
+gradient goes through the compressor in name order (``RoundDriver.start``/``finish`` on a
+``TorchBackend`` over the replicate group, as ``integration/ddp.py`` does), and the aggregate is
+written into the shard's gradient. This reads torch 2.13's private parameter groups (their mesh
+descriptions and ``all_reduce_grads`` flag): a later torch may need this module updated.
+
+Behaviour, as under DDP:
+
+* ``backward()`` returns with the aggregated gradients in place; ``optimizer.step()`` follows.
+  The exchange does not overlap backward (all of it runs at the end, in name order, so that
+  collectives are issued in the same order on every rank whatever order FSDP reduced groups in).
+* Unused parameters: :func:`register` turns on FSDP's ``set_reduce_scatter_unused_params``, so a
+  parameter that got no gradient on some rank is reduced as zeros and exchanged like any other
+  (error feedback included), and every rank runs the same exchanges.
+* Gradient accumulation: ``set_requires_gradient_sync(False)`` (no communication until the last
+  micro-batch) works unchanged. ``set_requires_all_reduce(False)`` (reduce-scatter only) keeps
+  the shard-averaged partial sums in the gradients, and the first backward with the all-reduce
+  on exchanges their sum once. Several synchronised backwards add their aggregates to the
+  gradients, as FSDP does.
+* Non-finite steps: the compressor's own check sees only its replicate group's shards. So before
+  the exchange every rank learns, over the shard group (one scalar), whether any rank's reduced
+  shard is non-finite; if so every rank sends NaN shards, every aggregate comes back non-finite
+  on every rank (the user's or ``GradScaler``'s check skips the step everywhere) and the
+  compressor leaves no trace of the step in its state.
+* ``MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)``: FSDP reduce-scatters in bf16 and casts
+  the shards back to the parameters' dtype; the compressor receives that (bf16-exact) shard and
+  chooses the replicate exchange's wire format itself (``bf16`` sends it in 2 bytes an entry).
+* A custom ``set_gradient_divide_factor`` is refused: the divide factor of HSDP's sum over both
+  groups has no counterpart once the replicate exchange averages.
+
+Pure FSDP (a 1-D mesh) is refused: its only gradient collective is the reduce-scatter, whose
+output shards are sums that each rank receives once; no compressor here can replace it and keep
+the shards exact (they would need a compressed reduce-scatter with per-rank error feedback on
+rows the rank does not own). HSDP's replicate all-reduce is the slow, inter-node one.
+
+Checkpoints: :class:`State` is a ``torch.distributed.checkpoint`` ``Stateful``; save it beside
+the model and optimizer (``{"model": ..., "optim": ..., "compression": state}``). Its state dict
+holds every rank's compressor state (gathered at save: each rank's error feedback is its own),
+so a resume at the same world shape is bit-identical. At another world shape it restores
+everything but error feedback where the shards keep their shapes (another number of replicas);
+where the shard group's size changed, warm starts of reshaped shards are dropped too, and a
+controller restarts its schedule with its compressor's settings restored.
+"""
+import io
+import logging
+import time
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_common import DDPMeshInfo, FSDPMeshInfo
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from hvd_compress.comm.driver import RoundDriver
+from hvd_compress.comm.fusion import Bucket, FusionPlan
+from hvd_compress.comm.timing import finished_at
+from hvd_compress.comm.torch_backend import TorchBackend
+from hvd_compress.compressors.base import GradientCompression
+from hvd_compress.comm.transports import TorchTransport
+from hvd_compress.integration.agreement import verify_same_configuration
+from hvd_compress.maths.finite import all_finite
+
+logger = logging.getLogger(__name__)
+
+
+class State:
+    """The compression of one HSDP model's replicate all-reduce; :func:`register` makes it.
+
+    ``compressor``: the compressor or controller; ``iter``: steps exchanged so far. A
+    ``torch.distributed.checkpoint`` ``Stateful`` (``state_dict``/``load_state_dict``)."""
+
+    def __init__(self, compressor: GradientCompression, model: FSDPModule, groups):
+        if not isinstance(compressor, GradientCompression):
+            raise ValueError(f"hvd_compress.fsdp.register: compressor must be an hvd_compress "
+                             f"compressor or controller, got {type(compressor).__name__}")
+        if getattr(compressor, "parameters", None):
+            raise ValueError("hvd_compress.fsdp.register: the compressor was given "
+                             "named_parameters (whole parameters); under HSDP it sees local "
+                             "shards, named by the model's parameter names: build it without them")
+        self.compressor = compressor
+        self.iter = 0
+        mesh_info = groups[0][1].mesh_info
+        self.replicate_group = mesh_info.replicate_process_group
+        self.shard_group = mesh_info.shard_process_group
+        self._names = {id(p): name for name, p in model.named_parameters()}
+        self._world_shape = [mesh_info.replicate_mesh_size, mesh_info.shard_mesh_size]
+        self._local_shapes = {name: tuple(p.to_local().shape) for name, p in model.named_parameters()}
+        self._device = next(iter(model.parameters())).device
+        self._active = mesh_info.replicate_mesh_size > 1
+        self._driver = None
+        self._checked = False
+        self._reduced: List[torch.nn.Parameter] = []  # this backward's, in reduction order
+        self._partial = set()  # ids of parameters holding reduce-scattered but unexchanged sums
+        self._prior: Dict[int, torch.Tensor] = {}  # id -> gradient accumulated before this exchange
+        if self._active:
+            compressor.bind_world(self.replicate_group.rank(), self.replicate_group.size())
+            compressor.use_process_set(self.replicate_group)
+            self._driver = RoundDriver(TorchBackend(self.replicate_group), compressor.traffic)
+
+    # ----- called by FSDP ------------------------------------------------------------------
+    def _after_reduce_scatter(self, group, params, _reduce_output):
+        """FSDP's all-reduce hook of one parameter group, run before FSDP stores the group's
+        reduced shards as gradients."""
+        if group.gradient_divide_factor is not None:
+            raise ValueError("hvd_compress.fsdp: set_gradient_divide_factor is not supported: "
+                             "the replicate exchange averages over the replicate group")
+        for param in params:
+            key = id(param)
+            if key not in self._partial and param.grad is not None:
+                # FSDP would add the new shard to it; set aside, added back after the exchange.
+                self._prior[key] = param.grad
+                param.grad = None
+            if group.all_reduce_grads:
+                self._partial.discard(key)
+                self._reduced.append(param)
+            else:
+                self._partial.add(key)
+        # One callback per group, not per backward: the first to run does the step's work and
+        # the others find nothing left, so a backward that raised leaves no stale flag behind.
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    def _end_of_backward(self):
+        reduced, self._reduced = self._reduced, []
+        if not reduced:
+            return
+        if not self._active:
+            self._restore_priors(reduced)
+            return
+        if not self._checked:
+            self._check_configuration()
+            self._checked = True
+        shards = {}
+        for param in reduced:
+            if param.grad is None:  # FSDP stored nothing (no gradient anywhere)
+                continue
+            local = param.grad.to_local()
+            if local.numel():  # an empty shard is empty on the whole replicate group
+                shards[self._names[id(param)]] = local
+        order = sorted(shards)
+        self._agree_on_finiteness([shards[name] for name in order])
+        waited = time.perf_counter()
+        # One fusion bucket: the first rounds of every shard travel together.
+        self._driver.use_plan(FusionPlan("", 0, (Bucket(tuple(order), 0),)) if order else None)
+        try:
+            for name in order:
+                self._driver.start(name, shards[name], self.compressor.begin(name, shards[name]))
+            results = self._driver.finish()
+        finally:
+            self._driver.use_plan(None)
+        comm_seconds = finished_at(self._device, self.compressor.times_communication) - waited
+        for name in order:
+            shards[name].copy_(results[name].view_as(shards[name]))
+        self._restore_priors(reduced)
+        self.iter += 1
+        self.compressor.end_step(comm_seconds=comm_seconds)
+
+    def _restore_priors(self, reduced):
+        """Adds each gradient set aside before this exchange back (as FSDP would have)."""
+        for param in reduced:
+            prior = self._prior.pop(id(param), None)
+            if prior is not None:
+                if param.grad is not None:
+                    prior.to_local().add_(param.grad.to_local())
+                param.grad = prior
+
+    def _agree_on_finiteness(self, shards):
+        """Every rank learns whether any rank's reduced shard is non-finite (a MIN over the
+        shard group of the replicate groups' verdicts, which each replicate group reaches alike);
+        if one is, every shard becomes NaN, so that every compressor drops the step."""
+        verdict = torch.ones(1, dtype=torch.float32, device=self._device)
+        if shards:
+            verdict.mul_(torch.stack([all_finite(s) for s in shards]).all())
+        dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=self.replicate_group)
+        dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=self.shard_group)
+        if verdict.item() < 1:
+            for shard in shards:
+                shard.fill_(float("nan"))
+
+    def _check_configuration(self):
+        """The configuration check over the replicate group (the ranks that exchange together),
+        naming global ranks."""
+        group = self.replicate_group
+        verify_same_configuration(self.compressor, TorchTransport(group),
+                                  lambda rank: dist.get_global_rank(group, rank))
+
+    # ----- torch.distributed.checkpoint ----------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """Every rank's compressor state (a collective over the world: DCP calls it on every
+        rank), the world shape it was taken at and the local shard shapes."""
+        buffer = io.BytesIO()
+        torch.save({"compressor": self.compressor.state_dict(), "iter": self.iter}, buffer)
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, buffer.getvalue())
+        return {"world_shape": list(self._world_shape), "ranks": everyone,
+                "shapes": {name: list(shape) for name, shape in sorted(self._local_shapes.items())}}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """This rank's own state at the same world shape. Otherwise rank 0's, without error
+        feedback, and without the warm starts of shards whose shape changed (another shard
+        group size); there a controller restarts its schedule (its statistics are per shard)
+        and only its compressor's state, the per-layer settings included, comes back."""
+        same_world = (list(state_dict["world_shape"]) == list(self._world_shape)
+                      and len(state_dict["ranks"]) == dist.get_world_size())
+        source = dist.get_rank() if same_world else 0
+        saved = torch.load(io.BytesIO(state_dict["ranks"][source]), weights_only=True)
+        compressor_state = saved["compressor"]
+        self.iter = saved["iter"]
+        if same_world:
+            self.compressor.load_state_dict(compressor_state)
+            return
+        compressor_state = _without_feedback(compressor_state)
+        changed = {name for name, shape in state_dict["shapes"].items()
+                   if tuple(shape) != self._local_shapes.get(name)}
+        if not changed:
+            self.compressor.load_state_dict(compressor_state)
+        elif "inner" in compressor_state:
+            logger.warning("hvd_compress.fsdp: the checkpoint's shards have other shapes (%d "
+                           "parameters); %s restarts its schedule, its compressor's settings "
+                           "come back", len(changed), type(self.compressor).__name__)
+            self.compressor.inner.load_state_dict(_without_names(compressor_state["inner"], changed))
+        else:
+            self.compressor.load_state_dict(_without_names(compressor_state, changed))
+
+
+def _without_feedback(compressor_state):
+    """A compressor's (or controller's: nested under "inner") state dict with no error feedback."""
+    out = dict(compressor_state)
+    if "residuals" in out:
+        out["residuals"] = {}
+    if isinstance(out.get("inner"), dict):
+        out["inner"] = _without_feedback(out["inner"])
+    return out
+
+
+def _without_names(compressor_state, names):
+    """A compressor's state dict without the shapes and per-parameter state of ``names``."""
+    out = dict(compressor_state)
+    for key in ("shapes", "state"):
+        out[key] = {name: value for name, value in out[key].items() if name not in names}
+    return out
+
+
+def _param_groups(model):
+    """[(FSDP module, its parameter group, its parameters)] for every FSDP module of ``model``,
+    checked to be HSDP over one mesh; ValueError naming what is not."""
+    if not isinstance(model, FSDPModule):
+        raise ValueError(f"hvd_compress.fsdp.register: model must be an FSDP2 module (after "
+                         f"torch.distributed.fsdp.fully_shard), got {type(model).__name__}")
+    found = []
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        for group in module._get_fsdp_state()._fsdp_param_groups:
+            mesh_info = group.mesh_info
+            if not isinstance(mesh_info, DDPMeshInfo) or not isinstance(mesh_info, FSDPMeshInfo):
+                raise ValueError(
+                    "hvd_compress.fsdp.register: the model is not HSDP (fully_shard over a 2-D "
+                    "(\"replicate\", \"shard\") mesh). Pure FSDP (a 1-D mesh) has no replicate "
+                    "all-reduce: its one gradient collective is the reduce-scatter, whose shards "
+                    "no compressor here can replace exactly; replicate-only meshes are not "
+                    "supported either. Shard within a node and replicate across nodes: "
+                    "init_device_mesh(..., (nodes, ranks_per_node), mesh_dim_names=(\"replicate\", "
+                    "\"shard\")).")
+            found.append((module, group, [p.sharded_param for p in group.fsdp_params]))
+    if not found:
+        raise ValueError("hvd_compress.fsdp.register: the model has no parameters managed by FSDP")
+    first = found[0][1].mesh_info
+    for _, group, params in found:
+        if group.mesh_info.mesh != first.mesh:
+            raise ValueError("hvd_compress.fsdp.register: every fully_shard of the model must use "
+                             "the same mesh")
+        for param in params:
+            if not (isinstance(param, DTensor) and tuple(param.placements) == (Replicate(), Shard(0))):
+                raise ValueError(f"hvd_compress.fsdp.register: parameters must be sharded on dim 0 "
+                                 f"(HSDP's (Replicate(), Shard(0))); one has placements "
+                                 f"{getattr(param, 'placements', None)}")
+        if group.gradient_divide_factor is not None:
+            raise ValueError("hvd_compress.fsdp.register: set_gradient_divide_factor is not "
+                             "supported: the replicate exchange averages over the replicate group")
+    return found
+
+
+def _shard_only(mesh_info):
+    """``mesh_info`` without its replicate dimension: FSDP then reduce-scatters (averaging over
+    the shard group) and skips the all-reduce. Its separate reduce-scatter group, if set, stays."""
+    shard_only = FSDPMeshInfo(mesh=mesh_info.mesh, shard_mesh_dim=mesh_info.shard_mesh_dim,
+                              dp_mesh_dims=mesh_info.dp_mesh_dims, spmd_mesh=mesh_info.spmd_mesh)
+    shard_only.reduce_scatter_process_group = mesh_info.reduce_scatter_process_group
+    return shard_only
+
+
+def register(model: FSDPModule, compressor: GradientCompression) -> State:
+    """Compresses ``model``'s replicate all-reduce with ``compressor`` (a compressor or
+    controller from the registry, built without ``named_parameters``); returns the
+    :class:`State` (save it with ``torch.distributed.checkpoint``). Call once, after
+    ``fully_shard`` and before the first backward (it replaces any ``set_all_reduce_hook`` of
+    the model's modules); the one line an HSDP script adds::
+
+        state = hvd_compress.fsdp.register(model, hvd_compress.PowerSGD(rank=4))
+    """
+    if getattr(model, "_hvd_compress_fsdp", None) is not None:
+        raise ValueError("hvd_compress.fsdp.register: this model's replicate all-reduce is "
+                         "already compressed (register once)")
+    groups = _param_groups(model)
+    state = State(compressor, model, groups)
+    for module, group, params in groups:
+        old = group.mesh_info
+        group.mesh_info = _shard_only(old)
+        if group.post_forward_mesh_info is old:  # reshard_after_forward=True: the same mesh
+            group.post_forward_mesh_info = group.mesh_info
+        module.set_all_reduce_hook(
+            lambda output, group=group, params=params: state._after_reduce_scatter(group, params, output))
+    model.set_reduce_scatter_unused_params(True)
+    model._hvd_compress_fsdp = state
+    return state

@@ -1,0 +1,166 @@
+"""``hvd_compress.advise``: the projection's parts, one process with a stand-in for the ranks,
+and (slow) a 2-rank ``mpirun`` run that prints the table; the shipped quality evidence is the
+one docs/benchmarks.md holds."""
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import evidence as evidence_script
+from benchmarks.report import LOOPBACK_ONLY
+from benchmarks.testbed import run_bounded
+from hvd_compress import advise as adv
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_shipped_evidence_is_what_docs_benchmarks_md_holds():
+    """Rerun ``python -m benchmarks evidence`` after the quality benchmark rewrites its tables."""
+    parsed = evidence_script.parse((ROOT / "docs" / "benchmarks.md").read_text())
+    assert json.loads(adv.EVIDENCE.read_text()) == json.loads(json.dumps(parsed))
+    assert parsed["workloads"] == {"Digits CNN": "test accuracy", "Character LM": "validation perplexity"}
+    assert {"none", "powersgd", "topk", "qsgd", "lgreco/powersgd"} <= set(parsed["methods"])
+
+
+def test_evidence_names_the_measurement_and_judges_it_against_the_limits():
+    evidence = {"workloads": {"LM": "perplexity"}, "methods": {"powersgd": {
+        "rank=8": [{"workload": "LM", "value": "4.586", "delta": "+2.7%", "seeds": 3}],
+        "rank=1": [{"workload": "LM", "value": "5.562", "delta": "+24.5%", "seeds": 1}]}}}
+    text, ok = adv.evidence_for("powersgd", "rank=8", evidence)
+    assert text == "LM: perplexity 4.586 (+2.7%, 3 seeds)" and ok is True
+    assert adv.evidence_for("powersgd", "rank=1", evidence)[1] is False
+    assert adv.evidence_for("powersgd", "rank=2", evidence) == ("none held", None)
+    assert adv._loss_of("-0.84 points") == (0.84, "points")
+
+
+def test_a_link_fit_recovers_latency_and_bandwidth():
+    link = adv.fit_link({n: 1e-4 + n / 1e8 for n in (4096, 65536, 1 << 20, 16 << 20)})
+    assert link.latency_s == pytest.approx(1e-4, rel=1e-6)
+    assert link.bytes_per_s == pytest.approx(1e8, rel=1e-6)
+    assert adv.fit_link({4096: 2e-3}).seconds(1 << 30) == 2e-3  # one size: latency alone
+
+
+def test_probe_sizes_span_4_kib_to_the_largest_message():
+    sizes = adv.probe_sizes(64 << 20)
+    assert sizes[0] == 4096 and sizes[-1] == 64 << 20 and len(sizes) == adv.PROBE_SIZES
+    assert adv.probe_sizes(100) == [4096]
+
+
+def candidate(method, setting, codec_ms, messages, quality_ok=True):
+    c = adv.Candidate(method, setting, 0.0, codec_ms, messages)
+    c.quality_ok = quality_ok
+    return c
+
+
+def projected(link_seconds_per_byte):
+    links = {"allreduce": adv.Link(1e-4, 1 / link_seconds_per_byte)}
+    dense = candidate("none", "", 0.0, {"allreduce": (1, 40e6)})
+    compressed = candidate("powersgd", "rank=4", 20.0, {"allreduce": (2, 0.5e6)})
+    risky = candidate("topk", "density=0.001", 1.0, {"allreduce": (1, 0.1e6)}, quality_ok=False)
+    for c in (dense, compressed, risky):
+        adv.project(c, links, compute_s=0.1, backward_s=0.06)
+    for c in (dense, compressed, risky):
+        c.speedup = dense.step_ms / c.step_ms
+    return dense, compressed, risky
+
+
+def test_projection_hides_communication_behind_backward_but_not_the_last_message():
+    dense, compressed, _ = projected(1 / 1e8)  # 0.8 Gbit/s
+    assert dense.communication_ms == pytest.approx(400.1)
+    assert dense.step_ms == pytest.approx(100 + 400.1)  # one fused message: nothing to overlap
+    assert compressed.step_ms == pytest.approx(100 + 20 + 5.1)  # hidden: max(10.2 - 60, 5.1)
+    links = {"allreduce": adv.Link(0.0, 1e8)}
+    split = candidate("none", "", 0.0, {"allreduce": (4, 10e6)})
+    adv.project(split, links, compute_s=0.1, backward_s=0.06)
+    assert split.step_ms == pytest.approx(100 + 400 - 60)  # backward hides all but the rest
+
+
+def test_advice_is_the_fastest_safe_setting_or_not_to_compress():
+    slow_link = projected(1 / 1e8)
+    line = adv.recommend(slow_link)
+    assert line.startswith("compress with powersgd rank=4") and "topk density=0.001" in line
+    fast_link = projected(1 / 1e12)
+    assert adv.recommend(fast_link).startswith("do not compress: the link is fast enough")
+
+
+class OneRank:
+    """A world of one in this process (the single-process tier's stand-in for the launcher)."""
+    rank, size = 0, 1
+
+    def run(self, collective, tensor, label):
+        torch.cat([tensor.reshape(-1)] * 2)  # some work that grows with the size
+
+    def barrier(self):
+        pass
+
+    def agree(self, obj):
+        return obj
+
+
+def small_model():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+
+    def loss_of(model):
+        return model(torch.randn(8, 64)).square().mean()
+
+    return model, loss_of
+
+
+def test_advise_in_one_process_measures_every_asked_method_at_its_settings():
+    model, loss_of = small_model()
+    advice = adv.advise(model, loss_of, methods=["powersgd", "topk", "fp16"], ranks=OneRank(),
+                        codec_steps=2, compute_steps=1, repeats=1)
+    seen = {(c.method, c.setting) for c in advice.candidates}
+    assert seen == {("none", ""), ("fp16", ""), *(("powersgd", f"rank={r}") for r in (16, 8, 4)),
+                    *(("topk", f"density={d}") for d in (0.1, 0.01, 0.001))}
+    assert advice.parameters == sum(p.numel() for p in model.parameters())
+    assert all(c.step_ms > 0 and c.codec_ms >= 0 for c in advice.candidates)
+    assert set(advice.links) == {"allreduce", "allgather"}
+    text = adv.format_advice(advice)
+    assert "speed-up" in text and text.splitlines()[-1].startswith("advice: ")
+
+
+def test_advise_refuses_bad_input_naming_it():
+    model, _ = small_model()
+    with pytest.raises(ValueError, match="compute_ms"):
+        adv.advise(model, ranks=OneRank())
+    with pytest.raises(ValueError, match="methods"):
+        adv.advise(model, compute_ms=10, methods=["zip"], ranks=OneRank())
+    with pytest.raises(ValueError, match="module:function"):
+        adv.load_model("examples.models")
+
+
+@pytest.mark.slow
+def test_advise_on_two_ranks_prints_its_table(tmp_path):
+    """``python -m hvd_compress.advise`` under ``mpirun -np 2`` on the small character LM."""
+    out = tmp_path / "advice.json"
+    command = ["mpirun", "--allow-run-as-root", "-np", "2", *LOOPBACK_ONLY, "-x", "PYTHONPATH",
+               "-x", "OMP_NUM_THREADS", sys.executable, "-m", "hvd_compress.advise",
+               "--model", "examples.models:charlm_small", "--methods", "powersgd,topk", "--json", str(out)]
+    code, stdout, stderr = run_bounded(command, 300, dict(os.environ, OMP_NUM_THREADS="1"))
+    assert code == 0, stdout[-2000:] + stderr[-3000:]
+    lines = stdout.splitlines()
+    assert any(line.startswith("method") and "speed-up" in line and "quality evidence" in line for line in lines)
+    assert sum(line.startswith(("none ", "powersgd ", "topk ")) for line in lines) == 7
+    assert lines[-1].startswith("advice: ")
+    advice = json.loads(out.read_text())
+    assert advice["world_size"] == 2 and len(advice["candidates"]) == 7
+
+
+@pytest.mark.slow
+def test_advise_check_compares_the_model_with_a_measured_run(tmp_path, monkeypatch):
+    from benchmarks import __main__ as bench
+    measured = json.loads((ROOT / "docs" / "benchmarks" / "endtoend.json").read_text())
+    measured["rates"] = {"1": measured["rates"]["1"]}
+    measured["rates"]["1"]["models"] = {"cnn": measured["rates"]["1"]["models"]["cnn"]}
+    measured["models"] = {"cnn": measured["models"]["cnn"]}
+    source = tmp_path / "endtoend.json"
+    source.write_text(json.dumps(measured))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert bench.main(["advise_check", "--from", str(source), "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## advise against end to end" in text and "| 1 | cnn | S-SGD |" in text
