@@ -17,6 +17,7 @@ BENCHMARKS = {
     "endtoend": "step time of every method on an emulated cluster: compute, compression, exposed communication",
     "outer": "DiLoCo (local steps, compressed pseudo-gradients) against per-step methods, quality and bytes",
     "fusion": "ACP-SGD step time against the fusion buffer size, on an emulated cluster",
+    "horovod_suite": "Horovod's own optimizer tests with each compressor injected, both paths, np 2",
     "metrics_overhead": "host CPU time per step that a metrics exporter adds (per layer, per write)",
     "projection": "alpha-beta projection of the end-to-end results to 8-64 workers and 1-100 Gbit/s",
     "quality": "final quality against bytes sent, a sweep of settings per method, and the seeds' claims",

@@ -1,4 +1,6 @@
 """Runs compressors' rounds on a backend, overlapped and deadlock-free."""
+from dataclasses import replace
+
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
@@ -38,11 +40,27 @@ class RoundDriver:
         if bucket is None:
             self._submit(name, round_, 0)
             return
-        waiting = self._waiting.setdefault(bucket, {})
-        waiting[name] = round_
-        if len(waiting) == len(self._buckets[bucket].members):
+        self._waiting.setdefault(bucket, {})[name] = round_
+        self._start_bucket_if_complete(bucket)
+
+    def leave_out(self, name):
+        """``name``'s gradient travels another way from now on (sparse, in the optimizer): its
+        bucket in the plan goes without it, and starts if its other members are waiting.
+        Called at the same step on every rank, as the plan is used."""
+        bucket = self._bucket_of.pop(name, None)
+        if bucket is None:
+            return
+        members = tuple(m for m in self._buckets[bucket].members if m != name)
+        self._buckets = tuple(replace(b, members=members) if i == bucket else b
+                              for i, b in enumerate(self._buckets))
+        self._start_bucket_if_complete(bucket)
+
+    def _start_bucket_if_complete(self, bucket):
+        members = self._buckets[bucket].members
+        if members and len(self._waiting.get(bucket, ())) == len(members):
             rounds = self._waiting.pop(bucket)
-            self._submit_together(f"bucket{bucket}", [(name, rounds[name]) for name in self._buckets[bucket].members], 0)
+            # Named by a member too: two optimizers' drivers in one process never share a name.
+            self._submit_together(f"bucket{bucket}.{members[0]}", [(name, rounds[name]) for name in members], 0)
 
     def _submit_together(self, label, rounds, index):
         """One collective per (collective, dtype) among ``rounds`` ([(name, round)], in order):

@@ -119,3 +119,46 @@ def on_result(round_: Round, observe: Callable[[torch.Tensor], None]) -> Round:
         return following
 
     return Round(round_.payload, round_.collective, observed, round_.last, round_.root)
+
+
+def carrying(round_: Round, values: torch.Tensor, receive: Callable[[torch.Tensor], None]) -> Round:
+    """``round_`` with ``values`` (1-D float32) appended to the payload of the first round of its
+    chain that every rank contributes to; ``receive`` gets their mean over ranks (float32) just
+    before that round's own continuation sees its result, unchanged.
+
+    * All-reduce of a float32 or float64 payload: appended in its dtype (float64 holds float32
+      values exactly). Of another floating dtype (float16): the round travels as float32 and
+      its result is cast back, so such payloads double; no compressor sends one compressed.
+    * All-gather: the values' bytes are appended to each rank's payload bytes, and the rows'
+      values averaged on receipt.
+    * Broadcast: only the root's payload travels, so the values wait for the next round.
+
+    NaN is kept by the mean, so a NaN in any rank's values reaches every rank."""
+    payload, collective = round_.payload, round_.collective
+    count = values.numel()
+    if collective is Collective.BROADCAST:
+        def then(result):
+            following = round_.then(result)
+            if not isinstance(following, Round):
+                raise NotImplementedError("a chain of rounds that ends on a broadcast cannot "
+                                          "carry values from every rank")
+            return carrying(following, values, receive)
+        carried = payload
+    elif collective is Collective.ALLREDUCE:
+        wire = payload.dtype if payload.dtype in (torch.float32, torch.float64) else torch.float32
+        carried = torch.cat([payload.reshape(-1).to(wire), values.to(wire)])
+
+        def then(result):
+            receive(result[-count:].float())
+            return round_.then(result[:-count].view(payload.shape).to(payload.dtype))
+    elif collective is Collective.ALLGATHER:
+        carried = torch.cat([payload.reshape(-1).view(torch.uint8), values.float().view(torch.uint8)])
+        tail = 4 * count
+
+        def then(rows):
+            receive(rows[:, -tail:].contiguous().view(torch.float32).mean(dim=0))
+            body = rows[:, :-tail].contiguous().view(payload.dtype)
+            return round_.then(body.view(rows.shape[0], *payload.shape))
+    else:
+        raise NotImplementedError(f"a {collective.value} payload cannot carry values")
+    return Round(carried, collective, then, round_.last, round_.root)

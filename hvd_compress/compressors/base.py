@@ -32,8 +32,13 @@ look inside a compressor:
 =============================================  =================================================
 
 Non-finite steps: a compressor checks every aggregated gradient it returns. They are identical
-on every rank, and a non-finite entry on any rank reaches them, so all ranks agree, at no
-communication cost, whether a step was finite. If it was not, ``end_step`` puts the state back
+on every rank, so all ranks agree whether a step was finite. A non-finite entry of a dense
+gradient reaches the aggregate; a compressed one need not (a sparsifier may leave it out of
+every payload: ScaleCom sends only the leader's indices, and the entry would stay in that rank's
+error feedback for good). So each compressed gradient's exchange also carries a marker of its
+input, 0 or NaN, in the payload of its first round that every rank contributes to
+(``comm.rounds.carrying``: 4 bytes, no extra collective), and the aggregated gradient is made
+non-finite wherever any rank's input was. If the step was not finite, ``end_step`` puts the state back
 as it was before the step (error feedback, warm starts, step counters), the gradients handed
 back stay non-finite (so that ``GradScaler`` or the user's check skips the step), and the next
 step runs as if the bad one had never happened. Controllers read ``last_step_finite`` after
@@ -55,10 +60,10 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from hvd_compress import arguments
-from hvd_compress.comm.rounds import Collective, Round, Traffic, on_result
+from hvd_compress.comm.rounds import Collective, Round, Traffic, carrying, on_result
 from hvd_compress.compressors.config import CompressorConfig, check_checkpoint, checkpoint_header
 from hvd_compress.compressors.feedback import ErrorFeedback
-from hvd_compress.maths.finite import all_finite, extremes
+from hvd_compress.maths.finite import all_finite, extremes, nonfinite_marker
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +90,11 @@ class GradientCompression:
 
     def bind_world(self, rank: int, size: int) -> None:
         """This process's rank and the world size; called before the first ``begin``."""
+        raise NotImplementedError
+
+    def adopt_parameters(self, named: Dict[str, torch.nn.Parameter]) -> None:
+        """Takes ``named`` ({name: parameter}) as its parameters when it was built without
+        ``named_parameters``: stock ``hvd.DistributedOptimizer`` passes the names it uses."""
         raise NotImplementedError
 
     def use_process_set(self, process_set: Any) -> None:
@@ -147,12 +157,16 @@ class Compressor(GradientCompression):
 
     ``named_parameters`` (e.g. ``model.named_parameters()``) lets the compressor tell which
     parameter each gradient belongs to when stock ``hvd.DistributedOptimizer`` calls
-    ``compress(p.grad)`` without a name. ``config``: the method's configuration
-    (``compressors.config``), checked when it was made.
+    ``compress(p.grad)`` without a name. Without it, the compressor takes the calling
+    optimizer's parameters and names at the first ``compress`` (``adopt_parameters``).
+    ``config``: the method's configuration (``compressors.config``), checked when it was made.
     """
 
     setting_name = "setting"
     controllable = False
+    # Whether every input entry reaches the payload unchanged in finiteness (the 16-bit casts),
+    # so that no marker of the input needs to travel (see the module docstring).
+    payload_carries_input = False
     # Error feedback, for compressors that have it (set in their constructor).
     feedback: Optional[ErrorFeedback] = None
 
@@ -197,6 +211,20 @@ class Compressor(GradientCompression):
     def _check_setting(self, name, value, numel):
         raise NotImplementedError
 
+    def adopt_parameters(self, named: Dict[str, torch.nn.Parameter]) -> None:
+        if self.parameters:
+            raise ValueError(f"{type(self).__name__}: already has its named_parameters")
+        for name, shape in sorted(self._shapes.items()):
+            param = named.get(name)
+            if param is None:
+                raise self._error(name, f"is not among the optimizer's parameter names "
+                                        f"{sorted(named)[:8]}{'...' if len(named) > 8 else ''} (a "
+                                        f"checkpoint or gradient under another name)")
+            if tuple(param.shape) != shape:
+                raise self._error(name, f"has shape {tuple(param.shape)} in the optimizer but {shape} "
+                                        f"before (or in the loaded checkpoint)")
+        self.parameters.update(named)  # in place: a controller shares this dict
+
     def _error(self, name, message):
         where = f"parameter {name!r}: " if name is not None else ""
         return ValueError(f"{type(self).__name__}: {where}{message}")
@@ -220,7 +248,7 @@ class Compressor(GradientCompression):
         self._state_to_device(name, grad.device)
         self._remember_state(name)
         shape = tuple(grad.shape)
-        known = self._shapes.setdefault(name, shape)
+        known = self._shapes.setdefault(name, shape) if name is not None else shape  # None: no names
         if known != shape:
             raise self._error(name, f"gradient has shape {shape}, but {known} before (or in the "
                                     f"loaded checkpoint)")
@@ -230,6 +258,8 @@ class Compressor(GradientCompression):
         else:
             self._check_setting(name, setting, grad.numel())
             round_ = self._begin(name, grad)
+            if not self.payload_carries_input:
+                round_ = _marking_non_finite_input(round_, grad)
         return on_result(round_, self._watch_finite)
 
     def _begin(self, name, grad):
@@ -328,7 +358,7 @@ class Compressor(GradientCompression):
         ``setting``: what L-GreCo's size table counts (indices and norms included)."""
         if not self.compresses(shape, setting):
             return 4 * math.prod(shape)
-        return self._compressed_bytes(shape, setting)
+        return self._compressed_bytes(shape, setting) + (0 if self.payload_carries_input else MARKER_BYTES)
 
     def _compressed_bytes(self, shape, setting):
         raise NotImplementedError
@@ -417,6 +447,10 @@ class Compressor(GradientCompression):
             if param is not None and tuple(param.shape) != shape:
                 raise self._error(name, f"has shape {tuple(param.shape)} here but {shape} in the "
                                         f"checkpoint")
+            seen = self._shapes.get(name)
+            if param is None and seen is not None and seen != shape:
+                raise self._error(name, f"had gradients of shape {seen} here but {shape} in the "
+                                        f"checkpoint")
         for name, value in state_dict["settings"].items():
             shape = shapes.get(name) or (tuple(self.parameters[name].shape) if name in self.parameters else None)
             self._check_setting(name, value, None if shape is None else math.prod(shape))
@@ -476,6 +510,22 @@ def controllable_compressors() -> List[str]:
         if cls.controllable and all(getattr(cls, m) is not getattr(Compressor, m) for m in required):
             names.add(cls.__name__)
     return sorted(names)
+
+
+# The float32 marker of a compressed gradient's input (see the module docstring).
+MARKER_BYTES = 4
+
+
+def _marking_non_finite_input(round_, grad):
+    """``round_`` carrying whether ``grad`` had a non-finite entry; its final gradient gets NaN
+    added to its first entry where any rank's input had one (one element: no pass over it)."""
+    received = []
+    marked = carrying(round_, nonfinite_marker(grad).reshape(1), received.append)
+
+    def mark(gradient):
+        gradient[(0,) * gradient.dim()] += received[0][0].to(gradient.dtype)
+
+    return on_result(marked, mark)
 
 
 def dense_round(grad: torch.Tensor) -> Round:

@@ -13,6 +13,8 @@ from hvd_compress.compressors.config import CompressorConfig
 class _Settingless(Compressor):
     """No per-parameter setting and no state; applies to every gradient, whatever its shape."""
 
+    payload_carries_input = True  # a cast keeps infinities and NaN, and every entry travels
+
     def __init__(self, named_parameters: NamedParameters = None, *, min_numel: int = 0):
         super().__init__(named_parameters, CompressorConfig(min_numel=min_numel, owner=type(self).__name__))
 

@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 
 from hvd_compress import arguments
-from hvd_compress.comm.rounds import Collective, Round
+from hvd_compress.comm.rounds import Collective, carrying
 from hvd_compress.compressors.base import Compressor
 from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header
 from hvd_compress.control.wrapping import Controller
@@ -260,47 +260,20 @@ class GraVAC(Controller):
         return self._carrying(name, round_, stats)
 
     def _carrying(self, name, round_, stats):
-        """Appends ``stats`` (float32) to the first round's payload; the collective that
-        aggregates the gradient then averages them over ranks too, and ``round_``'s own
-        continuation gets its result exactly as without them.
-
-        * All-reduce of a float32 or float64 payload: the stats are appended in its dtype
-          (float64 holds float32 values exactly).
-        * All-reduce of another floating dtype (float16: a dense float16 gradient, sent by
-          ``scale_down_to="dense"`` or by a low-rank compressor's dense warm-up or dense layers;
-          bfloat16 already travels as float32): that round travels as float32, and its result is
-          cast back to the payload's dtype before the continuation sees it. Cost: the layer's
-          payload doubles, 2n -> 4n bytes for n entries, in those dense float16 rounds only.
-          Summed in float32 and then rounded, the result is identical on every rank (and at
-          least as accurate as a float16 sum).
-        * All-gather (Top-K, QSGD): the stats' bytes are appended to each rank's payload bytes,
-          and the rows' stats averaged on receipt.
-
-        Otherwise the stats cost their own 4 values per tunable layer and step (16 bytes; 32 in
-        a float64 payload). Other collectives are refused: no controllable compressor starts
-        with one, and a layer that carried nothing would starve the policy."""
-        payload, collective = round_.payload, round_.collective
-        count = stats.numel()
-        if collective is Collective.ALLREDUCE:
-            wire = payload.dtype if payload.dtype in (torch.float32, torch.float64) else torch.float32
-            carried = torch.cat([payload.reshape(-1).to(wire), stats.to(wire)])
-
-            def then(result):
-                self._step_stats[name] = result[-count:].float()
-                return round_.then(result[:-count].view(payload.shape).to(payload.dtype))
-        elif collective is Collective.ALLGATHER:
-            carried = torch.cat([payload.reshape(-1).view(torch.uint8), stats.view(torch.uint8)])
-            tail = 4 * count
-
-            def then(rows):
-                self._step_stats[name] = rows[:, -tail:].contiguous().view(torch.float32).mean(dim=0)
-                body = rows[:, :-tail].contiguous().view(payload.dtype)
-                return round_.then(body.view(rows.shape[0], *payload.shape))
-        else:
+        """Appends ``stats`` (float32) to the payload (``comm.rounds.carrying``): the collective
+        that aggregates the gradient averages them over ranks too, at no extra collective.
+        A float16 all-reduce (a dense float16 gradient, sent by ``scale_down_to="dense"`` or by a
+        low-rank compressor's dense warm-up or dense layers) then travels as float32: the
+        layer's payload doubles in those rounds only, and the result, summed in float32 and
+        rounded, is identical on every rank. Otherwise the stats cost their own 4 values per
+        tunable layer and step (16 bytes; 32 in a float64 payload). An all-to-all is refused:
+        no controllable compressor starts with one, and a layer that carried nothing would
+        starve the policy."""
+        if round_.collective is Collective.ALLTOALL:
             raise NotImplementedError(f"GraVAC: parameter {name!r}: {type(self.inner).__name__} "
-                                      f"starts with a {collective.value}, which cannot carry "
+                                      f"starts with an all-to-all, which cannot carry "
                                       f"GraVAC's statistics")
-        return Round(carried, collective, then, round_.last, round_.root)
+        return carrying(round_, stats, lambda mean: self._step_stats.__setitem__(name, mean))
 
     # ----- the step -------------------------------------------------------------------------
     def end_step(self, comm_seconds=None):

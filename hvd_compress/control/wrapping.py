@@ -38,6 +38,9 @@ class Controller(GradientCompression):
     def use_process_set(self, process_set: Any) -> None:
         self.inner.use_process_set(process_set)
 
+    def adopt_parameters(self, named: Dict[str, Any]) -> None:
+        self.inner.adopt_parameters(named)  # self.parameters is the same dict
+
     def next_payload_bytes(self, name: str, shape: Shape) -> int:
         return self.inner.next_payload_bytes(name, shape)
 

@@ -1,10 +1,12 @@
 """``hvd_compress.DistributedOptimizer``: Horovod's signature, our exchange machinery."""
 import time
+import warnings
 from contextlib import contextmanager
 from typing import Any, Iterable, Optional, Tuple
 
 import horovod.torch as hvd
 import torch
+from horovod.torch.mpi_ops import sparse_allreduce_async
 
 from hvd_compress import arguments
 from hvd_compress.comm.driver import RoundDriver
@@ -20,14 +22,16 @@ from hvd_compress.integration.stock import check_op, current_world
 
 class _CompressedDistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 process_set, fusion):
+                 sparse_as_dense, process_set, fusion):
         super(self.__class__, self).__init__(params)
         self._compression = compression
-        self._names = _parameter_names(self.param_groups, named_parameters)
+        self._parameter_names = _parameter_names(self.param_groups, named_parameters)
         self._op = op
+        self._sparse_as_dense = sparse_as_dense
+        self._sparse = {}  # parameter -> Horovod's handle of its sparse gradient's all-gather
         self._process_set = process_set
         self.backward_passes_per_step = backward_passes_per_step
-        self._requires_update = [p for p in self._names if p.requires_grad]
+        self._requires_update = [p for p in self._parameter_names if p.requires_grad]
         self._started = set()
         self._synchronized = False
         self._should_synchronize = True
@@ -46,13 +50,14 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         # As in Horovod: with one rank there is nothing to exchange, so nothing is compressed.
         self._active = process_set.included() and process_set.size() > 1
         self._started.clear()
-        self._delay = {p: self.backward_passes_per_step for p in self._names}
+        self._sparse.clear()
+        self._delay = {p: self.backward_passes_per_step for p in self._parameter_names}
         if self._active:
             compression.bind_world(process_set.rank(), process_set.size())
             compression.use_process_set(process_set)
             self._driver = RoundDriver(HorovodBackend(process_set), compression.traffic)
             # Backward order: gradients of the last-registered parameters are ready first.
-            shapes = {self._names[p]: tuple(p.shape) for p in reversed(self._requires_update)}
+            shapes = {self._parameter_names[p]: tuple(p.shape) for p in reversed(self._requires_update)}
             self._scheduler = (FusionScheduler(compression, shapes, self._fusion, process_set.rank())
                                if self._fusion is not None else None)
 
@@ -73,7 +78,7 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
                 return
             if self._delay[p] <= 0:
                 raise AssertionError(
-                    f"gradient of {self._names[p]!r} was computed more than "
+                    f"gradient of {self._parameter_names[p]!r} was computed more than "
                     f"backward_passes_per_step={self.backward_passes_per_step} times before "
                     f"step(); increase backward_passes_per_step to accumulate locally")
             self._delay[p] -= 1
@@ -85,10 +90,22 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
     def _start(self, p):
         if not self._started and self._scheduler is not None:
             self._driver.use_plan(self._scheduler.plan())  # settings may have changed last step
-        name = self._names[p]
-        grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
-        self._driver.start(name, grad, self._compression.begin(name, grad))
+        name = self._parameter_names[p]
+        if p.grad.is_sparse and not self._sparse_as_dense:
+            self._start_sparse(p, name)
+        else:
+            grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
+            self._driver.start(name, grad, self._compression.begin(name, grad))
         self._started.add(p)
+
+    def _start_sparse(self, p, name):
+        """As in Horovod: a sparse gradient is all-gathered whole (its indices and values) and
+        handed back sparse; the compressor never sees it, and it leaves the fusion plan."""
+        if self._scheduler is not None:
+            self._scheduler.shapes.pop(name, None)
+        self._driver.leave_out(name)
+        self._sparse[p] = sparse_allreduce_async(p.grad, name=f"hvd_compress.sparse.{name}",
+                                                 op=self._op, process_set=self._process_set)
 
     def synchronize(self):
         """Finishes every exchange and writes the aggregated gradients into ``p.grad``."""
@@ -111,8 +128,13 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         self._compression.end_step(comm_seconds=ended - waited)
         scale = self._process_set.size() if self._op == hvd.Sum else 1
         for p in self._started:
-            grad = results[self._names[p]]
-            p.grad = grad * scale if scale != 1 else grad
+            if p in self._sparse:  # averaged or summed by Horovod, as op says
+                p.grad = self._sparse.pop(p)()
+            else:
+                grad = results[self._parameter_names[p]]
+                grad = grad * scale if scale != 1 else grad
+                # sparse_as_dense: handed back sparse, as Horovod does (SparseAdam needs it)
+                p.grad = grad.to_sparse() if p.grad.is_sparse else grad
             self._delay[p] = self.backward_passes_per_step
         self._started.clear()
         self._synchronized = True
@@ -128,6 +150,11 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure=None):
         if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(): the gradients are "
+                              "exchanged again. Use `with optimizer.skip_synchronize(): "
+                              "optimizer.step()` after optimizer.synchronize().")
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)
@@ -140,7 +167,9 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, *args, **kwargs):
         self._started.clear()
-        self._delay = {p: self.backward_passes_per_step for p in self._names}
+        self._sparse.clear()
+        self._synchronized = False
+        self._delay = {p: self.backward_passes_per_step for p in self._parameter_names}
         return super(self.__class__, self).load_state_dict(*args, **kwargs)
 
 
@@ -188,7 +217,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
       * ``backward_passes_per_step``: gradients accumulate locally, as in Horovod.
       * ``process_set``: the exchange, the configuration check and L-GreCo's decisions run among
         its ranks only; other ranks are never waited on.
-      * ``sparse_as_dense``: sparse gradients are always densified.
+      * ``sparse_as_dense``: True densifies sparse gradients, which are then compressed; False
+        (the default) all-gathers them uncompressed and hands them back sparse, as Horovod does
+        (``torch.optim.SparseAdam`` needs them sparse).
       * ``num_groups``/``groups``: refused; ``fusion`` replaces them.
     """
     compression = NoCompression() if compression is None else compression
@@ -206,7 +237,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be a positive integer, "
                          f"got {backward_passes_per_step!r}")
-    del sparse_as_dense  # sparse gradients are always densified
     # Horovod's broadcast_optimizer_state (hence elastic TorchState.sync) initialises an empty
     # optimizer state with the wrapped optimizer's own step() when the optimizer's module is
     # that of hvd.DistributedOptimizer, else with step(): ours would exchange zeros on the
@@ -216,4 +246,4 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if fusion is not None and not isinstance(fusion, ScaledFusion):
         raise ValueError(f"fusion must be a ScaledFusion or None, got {type(fusion).__name__}")
     return cls(optimizer.param_groups, named_parameters, compression,
-               backward_passes_per_step, op, process_set, fusion)
+               backward_passes_per_step, op, bool(sparse_as_dense), process_set, fusion)

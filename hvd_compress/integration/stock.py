@@ -59,6 +59,9 @@ class StockBridge:
             op = hvd.Adasum
         check_op("hvd_compress compression", op)
         self.process_set = getattr(optimizer, "process_set", hvd.global_process_set)
+        names = getattr(optimizer, "_parameter_names", None)  # {parameter: name}, as Horovod names them
+        if not compressor.parameters and names:
+            compressor.adopt_parameters({name: param for param, name in names.items()})
         self.sum_scale = self.process_set.size() if op == hvd.Sum else 1
         self.world = current_world(self.process_set)
         compressor.bind_world(self.process_set.rank(), self.process_set.size())
@@ -69,6 +72,11 @@ class StockBridge:
         self._outstanding = 0
         self._first_decompress = None
         self._verified = False
+
+    def close(self):
+        """Removes this bridge's hooks from the parameters: a replacing bridge adds its own."""
+        if self.owners is not None:
+            self.owners.remove()
 
     def stale(self):
         """Whether the world was re-formed (elastic): checked in full as a step starts."""
@@ -119,8 +127,8 @@ class StockBridge:
             cls = type(self.compressor).__name__
             if self.owners is None:
                 raise ValueError(
-                    f"{cls}: stock hvd.DistributedOptimizer passes gradients without their "
-                    f"parameter names; construct it as {cls}(model.named_parameters(), ...)")
+                    f"{cls}: compress() was called without parameter names, outside "
+                    f"hvd.DistributedOptimizer; construct it as {cls}(model.named_parameters(), ...)")
             raise ValueError(f"{cls}: got a gradient of shape {tuple(tensor.shape)} that belongs "
                              f"to none of the named_parameters it was given")
         return name
@@ -137,6 +145,8 @@ class StockCompression(HorovodCompressor):
 
     def compress(self, tensor):
         if self._stock_bridge is None or self._stock_bridge.stale():
+            if self._stock_bridge is not None:
+                self._stock_bridge.close()
             self._stock_bridge = StockBridge(self, _calling_optimizer(self))
         return self._stock_bridge.compress(tensor)
 
@@ -163,7 +173,10 @@ def check_op(owner, op):
 
 
 def current_world(process_set):
-    """What an elastic reset changes: (reset count, rank, size)."""
+    """What an elastic reset changes: (reset count, rank, size); a process outside
+    ``process_set`` has no rank in it."""
+    if not process_set.included():
+        return world_generation(), None, None
     return world_generation(), process_set.rank(), process_set.size()
 
 

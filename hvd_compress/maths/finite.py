@@ -21,3 +21,10 @@ def all_finite(tensor: torch.Tensor) -> torch.Tensor:
         return torch.ones((), dtype=torch.bool, device=tensor.device)
     low, high = found
     return torch.isfinite(low) & torch.isfinite(high)
+
+
+def nonfinite_marker(tensor: torch.Tensor) -> torch.Tensor:
+    """A 0-dim float32 tensor on ``tensor``'s device: 0 if every entry of the (non-empty,
+    floating-point) ``tensor`` is finite, else NaN (what a sum or mean over ranks keeps)."""
+    low, high = extremes(tensor)
+    return low.float() * 0 + high.float() * 0

@@ -1,4 +1,6 @@
 """Horovod's options of DistributedOptimizer, on both paths: honoured, or refused at once."""
+import warnings
+
 import horovod.torch as hvd
 import pytest
 import torch
@@ -126,3 +128,126 @@ def test_sparse_as_dense_either_way_keeps_ranks_identical(path, sparse_as_dense)
         opt.step()
     rows = gathered(embedding.weight, f"sparse.{path}.{sparse_as_dense}")
     assert all(torch.equal(rows[0], row) for row in rows)
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_wrapper_hands_sparse_gradients_back_sparse_for_sparse_adam(sparse_as_dense):
+    """As in Horovod, sparse gradients come back sparse (torch.optim.SparseAdam refuses dense
+    ones): with sparse_as_dense=False all-gathered uncompressed and averaged, the compressor
+    never sees them; with True densified, compressed, and made sparse again."""
+    torch.manual_seed(0)
+    embedding = nn.Embedding(50, 8, sparse=True)
+    linear = nn.Linear(8, 1)
+    model = nn.ModuleDict({"embedding": embedding, "linear": linear})
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    compressor = hc.PowerSGD(rank=2, min_numel=0)
+    opts = [hc.DistributedOptimizer(torch.optim.SparseAdam(embedding.parameters(), lr=0.1),
+                                    embedding.named_parameters(prefix="embedding"), compressor,
+                                    sparse_as_dense=sparse_as_dense),
+            hc.DistributedOptimizer(torch.optim.SGD(linear.parameters(), lr=0.1),
+                                    linear.named_parameters(prefix="linear"), hc.PowerSGD(rank=2, min_numel=0))]
+    for step in range(3):
+        for opt in opts:
+            opt.zero_grad()
+        ids = torch.tensor([hvd.rank(), 10 + step])
+        linear(embedding(ids)).sum().backward()
+        for opt in opts:
+            opt.synchronize()
+        grad = embedding.weight.grad
+        assert grad.is_sparse
+        expected = torch.zeros(50, 8)
+        for r in range(hvd.size()):
+            expected[[r, 10 + step]] += linear.weight.detach()[0] / hvd.size()
+        if not sparse_as_dense:  # else compressed
+            assert torch.allclose(grad.to_dense(), expected, atol=1e-6)
+        for opt in opts:
+            with opt.skip_synchronize():
+                opt.step()
+    assert ("embedding.weight" in compressor.state) == sparse_as_dense
+    rows = gathered(embedding.weight, f"sparse.adam.{sparse_as_dense}")
+    assert all(torch.equal(rows[0], row) for row in rows)
+
+
+def test_a_sparse_gradient_leaves_its_fusion_bucket_to_the_others():
+    """One optimizer, a sparse embedding and a dense layer planned into one bucket: the bucket
+    goes without the sparse member, on every rank, from the first step on."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 8, sparse=True), nn.Linear(8, 16))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                  hc.TopK(density=0.5, min_numel=0))
+    for step in range(3):
+        opt.zero_grad()
+        model(torch.tensor([hvd.rank(), 10 + step])).sum().backward()
+        opt.step()
+        assert model[0].weight.grad.is_sparse and not model[1].weight.grad.is_sparse
+    for name, p in model.named_parameters():
+        rows = gathered(p, f"sparse.bucket.{name}")
+        assert all(torch.equal(rows[0], row) for row in rows), name
+
+
+def test_wrapper_warns_as_horovod_when_step_follows_synchronize():
+    model = nn.Linear(8, 4)
+    opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
+    for skip in (False, True):
+        model(torch.ones(2, 8)).sum().backward()
+        opt.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if skip:
+                with opt.skip_synchronize():
+                    opt.step()
+            else:
+                opt.step()
+        warned = any("optimizer.step() called without optimizer.skip_synchronize()" in str(w.message)
+                     for w in caught)
+        assert warned == (not skip), [str(w.message) for w in caught]
+
+
+def test_wrapper_names_parameters_as_horovod():
+    model = nn.Sequential(nn.Linear(10, 10), nn.Linear(10, 10))
+    groups = [{"params": model[0].parameters()}, {"params": model[1].parameters()}]
+    ours = hc.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1))
+    groups = [{"params": model[0].parameters()}, {"params": model[1].parameters()}]
+    theirs = hvd.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1))
+    assert ours._parameter_names == theirs._parameter_names
+    assert hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   model.named_parameters())._parameter_names == \
+        {p: name for name, p in model.named_parameters()}
+
+
+def stock_run(method, named_optimizer, named_compressor, steps=2):
+    """Parameters after ``steps`` steps of stock hvd.DistributedOptimizer, with or without
+    names given to the optimizer and to the compressor."""
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    compressor = hc.COMPRESSORS[method].build(model.named_parameters() if named_compressor else None,
+                                              small=True)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters() if named_optimizer else None,
+                                   compression=compressor)
+    for x, y in rank_batches(steps, seed=9):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return model, compressor, opt
+
+
+@pytest.mark.parametrize("method", CONFIGS)
+def test_stock_compressor_without_names_takes_the_optimizers(method):
+    """hc.PowerSGD(rank=4) with no named_parameters, as hvd.Compression.fp16: the names are
+    those of the calling hvd.DistributedOptimizer (its own "allreduce.noname.i.j" if it has
+    none), and with the model's names the run is the one with names given to both."""
+    named, _, _ = stock_run(method, True, True)
+    adopted, compressor, _ = stock_run(method, True, False)
+    for (name, p), q in zip(named.named_parameters(), adopted.parameters()):
+        assert torch.equal(p, q), name
+    if compressor.needs_parameter_names:
+        assert sorted(compressor.parameters) == sorted(n for n, _ in named.named_parameters())
+    nameless, compressor, opt = stock_run(method, False, False)
+    if compressor.needs_parameter_names:
+        assert compressor.parameters == {name: p for p, name in opt._parameter_names.items()}
+    for name, p in nameless.named_parameters():
+        rows = gathered(p, f"nameless.{method}.{name}")
+        assert all(torch.equal(rows[0], row) for row in rows), name

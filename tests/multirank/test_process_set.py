@@ -40,11 +40,9 @@ def methods(named):
             "lgreco": hc.LGreCo(hc.PowerSGD(named, rank=2), **lgreco)}
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("method", ["powersgd", "topk", "scalecom", "lgreco"])
-def test_training_within_a_set_of_two(pair, method, path):
-    if not pair.included():
-        return
+def trained_with_the_pair(method, path, steps):
+    """A model trained for ``steps`` steps by an optimizer restricted to the pair, and its
+    compression, on whichever rank calls it."""
     torch.manual_seed(0)  # identical weights: Horovod 0.28.1's broadcast_parameters has no process_set
     model = DigitsCNN()
     named = list(model.named_parameters()) if path == "stock" else None
@@ -52,13 +50,22 @@ def test_training_within_a_set_of_two(pair, method, path):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     if path == "stock":
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                       compression=compression, process_set=pair)
+                                       compression=compression, process_set=SETS["pair"])
     else:
-        opt = hc.DistributedOptimizer(opt, model.named_parameters(), compression, process_set=pair)
-    for x, y in rank_batches(8, seed=8):
+        opt = hc.DistributedOptimizer(opt, model.named_parameters(), compression, process_set=SETS["pair"])
+    for x, y in rank_batches(steps, seed=8):
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+    return model, compression
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("method", ["powersgd", "topk", "scalecom", "lgreco"])
+def test_training_within_a_set_of_two(pair, method, path):
+    if not pair.included():
+        return
+    model, compression = trained_with_the_pair(method, path, 8)
     for name, p in model.named_parameters():
         rows = hvd.allgather(p.detach().reshape(1, -1), name=f"pair.{method}.{path}.{name}",
                              process_set=pair)
@@ -66,3 +73,14 @@ def test_training_within_a_set_of_two(pair, method, path):
     if method == "lgreco":
         assert [d.version for d in compression.decisions] == [1, 2]
     assert compression.traffic.world_size == 2
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_rank_outside_the_optimizers_set_runs_alone(pair, path):
+    """As with Horovod's optimizer: rank 0, outside the set, builds the same optimizer and steps
+    on its own gradients, never waiting on the pair."""
+    torch.manual_seed(0)
+    before = list(DigitsCNN().parameters())
+    model, compression = trained_with_the_pair("powersgd", path, 3)
+    assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert (compression.traffic.steps == 0) == (not pair.included())

@@ -172,6 +172,58 @@ def test_ddp_quick_times_and_trains_every_method_under_torchrun(tmp_path, monkey
     assert "## PyTorch DDP" in text and "python -m benchmarks ddp --quick" in text and "Targets:" in text
 
 
+# A stand-in for Horovod's test/ folder: the harness's plumbing, without Horovod's file (which
+# the sdist lacks and which is fetched from GitHub). One test passes with any compressor, one
+# asserts an exact value that a lossy compressor changes.
+STAND_IN = '''
+import unittest
+import torch
+import horovod.torch as hvd
+
+
+class TorchTests(unittest.TestCase):
+    def test_optimizer_runs(self):
+        hvd.init()
+        model = torch.nn.Linear(64, 64)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+        model(torch.ones(2, 64)).sum().backward()
+        opt.step()
+
+    def test_optimizer_exact_gradient(self):
+        hvd.init()
+        model = torch.nn.Linear(64, 64, bias=False)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+        (model(torch.randn(2, 64, generator=torch.Generator().manual_seed(hvd.rank()))) ** 2).sum().backward()
+        raw = model.weight.grad.clone()
+        opt.synchronize()
+        assert torch.allclose(model.weight.grad, hvd.allreduce(raw, name="raw"), atol=1e-6)
+
+    def test_not_an_optimizer_test(self):
+        pass
+'''
+
+
+@pytest.mark.slow
+def test_horovod_suite_injects_each_compressor_on_both_paths_and_resumes(tmp_path):
+    tests = tmp_path / "test"
+    (tests / "parallel").mkdir(parents=True)
+    (tests / "parallel" / "test_torch.py").write_text(STAND_IN)
+    args = ["horovod_suite", "--tests", str(tests), "--methods", "horovod,powersgd", "--out", str(tmp_path),
+            "--timeout", "300"]
+    assert bench.main(args) == 0
+    results = json.loads((tmp_path / "benchmarks" / "horovod_suite.json").read_text())
+    assert sorted(results) == ["horovod", "powersgd stock", "powersgd wrapper"]
+    assert results["horovod"]["outcomes"] == {"test_optimizer_exact_gradient": "passed",
+                                              "test_optimizer_runs": "passed"}
+    for job in ("powersgd stock", "powersgd wrapper"):  # injected: rank 2 of 64 x 64 is not exact
+        assert results[job]["outcomes"] == {"test_optimizer_exact_gradient": "failed",
+                                            "test_optimizer_runs": "passed"}, results[job]
+    assert "| `test_optimizer_runs` | passed | passed | passed |" in (tmp_path / "benchmarks.md").read_text()
+    assert bench.main(args) == 0  # resumed: nothing to run again
+
+
 def test_claims_protocol_searches_anchors_then_plans_lgreco_and_resumes(tmp_path, monkeypatch):
     """The protocol's driver with jobs faked: the anchor search runs each setting at 3 seeds from
     the least aggressive and stops at the first over 1% above uncompressed; L-GreCo and its

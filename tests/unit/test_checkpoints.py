@@ -112,6 +112,25 @@ def test_without_parameter_names_the_shape_is_checked_at_the_first_gradient():
         compressor.begin("fc.weight", torch.zeros(128, 64))
 
 
+def test_without_parameter_names_a_shape_already_seen_is_checked_at_load():
+    checkpoint = trained(lambda named: hc.TopK(named, density=0.05, min_numel=0), named=False).state_dict()
+    compressor = hc.TopK(density=0.05, min_numel=0)
+    SimulatedWorld([compressor]).step([{"fc.weight": torch.zeros(128, 64)}])
+    refused(compressor, checkpoint,
+            r"'fc.weight': had gradients of shape \(128, 64\) here but \(64, 128\) in the checkpoint")
+
+
+def test_names_taken_from_the_optimizer_must_cover_what_the_compressor_saw():
+    compressor = hc.TopK(density=0.05, min_numel=0)
+    SimulatedWorld([compressor]).step([{"fc.weight": torch.zeros(64, 128)}])
+    with pytest.raises(ValueError, match=r"'fc.weight': has shape \(128, 64\) in the optimizer"):
+        compressor.adopt_parameters({"fc.weight": torch.nn.Parameter(torch.zeros(128, 64))})
+    with pytest.raises(ValueError, match=r"'fc.weight': is not among the optimizer's parameter names"):
+        compressor.adopt_parameters({"allreduce.noname.0.0": torch.nn.Parameter(torch.zeros(64, 128))})
+    compressor.adopt_parameters({"fc.weight": torch.nn.Parameter(torch.zeros(64, 128))})
+    assert list(compressor.parameters) == ["fc.weight"]
+
+
 @pytest.mark.parametrize("make_other, match", [
     (lambda: hc.ACPSGD(rank=2, min_numel=0), "PowerSGD checkpoint, not a ACPSGD one"),
     (lambda: hc.PowerSGD(rank=2, min_numel=0, seed=1), "seed is 0 in the checkpoint but 1 here"),

@@ -132,3 +132,24 @@ def test_only_a_rebinding_forms_a_new_transport():
     assert lgreco.service._transport is given
     lgreco.bind_world(0, 2)
     assert lgreco.service._transport is None
+
+
+def post_accumulate_hooks(param):
+    return len(param._post_accumulate_grad_hooks or {})
+
+
+@pytest.mark.parametrize("name", ["powersgd", "topk"])  # a lone all-reduce and the driver
+def test_a_replaced_stock_bridge_leaves_one_hook_per_parameter(name):
+    """Each elastic reset (``sync`` bumps the world's generation) makes the stock bridge stale,
+    and the next ``compress`` builds a new one: the old one's hooks go with it."""
+    model = torch.nn.Sequential(torch.nn.Linear(48, 32), torch.nn.Linear(32, 32))
+    compression = hc.COMPRESSORS[name].build(model.named_parameters(), small=True)
+    for reset in range(4):
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        sent = [compression.compress(p.grad) for p in model.parameters()]
+        for payload, ctx in sent:
+            compression.decompress(payload, ctx)
+        assert [post_accumulate_hooks(p) for p in model.parameters()] == [1] * 4, reset
+        CompressionStateHandler(compression).sync()
+        assert compression._stock_bridge.stale()

@@ -1,0 +1,50 @@
+"""A pytest plugin for ``benchmarks.horovod_suite``: loaded into each rank of Horovod's own
+test run (``pytest -p benchmarks.horovod_inject``), it makes every ``hvd.DistributedOptimizer``
+the tests build use one of our compressors, and writes each test's outcome on this rank to a
+JSON file.
+
+Environment: ``HVD_COMPRESS_SUITE_METHOD`` (a name in ``hvd_compress.COMPRESSORS``, or
+"horovod" for Horovod's own optimizer untouched), ``HVD_COMPRESS_SUITE_PATH`` ("stock": the
+compressor goes into ``hvd.DistributedOptimizer(compression=...)`` where the test leaves
+Horovod's default; "wrapper": ``hvd_compress.DistributedOptimizer`` replaces it),
+``HVD_COMPRESS_SUITE_OUT`` (a folder: ``outcomes.<rank>.json``)."""
+import json
+import os
+from pathlib import Path
+
+OUTCOMES = {}
+
+
+def pytest_configure(config):
+    method = os.environ["HVD_COMPRESS_SUITE_METHOD"]
+    if method == "horovod":
+        return
+    import horovod.torch as hvd
+
+    import hvd_compress as hc
+
+    stock = hvd.DistributedOptimizer
+    path = os.environ["HVD_COMPRESS_SUITE_PATH"]
+
+    def compressed(optimizer, named_parameters=None, compression=hvd.Compression.none, **options):
+        if compression is not hvd.Compression.none:  # the test chose a Horovod compressor
+            return stock(optimizer, named_parameters=named_parameters, compression=compression, **options)
+        ours = hc.COMPRESSORS[method].build(small=True)
+        if path == "stock":
+            return stock(optimizer, named_parameters=named_parameters, compression=ours, **options)
+        return hc.DistributedOptimizer(optimizer, named_parameters, ours, **options)
+
+    hvd.DistributedOptimizer = compressed
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call" or report.outcome != "passed":
+        previous = OUTCOMES.get(report.nodeid)
+        if previous in (None, "passed"):  # a failure in set-up or tear-down counts too
+            OUTCOMES[report.nodeid] = report.outcome
+
+
+def pytest_sessionfinish(session):
+    rank = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("HOROVOD_RANK", "0"))
+    out = Path(os.environ["HVD_COMPRESS_SUITE_OUT"])
+    (out / f"outcomes.{rank}.json").write_text(json.dumps(OUTCOMES, indent=1, sort_keys=True))
