@@ -15,6 +15,7 @@ BENCHMARKS = {
     "elastic": "a worker SIGKILLed and a new one joining under horovodrun elastic; error feedback kept or reset",
     "evidence": "the quality tables of docs/benchmarks.md as the data file hvd_compress.advise prints from",
     "endtoend": "step time of every method on an emulated cluster: compute, compression, exposed communication",
+    "fsdp": "FSDP2 / HSDP on an emulated cluster of 2 nodes x 2 ranks: plain HSDP against hvd_compress.fsdp",
     "fusion": "ACP-SGD step time against the fusion buffer size, on an emulated cluster",
     "metrics_overhead": "host CPU time per step that a metrics exporter adds (per layer, per write)",
     "projection": "alpha-beta projection of the end-to-end results to 8-64 workers and 1-100 Gbit/s",
