@@ -476,7 +476,7 @@ def markdown(results, figure):
              f"from step {schedule(WORD_STEPS)[2]}. Bytes per rank on the ring model.", ""]
     todo = missing(results, quick)
     if todo:
-        lines += [f"**Partial.** Not measured yet (all or some seeds): " + "; ".join(todo) + ". Further runs "
+        lines += ["**Partial.** Not measured yet (all or some seeds): " + "; ".join(todo) + ". Further runs "
                   f"follow from these (the anchor search goes on while settings stay within 1%, L-GreCo and "
                   f"its ablations run at the anchor found).", ""]
     lines += ["Claims:", "", "| claim | met | numbers |", "|---|---|---|"]

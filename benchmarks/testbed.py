@@ -1,6 +1,6 @@
-"""An emulated cluster on one machine: one network namespace per rank, joined by a bridge,
-with every rank's link rate-limited by ``tc tbf``, and the ``mpirun`` command that starts rank
-r inside namespace r.
+"""An emulated cluster on one machine: one network namespace per rank (or per node of several
+ranks), joined by a bridge, with every namespace's link rate-limited by ``tc tbf``, and the
+``mpirun`` command that starts rank r inside namespace r (or its node's).
 
 Why: fusion and overlap only matter when bytes cost time, and ranks on one host otherwise talk
 through shared memory or loopback at memory speed. In the testbed each rank has one veth link
@@ -10,8 +10,13 @@ what it receives), like a host on a full-duplex Ethernet switch port.
     with emulated_cluster(ranks=4, rate_gbit=1.0) as cluster:
         returncode, stdout, stderr = cluster.run(["python", "train.py"], timeout=120)
 
+Nodes: ``ranks_per_node`` ranks (default 1) share one namespace, its link and its address, as
+the ranks of one host do: rank r runs in namespace r // ranks_per_node, and ranks of one node
+talk over its loopback, unshaped. ``namespace(node)`` and ``address(node)`` take a node, which
+is the rank where ``ranks_per_node`` is 1.
+
 Addresses: a private /24 (default 10.77.0.0/24), the bridge .1 (where mpirun's PMIx server
-listens), rank r .(r + 2). The namespaces have no default route, so ranks can reach only each
+listens), node n .(n + 2). The namespaces have no default route, so ranks can reach only each
 other and the bridge, never any other address.
 
 Shaping (``tbf``): ``burst`` is one millisecond of traffic at the rate (125 kB at 1 Gbit/s),
@@ -62,6 +67,16 @@ class EmulatedCluster:
     prefix: str = "hvdc"
     subnet: str = "10.77.0"  # first three octets of a private /24
     pin_ranks: bool = True
+    ranks_per_node: int = 1
+
+    def __post_init__(self):
+        if self.ranks_per_node < 1 or self.ranks % self.ranks_per_node:
+            raise ValueError(f"emulated cluster: ranks_per_node ({self.ranks_per_node}) must be a "
+                             f"positive divisor of ranks ({self.ranks})")
+
+    @property
+    def nodes(self):
+        return self.ranks // self.ranks_per_node
 
     @property
     def bridge(self):
@@ -71,11 +86,11 @@ class EmulatedCluster:
     def bridge_address(self):
         return f"{self.subnet}.1"
 
-    def namespace(self, rank):
-        return f"{self.prefix}{rank}"
+    def namespace(self, node):
+        return f"{self.prefix}{node}"
 
-    def address(self, rank):
-        return f"{self.subnet}.{rank + 2}"
+    def address(self, node):
+        return f"{self.subnet}.{node + 2}"
 
     def tbf_parameters(self):
         rate_bytes = self.rate_gbit * 1e9 / 8
@@ -83,11 +98,13 @@ class EmulatedCluster:
         return ["rate", f"{self.rate_gbit}gbit", "burst", str(burst), "latency", "50ms"]
 
     def mpirun_command(self, argv, env=None):
-        """``mpirun`` starting ``argv`` as rank r inside namespace r, exporting the variables
+        """``mpirun`` starting ``argv`` as rank r inside its node's namespace, exporting the variables
         named in ``env`` to every rank; run it with :meth:`mpirun_environment`."""
         exports = [item for name in sorted(env or {}) for item in ("-x", name)]
         # $OMPI_COMM_WORLD_RANK is expanded by each rank's own shell, after mpirun set it.
-        enter = f'exec ip netns exec "{self.prefix}$OMPI_COMM_WORLD_RANK" "$@"'
+        node = ("$OMPI_COMM_WORLD_RANK" if self.ranks_per_node == 1
+                else f"$((OMPI_COMM_WORLD_RANK / {self.ranks_per_node}))")
+        enter = f'exec ip netns exec "{self.prefix}{node}" "$@"'
         # Rank r bound to core r mod cores: unbound, the scheduler moves oversubscribed ranks
         # around and step times of two identical jobs differ several times more.
         placement = (["--map-by", "core:OVERSUBSCRIBE", "--bind-to", "core:overload-allowed"]
@@ -113,7 +130,9 @@ class EmulatedCluster:
         return run_bounded(self.mpirun_command(argv, env), timeout, self.mpirun_environment(env))
 
     def describe(self):
-        return (f"{self.ranks} network namespaces {self.namespace(0)}..{self.namespace(self.ranks - 1)} "
+        per_node = (f", {self.ranks_per_node} ranks in each (unshaped loopback between them)"
+                    if self.ranks_per_node > 1 else "")
+        return (f"{self.nodes} network namespaces {self.namespace(0)}..{self.namespace(self.nodes - 1)}{per_node} "
                 f"on bridge {self.bridge} ({self.subnet}.0/24), each link shaped both ways by "
                 f"tc tbf {' '.join(self.tbf_parameters())}; ranks "
                 f"{'bound to core r mod cores' if self.pin_ranks else 'not bound to cores'}")
@@ -169,15 +188,15 @@ def _build_links(cluster):
     _run("ip", "link", "set", cluster.bridge, "up")
     if shutil.which("iptables"):  # Docker's FORWARD policy would drop what crosses the bridge
         _run("iptables", "-I", *_forward_rule(cluster.bridge))
-    for rank in range(cluster.ranks):
-        namespace = cluster.namespace(rank)
+    for node in range(cluster.nodes):
+        namespace = cluster.namespace(node)
         host_end, rank_end = f"{namespace}b", f"{namespace}e"
         _run("ip", "netns", "add", namespace)
         _run("ip", "link", "add", host_end, "type", "veth", "peer", "name", rank_end, "netns", namespace)
         _run("ip", "link", "set", host_end, "master", cluster.bridge, "up")
         _run("tc", "qdisc", "add", "dev", host_end, "root", "tbf", *tbf)  # what the rank receives
         _run("ip", "link", "set", "lo", "up", namespace=namespace)
-        _run("ip", "addr", "add", f"{cluster.address(rank)}/24", "dev", rank_end, namespace=namespace)
+        _run("ip", "addr", "add", f"{cluster.address(node)}/24", "dev", rank_end, namespace=namespace)
         _run("ip", "link", "set", rank_end, "up", namespace=namespace)
         _run("tc", "qdisc", "add", "dev", rank_end, "root", "tbf", *tbf, namespace=namespace)  # sends
 
@@ -187,9 +206,9 @@ def _raise_on_sigterm(signum, frame):
 
 
 @contextlib.contextmanager
-def emulated_cluster(ranks, rate_gbit=1.0, prefix="hvdc", subnet="10.77.0", pin_ranks=True):
+def emulated_cluster(ranks, rate_gbit=1.0, prefix="hvdc", subnet="10.77.0", pin_ranks=True, ranks_per_node=1):
     """Sets up an :class:`EmulatedCluster`, yields it, and always removes it again."""
-    cluster = EmulatedCluster(ranks, rate_gbit, prefix, subnet, pin_ranks)
+    cluster = EmulatedCluster(ranks, rate_gbit, prefix, subnet, pin_ranks, ranks_per_node)
     lock_path = Path(tempfile.gettempdir()) / f"hvd_compress-testbed-{prefix}.lock"
     with open(lock_path, "w") as lock:
         try:

@@ -224,6 +224,24 @@ def test_horovod_suite_injects_each_compressor_on_both_paths_and_resumes(tmp_pat
     assert bench.main(args) == 0  # resumed: nothing to run again
 
 
+@pytest.mark.slow
+def test_fsdp_quick_times_and_trains_hsdp_with_and_without_a_controller_and_resumes(tmp_path, monkeypatch):
+    # Two of the four methods: plain HSDP and L-GreCo (a controller over ACP-SGD through
+    # hvd_compress.fsdp); each job is a 4-rank torchrun launch, and CI time matters.
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    argv = ["fsdp", "--quick", "--methods", "HSDP,L-GreCo", "--job-timeout", "120", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    path = tmp_path / "benchmarks" / "fsdp.json"
+    results = json.loads(path.read_text())
+    assert list(results["timing"]["cnn"]) == ["HSDP", "L-GreCo"] == list(results["quality"])
+    assert all(entry["step_ms"]["median"] > 0 for entry in results["timing"]["cnn"].values())
+    assert all(perplexity["0"] > 1 for perplexity in results["quality"].values())
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## FSDP2 / HSDP on the emulated cluster" in text and "python -m benchmarks fsdp --quick" in text
+    before = path.read_text()
+    assert bench.main(argv) == 0  # resumes: nothing left to run
+    assert json.loads(path.read_text())["timing"] == json.loads(before)["timing"]
+
 def test_claims_protocol_searches_anchors_then_plans_lgreco_and_resumes(tmp_path, monkeypatch):
     """The protocol's driver with jobs faked: the anchor search runs each setting at 3 seeds from
     the least aggressive and stops at the first over 1% above uncompressed; L-GreCo and its

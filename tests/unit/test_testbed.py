@@ -43,6 +43,15 @@ def test_mpirun_command_starts_rank_r_in_namespace_r_over_tcp_on_the_bridge():
     assert [cluster.address(r) for r in range(2)] == [f"{SUBNET}.2", f"{SUBNET}.3"]
 
 
+def test_ranks_of_one_node_share_its_namespace_and_address():
+    cluster = EmulatedCluster(ranks=4, rate_gbit=1.0, prefix=PREFIX, subnet=SUBNET, ranks_per_node=2)
+    assert cluster.nodes == 2 and [cluster.address(n) for n in range(2)] == [f"{SUBNET}.2", f"{SUBNET}.3"]
+    assert f'ip netns exec "{PREFIX}$((OMPI_COMM_WORLD_RANK / 2))"' in " ".join(cluster.mpirun_command(["x"]))
+    assert "2 network namespaces" in cluster.describe() and "2 ranks in each" in cluster.describe()
+    with pytest.raises(ValueError, match="ranks_per_node"):
+        EmulatedCluster(ranks=3, rate_gbit=1.0, ranks_per_node=2)
+
+
 def _namespaces():
     return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                           timeout=10).stdout.split()
@@ -67,13 +76,17 @@ def forward_policy(request):
         subprocess.run(["iptables", "-P", "FORWARD", policy], check=True, timeout=10)
 
 
-@pytest.mark.slow
-def test_two_namespace_testbed_runs_mpi_between_ranks_and_is_removed(forward_policy):
+def _skip_without_testbed():
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
     if shutil.which("ip") is None or shutil.which("mpirun") is None:
         pytest.skip("needs ip (iproute2) and mpirun")
     pytest.importorskip("mpi4py")
+
+
+@pytest.mark.slow
+def test_two_namespace_testbed_runs_mpi_between_ranks_and_is_removed(forward_policy):
+    _skip_without_testbed()
     try:
         with emulated_cluster(2, rate_gbit=1.0, prefix=PREFIX, subnet=SUBNET) as cluster:
             shaping = subprocess.run(["ip", "netns", "exec", cluster.namespace(1), "tc", "qdisc",
@@ -89,3 +102,18 @@ def test_two_namespace_testbed_runs_mpi_between_ranks_and_is_removed(forward_pol
     if shutil.which("iptables"):  # the testbed's ACCEPT rule went with its bridge
         rules = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True, timeout=10)
         assert f"{PREFIX}br" not in rules.stdout
+
+
+@pytest.mark.slow
+def test_two_nodes_of_two_ranks_each_run_mpi_across_the_bridge():
+    _skip_without_testbed()
+    try:
+        with emulated_cluster(4, rate_gbit=1.0, prefix=PREFIX, subnet=SUBNET, ranks_per_node=2) as cluster:
+            returncode, stdout, stderr = cluster.run([sys.executable, "-c", HELLO], timeout=60)
+    except NetworkNamespacesUnavailable as error:
+        pytest.skip(f"network namespaces not permitted here: {error}")
+    assert returncode == 0, stderr
+    # Ranks 0 and 1 on node 0, 2 and 3 on node 1; the all-reduce: 1 + 2 + 3 + 4.
+    assert sorted(line for line in stdout.splitlines() if line) == [
+        f"0 {PREFIX}0 10", f"1 {PREFIX}0 10", f"2 {PREFIX}1 10", f"3 {PREFIX}1 10"]
+    assert not [name for name in _namespaces() if name.startswith(PREFIX)]

@@ -1,0 +1,356 @@
+"""FSDP2 / HSDP on an emulated cluster: step time and final quality of plain HSDP against HSDP
+whose replicate all-reduce goes through ``hvd_compress.fsdp.register`` (PowerSGD, ACP-SGD,
+L-GreCo over ACP-SGD).
+
+    python -m benchmarks fsdp [--models charlm,cnn] [--rate 1] [--rank 4] [--warmup 4]
+        [--steps 8] [--quality-steps 200] [--methods HSDP,PowerSGD,ACP-SGD,L-GreCo] [--seeds 0,1] [--out docs/] [--quick]
+
+The cluster: two "nodes" of two ranks each (:mod:`benchmarks.testbed` with ``ranks_per_node=2``:
+one network namespace per node, its link to the bridge shaped by ``tc tbf`` to ``--rate``
+Gbit/s both ways; the two ranks of a node talk over its loopback, unshaped). mpirun starts the
+4 ranks; each joins a Gloo process group over its node's link (``GLOO_SOCKET_IFNAME``) and
+builds the 2 x 2 ``("replicate", "shard")`` device mesh, so each shard group is one node (its
+reduce-scatter and all-gathers stay inside) and each replicate group spans both nodes (its
+all-reduce crosses the shaped links: the one that is compressed).
+
+Timing: the ``endtoend`` benchmark's models (character transformer, 19.1 M parameters, one
+64-token sequence per rank and step; SmallVGG, 16 images), ``fully_shard`` on every block (or
+layer) and the root, one torch thread per rank, SGD with momentum. Each job trains
+``--warmup`` steps, then times ``--steps`` on rank 0 from ``zero_grad`` to the end of
+``optimizer.step()``; the table gives the median. The load average of the machine when each
+job started and the share of the CPU that went to other processes during it are recorded with
+it. Methods: plain HSDP (FSDP's own float32 all-reduce over the replicate group); PowerSGD and
+ACP-SGD at rank ``--rank``; L-GreCo over ACP-SGD at that rank (first decision at step 3, then
+every 1000 steps, ``apply_delay="auto"``: its decision runs during the timed steps).
+
+Quality: the character LM of the quality benchmark (``benchmarks.workloads.charlm.fit``: d_model
+128, 2 layers, AdamW, warm-up and cosine decay, batch 32 per rank) under HSDP on a 2 x 2 mesh,
+4 ranks under ``torchrun --standalone`` (no shaping: it does not change the arithmetic),
+``--quality-steps`` steps per seed; the final validation perplexity of each method and seed.
+L-GreCo decides first after a tenth of the steps, then every half of them.
+
+Target (issue 25): ACP-SGD at least 1.5x plain HSDP's step rate on the LM at 1 Gbit/s between
+nodes, its mean final perplexity within the seeds' spread of plain HSDP's (the larger of the
+two methods' max - min over seeds).
+
+Results resume job by job from ``<out>/benchmarks/fsdp.json``; the "FSDP2 / HSDP on the emulated
+cluster" section of ``<out>/benchmarks.md`` is rewritten after each. ``--quick``: the CNN, 2 + 2
+steps, 10 quality steps with one seed, no network shaping (plain ``torchrun``): a smoke test.
+"""
+import argparse
+import contextlib
+import functools
+import json
+import os
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine,
+                               printed_results, summarise, write_section)
+from benchmarks.testbed import run_bounded
+
+RESULT_PREFIX = "FSDP_RESULT "
+SECTION = "FSDP2 / HSDP on the emulated cluster"
+PLAIN = "HSDP"
+METHODS = [PLAIN, "PowerSGD", "ACP-SGD", "L-GreCo"]
+NODES, RANKS_PER_NODE = 2, 2
+PORT = 29541
+TARGET = ("charlm", "ACP-SGD", 1.5)  # (model, method, least step-rate ratio to plain HSDP)
+QUALITY_MODEL = {"d_model": 128, "layers": 2}
+
+
+def make_compressor(method, rank, first_decision, decide_every):
+    """The compressor or controller of ``method`` (None for plain HSDP)."""
+    import hvd_compress as hc
+
+    if method == PLAIN:
+        return None
+    compressors = {"PowerSGD": lambda: hc.PowerSGD(rank=rank), "ACP-SGD": lambda: hc.ACPSGD(rank=rank),
+                   "L-GreCo": lambda: hc.LGreCo(hc.ACPSGD(rank=rank), warmup_steps=first_decision,
+                                               decide_every=decide_every)}
+    if method not in compressors:
+        raise ValueError(f"fsdp: unknown method {method!r}; known: {', '.join(METHODS)}")
+    return compressors[method]()
+
+
+def hsdp(model, method, rank, first_decision=3, decide_every=1000):
+    """``model`` sharded in place over the 2 x 2 ("replicate", "shard") mesh, one ``fully_shard``
+    per block (transformer) or layer (CNN) and the root, ``method`` registered on it."""
+    import hvd_compress.fsdp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (NODES, RANKS_PER_NODE), mesh_dim_names=("replicate", "shard"))
+    layers = list(model.blocks) if hasattr(model, "blocks") else [*model.convs, model.fc1, model.fc2, model.head]
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    compressor = make_compressor(method, rank, first_decision, decide_every)
+    if compressor is not None:
+        hvd_compress.fsdp.register(model, compressor)
+    return model
+
+
+# ----- one rank ---------------------------------------------------------------------------------
+def init_process_group(args):
+    """Gloo over the node's shaped link (mpirun in a namespace: ``--master``), or torchrun's."""
+    if args.master:
+        rank, size = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
+        os.environ["GLOO_SOCKET_IFNAME"] = f"{args.interface_prefix}{rank // RANKS_PER_NODE}e"
+        dist.init_process_group("gloo", init_method=f"tcp://{args.master}:{PORT}", rank=rank, world_size=size)
+    else:
+        dist.init_process_group("gloo")
+
+
+def timing_worker(args):
+    from benchmarks.endtoend import WORKLOADS
+
+    torch.set_num_threads(1)
+    init_process_group(args)
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model, data, loss_of = WORKLOADS[args.model](torch.Generator().manual_seed(rank))
+    model = hsdp(model, args.method, args.rank)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    seconds = []
+    for _ in range(args.warmup + args.steps):
+        x, y = next(data)
+        started = time.perf_counter()
+        optimizer.zero_grad()
+        loss_of(model, x, y).backward()
+        optimizer.step()
+        seconds.append(time.perf_counter() - started)
+    if rank == 0:
+        print(RESULT_PREFIX + json.dumps({"seconds": seconds[args.warmup:]}), flush=True)
+    dist.destroy_process_group()
+
+
+def quality_worker(args):
+    from benchmarks.workloads.charlm import CharTransformer, fit, load_corpus, warmup_steps
+
+    torch.set_num_threads(1)
+    init_process_group(args)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(args.seed)
+    train_ids, val_ids = load_corpus()
+    model = hsdp(CharTransformer(**QUALITY_MODEL), args.method, args.rank,
+                 first_decision=warmup_steps(args.steps), decide_every=max(1, args.steps // 2))
+    _, perplexity = fit(lambda _model, optimizer: optimizer, model, train_ids, val_ids, rank, size,
+                        steps=args.steps, seed=args.seed)
+    if rank == 0:
+        print(RESULT_PREFIX + json.dumps({"perplexity": perplexity}), flush=True)
+    dist.destroy_process_group()
+
+
+# ----- the driver -------------------------------------------------------------------------------
+def worker_argv(args, kind, **flags):
+    argv = [sys.executable, "-m", "benchmarks.fsdp", "--worker", kind, "--rank", str(args.rank)]
+    return argv + [item for key, value in flags.items() for item in (f"--{key.replace('_', '-')}", str(value))]
+
+
+def torchrun_job(args, argv):
+    """``argv`` under ``torchrun --standalone`` with 4 ranks; rank 0's record."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+               str(NODES * RANKS_PER_NODE), *argv[1:]]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath())
+    started = time.perf_counter()
+    returncode, stdout, stderr = run_bounded(command, args.job_timeout, env)
+    [record] = printed_results(returncode, stdout, stderr, RESULT_PREFIX, time.perf_counter() - started,
+                               shlex.join(command), expected=1)
+    record["wall_seconds"] = time.perf_counter() - started
+    return record
+
+
+def timing_job(args, cluster, model, method):
+    flags = dict(model=model, method=method, warmup=args.warmup, steps=args.steps)
+    load = os.getloadavg()[0]
+    try:
+        if cluster is None:  # --quick
+            job = torchrun_job(args, worker_argv(args, "timing", **flags))
+        else:
+            argv = worker_argv(args, "timing", master=cluster.address(0), interface_prefix=cluster.prefix, **flags)
+            env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
+            job = cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX)
+    except RuntimeError as error:
+        lines = str(error).splitlines()
+        failure = next((line.strip() for line in lines if "Error" in line), lines[0])
+        print(f"{model} {method}: FAILED: {failure}", flush=True)
+        return {"failed": failure[:240], "load_average": round(load, 1)}
+    entry = {"step_ms": summarise(job["seconds"]), "step_ms_each": [round(1e3 * s, 1) for s in job["seconds"]],
+             "wall_seconds": round(job["wall_seconds"], 1), "load_average": round(load, 1),
+             "other_cpu_share": (round(job["other_cpu_seconds"] / (job["wall_seconds"] * os.cpu_count()), 2)
+                                 if "other_cpu_seconds" in job else None)}
+    print(f"{model} {method}: median step {entry['step_ms']['median']:.0f} ms, load {load:.1f}, "
+          f"other CPU share {entry['other_cpu_share']}, job {entry['wall_seconds']:.0f} s", flush=True)
+    return entry
+
+
+def run(args):
+    from benchmarks.testbed import emulated_cluster
+
+    path = args.out / "benchmarks" / "fsdp.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.setdefault("timing", {})
+    results.setdefault("quality", {})
+    results.update(command=command_line(), machine=machine(), rank=args.rank, rate_gbit=args.rate,
+                   warmup=args.warmup, steps=args.steps, quality_steps=args.quality_steps)
+
+    def save():
+        path.write_text(json.dumps(results, indent=1) + "\n")
+        write_section(args.out / "benchmarks.md", SECTION, markdown(results))
+
+    wanted = [(model, method) for model in args.models for method in args.methods
+              if method not in results["timing"].get(model, {})]
+    if wanted:
+        shaped = contextlib.nullcontext() if args.quick else emulated_cluster(
+            NODES * RANKS_PER_NODE, args.rate, ranks_per_node=RANKS_PER_NODE)
+        with shaped as cluster:
+            if cluster is not None:
+                results["testbed"] = cluster.describe()
+            for model, method in wanted:
+                results["timing"].setdefault(model, {})[method] = timing_job(args, cluster, model, method)
+                save()
+    for seed in args.seeds:
+        for method in args.methods:
+            runs = results["quality"].setdefault(method, {})
+            if str(seed) not in runs:
+                argv = worker_argv(args, "quality", method=method, steps=args.quality_steps, seed=seed)
+                runs[str(seed)] = round(torchrun_job(args, argv)["perplexity"], 3)
+                print(f"charlm {method} seed {seed}: perplexity {runs[str(seed)]:.3f}", flush=True)
+                save()
+    save()
+    return results
+
+
+# ----- the section ------------------------------------------------------------------------------
+def markdown(results):
+    shaped = "testbed" in results
+    lines = [f"`{results['command']}`", "", describe_machine(results["machine"]) +
+             " 4 ranks (2 nodes x 2), one torch thread each, Gloo; "
+             + (f"{results['testbed']}." if shaped else "no network shaping (--quick).")
+             + f" HSDP over a 2 x 2 (\"replicate\", \"shard\") mesh: each shard group one node, each "
+             f"replicate group across both. Low-rank methods at rank {results['rank']}; "
+             f"{results['warmup']} warm-up and {results['steps']} timed steps per job; how each "
+             "method runs: `benchmarks/fsdp.py`.", ""]
+    where = f"{results['rate_gbit']:g} Gbit/s between nodes" if shaped else "no network shaping"
+    for model, methods in results["timing"].items():
+        base = methods.get(PLAIN, {}).get("step_ms", {}).get("median")
+        floor = (f" Plain HSDP's replicate all-reduce alone needs {wire_ms(model, results['rate_gbit']):.0f} ms "
+                 "a step on the wire (both ranks of a node send their float32 shard, half the model each, "
+                 "through the node's link)." if shaped else "")
+        lines += [f"**{model}, {where}** ({parameter_count(model) / 1e6:.1f} M parameters).{floor}", "",
+                  "| method | median step ms (p25-p75) | step rate vs plain HSDP | load average at start | "
+                  "CPU to other processes |", "|---|---|---|---|---|"]
+        for method, entry in ((m, methods[m]) for m in METHODS if m in methods):
+            if "failed" in entry:
+                lines.append(f"| {method} | failed: `{entry['failed']}` | - | {entry['load_average']} | - |")
+                continue
+            step = entry["step_ms"]
+            lines.append(f"| {method} | **{step['median']:.0f}** ({step['p25']:.0f}-{step['p75']:.0f}) | "
+                         + (f"{base / step['median']:.2f}x" if base else "-")
+                         + f" | {entry['load_average']} | "
+                         + ("-" if entry["other_cpu_share"] is None else f"{100 * entry['other_cpu_share']:.0f}%")
+                         + " |")
+        lines.append("")
+    if results["quality"]:
+        seeds = sorted({seed for runs in results["quality"].values() for seed in runs}, key=int)
+        lines += [f"Character LM (d_model {QUALITY_MODEL['d_model']}, {QUALITY_MODEL['layers']} layers), "
+                  f"{results['quality_steps']} steps under HSDP, 4 ranks under torchrun: final validation "
+                  "perplexity.", "",
+                  "| method | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | max - min |",
+                  "|---|" + "---|" * (len(seeds) + 2)]
+        for method, runs in results["quality"].items():
+            values = list(runs.values())
+            lines.append(f"| {method} | " + " | ".join(f"{runs[s]:.3f}" if s in runs else "-" for s in seeds)
+                         + f" | {statistics.mean(values):.3f} | {max(values) - min(values):.3f} |")
+        lines.append("")
+    lines += ["Target: " + "; ".join(target_lines(results)) + "."]
+    # What the numbers mean, written after a run into the JSON record (kept when it resumes).
+    lines += [line for note in results.get("notes", []) for line in ("", note)]
+    return "\n".join(lines) + "\n"
+
+
+@functools.lru_cache(maxsize=None)
+def parameter_count(model):
+    from benchmarks.endtoend import WORKLOADS
+    return sum(p.numel() for p in WORKLOADS[model](torch.Generator())[0].parameters())
+
+
+def wire_ms(model, rate_gbit):
+    """Milliseconds that plain HSDP's replicate all-reduce takes on a node's link at ``rate_gbit``:
+    with 2 replicas each rank sends its whole float32 shard once (half of it in each of the
+    reduce-scatter and all-gather halves of the ring), and a node's 2 ranks hold the whole model."""
+    return 1e3 * parameter_count(model) * 4 * 8 / (rate_gbit * 1e9)
+
+
+def target_lines(results):
+    model, method, least = TARGET
+    rows = []
+    timing = results["timing"].get(model, {})
+    if "step_ms" in timing.get(method, {}) and "step_ms" in timing.get(PLAIN, {}):
+        ratio = timing[PLAIN]["step_ms"]["median"] / timing[method]["step_ms"]["median"]
+        rows.append(f"{method} {ratio:.2f}x plain HSDP's step rate on {model} "
+                    f"(>= {least}: {'met' if ratio >= least else 'NOT met'})")
+    quality = results["quality"]
+    if quality.get(method) and quality.get(PLAIN):
+        ours, plain = list(quality[method].values()), list(quality[PLAIN].values())
+        spread = max(max(ours) - min(ours), max(plain) - min(plain))
+        gap = statistics.mean(ours) - statistics.mean(plain)
+        rows.append(f"{method}'s mean perplexity {gap:+.3f} from plain HSDP's, seeds' spread {spread:.3f} "
+                    f"({len(plain)} seeds; {'met' if abs(gap) <= spread else 'NOT met'})")
+    return rows or ["not measured yet"]
+
+
+def command_line():
+    """The command, less where it wrote (``--out``), which does not change results."""
+    kept = [a for i, a in enumerate(sys.argv[1:]) if a != "--out" and (i == 0 or sys.argv[i] != "--out")]
+    return " ".join(["python -m benchmarks fsdp"] + [shlex.quote(a) for a in kept])
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks fsdp", description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=lambda text: text.split(","), default=["charlm", "cnn"])
+    parser.add_argument("--methods", type=lambda text: text.split(","), default=METHODS)
+    parser.add_argument("--rate", type=float, default=1.0, help="link rate between nodes, Gbit/s")
+    parser.add_argument("--rank", type=int, default=4, help="rank of the low-rank methods")
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--quality-steps", type=int, default=200)
+    parser.add_argument("--seeds", type=lambda text: [int(s) for s in text.split(",") if s], default=[0, 1],
+                        help="seeds of the quality runs; empty: none")
+    parser.add_argument("--job-timeout", type=int, default=400)
+    parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--quick", action="store_true", help="the CNN, few steps, one seed, no shaping")
+    parser.add_argument("--worker", choices=["timing", "quality"], help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--method", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--master", help=argparse.SUPPRESS)
+    parser.add_argument("--interface-prefix", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown:
+        parser.error(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(METHODS)}")
+    if args.quick:
+        args.models, args.warmup, args.steps, args.quality_steps, args.seeds = ["cnn"], 2, 2, 10, [0]
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.worker == "timing":
+        return timing_worker(args)
+    if args.worker == "quality":
+        return quality_worker(args)
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
