@@ -477,8 +477,8 @@ def markdown(results, figure):
     todo = missing(results, quick)
     if todo:
         lines += ["**Partial.** Not measured yet (all or some seeds): " + "; ".join(todo) + ". Further runs "
-                  f"follow from these (the anchor search goes on while settings stay within 1%, L-GreCo and "
-                  f"its ablations run at the anchor found).", ""]
+                  "follow from these (the anchor search goes on while settings stay within 1%, L-GreCo and "
+                  "its ablations run at the anchor found).", ""]
     lines += ["Claims:", "", "| claim | met | numbers |", "|---|---|---|"]
     for text, met, numbers in claims(results, quick):
         lines.append(f"| {text} | {'-' if met is None else 'yes' if met else 'NO'} | {numbers} |")
