@@ -29,7 +29,7 @@ import torch
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM
 from benchmarks.quality import LM, LM_STEPS
-from benchmarks.report import DOCS, describe_machine, machine, mpirun_job, write_section
+from benchmarks.report import DOCS, describe_machine, machine, mpirun_job, panels, write_section
 from benchmarks.workloads import charlm
 from hvd_compress.comm.rounds import Collective
 
@@ -155,10 +155,47 @@ def write_report(results, out):
                      f"{len(beats)} of {len(reference)} | {best} | {cheapest} |")
     if base:
         lines += ["", f"Per-step uncompressed (seed 0): perplexity {base[0]:.3f} for {base[1]:,.1f} MB."]
+    if reference and rows:
+        figure = out / "benchmarks" / "outer.png"
+        draw_figure(reference, rows, figure)
+        lines += ["", f"![DiLoCo against per-step methods]({figure.relative_to(out)})"]
     if results.get("note"):
         lines += ["", f"How it ran: {results['note']}."]
     lines += ["", f"Machine: {describe_machine(results['machine'])}", ""]
     write_section(out / "benchmarks.md", SECTION, "\n".join(lines))
+
+
+def draw_figure(reference, rows, path):
+    """The Pareto picture: every per-step point of "Quality against bytes" (seed 0), its frontier,
+    and the DiLoCo points, one marker per codec, labelled with H."""
+    plt, figure, (axis,) = panels(1, 7, 4.5)
+    per_step = sorted(reference.values(), key=lambda point: point[1])
+    frontier, best = [], float("inf")
+    for metric, mb in per_step:
+        if metric < best:
+            frontier.append((mb, metric))
+            best = metric
+    axis.plot([mb for _, mb in per_step], [m for m, _ in per_step], "o", color="0.6", markersize=4,
+              label="per-step methods (every setting)")
+    axis.plot(*zip(*frontier), "-", color="0.4", linewidth=1, label="per-step frontier")
+    for codec, marker in zip(CODECS, "s^Dv"):
+        points = [(e["record"]["wire_bytes"] / 1e6, e["record"]["metric"], e["spec"]["inner_steps"])
+                  for e in rows if e["spec"]["codec"] == codec]
+        if not points:
+            continue
+        axis.plot([mb for mb, _, _ in points], [m for _, m, _ in points], marker, markersize=7,
+                  linestyle="none", label=f"DiLoCo, {codec}")
+        for mb, metric, h in points:
+            axis.annotate(f"H={h}", (mb, metric), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    axis.set_xscale("log")
+    axis.set_xlabel("MB sent per rank over the run (log)", fontsize=8)
+    axis.set_ylabel("validation perplexity, lower is better", fontsize=8)
+    axis.set_title("Character LM: DiLoCo against per-step compression", fontsize=9)
+    axis.tick_params(labelsize=7)
+    axis.legend(fontsize=6)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
 
 
 def parse_args(argv):
