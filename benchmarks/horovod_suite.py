@@ -33,7 +33,40 @@ ARCHIVE = f"https://github.com/horovod/horovod/archive/refs/tags/v{VERSION}.tar.
 CACHE = Path(os.environ.get("HVD_COMPRESS_CACHE", Path.home() / ".cache" / "hvd_compress")) / f"horovod-{VERSION}-tests"
 PATHS = ("stock", "wrapper")
 # Why a test fails for a method, where it does: {(test, method): reason}. Filled in from runs.
-EXPLAINED = {}
+EXPLAINED = {
+    ("test_broadcast_state", "the wrapper path"):
+        "a real incompatibility, not a lossy value, cause not yet found: the wrapper jobs did not "
+        "get past this test in 11 minutes and were stopped, so the wrapper path has no column yet. "
+        "In the job inspected, Horovod's stall inspector showed a deadlock at the first optimizer "
+        "of the loop (ASGD): rank 1 waiting in our configuration check "
+        "(`allgather.hvd_compress.configuration.length`, run by `_begin_step`) while rank 0 waits "
+        "in `hvd.broadcast_optimizer_state`'s broadcast of ASGD's state (`broadcast.ax.1`, ...). "
+        "The test loads a checkpoint into the optimizer on rank 0 only before that broadcast. It is "
+        "not Horovod's state-initialising `step()`: our class carries Horovod's `__module__`, so "
+        "Horovod calls the plain torch `step()` there.",
+}
+# How the table was made, written with it.
+NOTES = (
+    "Source of the tests: this machine cannot reach GitHub, so the tests were read through the "
+    "project's code search and written to `/tmp/horovod_tests`, outside the repository. The two "
+    "stored versions of `horovod/horovod`'s `test/parallel/test_torch.py` read (about 97,000 "
+    "characters each) lack tests issue 23 names, such as `test_optimizer_process_sets`; the stored "
+    "copy found that has them is the fork "
+    "`intel/intel-optimization-for-horovod` at `1084fef052956c9e11d19cce5cf3741cd913e103` "
+    "(213,474 characters, Horovod 0.28 plus XPU branches that are dead on CPU). Its tests that "
+    "build `hvd.DistributedOptimizer` (the 15 below, and `test_broadcast_state_gpu`, which is "
+    "always skipped) were copied verbatim; the imports, the class header, a "
+    "`is_xpu_available()` returning False and `test/utils/common.py` "
+    "(`mpi_env_rank_and_size`, `skip_or_fail_gpu_test`, `temppath`) are stand-ins written here. "
+    "`test_delta_optimizer` and `test_model_parallelism` skip without a GPU.\n\n"
+    "PyTorch's `torch.optim.Muon` (newer than the tests) takes only 2-D parameters, so "
+    "`test_broadcast_state`, `test_broadcast_state_options` and `test_force_allreduce`, which loop "
+    "over every `torch.optim.Optimizer` subclass, failed on Horovod's own optimizer (10 passed, 3 "
+    "failed, 2 skipped); `benchmarks/horovod_inject.py` now hides it from that loop in every job, "
+    "the baseline included.\n\n"
+    "Wrapper path (`hvd_compress.DistributedOptimizer`): not in the table. The nine wrapper jobs, "
+    "run after the stock ones, all sat in `test_broadcast_state` (below) and were stopped before "
+    "their timeout.\n")
 
 
 def horovod_tests(folder=None):
@@ -139,7 +172,7 @@ def main():
             f"`hvd.DistributedOptimizer`, under `mpirun -np 2`, with each compressor injected on the "
             f"stock path (`compression=`) and the wrapper path (`hvd_compress.DistributedOptimizer`); "
             f"\"horovod\" is Horovod's own optimizer. `python -m benchmarks horovod_suite`.\n\n"
-            f"{table(results, names)}\n\n{explained}\n")
+            f"{NOTES}\n{table(results, names)}\n\n{explained}\n")
     report.write_section(docs / "benchmarks.md", "Horovod's own optimizer tests", body)
 
 
