@@ -7,15 +7,32 @@ Environment: ``HVD_COMPRESS_SUITE_METHOD`` (a name in ``hvd_compress.COMPRESSORS
 "horovod" for Horovod's own optimizer untouched), ``HVD_COMPRESS_SUITE_PATH`` ("stock": the
 compressor goes into ``hvd.DistributedOptimizer(compression=...)`` where the test leaves
 Horovod's default; "wrapper": ``hvd_compress.DistributedOptimizer`` replaces it),
-``HVD_COMPRESS_SUITE_OUT`` (a folder: ``outcomes.<rank>.json``)."""
+``HVD_COMPRESS_SUITE_OUT`` (a folder: ``outcomes.<rank>.json``).
+
+In every job, Horovod's baseline included, ``torch.optim.Optimizer.__subclasses__()`` leaves out
+the optimizers newer than the tests that refuse the tests' models (``NEWER_THAN_TESTS``): Horovod
+0.28.1's ``test_broadcast_state``, ``test_broadcast_state_options`` and ``test_force_allreduce``
+loop over all of them, and ``torch.optim.Muon`` (PyTorch 2.9+) takes only 2-D parameters, so
+those tests would fail on Horovod's own optimizer before reaching ours."""
 import json
 import os
 from pathlib import Path
 
 OUTCOMES = {}
+NEWER_THAN_TESTS = ("Muon",)
+
+
+def _hide_newer_optimizers():
+    import torch
+
+    def subclasses(cls):
+        return [c for c in type.__subclasses__(cls) if c.__name__ not in NEWER_THAN_TESTS]
+
+    torch.optim.Optimizer.__subclasses__ = classmethod(subclasses)
 
 
 def pytest_configure(config):
+    _hide_newer_optimizers()
     method = os.environ["HVD_COMPRESS_SUITE_METHOD"]
     if method == "horovod":
         return

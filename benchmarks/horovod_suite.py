@@ -33,7 +33,45 @@ ARCHIVE = f"https://github.com/horovod/horovod/archive/refs/tags/v{VERSION}.tar.
 CACHE = Path(os.environ.get("HVD_COMPRESS_CACHE", Path.home() / ".cache" / "hvd_compress")) / f"horovod-{VERSION}-tests"
 PATHS = ("stock", "wrapper")
 # Why a test fails for a method, where it does: {(test, method): reason}. Filled in from runs.
-EXPLAINED = {}
+EXPLAINED = {
+    ("test_broadcast_state", "the wrapper path"):
+        "not a lossy value: a deadlock, found after the run, caused by the harness and a fragile "
+        "line of ours together. The test loads a checkpoint on rank 0 only, then calls "
+        "`hvd.broadcast_optimizer_state`; on rank 1, whose optimizer has no state, Horovod "
+        "initialises it with the plain torch `step()` only if `optimizer.__module__` equals "
+        "`horovod.torch.optimizer`, else with `optimizer.step()`. Our wrapper class copies "
+        "`hvd.DistributedOptimizer.__module__` at construction "
+        "(`integration/optimizer.py`), and `benchmarks/horovod_inject.py` has replaced "
+        "`hvd.DistributedOptimizer` by its own function, so the class's module is "
+        "`benchmarks.horovod_inject`; rank 1 then runs our synchronising `step()` and waits in the "
+        "configuration check while rank 0 waits in the broadcast (pytest's faulthandler traceback: "
+        "`functions.py` line 108 `optimizer.step()` -> our `step` -> `synchronize` -> "
+        "`_begin_step` -> `verify_same_configuration`). Not yet fixed (found at the deadline): "
+        "the class should name `horovod.torch.optimizer` itself rather than read it from a patchable "
+        "attribute; the wrapper jobs must then be rerun.",
+}
+# How the table was made, written with it.
+NOTES = (
+    "Source of the tests: this machine cannot reach GitHub, so the tests were read through the "
+    "project's code search and written to `/tmp/horovod_tests`, outside the repository. The two "
+    "stored versions of `horovod/horovod`'s `test/parallel/test_torch.py` read (about 97,000 "
+    "characters each) lack tests issue 23 names, such as `test_optimizer_process_sets`; the stored "
+    "copy found that has them is the fork "
+    "`intel/intel-optimization-for-horovod` at `1084fef052956c9e11d19cce5cf3741cd913e103` "
+    "(213,474 characters, Horovod 0.28 plus XPU branches that are dead on CPU). Its tests that "
+    "build `hvd.DistributedOptimizer` (the 15 below, and `test_broadcast_state_gpu`, which is "
+    "always skipped) were copied verbatim; the imports, the class header, a "
+    "`is_xpu_available()` returning False and `test/utils/common.py` "
+    "(`mpi_env_rank_and_size`, `skip_or_fail_gpu_test`, `temppath`) are stand-ins written here. "
+    "`test_delta_optimizer` and `test_model_parallelism` skip without a GPU.\n\n"
+    "PyTorch's `torch.optim.Muon` (newer than the tests) takes only 2-D parameters, so "
+    "`test_broadcast_state`, `test_broadcast_state_options` and `test_force_allreduce`, which loop "
+    "over every `torch.optim.Optimizer` subclass, failed on Horovod's own optimizer (10 passed, 3 "
+    "failed, 2 skipped); `benchmarks/horovod_inject.py` now hides it from that loop in every job, "
+    "the baseline included.\n\n"
+    "Wrapper path (`hvd_compress.DistributedOptimizer`): not in the table. The nine wrapper jobs, "
+    "run after the stock ones, all sat in `test_broadcast_state` (below) and were stopped before "
+    "their timeout; the cause is the harness's own patch (below).\n")
 
 
 def horovod_tests(folder=None):
@@ -139,7 +177,7 @@ def main():
             f"`hvd.DistributedOptimizer`, under `mpirun -np 2`, with each compressor injected on the "
             f"stock path (`compression=`) and the wrapper path (`hvd_compress.DistributedOptimizer`); "
             f"\"horovod\" is Horovod's own optimizer. `python -m benchmarks horovod_suite`.\n\n"
-            f"{table(results, names)}\n\n{explained}\n")
+            f"{NOTES}\n{table(results, names)}\n\n{explained}\n")
     report.write_section(docs / "benchmarks.md", "Horovod's own optimizer tests", body)
 
 
