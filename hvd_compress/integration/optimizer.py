@@ -5,6 +5,7 @@ from contextlib import contextmanager
 from typing import Any, Iterable, Optional, Tuple
 
 import horovod.torch as hvd
+import horovod.torch.optimizer as horovod_optimizer
 import torch
 from horovod.torch.mpi_ops import sparse_allreduce_async
 
@@ -240,9 +241,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     # Horovod's broadcast_optimizer_state (hence elastic TorchState.sync) initialises an empty
     # optimizer state with the wrapped optimizer's own step() when the optimizer's module is
     # that of hvd.DistributedOptimizer, else with step(): ours would exchange zeros on the
-    # ranks whose state is empty (a joining worker) and wait forever for the others.
+    # ranks whose state is empty (a joining worker) and wait forever for the others. Horovod
+    # compares with its own module's name, so ours is named from that module, never from
+    # hvd.DistributedOptimizer, which a user (or a test harness) may have replaced.
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_CompressedDistributedOptimizer.__dict__, __module__=hvd.DistributedOptimizer.__module__))
+               dict(_CompressedDistributedOptimizer.__dict__, __module__=horovod_optimizer.__name__))
     if fusion is not None and not isinstance(fusion, ScaledFusion):
         raise ValueError(f"fusion must be a ScaledFusion or None, got {type(fusion).__name__}")
     return cls(optimizer.param_groups, named_parameters, compression,

@@ -153,3 +153,15 @@ def test_a_replaced_stock_bridge_leaves_one_hook_per_parameter(name):
         assert [post_accumulate_hooks(p) for p in model.parameters()] == [1] * 4, reset
         CompressionStateHandler(compression).sync()
         assert compression._stock_bridge.stale()
+
+
+def test_the_wrapper_is_horovods_own_to_broadcast_optimizer_state_even_with_hvd_patched(monkeypatch):
+    # broadcast_optimizer_state initialises an empty state with the plain step() only for an
+    # optimizer of Horovod's own module; a replaced hvd.DistributedOptimizer must not change
+    # ours (otherwise a rank with an empty state steps alone and waits forever).
+    from horovod.torch import optimizer as horovod_optimizer  # what broadcast_optimizer_state imports
+    monkeypatch.setattr(hvd, "DistributedOptimizer", lambda *args, **kwargs: None)
+    model = torch.nn.Linear(4, 4)
+    wrapped = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                      model.named_parameters(), hc.NoCompression())
+    assert type(wrapped).__module__ == horovod_optimizer.DistributedOptimizer.__module__
