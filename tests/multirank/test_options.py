@@ -242,7 +242,11 @@ def test_stock_compressor_without_names_takes_the_optimizers(method):
     named, _, _ = stock_run(method, True, True)
     adopted, compressor, _ = stock_run(method, True, False)
     for (name, p), q in zip(named.named_parameters(), adopted.parameters()):
-        assert torch.equal(p, q), name
+        if hvd.size() == 2:
+            assert torch.equal(p, q), name
+        else:  # Horovod fuses what is ready in a cycle, so above 2 ranks the two runs may sum
+            # in another order (Gloo's ring): equal to rounding, not bit for bit
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
     if compressor.needs_parameter_names:
         assert sorted(compressor.parameters) == sorted(n for n, _ in named.named_parameters())
     nameless, compressor, opt = stock_run(method, False, False)
