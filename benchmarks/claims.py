@@ -39,12 +39,11 @@ import types
 from pathlib import Path
 
 import horovod.torch as hvd
-import torch
 
 import hvd_compress as hc
 from benchmarks.convergence import StepCounter
 from benchmarks.quality import LM as CHAR_LM, scalecom_flops
-from benchmarks.report import DOCS, describe_machine, machine, mpirun_job, panels, write_section
+from benchmarks.report import DOCS, describe_machine, machine, mpirun_job, panels, train_one_point, write_section
 from benchmarks.workloads import charlm, wordlm
 from hvd_compress.comm.rounds import Collective
 from hvd_compress.compressors.base import GradientCompression
@@ -231,14 +230,6 @@ def train_point(spec):
                             for d in compression.decisions]
         record["last_settings"] = compression.decisions[-1].settings if compression.decisions else {}
     return record
-
-
-def worker(spec):
-    torch.set_num_threads(1)  # the ranks share the machine's cores
-    hvd.init()
-    record = train_point(spec)
-    if hvd.rank() == 0:
-        print(RESULT_PREFIX + json.dumps(record), flush=True)
 
 
 # ----- what to run next -------------------------------------------------------------------------
@@ -558,7 +549,7 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.worker is not None:
-        worker(json.loads(args.worker))
+        train_one_point(train_point, json.loads(args.worker), RESULT_PREFIX)
         return
     if args.report_only:
         write_report(json.loads((args.out / "benchmarks" / "claims.json").read_text()), args.out)

@@ -24,12 +24,11 @@ import time
 from pathlib import Path
 
 import horovod.torch as hvd
-import torch
 
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM
 from benchmarks.quality import LM, LM_STEPS
-from benchmarks.report import DOCS, describe_machine, machine, mpirun_job, panels, write_section
+from benchmarks.report import DOCS, describe_machine, machine, mpirun_job, panels, train_one_point, write_section
 from benchmarks.workloads import charlm
 from hvd_compress.comm.rounds import Collective
 
@@ -73,14 +72,6 @@ def train_point(spec):
             "train_seconds": time.perf_counter() - started, "curve": curve,
             "wire_bytes": outer.compression.traffic.wire_bytes,
             "dense_wire_bytes": spec["steps"] * Collective.ALLREDUCE.wire_bytes(made["dense_bytes"], hvd.size())}
-
-
-def worker(spec):
-    torch.set_num_threads(1)  # W ranks share the machine's cores
-    hvd.init()
-    record = train_point(spec)
-    if hvd.rank() == 0:
-        print(RESULT_PREFIX + json.dumps(record), flush=True)
 
 
 # ----- the driver -----------------------------------------------------------------------------
@@ -217,7 +208,7 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.worker is not None:
-        worker(json.loads(args.worker))
+        train_one_point(train_point, json.loads(args.worker), RESULT_PREFIX)
         return
     results = run(args)
     print(f"{len(results['points'])} points in {args.out / 'benchmarks' / 'outer.json'}")

@@ -42,7 +42,7 @@ import torch
 
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM, StepCounter
-from benchmarks.report import DOCS, Progress, describe_machine, machine, mpirun_job, panels, write_section
+from benchmarks.report import DOCS, Progress, describe_machine, machine, mpirun_job, panels, train_one_point, write_section
 from benchmarks.workloads import charlm, digits
 from hvd_compress.comm.rounds import Collective
 
@@ -196,14 +196,6 @@ def train_point(spec):
         record["lgreco"] = {"decisions": len(compression.decisions),
                             "last_uniform_over_chosen_bytes": last.uniform_bytes / last.total_bytes}
     return record
-
-
-def worker(spec):
-    torch.set_num_threads(1)  # W ranks share the machine's cores
-    hvd.init()
-    record = train_point(spec)
-    if hvd.rank() == 0:
-        print(RESULT_PREFIX + json.dumps(record), flush=True)
 
 
 # ----- the driver -----------------------------------------------------------------------------
@@ -513,7 +505,7 @@ def parse_args(argv):
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.worker is not None:
-        worker(json.loads(args.worker))
+        train_one_point(train_point, json.loads(args.worker), RESULT_PREFIX)
         return
     started = time.perf_counter()
     results = run(args)

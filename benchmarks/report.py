@@ -280,3 +280,14 @@ def method_bars(axis, values, reference):
         axis.axvline(values[reference], color="tab:gray", linestyle="--", linewidth=0.8)
     axis.invert_yaxis()
     return bars
+
+
+def train_one_point(train_point, spec, prefix):
+    """One rank of a resumable benchmark's point (quality, claims, outer): trains ``spec`` on
+    Horovod and rank 0 prints the record, after ``prefix``, for the driver to read."""
+    import horovod.torch as hvd
+    torch.set_num_threads(1)  # the ranks share the machine's cores
+    hvd.init()
+    record = train_point(spec)
+    if hvd.rank() == 0:
+        print(prefix + json.dumps(record), flush=True)
