@@ -49,9 +49,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
-from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine,
-                               printed_results, summarise, undisturbed, write_section)
-from benchmarks.testbed import run_bounded
+from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine, root_cause,
+                               summarise, torchrun_job, undisturbed, write_section)
 
 RESULT_PREFIX = "DDP_RESULT "
 SECTION = "PyTorch DDP"
@@ -163,32 +162,18 @@ def timing_job(args, cluster, model, method):
     flags = dict(model=model, method=method, warmup=args.warmup, steps=args.steps)
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
     if cluster is None:  # --quick: plain torchrun on this host
-        return summarise_timing(torchrun_job(args, worker_argv(args, "timing", **flags)))
+        return summarise_timing(torchrun_job(worker_argv(args, "timing", **flags), args.np, args.job_timeout,
+                                             RESULT_PREFIX)[0])
     argv = worker_argv(args, "timing", master=cluster.address(0), interface_prefix=cluster.prefix, **flags)
     try:
         job = undisturbed(lambda: cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX),
                           args.max_other_cpu, lambda result: f"{model} {method}: median step "
                           f"{1e3 * statistics.median(result['seconds']):.1f} ms, job {result['wall_seconds']:.0f} s")
     except RuntimeError as error:
-        lines = str(error).splitlines()  # the rank that failed first says what():, the others lost a peer
-        failure = next((line.strip() for line in lines if "what():" in line),
-                       next((line.strip() for line in lines if "Error:" in line), lines[0]))
+        failure = root_cause(error)
         print(f"{model} {method}: FAILED: {failure}", flush=True)
         return {"failed": failure[:240]}
     return summarise_timing(job)
-
-
-def torchrun_job(args, argv):
-    """``argv`` (``python -m <worker module> ...``) under ``torchrun --standalone
-    --nproc_per_node np``; rank 0's record."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-               str(args.np), *argv[1:]]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath())
-    started = time.perf_counter()
-    returncode, stdout, stderr = run_bounded(command, args.job_timeout, env)
-    [record] = printed_results(returncode, stdout, stderr, RESULT_PREFIX, time.perf_counter() - started,
-                               shlex.join(command), expected=1)
-    return record
 
 
 def summarise_timing(job):
@@ -225,7 +210,7 @@ def run(args):
     for method in DIGITS_METHODS:
         if method not in results["digits"]:
             argv = worker_argv(args, "digits", method=method, epochs=args.epochs)
-            results["digits"][method] = torchrun_job(args, argv)["accuracy"]
+            results["digits"][method] = torchrun_job(argv, args.np, args.job_timeout, RESULT_PREFIX)[0]["accuracy"]
             print(f"digits {method}: accuracy {results['digits'][method]:.4f}", flush=True)
             save()
     save()

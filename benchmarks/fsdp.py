@@ -51,9 +51,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine,
-                               printed_results, summarise, write_section)
-from benchmarks.testbed import run_bounded
+from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine, root_cause,
+                               summarise, torchrun_job, write_section)
 
 RESULT_PREFIX = "FSDP_RESULT "
 SECTION = "FSDP2 / HSDP on the emulated cluster"
@@ -154,32 +153,19 @@ def worker_argv(args, kind, **flags):
     return argv + [item for key, value in flags.items() for item in (f"--{key.replace('_', '-')}", str(value))]
 
 
-def torchrun_job(args, argv):
-    """``argv`` under ``torchrun --standalone`` with 4 ranks; rank 0's record."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-               str(NODES * RANKS_PER_NODE), *argv[1:]]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath())
-    started = time.perf_counter()
-    returncode, stdout, stderr = run_bounded(command, args.job_timeout, env)
-    [record] = printed_results(returncode, stdout, stderr, RESULT_PREFIX, time.perf_counter() - started,
-                               shlex.join(command), expected=1)
-    record["wall_seconds"] = time.perf_counter() - started
-    return record
-
-
 def timing_job(args, cluster, model, method):
     flags = dict(model=model, method=method, warmup=args.warmup, steps=args.steps)
     load = os.getloadavg()[0]
     try:
         if cluster is None:  # --quick
-            job = torchrun_job(args, worker_argv(args, "timing", **flags))
+            job = torchrun_job(worker_argv(args, "timing", **flags), NODES * RANKS_PER_NODE, args.job_timeout,
+                                   RESULT_PREFIX)[0]
         else:
             argv = worker_argv(args, "timing", master=cluster.address(0), interface_prefix=cluster.prefix, **flags)
             env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
             job = cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX)
     except RuntimeError as error:
-        lines = str(error).splitlines()
-        failure = next((line.strip() for line in lines if "Error" in line), lines[0])
+        failure = root_cause(error)
         print(f"{model} {method}: FAILED: {failure}", flush=True)
         return {"failed": failure[:240], "load_average": round(load, 1)}
     entry = {"step_ms": summarise(job["seconds"]), "step_ms_each": [round(1e3 * s, 1) for s in job["seconds"]],
@@ -222,7 +208,8 @@ def run(args):
             runs = results["quality"].setdefault(method, {})
             if str(seed) not in runs:
                 argv = worker_argv(args, "quality", method=method, steps=args.quality_steps, seed=seed)
-                runs[str(seed)] = round(torchrun_job(args, argv)["perplexity"], 3)
+                runs[str(seed)] = round(torchrun_job(argv, NODES * RANKS_PER_NODE, args.job_timeout,
+                                                      RESULT_PREFIX)[0]["perplexity"], 3)
                 print(f"charlm {method} seed {seed}: perplexity {runs[str(seed)]:.3f}", flush=True)
                 save()
     save()

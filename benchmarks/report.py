@@ -5,6 +5,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import resource
 import shlex
 import statistics
@@ -191,6 +192,38 @@ def printed_results(returncode, stdout, stderr, result_prefix, wall, what, expec
     if returncode != 0 or not records or (expected is not None and len(records) != expected):
         raise RuntimeError(f"{what} failed (exit {returncode}) after {wall:.0f} s:\n"
                            f"{stdout[-2000:]}\n{stderr[-4000:]}")
+    return records
+
+
+def root_cause(error):
+    """The line of a failed job's output that names what went wrong: a C++ exception's
+    ``what():`` (the rank that failed first; the others only lost a peer), else the last Python
+    exception line that is not a launcher's wrapper (torchrun's ``ChildFailedError``), else the
+    first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    thrown = [line for line in lines if "what():" in line]
+    raised = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Timeout)\b.*:", line)
+              and "ChildFailedError" not in line]
+    return thrown[0] if thrown else raised[-1] if raised else lines[0] if lines else ""
+
+
+def torchrun_job(argv, nproc, timeout, result_prefix, expected=1, master_port=None, env=None):
+    """``argv`` (``[python, -m, module, ...]``) under ``torchrun`` with ``nproc`` ranks on this
+    host: ``--standalone``, or on ``master_port`` when given (jobs running side by side each
+    take their own). Rank 0's printed records, each with the job's wall seconds, or
+    RuntimeError with the job's output."""
+    where = (["--master_addr", "127.0.0.1", "--master_port", str(master_port)] if master_port
+             else ["--standalone"])
+    from benchmarks.testbed import run_bounded
+    command = [sys.executable, "-m", "torch.distributed.run", *where, "--nproc_per_node", str(nproc), *argv[1:]]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath(), **(env or {}))
+    started = time.perf_counter()
+    returncode, stdout, stderr = run_bounded(command, timeout, env)
+    wall = time.perf_counter() - started
+    records = printed_results(returncode, stdout, stderr, result_prefix, wall, shlex.join(command),
+                              expected=expected)
+    for record in records:
+        record["wall_seconds"] = wall
     return records
 
 

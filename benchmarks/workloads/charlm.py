@@ -106,12 +106,13 @@ def evaluate(model, val_ids, context, windows=256, batch_size=64):
     windows, the same ones on every call."""
     offsets = torch.arange(context + 1)
     starts = torch.linspace(0, len(val_ids) - context - 1, windows).long().unsqueeze(1)
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     total = 0.0
     with torch.no_grad():
         for first in range(0, windows, batch_size):
-            batch = val_ids[starts[first:first + batch_size] + offsets]
+            batch = val_ids[starts[first:first + batch_size] + offsets].to(device)
             total += cross_entropy(model, batch[:, :-1], batch[:, 1:]).item() * len(batch)
     model.train(was_training)
     return math.exp(total / windows)
@@ -150,9 +151,10 @@ def fit(make_optimizer, model, train_ids, val_ids, rank=0, size=1, steps=300, ba
     # size * seed + rank: distinct streams for every (seed, rank) pair at a given size.
     generator = torch.Generator().manual_seed(size * seed + rank)
     data = batches(train_ids, batch_size, model.context, generator)
+    device = next(model.parameters()).device  # batches are drawn on the CPU, the same on any device
     total, since_log = 0.0, 0
     for step in range(steps):
-        x, y = next(data)
+        x, y = (t.to(device) for t in next(data))
         optimizer.zero_grad()
         loss = cross_entropy(model, x, y)
         loss.backward()

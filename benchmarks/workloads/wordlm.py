@@ -42,12 +42,16 @@ def load_corpus(max_chars=3_000_000, vocab=VOCAB):
 
 
 def train(make_optimizer, rank=0, size=1, steps=600, batch_size=32, lr=2e-3, seed=0, log=None,
-          log_every=50, model_kwargs=None, max_chars=3_000_000, vocab=VOCAB):
+          log_every=50, model_kwargs=None, max_chars=3_000_000, vocab=VOCAB, prepare=None):
     """As ``charlm.train``, on word-level tokens: a ``charlm.CharTransformer`` with a
-    ``vocab``-token embedding and head (``model_kwargs`` sets the rest). Deterministic for a
-    given seed and world size. Returns (model, validation perplexity over tokens)."""
+    ``vocab``-token embedding and head (``model_kwargs`` sets the rest). ``prepare`` turns the
+    new model into the one trained (moved to a device, wrapped in DistributedDataParallel).
+    Deterministic for a given seed and world size. Returns (model, validation perplexity over
+    tokens)."""
     torch.manual_seed(seed)
     train_ids, val_ids, _ = load_corpus(max_chars, vocab)
     model = charlm.CharTransformer(vocab=vocab, **(model_kwargs or {}))
+    if prepare is not None:
+        model = prepare(model)
     return charlm.fit(make_optimizer, model, train_ids, val_ids, rank, size, steps, batch_size, lr,
                       seed, log, log_every)

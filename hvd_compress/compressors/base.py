@@ -269,7 +269,7 @@ class Compressor(GradientCompression):
         """Sends ``grad`` plus its residual whole, in one all-reduce, and the residual becomes
         zero (GraVAC's scale-down to dense, line 23 of its Algorithm 1)."""
         self._remember_state(name)
-        residual = self.residual(name)
+        residual = self.residual(name, grad.device)
         if residual is not None:
             grad = torch.add(grad, residual.view(grad.shape), alpha=self.loss_scale()).to(grad.dtype)
             self.clear_residual(name)
@@ -398,8 +398,10 @@ class Compressor(GradientCompression):
         ``memo``: the caller's per-parameter scratch space, kept between calls (warm starts)."""
         raise self._not_controllable()
 
-    def residual(self, name: str) -> Optional[torch.Tensor]:
-        return None if self.feedback is None else self.feedback.residual(name)
+    def residual(self, name: str, device: Optional[torch.device] = None) -> Optional[torch.Tensor]:
+        """``name``'s error-feedback residual (unscaled), or None; with ``device``, on it (a
+        checkpoint loaded with ``map_location="cpu"`` resumes on the GPU)."""
+        return None if self.feedback is None else self.feedback.residual(name, device)
 
     def clear_residual(self, name: str) -> None:
         if self.feedback is not None:

@@ -28,8 +28,10 @@ class StagedSums:
         device: a value loaded from a checkpoint mapped elsewhere (``map_location="cpu"``)
         moves there, once."""
         value = self._staged.get(name)
-        if value is not None:
-            return value
+        return value if value is not None else self.committed_on(name, device)
+
+    def committed_on(self, name: str, device: Optional[torch.device] = None) -> Optional[torch.Tensor]:
+        """The committed value, or None; with ``device``, moved there (once) if it is elsewhere."""
         value = self.committed.get(name)
         if value is not None and device is not None and value.device != device:
             value = self.committed[name] = value.to(device)
@@ -129,9 +131,10 @@ class ErrorFeedback:
         if self.enabled:
             self._sums.put(name, residual)
 
-    def residual(self, name: str) -> Optional[torch.Tensor]:
-        """The residual waiting to be added to ``name``'s next gradient (unscaled), or None."""
-        return self._sums.committed.get(name)
+    def residual(self, name: str, device: Optional[torch.device] = None) -> Optional[torch.Tensor]:
+        """The residual waiting to be added to ``name``'s next gradient (unscaled), or None; with
+        ``device`` (the gradient's), on it, as ``compensated`` moves it."""
+        return self._sums.committed_on(name, device)
 
     def clear(self, name: str) -> None:
         """Forgets ``name``'s residual from the next step on: its gradient was sent whole."""

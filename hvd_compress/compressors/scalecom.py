@@ -83,7 +83,7 @@ class ScaleCom(KSparse):
             residual = acc.clone()
             residual[chosen] = 0  # m + g - C(m + g)
             if self.config.beta != 1.0:
-                previous = self.feedback.residual(name)  # None at first: zero; unscaled
+                previous = self.feedback.residual(name, acc.device)  # None at first: zero; unscaled
                 residual = self.config.beta * residual if previous is None else torch.add(
                     self.config.beta * residual, previous, alpha=(1 - self.config.beta) * self.loss_scale())
             self.feedback.keep(name, residual)

@@ -240,7 +240,7 @@ class GraVAC(Controller):
             self._apply_factor(name)
         # float32 whatever the gradient's dtype; the residual is unscaled (Compressor.track).
         x = grad.detach().float()
-        residual = self.inner.residual(name)
+        residual = self.inner.residual(name, grad.device)
         if residual is not None:
             x = torch.add(x, residual.view(shape), alpha=self.inner.loss_scale())
         # The candidate compresses further than theta_min: nested settings, multi-level gains.

@@ -284,7 +284,7 @@ class LGreCo(Controller):
         the compressor replaces it."""
         share = 1.0 / self._window()
         self._sums.add(name, grad.detach(), value_weight=share / self.inner.loss_scale())
-        residual = self.inner.residual(name) if self.config.error_source == "sent" else None
+        residual = self.inner.residual(name, grad.device) if self.config.error_source == "sent" else None
         if residual is not None:
             self._sums.add(name, residual.view(grad.shape), value_weight=share)
 

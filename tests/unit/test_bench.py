@@ -234,6 +234,8 @@ def test_fsdp_quick_times_and_trains_hsdp_with_and_without_a_controller_and_resu
     path = tmp_path / "benchmarks" / "fsdp.json"
     results = json.loads(path.read_text())
     assert list(results["timing"]["cnn"]) == ["HSDP", "L-GreCo"] == list(results["quality"])
+    failed = {method: entry["failed"] for method, entry in results["timing"]["cnn"].items() if "failed" in entry}
+    assert not failed, f"timing jobs failed: {failed}"
     assert all(entry["step_ms"]["median"] > 0 for entry in results["timing"]["cnn"].values())
     assert all(perplexity["0"] > 1 for perplexity in results["quality"].values())
     text = (tmp_path / "benchmarks.md").read_text()
@@ -285,3 +287,33 @@ def test_claims_protocol_searches_anchors_then_plans_lgreco_and_resumes(tmp_path
     ran.clear()
     claims.main(["--out", str(tmp_path)])
     assert ran == []
+
+
+def test_claims_at_gpu_scale_asks_every_candidate_at_once_and_runs_lgreco_where_no_anchor_holds(tmp_path, monkeypatch):
+    """The GPU scale's driver with torchrun jobs faked, 4 side by side: every candidate setting
+    is asked for before any finishes; where none lies within 1% of uncompressed, L-GreCo still
+    runs at the least aggressive one and the claim table says both; no character-LM rows."""
+    from benchmarks import claims
+    ran, slots = [], set()
+
+    def fake_torchrun(argv, nproc, timeout, prefix, master_port=None, **_):
+        job = json.loads(argv[argv.index("--worker") + 1])
+        ran.append(job["key"])
+        slots.add(master_port)
+        assert job["backend"] == "ddp" and job["device"] == "cuda" and nproc == 2
+        value = 100.0 if job["family"] == "uncompressed" else 105.0  # every setting 5% off
+        return [{"key": job["key"], "metric": value + 0.1 * job["seed"], "steps": job["steps"], "wire_bytes": 1e8,
+                 "wire_bytes_per_step_after": 1e6, "dense_wire_bytes_per_step": 4e6, "wall_seconds": 1.0}]
+    monkeypatch.setattr(claims, "torchrun_job", fake_torchrun)
+    monkeypatch.setattr(claims, "epoch_steps", lambda lm: 100)
+    monkeypatch.setattr(claims, "draw_figure", lambda *_: None)
+    claims.main(["--scale", "gpu", "--parallel", "4", "--out", str(tmp_path)])
+    labels = {key.split("/")[1] for key in ran}
+    assert {"PowerSGD rank 4", "Top-K density 0.01", "L-GreCo (PowerSGD) rank 16",
+            "L-GreCo (Top-K) density 0.1"} <= labels
+    assert not any(key.startswith("charlm") for key in ran) and len(slots) == 4
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## L-GreCo protocol on the word LM at larger scale (GPU)" in text
+    assert "| Word LM: L-GreCo over PowerSGD | NO | no uniform setting within 1% of uncompressed |" in text
+    assert "L-GreCo over PowerSGD rank 16: equal quality at >= 1.5x fewer bytes per step (that setting" in text
+    assert json.loads((tmp_path / "benchmarks" / "claims_gpu.json").read_text())["scale"] == "gpu"
