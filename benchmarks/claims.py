@@ -78,7 +78,6 @@ QUICK_STEPS = 40
 # The character LM of ``quality`` and the anchors its sweep found (smallest within 2%).
 CHAR_STEPS = 3000
 CHAR_ANCHORS = {"PowerSGD": 8, "Top-K": 0.2}
-# Uniform settings, least aggressive first, and how each family is built.
 # Where and how points run: backend (Horovod under mpirun, or DDP under torchrun), device, and
 # the word LM; the character-LM rows are the CPU protocol's alone.
 SCALES = {"cpu": {"backend": "horovod", "device": "cpu", "lm": WORD_LM, "steps": WORD_STEPS, "charlm": True,
@@ -88,6 +87,7 @@ SCALES = {"cpu": {"backend": "horovod", "device": "cpu", "lm": WORD_LM, "steps":
                   # A lease of minutes: every candidate at once (the same anchor rule, applied
                   # afterwards), three per family.
                   "speculative": True, "values": {"PowerSGD": [16, 8, 4], "Top-K": [0.1, 0.03, 0.01]}}}
+# Uniform settings, least aggressive first, and how each family is built.
 FAMILIES = {"PowerSGD": ("powersgd", "rank", [16, 8, 4, 2, 1]),
             "Top-K": ("topk", "density", [0.3, 0.1, 0.03, 0.01])}
 WITHIN_ANCHOR = 0.01
@@ -341,13 +341,18 @@ def plan(results, quick):
     seeds = SEEDS[:1] if quick else SEEDS
     wanted = [point("wordlm", UNCOMPRESSED, seed) for seed in seeds]
     anchors = {}
-    for family, (name, keyword, _) in FAMILIES.items():  # each family's search, then L-GreCo there
+    # Each family's search, then L-GreCo there; over PowerSGD, its ablations next: they say
+    # which factor decides the headline claim.
+    for family, (name, keyword, _) in FAMILIES.items():
         search, _, _ = anchor_search(results, family, seeds, quick)
         anchors[family], _ = lgreco_setting(results, family, seeds, quick)
         wanted += search
         if anchors[family] is not None:
             wanted += [point("wordlm", f"L-GreCo ({family})", seed, name, {keyword: anchors[family]},
                              {"lgreco": {}}) for seed in seeds]
+        if family == "PowerSGD" and anchors[family] is not None:
+            wanted += [point("wordlm", "L-GreCo (PowerSGD)", seed, "powersgd", {"rank": anchors[family]},
+                             {"lgreco": options}, suffix) for suffix, options in ABLATIONS.items() for seed in seeds]
     job = workload_spec("wordlm", quick, scale)
     epoch = epoch_steps(job["lm"])
     # --quick runs a fraction of an epoch: its ScaleCom stays dense through the LR warm-up only.
@@ -357,10 +362,6 @@ def plan(results, quick):
                    point("wordlm", "ScaleCom (paper's regime)", seed, "scalecom", {},
                          dict(scalecom, dense_embeddings=True), "embeddings dense"),
                    point("wordlm", "Top-K at ScaleCom's densities", seed, "topk", {}, scalecom)]
-    if anchors["PowerSGD"] is not None:
-        for suffix, options in ABLATIONS.items():
-            wanted += [point("wordlm", "L-GreCo (PowerSGD)", seed, "powersgd", {"rank": anchors["PowerSGD"]},
-                             {"lgreco": options}, suffix) for seed in seeds]
     if not scale["charlm"]:
         return wanted
     wanted += [point("charlm", UNCOMPRESSED, seed) for seed in seeds]
