@@ -317,3 +317,50 @@ def test_claims_at_gpu_scale_asks_every_candidate_at_once_and_runs_lgreco_where_
     assert "| Word LM: L-GreCo over PowerSGD | NO | no uniform setting within 1% of uncompressed |" in text
     assert "L-GreCo over PowerSGD rank 16: equal quality at >= 1.5x fewer bytes per step (that setting" in text
     assert json.loads((tmp_path / "benchmarks" / "claims_gpu.json").read_text())["scale"] == "gpu"
+
+
+def test_advise_live_compares_each_point_with_endtoend_writes_its_section_and_resumes(tmp_path, monkeypatch):
+    """advise_live's driver with the testbed and the advise job faked: each method's projection
+    against the measured step, the recommendation's method against the fastest measured, a rate
+    the end-to-end run did not measure left without verdict, and a rerun runs nothing."""
+    import contextlib
+
+    from benchmarks import advise_live
+    measured = {"S-SGD": 700.0, "FP16": 500.0, "PowerSGD": 300.0, "ACP-SGD": 250.0, "ScaleCom": 265.0}
+    endtoend = {"np": 4, "rank": 4, "rates": {"1": {"models": {"cnn": {
+        method: {"step_ms": {"median": ms}} for method, ms in measured.items()}}}}}
+    source = tmp_path / "endtoend.json"
+    source.write_text(json.dumps(endtoend))
+    # Projections: PowerSGD 25% over its measured step, the rest within 20%.
+    projected = {("none", ""): 720.0, ("fp16", ""): 520.0, ("powersgd", "rank=4"): 375.0,
+                 ("acpsgd", "rank=4"): 240.0, ("acpsgd", "rank=16"): 230.0, ("scalecom", "density=0.01"): 280.0}
+    ran = []
+
+    def fake_point(cluster, model, timeout):
+        ran.append((cluster.rate_gbit, model))
+        candidates = [{"method": m, "setting": s, "step_ms": ms} for (m, s), ms in projected.items()]
+        advice = {"candidates": candidates, "recommendation": "compress with acpsgd rank=16: 720.0 -> 230.0 ms"}
+        return {"command": "mpirun -np 4 python -m hvd_compress.advise", "testbed": "faked", "table": "THE TABLE",
+                "advice": advice, "load_average_before": [0.5, 0.5, 0.5], "other_cpu_seconds": 0.1}
+
+    @contextlib.contextmanager
+    def fake_cluster(ranks, rate):
+        yield argparse.Namespace(rate_gbit=rate, ranks=ranks)
+    monkeypatch.setattr(advise_live, "advise_point", fake_point)
+    monkeypatch.setattr(advise_live, "emulated_cluster", fake_cluster)
+    monkeypatch.setattr(sys, "argv", ["python -m benchmarks advise_live"])
+    options = ["--rates", "1,10", "--models", "cnn", "--from", str(source), "--out", str(tmp_path)]
+    advise_live.main(options)
+    assert ran == [(1.0, "cnn"), (10.0, "cnn")]
+    points = json.loads((tmp_path / "benchmarks" / "advise_live.json").read_text())["points"]
+    one = points["1/cnn"]["comparison"]
+    assert [m["met"] for m in one["methods"]] == [True, True, False, True, True]
+    assert (one["recommended_as"], one["setting_measured"], one["fastest"], one["met"]) == ("ACP-SGD", False, "ACP-SGD", True)
+    assert "met" not in points["10/cnn"]["comparison"]
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## advise live on the emulated cluster" in text and "THE TABLE" in text
+    assert "| 1 | cnn | 4 of 5 | **NO** | acpsgd rank=16 | no | ACP-SGD | 1.00 | yes |" in text
+    assert "1 Gbit/s: steps within 20% NOT met, recommendation within 10% met; 10 Gbit/s: not measured" in text
+    advise_live.main(options)
+    assert len(ran) == 2
+    assert advise_live.recommended("do not compress: the link is fast enough") == ("none", "")
