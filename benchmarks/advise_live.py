@@ -1,7 +1,8 @@
 """advise run live on the emulated cluster, against the step times the end-to-end benchmark measured.
 
     python -m benchmarks advise_live [--rates 0.5,1,10] [--models charlm,cnn] [--np 4]
-        [--from docs/benchmarks/endtoend.json[,more.json]] [--job-timeout 900] [--out docs/]
+        [--from docs/benchmarks/endtoend.json[,more.json]] [--repeat other/advise_live.json]
+        [--conditions TEXT] [--job-timeout 900] [--out docs/]
 
 For every rate an :mod:`emulated cluster <benchmarks.testbed>` of ``--np`` ranks is built, and
 on it, per model, the advise command line runs exactly as a user runs it under ``mpirun``
@@ -26,7 +27,9 @@ PowerSGD, ACP-SGD, ScaleCom; ``REGISTERED`` in ``benchmarks/advise_check.py``):
   setting, so a recommended setting it did not run is judged by its method at that run's
   setting, and the table says so. Alongside: the fastest of advise's rows at those settings.
 
-A rate an end-to-end file did not measure gets no verdict against it. Writes the
+A rate an end-to-end file did not measure gets no verdict against it. ``--repeat``: the JSON of
+another run of the same points, whose recommendations and projections are shown beside these
+(advise's own spread from run to run). Writes the
 "advise live on the emulated cluster" section of ``<out>/benchmarks.md``.
 """
 import argparse
@@ -164,7 +167,7 @@ def yes_no(met):
     return "-" if met is None else "yes" if met else "**NO**"
 
 
-def markdown(results, sources):
+def markdown(results, sources, repeat=None):
     points = results["points"]
     example = "/".join(EXAMPLE) if "/".join(EXAMPLE) in points else next(iter(points))
     loads = "; ".join(f"{key} {p['load_average_before'][0]:.2f} ({p['wall_seconds']:.0f} s, other processes "
@@ -200,11 +203,32 @@ def markdown(results, sources):
                           else [f"{measured_ms:.1f}", f"{m['projected_ms'] / measured_ms:.2f}"])
             lines.append(f"| {rate} | {model} | {m['method']} | {m['setting'] or '-'} | {m['projected_ms']:.1f} | "
                          + " | ".join(cells) + " |")
+    if repeat is not None:
+        lines += repeated(points, repeat, sources)
     lines += parts(points, sources[-1], len(sources)) + link_fits(points)
     rate, model = example.split("/")
     lines += ["", f"advise's table as rank 0 printed it, {model} at {rate} Gbit/s (every point's in "
               "`benchmarks/advise_live.json`):", "", "```", points[example]["table"], "```"]
     return "\n".join(lines) + "\n"
+
+
+def repeated(points, repeat, sources):
+    """This run's points against a repeat of them (``--repeat``): advise's own spread."""
+    lines = ["", f"Repeat: the same points again (`{repeat['command']}`, `{repeat['file']}`); its verdicts: "
+             + "; ".join(f"against [{n}], {line}" for n, source in enumerate(sources, 1)
+                         for line in per_rate(repeat["points"], source["file"])) + ".", "",
+             "| rate Gbit/s | model | advise recommends (this run / repeat) | projected step ms, this run / repeat: "
+             + ", ".join(REGISTERED) + " |", "|---|---|---|---|"]
+    for key, point in points.items():
+        again = repeat["points"].get(key)
+        if again is None:
+            continue
+        rate, model = key.split("/")
+        mine, theirs = (p["comparisons"][sources[0]["file"]] for p in (point, again))
+        steps = ", ".join(f"{a['projected_ms']:.0f} / {b['projected_ms']:.0f}"
+                          for a, b in zip(mine["methods"], theirs["methods"]))
+        lines.append(f"| {rate} | {model} | {mine['recommended']} / {theirs['recommended']} | {steps} |")
+    return lines
 
 
 def parts(points, source, number):
@@ -294,6 +318,7 @@ def main(argv=None):
                         default=[DOCS / "benchmarks" / "endtoend.json"],
                         help="end-to-end JSON files, comma-separated, each compared on its own")
     parser.add_argument("--job-timeout", type=int, default=900, help="seconds for one advise run")
+    parser.add_argument("--repeat", type=Path, help="another run's advise_live.json: shown beside this one")
     parser.add_argument("--conditions", default="", help="a sentence on the machine's state during the run, for the section")
     parser.add_argument("--out", type=Path, default=DOCS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -306,7 +331,11 @@ def main(argv=None):
     results = sweep(args, path)
     compare_all(results, sources)
     path.write_text(json.dumps(results, indent=1) + "\n")
-    write_section(args.out / "benchmarks.md", SECTION, markdown(results, sources))
+    repeat = None
+    if args.repeat:
+        repeat = {**json.loads(args.repeat.read_text()), "file": str(args.repeat)}
+        compare_all(repeat, sources)
+    write_section(args.out / "benchmarks.md", SECTION, markdown(results, sources, repeat))
     for source in sources:
         for line in per_rate(results["points"], source["file"]):
             say(f"against {source['file']}: {line}")
