@@ -76,8 +76,8 @@ def check(measured):
 def markdown(rows, choices, command, measured):
     lines = [f"Command: `{command}` (from the end-to-end run above: {measured['np']} ranks, low-rank "
              f"methods at rank {measured['rank']}). A check of advise's projection model fed with "
-             "that run's measurements, not a run of advise on the testbed (which is still to do); "
-             "how, in `benchmarks/advise_check.py`.", "",
+             "that run's measurements, not a run of advise on the testbed (that is the section "
+             "\"advise live on the emulated cluster\"); how, in `benchmarks/advise_check.py`.", "",
              f"Per rate: each method's projected step within {100 * WITHIN_STEP:.0f}% of the measured "
              f"median, and the method projected fastest within {100 * WITHIN_CHOICE:.0f}% of the "
              "fastest measured.", "",

@@ -317,3 +317,68 @@ def test_claims_at_gpu_scale_asks_every_candidate_at_once_and_runs_lgreco_where_
     assert "| Word LM: L-GreCo over PowerSGD | NO | no uniform setting within 1% of uncompressed |" in text
     assert "L-GreCo over PowerSGD rank 16: equal quality at >= 1.5x fewer bytes per step (that setting" in text
     assert json.loads((tmp_path / "benchmarks" / "claims_gpu.json").read_text())["scale"] == "gpu"
+
+
+def test_advise_live_compares_each_point_with_endtoend_writes_its_section_and_resumes(tmp_path, monkeypatch):
+    """advise_live's driver with the testbed and the advise job faked: each method's projection
+    against the measured step, the recommendation's method against the fastest measured, each
+    end-to-end file on its own (a rate one did not measure left without verdict), and a rerun
+    runs nothing."""
+    import contextlib
+
+    from benchmarks import advise_live
+    measured = {"S-SGD": 700.0, "FP16": 500.0, "PowerSGD": 300.0, "ACP-SGD": 250.0, "ScaleCom": 265.0}
+
+    def endtoend(name, rates, scale):
+        path = tmp_path / name
+        runs = {method: {"step_ms": {"median": scale * ms}, "compute_ms": 150.0, "codec_ms": 20.0,
+                         "exposed_comm_ms": scale * ms - 170.0} for method, ms in measured.items()}
+        path.write_text(json.dumps({"np": 4, "rank": 4, "command": f"python -m benchmarks endtoend {name}",
+                                    "load_average_before": [0.5, 0.5, 0.5],
+                                    "rates": {rate: {"models": {"cnn": runs}} for rate in rates}}))
+        return str(path)
+    stored, again = endtoend("stored.json", ["1"], 1.0), endtoend("again.json", ["1", "10"], 2.0)
+    # Projections: PowerSGD 25% over the stored step, the rest within 20%.
+    projected = {("none", ""): 720.0, ("fp16", ""): 520.0, ("powersgd", "rank=4"): 375.0,
+                 ("acpsgd", "rank=4"): 240.0, ("acpsgd", "rank=16"): 230.0, ("scalecom", "density=0.01"): 280.0}
+    ran = []
+
+    def fake_point(cluster, model, timeout):
+        ran.append((cluster.rate_gbit, model))
+        candidates = [{"method": m, "setting": s, "step_ms": ms, "codec_ms": 20.0} for (m, s), ms in projected.items()]
+        link = {"latency_s": 0.001, "bytes_per_s": 1e8, "measured": {"4096": 0.001, "1000000": 0.02}}
+        advice = {"candidates": candidates, "recommendation": "compress with acpsgd rank=16: 720.0 -> 230.0 ms",
+                  "compute_ms": 150.0, "links": {"allreduce": link}}
+        return {"command": "mpirun -np 4 python -m hvd_compress.advise", "testbed": "faked", "table": "THE TABLE",
+                "advice": advice, "load_average_before": [0.5, 0.5, 0.5], "wall_seconds": 30.0,
+                "other_cpu_seconds": 0.1}
+
+    @contextlib.contextmanager
+    def fake_cluster(ranks, rate):
+        yield argparse.Namespace(rate_gbit=rate, ranks=ranks)
+    monkeypatch.setattr(advise_live, "advise_point", fake_point)
+    monkeypatch.setattr(advise_live, "emulated_cluster", fake_cluster)
+    monkeypatch.setattr(sys, "argv", ["python -m benchmarks advise_live"])
+    options = ["--rates", "1,10", "--models", "cnn", "--from", f"{stored},{again}", "--out", str(tmp_path)]
+    advise_live.main(options)
+    assert ran == [(1.0, "cnn"), (10.0, "cnn")]
+    points = json.loads((tmp_path / "benchmarks" / "advise_live.json").read_text())["points"]
+    one = points["1/cnn"]["comparisons"][stored]
+    assert [m["met"] for m in one["methods"]] == [True, True, False, True, True]
+    assert (one["recommended_as"], one["setting_measured"], one["fastest"], one["met"]) == ("ACP-SGD", False, "ACP-SGD", True)
+    assert "met" not in points["10/cnn"]["comparisons"][stored]
+    assert [m["met"] for m in points["10/cnn"]["comparisons"][again]["methods"]] == [False] * 5
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## advise live on the emulated cluster" in text and "THE TABLE" in text
+    assert "| 1 | cnn | 4 of 5 | **NO** | acpsgd rank=16 | no | ACP-SGD | 1.00 | yes |" in text
+    assert "1 Gbit/s: steps within 20% NOT met, recommendation within 10% met; 10 Gbit/s: not measured" in text
+    assert "| 1 | cnn | PowerSGD | rank=4 | 375.0 | 300.0 | 1.25 | 600.0 | 0.62 |" in text
+    assert "| 1 | cnn | PowerSGD | 150 / 150 | 20 / 20 | 205 / 430 |" in text  # the parts against [2]
+    assert "| 1 | cnn | 11 / 20 at 1.0 MB | - | - | - |" in text  # the link fit at the largest probe
+    repeat = tmp_path / "repeat.json"
+    repeat.write_text((tmp_path / "benchmarks" / "advise_live.json").read_text())
+    advise_live.main(options + ["--repeat", str(repeat)])
+    assert len(ran) == 2
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "| 1 | cnn | acpsgd rank=16 / acpsgd rank=16 | 720 / 720, 520 / 520, 375 / 375, 240 / 240, 280 / 280 |" in text
+    assert advise_live.recommended("do not compress: the link is fast enough") == ("none", "")
