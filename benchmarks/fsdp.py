@@ -185,15 +185,22 @@ def run(args):
     results = json.loads(path.read_text()) if path.exists() else {}
     results.setdefault("timing", {})
     results.setdefault("quality", {})
-    results.update(command=command_line(), machine=machine(), rank=args.rank, rate_gbit=args.rate,
-                   warmup=args.warmup, steps=args.steps, quality_steps=args.quality_steps)
+    # Runs at another rank than the first are kept beside it, their label naming the rank.
+    results.setdefault("rank", args.rank)
+    results.update(machine=machine(), rate_gbit=args.rate, warmup=args.warmup, steps=args.steps,
+                   quality_steps=args.quality_steps)
+    if command_line() not in results.setdefault("commands", [results.pop("command", command_line())]):
+        results["commands"].append(command_line())
+
+    def label(method):
+        return method if method == PLAIN or args.rank == results["rank"] else f"{method}, rank {args.rank}"
 
     def save():
         path.write_text(json.dumps(results, indent=1) + "\n")
         write_section(args.out / "benchmarks.md", SECTION, markdown(results))
 
     wanted = [(model, method) for model in args.models for method in args.methods
-              if method not in results["timing"].get(model, {})]
+              if label(method) not in results["timing"].get(model, {})]
     if wanted:
         shaped = contextlib.nullcontext() if args.quick else emulated_cluster(
             NODES * RANKS_PER_NODE, args.rate, ranks_per_node=RANKS_PER_NODE)
@@ -201,16 +208,16 @@ def run(args):
             if cluster is not None:
                 results["testbed"] = cluster.describe()
             for model, method in wanted:
-                results["timing"].setdefault(model, {})[method] = timing_job(args, cluster, model, method)
+                results["timing"].setdefault(model, {})[label(method)] = timing_job(args, cluster, model, method)
                 save()
     for seed in args.seeds:
         for method in args.methods:
-            runs = results["quality"].setdefault(method, {})
+            runs = results["quality"].setdefault(label(method), {})
             if str(seed) not in runs:
                 argv = worker_argv(args, "quality", method=method, steps=args.quality_steps, seed=seed)
                 runs[str(seed)] = round(torchrun_job(argv, NODES * RANKS_PER_NODE, args.job_timeout,
                                                       RESULT_PREFIX)[0]["perplexity"], 3)
-                print(f"charlm {method} seed {seed}: perplexity {runs[str(seed)]:.3f}", flush=True)
+                print(f"charlm {label(method)} seed {seed}: perplexity {runs[str(seed)]:.3f}", flush=True)
                 save()
     save()
     return results
@@ -219,11 +226,12 @@ def run(args):
 # ----- the section ------------------------------------------------------------------------------
 def markdown(results):
     shaped = "testbed" in results
-    lines = [f"`{results['command']}`", "", describe_machine(results["machine"]) +
+    commands = results.get("commands", [results.get("command")])
+    lines = [", then ".join(f"`{command}`" for command in commands), "", describe_machine(results["machine"]) +
              " 4 ranks (2 nodes x 2), one torch thread each, Gloo; "
              + (f"{results['testbed']}." if shaped else "no network shaping (--quick).")
              + f" HSDP over a 2 x 2 (\"replicate\", \"shard\") mesh: each shard group one node, each "
-             f"replicate group across both. Low-rank methods at rank {results['rank']}; "
+             f"replicate group across both. Low-rank methods at rank {results['rank']} unless the row says; "
              f"{results['warmup']} warm-up and {results['steps']} timed steps per job; how each "
              "method runs: `benchmarks/fsdp.py`.", ""]
     where = f"{results['rate_gbit']:g} Gbit/s between nodes" if shaped else "no network shaping"
@@ -278,20 +286,23 @@ def wire_ms(model, rate_gbit):
 
 
 def target_lines(results):
+    """The target's outcome for the method at each rank measured (its label with or without
+    ", rank R")."""
     model, method, least = TARGET
     rows = []
-    timing = results["timing"].get(model, {})
-    if "step_ms" in timing.get(method, {}) and "step_ms" in timing.get(PLAIN, {}):
-        ratio = timing[PLAIN]["step_ms"]["median"] / timing[method]["step_ms"]["median"]
-        rows.append(f"{method} {ratio:.2f}x plain HSDP's step rate on {model} "
-                    f"(>= {least}: {'met' if ratio >= least else 'NOT met'})")
-    quality = results["quality"]
-    if quality.get(method) and quality.get(PLAIN):
-        ours, plain = list(quality[method].values()), list(quality[PLAIN].values())
-        spread = max(max(ours) - min(ours), max(plain) - min(plain))
-        gap = statistics.mean(ours) - statistics.mean(plain)
-        rows.append(f"{method}'s mean perplexity {gap:+.3f} from plain HSDP's, seeds' spread {spread:.3f} "
-                    f"({len(plain)} seeds; {'met' if abs(gap) <= spread else 'NOT met'})")
+    timing, quality = results["timing"].get(model, {}), results["quality"]
+    labels = [m for m in dict.fromkeys([*timing, *quality]) if m == method or m.startswith(f"{method}, rank ")]
+    for label in labels:
+        if "step_ms" in timing.get(label, {}) and "step_ms" in timing.get(PLAIN, {}):
+            ratio = timing[PLAIN]["step_ms"]["median"] / timing[label]["step_ms"]["median"]
+            rows.append(f"{label} {ratio:.2f}x plain HSDP's step rate on {model} "
+                        f"(>= {least}: {'met' if ratio >= least else 'NOT met'})")
+        if quality.get(label) and quality.get(PLAIN):
+            ours, plain = list(quality[label].values()), list(quality[PLAIN].values())
+            spread = max(max(ours) - min(ours), max(plain) - min(plain))
+            gap = statistics.mean(ours) - statistics.mean(plain)
+            rows.append(f"{label}'s mean perplexity {gap:+.3f} from plain HSDP's, seeds' spread {spread:.3f} "
+                        f"({len(plain)} seeds; {'met' if abs(gap) <= spread else 'NOT met'})")
     return rows or ["not measured yet"]
 
 
@@ -303,7 +314,8 @@ def command_line():
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks fsdp", description=__doc__.splitlines()[0])
-    parser.add_argument("--models", type=lambda text: text.split(","), default=["charlm", "cnn"])
+    parser.add_argument("--models", type=lambda text: [m for m in text.split(",") if m], default=["charlm", "cnn"],
+                        help="models of the timing jobs; empty: none (quality runs only)")
     parser.add_argument("--methods", type=lambda text: text.split(","), default=METHODS)
     parser.add_argument("--rate", type=float, default=1.0, help="link rate between nodes, Gbit/s")
     parser.add_argument("--rank", type=int, default=4, help="rank of the low-rank methods")
