@@ -161,15 +161,16 @@ def worker_argv(args, kind, **flags):
 def timing_job(args, cluster, model, method):
     flags = dict(model=model, method=method, warmup=args.warmup, steps=args.steps)
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
-    if cluster is None:  # --quick: plain torchrun on this host
-        return summarise_timing(torchrun_job(worker_argv(args, "timing", **flags), args.np, args.job_timeout,
-                                             RESULT_PREFIX)[0])
-    argv = worker_argv(args, "timing", master=cluster.address(0), interface_prefix=cluster.prefix, **flags)
     try:
-        job = undisturbed(lambda: cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX),
-                          args.max_other_cpu, lambda result: f"{model} {method}: median step "
-                          f"{1e3 * statistics.median(result['seconds']):.1f} ms, job {result['wall_seconds']:.0f} s")
-    except RuntimeError as error:
+        if cluster is None:  # --quick: plain torchrun on this host
+            job = torchrun_job(worker_argv(args, "timing", **flags), args.np, args.job_timeout, RESULT_PREFIX)[0]
+        else:
+            argv = worker_argv(args, "timing", master=cluster.address(0), interface_prefix=cluster.prefix, **flags)
+            job = undisturbed(lambda: cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX),
+                              args.max_other_cpu, lambda result: f"{model} {method}: median step "
+                              f"{1e3 * statistics.median(result['seconds']):.1f} ms, job "
+                              f"{result['wall_seconds']:.0f} s")
+    except RuntimeError as error:  # torch's powerSGD_hook over Gloo can (module docstring)
         failure = root_cause(error)
         print(f"{model} {method}: FAILED: {failure}", flush=True)
         return {"failed": failure[:240]}

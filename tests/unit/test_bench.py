@@ -161,12 +161,17 @@ def test_endtoend_on_the_testbed_then_its_projection(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_ddp_quick_times_and_trains_every_method_under_torchrun(tmp_path, monkeypatch):
-    from benchmarks.ddp import DIGITS_METHODS, METHODS
+    from benchmarks.ddp import DIGITS_METHODS, HOOK, HOOK_ONE_BUCKET, METHODS
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     assert bench.main(["ddp", "--quick", "--job-timeout", "120", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "benchmarks" / "ddp.json").read_text())
     assert list(results["timing"]["cnn"]) == METHODS and list(results["digits"]) == DIGITS_METHODS
-    assert all(entry["step_ms"]["median"] > 0 for entry in results["timing"]["cnn"].values())
+    # torch's own powerSGD_hook may fail over Gloo (benchmarks/ddp.py says why); it is then
+    # recorded with its error. This project's methods must run.
+    timing = results["timing"]["cnn"]
+    failed = {method: entry["failed"] for method, entry in timing.items() if "failed" in entry}
+    assert set(failed) <= {HOOK, HOOK_ONE_BUCKET}, f"timing jobs failed: {failed}"
+    assert all(entry["step_ms"]["median"] > 0 for method, entry in timing.items() if method not in failed)
     assert all(0 <= accuracy <= 1 for accuracy in results["digits"].values())
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## PyTorch DDP" in text and "python -m benchmarks ddp --quick" in text and "Targets:" in text
