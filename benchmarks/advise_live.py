@@ -164,7 +164,8 @@ def reprojected_note(before, after, sources):
              "as it measured them) again with the current model of `hvd_compress/advise.py` (links "
              "interpolated between the probes, messages counted as stock `hvd.DistributedOptimizer` "
              "issues them), into `benchmarks/advise_live_reprojected.json`; the tables below are those "
-             "projections. Steps within 20%, run's own projections -> re-projected:", "",
+             "projections (a `--repeat` run's likewise, in `<its name>_reprojected.json` beside it). "
+             "Per rate, the run's own projections against the re-projected ones:", "",
              "| against | rate Gbit/s | steps within 20%, as run | re-projected | recommendation within 10%, as run | re-projected |",
              "|---|---|---|---|---|---|"]
     for number, source in enumerate(sources, 1):
@@ -178,9 +179,8 @@ def reprojected_note(before, after, sources):
                 cells.append((f"{sum(steps)} of {len(steps)}" if steps else "-",
                               f"{sum(choices)} of {len(choices)}" if choices else "-"))
             lines.append(f"| [{number}] | {rate} | {cells[0][0]} | {cells[1][0]} | {cells[0][1]} | {cells[1][1]} |")
-    lines += link_fits(before["points"], "The run's own link fit (one line weighted by 1/seconds squared)")
-    lines.append("\nRe-projected, the bandwidth comes from the two largest probes and the link passes through "
-                 "every probe, so at the largest probe it is what was measured.")
+    lines += link_fits(before["points"], "The run's own link fit (latency + bytes / bandwidth, one line through "
+                       "all probes weighted by 1/seconds squared)", line=True)
     return "\n".join(lines) + "\n\n"
 
 
@@ -294,8 +294,10 @@ def markdown(results, sources, repeat=None):
         lines += repeated(points, repeat, sources)
     lines += parts(points, sources[-1], len(sources)) + link_fits(points)
     rate, model = example.split("/")
-    lines += ["", f"advise's table as rank 0 printed it, {model} at {rate} Gbit/s (every point's in "
-              "`benchmarks/advise_live.json`):", "", "```", points[example]["table"], "```"]
+    shown = ("re-projected (`hvd_compress.advise.format_advice`; as rank 0 printed it in "
+             "`benchmarks/advise_live.json`)" if "reprojected" in results else
+             "as rank 0 printed it (every point's in `benchmarks/advise_live.json`)")
+    lines += ["", f"advise's table, {model} at {rate} Gbit/s, {shown}:", "", "```", points[example]["table"], "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -333,10 +335,11 @@ def parts(points, source, number):
     return lines
 
 
-def link_fits(points, fit="advise's link fit"):
-    """advise's fitted link against its own largest probe, per collective and point."""
-    lines = ["", f"{fit} (latency + bytes / bandwidth, as its JSON holds them) at its own "
-             "largest probe, fitted / measured ms:", "", "| rate Gbit/s | model | "
+def link_fits(points, fit="advise's link model (interpolated between its probes, beyond them latency + "
+                          "bytes / bandwidth of the two largest)", line=False):
+    """advise's link against its own largest probe, per collective and point; ``line``: the
+    JSON's latency + bytes / bandwidth (a run of the model before interpolation)."""
+    lines = ["", f"{fit} at its own largest probe, fitted / measured ms:", "", "| rate Gbit/s | model | "
              + " | ".join(COLLECTIVES) + " |", "|---|---|" + "---|" * len(COLLECTIVES)]
     for key, point in points.items():
         rate, model = key.split("/")
@@ -347,7 +350,8 @@ def link_fits(points, fit="advise's link fit"):
                 cells.append("-")
                 continue
             nbytes, seconds = max(((int(n), s) for n, s in link["measured"].items()))
-            fitted = link["latency_s"] + nbytes / link["bytes_per_s"]
+            fitted = (link["latency_s"] + nbytes / link["bytes_per_s"] if line
+                      else advise.Link(**link).seconds(nbytes))
             cells.append(f"{1e3 * fitted:.0f} / {1e3 * seconds:.0f} at {nbytes / 1e6:.1f} MB")
         lines.append(f"| {rate} | {model} | " + " | ".join(cells) + " |")
     return lines
