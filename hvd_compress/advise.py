@@ -12,7 +12,9 @@ What it does, on every rank together:
 
 1. **Codec**: every registered compressor at one to three settings (``SETTINGS``) compresses,
    feeds back error and decompresses this model's gradients on this device, each collective
-   answered locally as if every rank had sent the same payload. Counted on the way: the bytes
+   answered locally as if every rank had sent the same payload. A step waits for the slowest
+   rank (ScaleCom's leader, which selects for all, changes every step), so each timed step
+   counts the slowest rank's codec. Counted on the way: the bytes
    each collective carries per step and how many rounds follow one another.
 2. **Links**: Horovod's all-reduce, all-gather, broadcast and all-to-all, timed over the ranks
    at sizes from 4 KiB up to the largest message a method would send (Horovod fuses what is
@@ -100,6 +102,7 @@ class Candidate:
     messages: Dict[str, Tuple[int, float]]  # collective -> (messages, bytes each): first rounds
     # Rounds that follow another, one gradient after another: collective -> (messages, bytes each)
     serial_messages: Dict[str, Tuple[int, float]] = field(default_factory=dict)
+    codec_step_ms: List[float] = field(default_factory=list)  # this rank's, per timed step
     communication_ms: float = 0.0
     step_ms: float = 0.0
     speedup: float = 1.0
@@ -146,6 +149,10 @@ class HorovodRanks:
         """Rank 0's ``obj`` on every rank."""
         return self.hvd.broadcast_object(obj, root_rank=0, name="hvd_compress.advise.agree")
 
+    def gather(self, obj: Any) -> List[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        return self.hvd.allgather_object(obj, name="hvd_compress.advise.gather")
+
 
 class TorchRanks:
     """Collectives through ``torch.distributed`` (``torchrun``), Gloo on CPUs, NCCL on GPUs."""
@@ -174,6 +181,11 @@ class TorchRanks:
         box = [obj]
         self.dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def gather(self, obj: Any) -> List[Any]:
+        every = [None] * self.size
+        self.dist.all_gather_object(every, obj)
+        return every
 
 
 def launched_ranks(device: torch.device):
@@ -272,7 +284,17 @@ def measure_codec(method: str, setting: Dict[str, Any], grads: Dict[str, torch.T
     messages, serial = stock_messages(rounds)
     label = ",".join(f"{key}={value}" for key, value in setting.items())
     return Candidate(method, label, traffic.wire_bytes / max(1, traffic.steps), 1e3 * statistics.median(seconds),
-                     messages, serial)
+                     messages, serial, [1e3 * s for s in seconds])
+
+
+def slowest_codec(every_rank: Sequence[Candidate]) -> Candidate:
+    """The first rank's candidate with its codec time the median over the timed steps of the
+    slowest rank's time at each (every rank timed the same steps)."""
+    first = every_rank[0]
+    per_step = [max(steps) for steps in zip(*(c.codec_step_ms for c in every_rank))]
+    if per_step:
+        first.codec_ms, first.codec_step_ms = statistics.median(per_step), per_step
+    return first
 
 
 _FUSED_BY_HOROVOD = (Collective.ALLREDUCE, Collective.ALLGATHER)
@@ -427,7 +449,9 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
            compute_steps: int = 3, repeats: int = 3) -> Advice:
     """Measures and projects every method (``methods``: registry names, default all) for
     ``model`` on the launched ranks; every rank must call it. ``compute_ms``: forward plus
-    backward of one step, when ``loss_of`` is not given (backward taken as two thirds of it)."""
+    backward of one step, when ``loss_of`` is not given (backward taken as two thirds of it).
+    ``ranks``: the launched ones by default; a stand-in has ``rank``, ``size``, ``run``,
+    ``barrier``, ``agree`` and optionally ``gather`` (without it, rank 0's codec times count)."""
     device = next(model.parameters()).device
     ranks = ranks or launched_ranks(device)
     methods = list(methods or COMPRESSORS)
@@ -452,8 +476,9 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
     for method in methods:
         for setting in _settings_of(method):
             ranks.barrier()  # every rank's codec runs at once, as in training
-            candidates.append(ranks.agree(measure_codec(method, setting, grads, named, ranks.rank,
-                                                        ranks.size, codec_steps)))
+            mine = measure_codec(method, setting, grads, named, ranks.rank, ranks.size, codec_steps)
+            every_rank = ranks.gather(mine) if hasattr(ranks, "gather") else [ranks.agree(mine)]
+            candidates.append(slowest_codec(every_rank))
     largest = {}
     for candidate in candidates:
         for collective, (_, per_message) in [*candidate.messages.items(), *candidate.serial_messages.items()]:

@@ -73,6 +73,15 @@ def test_stock_messages_fuse_first_rounds_and_run_following_ones_per_gradient():
     assert adv.stock_messages(dense) == ({"allreduce": (3, (160 << 20) / 3)}, {})
 
 
+def test_a_step_counts_the_slowest_ranks_codec():
+    """ScaleCom-like: the leader, a different rank at each timed step, selects for all."""
+    ranks = [candidate("scalecom", "density=0.01", 0.0, {}) for _ in range(3)]
+    for rank, steps in enumerate(([90.0, 10.0, 10.0], [10.0, 80.0, 10.0], [10.0, 10.0, 70.0])):
+        ranks[rank].codec_step_ms = steps
+    slowest = adv.slowest_codec(ranks)
+    assert slowest is ranks[0] and slowest.codec_step_ms == [90.0, 80.0, 70.0] and slowest.codec_ms == 80.0
+
+
 def test_following_rounds_are_exposed_whole():
     links = {"allreduce": adv.Link(1e-3, 1e9)}
     c = candidate("powersgd", "rank=4", 10.0, {"allreduce": (1, 1e6)})
@@ -90,6 +99,7 @@ def test_measure_codec_counts_powersgd_rounds_as_the_stock_optimizer_issues_them
     # Every first round fused into one all-reduce; each weight matrix's Q round on its own.
     assert counted.messages["allreduce"][0] == 1
     assert counted.serial_messages["allreduce"][0] == 2
+    assert len(counted.codec_step_ms) == 1 and counted.codec_ms == counted.codec_step_ms[0]
     assert adv.measure_codec("fp16", {}, grads, named, 0, 4, steps=1).serial_messages == {}
 
 
