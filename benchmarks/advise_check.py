@@ -58,7 +58,8 @@ def check(measured):
                 if method not in REGISTERED:
                     continue
                 counted = messages[model][method]
-                candidate = advise.Candidate(method, "", 0.0, run["codec_ms"], counted.messages, counted.serial_messages)
+                candidate = advise.Candidate(method, "", 0.0, run["codec_ms"], counted.messages,
+                                             serial_messages=counted.serial_messages)
                 compute_s = run["compute_ms"] / 1e3
                 advise.project(candidate, links, compute_s, 2 * compute_s / 3)
                 projected[method] = candidate.step_ms

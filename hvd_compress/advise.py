@@ -100,14 +100,14 @@ class Candidate:
     wire_bytes: float                # what one rank sends per step (ring model, as Traffic counts)
     codec_ms: float
     messages: Dict[str, Tuple[int, float]]  # collective -> (messages, bytes each): first rounds
-    # Rounds that follow another, one gradient after another: collective -> (messages, bytes each)
-    serial_messages: Dict[str, Tuple[int, float]] = field(default_factory=dict)
-    codec_step_ms: List[float] = field(default_factory=list)  # this rank's, per timed step
     communication_ms: float = 0.0
     step_ms: float = 0.0
     speedup: float = 1.0
     evidence: str = ""
     quality_ok: Optional[bool] = None  # None: no evidence held
+    # Rounds that follow another, one gradient after another: collective -> (messages, bytes each)
+    serial_messages: Dict[str, Tuple[int, float]] = field(default_factory=dict)
+    codec_step_ms: List[float] = field(default_factory=list)  # per timed step
 
 
 @dataclass
@@ -269,14 +269,13 @@ def measure_codec(method: str, setting: Dict[str, Any], grads: Dict[str, torch.T
     seconds = []
     for step in range(steps + 1):
         started = _settle(device)
-        rounds = []  # (gradient's round index, collective, last, bytes) of this step
+        rounds = []  # (gradient's round index, collective, bytes) of this step
         for name, grad in grads.items():
             traffic.add_gradient(grad)
             round_, index = compressor.begin(name, grad), 0
             while isinstance(round_, Round):
                 traffic.add_payload(round_.payload, round_.collective)
-                rounds.append((index, round_.collective, round_.last,
-                               round_.payload.numel() * round_.payload.element_size()))
+                rounds.append((index, round_.collective, round_.payload.numel() * round_.payload.element_size()))
                 round_, index = round_.then(_answer(round_, world)), index + 1
         compressor.end_step()
         if step:
@@ -284,7 +283,7 @@ def measure_codec(method: str, setting: Dict[str, Any], grads: Dict[str, torch.T
     messages, serial = stock_messages(rounds)
     label = ",".join(f"{key}={value}" for key, value in setting.items())
     return Candidate(method, label, traffic.wire_bytes / max(1, traffic.steps), 1e3 * statistics.median(seconds),
-                     messages, serial, [1e3 * s for s in seconds])
+                     messages, serial_messages=serial, codec_step_ms=[1e3 * s for s in seconds])
 
 
 def slowest_codec(every_rank: Sequence[Candidate]) -> Candidate:
@@ -300,17 +299,17 @@ def slowest_codec(every_rank: Sequence[Candidate]) -> Candidate:
 _FUSED_BY_HOROVOD = (Collective.ALLREDUCE, Collective.ALLGATHER)
 
 
-def stock_messages(rounds: Sequence[Tuple[int, Collective, bool, int]]
+def stock_messages(rounds: Sequence[Tuple[int, Collective, int]]
                    ) -> Tuple[Dict[str, Tuple[int, float]], Dict[str, Tuple[int, float]]]:
     """The messages stock ``hvd.DistributedOptimizer`` issues for one step's ``rounds`` ((round
-    index within its gradient, collective, last, bytes) each), as (first rounds, following
+    index within its gradient, collective, bytes) each), as (first rounds, following
     rounds), each collective -> (messages, bytes per message). First rounds are submitted
     during backward: Horovod fuses the all-reduces and all-gathers among them into buffers of
     up to ``FUSION_BYTES``, the others go one per gradient. A following round is submitted when
     its gradient's previous one lands, and once the step synchronises the driver finishes them
     gradient after gradient (``comm/driver.py``): one message each."""
     fused_bytes, alone, serial = {}, {}, {}
-    for index, collective, _, nbytes in rounds:
+    for index, collective, nbytes in rounds:
         if index == 0 and collective in _FUSED_BY_HOROVOD:
             fused_bytes[collective.value] = fused_bytes.get(collective.value, 0) + nbytes
         else:

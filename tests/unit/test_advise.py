@@ -63,13 +63,13 @@ def test_a_link_fit_holds_at_the_large_messages_past_a_burst():
 
 def test_stock_messages_fuse_first_rounds_and_run_following_ones_per_gradient():
     allreduce, broadcast = adv.Collective.ALLREDUCE, adv.Collective.BROADCAST
-    powersgd_like = [(0, allreduce, False, 1000), (1, allreduce, True, 500)] * 3 + [(0, allreduce, True, 400)]
+    powersgd_like = [(0, allreduce, 1000), (1, allreduce, 500)] * 3 + [(0, allreduce, 400)]
     first, following = adv.stock_messages(powersgd_like)
     assert first == {"allreduce": (1, 3400)} and following == {"allreduce": (3, 500)}
-    scalecom_like = [(0, broadcast, False, 100), (1, allreduce, True, 300)] * 2 + [(0, allreduce, True, 400)]
+    scalecom_like = [(0, broadcast, 100), (1, allreduce, 300)] * 2 + [(0, allreduce, 400)]
     first, following = adv.stock_messages(scalecom_like)
     assert first == {"broadcast": (2, 100), "allreduce": (1, 400)} and following == {"allreduce": (2, 300)}
-    dense = [(0, allreduce, True, 40 << 20)] * 4  # 160 MiB: three fusion buffers
+    dense = [(0, allreduce, 40 << 20)] * 4  # 160 MiB: three fusion buffers
     assert adv.stock_messages(dense) == ({"allreduce": (3, (160 << 20) / 3)}, {})
 
 
