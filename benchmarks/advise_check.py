@@ -33,7 +33,7 @@ WITHIN_STEP, WITHIN_CHOICE = 0.20, 0.10
 
 
 def messages_of(model_name, rank, world):
-    """{method: (collective -> (fused messages, bytes each))} as advise counts them."""
+    """{method: Candidate} with the messages advise counts (first rounds and following ones)."""
     torch.manual_seed(0)
     model = WORKLOADS[model_name](torch.Generator().manual_seed(0))[0]
     grads = {name: torch.randn(p.shape) for name, p in model.named_parameters()}
@@ -41,7 +41,7 @@ def messages_of(model_name, rank, world):
     counted = {}
     for method, (name, settings) in REGISTERED.items():
         settings = {key: rank if value is None else value for key, value in settings.items()}
-        counted[method] = advise.measure_codec(name, settings, grads, named, 0, world, steps=1).messages
+        counted[method] = advise.measure_codec(name, settings, grads, named, 0, world, steps=1)
     return counted
 
 
@@ -57,7 +57,9 @@ def check(measured):
             for method, run in methods.items():
                 if method not in REGISTERED:
                     continue
-                candidate = advise.Candidate(method, "", 0.0, run["codec_ms"], messages[model][method])
+                counted = messages[model][method]
+                candidate = advise.Candidate(method, "", 0.0, run["codec_ms"], counted.messages,
+                                             serial_messages=counted.serial_messages)
                 compute_s = run["compute_ms"] / 1e3
                 advise.project(candidate, links, compute_s, 2 * compute_s / 3)
                 projected[method] = candidate.step_ms

@@ -3,6 +3,7 @@
     python -m benchmarks advise_live [--rates 0.5,1,10] [--models charlm,cnn] [--np 4]
         [--from docs/benchmarks/endtoend.json[,more.json]] [--repeat other/advise_live.json]
         [--conditions TEXT] [--job-timeout 900] [--out docs/]
+    python -m benchmarks advise_live --reproject [--from ...] [--repeat ...] [--out docs/]
 
 For every rate an :mod:`emulated cluster <benchmarks.testbed>` of ``--np`` ranks is built, and
 on it, per model, the advise command line runs exactly as a user runs it under ``mpirun``
@@ -31,8 +32,16 @@ A rate an end-to-end file did not measure gets no verdict against it. ``--repeat
 another run of the same points, whose recommendations and projections are shown beside these
 (advise's own spread from run to run). Writes the
 "advise live on the emulated cluster" section of ``<out>/benchmarks.md``.
+
+``--reproject``: no run. The stored points' measurements (compute, codec times, probe times)
+are projected again with the current model of :mod:`hvd_compress.advise` (links refitted to
+the stored probes, messages recounted on the model's shapes), written to
+``<out>/benchmarks/advise_live_reprojected.json`` (the repeat's as ``<its name>_reprojected.json``
+there), and the
+section says so, with the stored run's own verdicts beside.
 """
 import argparse
+import copy
 import json
 import os
 import re
@@ -40,6 +49,7 @@ import shlex
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from benchmarks.advise_check import REGISTERED, WITHIN_CHOICE, WITHIN_STEP
@@ -95,6 +105,83 @@ def sweep(args, path):
                 path.write_text(json.dumps(results, indent=1) + "\n")
                 say(f"{rate:g} Gbit/s {model}: {point['advice']['recommendation']}")
     return results
+
+
+# ----- re-projecting the stored measurements --------------------------------------------------
+def stored_advice(stored):
+    """An :class:`advise.Advice` back from its JSON."""
+    links = {name: advise.Link(**link) for name, link in stored["links"].items()}
+    candidates = [advise.Candidate(**c) for c in stored["candidates"]]
+    return advise.Advice(**{**stored, "links": links, "candidates": candidates})
+
+
+def messages_on(model, world, labels):
+    """{(method, setting): Candidate} counted by advise on ``model``'s shapes (codec times unused)."""
+    built, loss_of = advise.load_model(MODELS[model])
+    grads = advise.gradients_of(built, loss_of)
+    named = [(name, p) for name, p in built.named_parameters() if name in grads]
+    counted = {}
+    for method, setting in labels:
+        settings = {key: type(advise.SETTINGS[key][0])(value)
+                    for key, value in (part.split("=") for part in setting.split(",") if part)}
+        counted[(method, setting)] = advise.measure_codec(method, settings, grads, named, 0, world, steps=1)
+    return counted
+
+
+def reproject(results):
+    """``results`` with every point's projection recomputed from its stored measurements."""
+    results = copy.deepcopy(results)
+    counted = {}
+    for key, point in results["points"].items():
+        model = key.split("/")[1]
+        advice = stored_advice(point["advice"])
+        labels = [(c.method, c.setting) for c in advice.candidates]
+        if model not in counted:
+            counted[model] = messages_on(model, advice.world_size, labels)
+        evidence = json.loads(advise.EVIDENCE.read_text()) if advise.EVIDENCE.exists() else {}
+        advice.links = {name: advise.fit_link(link.measured) for name, link in advice.links.items()}
+        compute_s, backward_s = advice.compute_ms / 1e3, advice.backward_ms / 1e3
+        for candidate in advice.candidates:
+            recount = counted[model][(candidate.method, candidate.setting)]
+            candidate.messages, candidate.serial_messages = recount.messages, recount.serial_messages
+            advise.project(candidate, advice.links, compute_s, backward_s)
+            candidate.evidence, candidate.quality_ok = advise.evidence_for(candidate.method, candidate.setting, evidence)
+        baseline = next(c for c in advice.candidates if c.method == "none")
+        baseline.quality_ok = True
+        for candidate in advice.candidates:
+            candidate.speedup = baseline.step_ms / candidate.step_ms
+        advice.recommendation = advise.recommend(advice.candidates)
+        point["advice"] = asdict(advice)
+        point["table"] = advise.format_advice(advice)
+    results["reprojected"] = command_line()
+    return results
+
+
+def reprojected_note(before, after, sources):
+    """The lead of a re-projected section: what it is, and the stored run's own verdicts."""
+    lines = [f"**Re-projected, not a new run**: `{after['reprojected']}` projected the stored points of "
+             "the run below (`benchmarks/advise_live.json`: advise's compute, codec times and probe times "
+             "as it measured them) again with the current model of `hvd_compress/advise.py` (links "
+             "interpolated between the probes, messages counted as stock `hvd.DistributedOptimizer` "
+             "issues them), into `benchmarks/advise_live_reprojected.json`; the tables below are those "
+             "projections (a `--repeat` run's likewise, in `<its name>_reprojected.json` beside it). "
+             "Per rate, the run's own projections against the re-projected ones:", "",
+             "| against | rate Gbit/s | steps within 20%, as run | re-projected | recommendation within 10%, as run | re-projected |",
+             "|---|---|---|---|---|---|"]
+    for number, source in enumerate(sources, 1):
+        for rate in dict.fromkeys(key.split("/")[0] for key in after["points"]):
+            cells = []
+            for results in (before, after):
+                comparisons = [p["comparisons"][source["file"]] for key, p in results["points"].items()
+                               if key.split("/")[0] == rate]
+                steps = [m["met"] for c in comparisons for m in c["methods"] if m["met"] is not None]
+                choices = [c["met"] for c in comparisons if "met" in c]
+                cells.append((f"{sum(steps)} of {len(steps)}" if steps else "-",
+                              f"{sum(choices)} of {len(choices)}" if choices else "-"))
+            lines.append(f"| [{number}] | {rate} | {cells[0][0]} | {cells[1][0]} | {cells[0][1]} | {cells[1][1]} |")
+    lines += link_fits(before["points"], "The run's own link fit (latency + bytes / bandwidth, one line through "
+                       "all probes weighted by 1/seconds squared)", line=True)
+    return "\n".join(lines) + "\n\n"
 
 
 # ----- comparing ------------------------------------------------------------------------------
@@ -207,8 +294,10 @@ def markdown(results, sources, repeat=None):
         lines += repeated(points, repeat, sources)
     lines += parts(points, sources[-1], len(sources)) + link_fits(points)
     rate, model = example.split("/")
-    lines += ["", f"advise's table as rank 0 printed it, {model} at {rate} Gbit/s (every point's in "
-              "`benchmarks/advise_live.json`):", "", "```", points[example]["table"], "```"]
+    shown = ("re-projected (`hvd_compress.advise.format_advice`; as rank 0 printed it in "
+             "`benchmarks/advise_live.json`)" if "reprojected" in results else
+             "as rank 0 printed it (every point's in `benchmarks/advise_live.json`)")
+    lines += ["", f"advise's table, {model} at {rate} Gbit/s, {shown}:", "", "```", points[example]["table"], "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -246,10 +335,11 @@ def parts(points, source, number):
     return lines
 
 
-def link_fits(points):
-    """advise's fitted link against its own largest probe, per collective and point."""
-    lines = ["", "advise's link fit (latency + bytes / bandwidth, weighted by 1/seconds squared) at its own "
-             "largest probe, fitted / measured ms:", "", "| rate Gbit/s | model | "
+def link_fits(points, fit="advise's link model (interpolated between its probes, beyond them latency + "
+                          "bytes / bandwidth of the two largest)", line=False):
+    """advise's link against its own largest probe, per collective and point; ``line``: the
+    JSON's latency + bytes / bandwidth (a run of the model before interpolation)."""
+    lines = ["", f"{fit} at its own largest probe, fitted / measured ms:", "", "| rate Gbit/s | model | "
              + " | ".join(COLLECTIVES) + " |", "|---|---|" + "---|" * len(COLLECTIVES)]
     for key, point in points.items():
         rate, model = key.split("/")
@@ -260,7 +350,8 @@ def link_fits(points):
                 cells.append("-")
                 continue
             nbytes, seconds = max(((int(n), s) for n, s in link["measured"].items()))
-            fitted = link["latency_s"] + nbytes / link["bytes_per_s"]
+            fitted = (link["latency_s"] + nbytes / link["bytes_per_s"] if line
+                      else advise.Link(**link).seconds(nbytes))
             cells.append(f"{1e3 * fitted:.0f} / {1e3 * seconds:.0f} at {nbytes / 1e6:.1f} MB")
         lines.append(f"| {rate} | {model} | " + " | ".join(cells) + " |")
     return lines
@@ -320,6 +411,8 @@ def main(argv=None):
     parser.add_argument("--job-timeout", type=int, default=900, help="seconds for one advise run")
     parser.add_argument("--repeat", type=Path, help="another run's advise_live.json: shown beside this one")
     parser.add_argument("--conditions", default="", help="a sentence on the machine's state during the run, for the section")
+    parser.add_argument("--reproject", action="store_true",
+                        help="no run: project the stored points' measurements again with the current model")
     parser.add_argument("--out", type=Path, default=DOCS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     unknown = [model for model in args.models if model not in MODELS]
@@ -328,14 +421,27 @@ def main(argv=None):
     sources = [measured_runs(source) for source in args.sources]
     (args.out / "benchmarks").mkdir(parents=True, exist_ok=True)
     path = args.out / "benchmarks" / "advise_live.json"
-    results = sweep(args, path)
+    before = None
+    if args.reproject:
+        before = json.loads(path.read_text())
+        compare_all(before, sources)
+        results = reproject(before)
+        path = path.with_name("advise_live_reprojected.json")
+    else:
+        results = sweep(args, path)
     compare_all(results, sources)
     path.write_text(json.dumps(results, indent=1) + "\n")
     repeat = None
     if args.repeat:
         repeat = {**json.loads(args.repeat.read_text()), "file": str(args.repeat)}
+        if args.reproject:
+            repeat = {**reproject(repeat), "file": str(args.repeat)}
+            (path.parent / (args.repeat.stem + "_reprojected.json")).write_text(json.dumps(repeat, indent=1) + "\n")
         compare_all(repeat, sources)
-    write_section(args.out / "benchmarks.md", SECTION, markdown(results, sources, repeat))
+    text = markdown(results, sources, repeat)
+    if before is not None:
+        text = reprojected_note(before, results, sources) + text
+    write_section(args.out / "benchmarks.md", SECTION, text)
     for source in sources:
         for line in per_rate(results["points"], source["file"]):
             say(f"against {source['file']}: {line}")

@@ -12,17 +12,25 @@ What it does, on every rank together:
 
 1. **Codec**: every registered compressor at one to three settings (``SETTINGS``) compresses,
    feeds back error and decompresses this model's gradients on this device, each collective
-   answered locally as if every rank had sent the same payload. Counted on the way: the bytes
+   answered locally as if every rank had sent the same payload. A step waits for the slowest
+   rank (ScaleCom's leader, which selects for all, changes every step), so each timed step
+   counts the slowest rank's codec. Counted on the way: the bytes
    each collective carries per step and how many rounds follow one another.
 2. **Links**: Horovod's all-reduce, all-gather, broadcast and all-to-all, timed over the ranks
    at sizes from 4 KiB up to the largest message a method would send (Horovod fuses what is
-   submitted together into buffers of up to 64 MiB), and fitted to seconds = latency +
-   bytes / bandwidth for each collective.
+   submitted together into buffers of up to 64 MiB). Between two probe sizes a message's time is
+   interpolated on the line through them, beyond the largest extrapolated with the bandwidth of
+   the two largest, below the smallest taken as the smallest's: one straight line through all
+   sizes would be set by the small ones, which a shaped link's burst lets pass at memory speed,
+   and would miss the large messages that decide a step.
 3. **Compute**: a few forward and backward passes of ``loss_of`` (the first one untimed).
-4. **Projection**: a step is compute + codec + exposed communication. Communication is, per
-   collective, one fused message per round that follows another (PowerSGD's P then Q) or per
-   64 MiB; backward hides what it can, as the integrations start each gradient's exchange when
-   it is ready, so exposed = max(communication - backward, the last message).
+4. **Projection**: a step is compute + codec + exposed communication, with the messages as
+   stock ``hvd.DistributedOptimizer`` issues them. Every gradient's first round is submitted
+   during backward and Horovod fuses the all-reduces and all-gathers among them into messages
+   of up to 64 MiB (broadcasts and all-to-alls go one per gradient); backward hides what it can
+   of these, so their exposed part is max(their time - backward, the last message). A round
+   that follows another (PowerSGD's Q after P, ScaleCom's all-reduce after its broadcast) runs
+   gradient after gradient once the step synchronises, one message each, all exposed.
 
 It prints one table (method, setting, bytes one rank sends per step, codec and communication
 time, projected step, speed-up over uncompressed, and the quality this project measured for
@@ -72,7 +80,17 @@ class Link:
     measured: Dict[int, float] = field(default_factory=dict)  # bytes -> median seconds
 
     def seconds(self, nbytes: float) -> float:
-        return self.latency_s + nbytes / self.bytes_per_s
+        """Interpolated between the measured sizes (the module docstring); latency + bytes /
+        bandwidth when fewer than two were measured."""
+        points = sorted((int(n), s) for n, s in self.measured.items())
+        if len(points) < 2:
+            return self.latency_s + nbytes / self.bytes_per_s
+        if nbytes <= points[0][0]:
+            return points[0][1]
+        for (n0, s0), (n1, s1) in zip(points, points[1:]):
+            if nbytes <= n1:
+                return s0 + (s1 - s0) * (nbytes - n0) / (n1 - n0)
+        return points[-1][1] + (nbytes - points[-1][0]) / self.bytes_per_s
 
 
 @dataclass
@@ -81,12 +99,15 @@ class Candidate:
     setting: str                     # "rank=8", or "" for a method without one
     wire_bytes: float                # what one rank sends per step (ring model, as Traffic counts)
     codec_ms: float
-    messages: Dict[str, Tuple[int, float]]  # collective -> (fused messages, bytes per message)
+    messages: Dict[str, Tuple[int, float]]  # collective -> (messages, bytes each): first rounds
     communication_ms: float = 0.0
     step_ms: float = 0.0
     speedup: float = 1.0
     evidence: str = ""
     quality_ok: Optional[bool] = None  # None: no evidence held
+    # Rounds that follow another, one gradient after another: collective -> (messages, bytes each)
+    serial_messages: Dict[str, Tuple[int, float]] = field(default_factory=dict)
+    codec_step_ms: List[float] = field(default_factory=list)  # per timed step
 
 
 @dataclass
@@ -128,6 +149,10 @@ class HorovodRanks:
         """Rank 0's ``obj`` on every rank."""
         return self.hvd.broadcast_object(obj, root_rank=0, name="hvd_compress.advise.agree")
 
+    def gather(self, obj: Any) -> List[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        return self.hvd.allgather_object(obj, name="hvd_compress.advise.gather")
+
 
 class TorchRanks:
     """Collectives through ``torch.distributed`` (``torchrun``), Gloo on CPUs, NCCL on GPUs."""
@@ -156,6 +181,11 @@ class TorchRanks:
         box = [obj]
         self.dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def gather(self, obj: Any) -> List[Any]:
+        every = [None] * self.size
+        self.dist.all_gather_object(every, obj)
+        return every
 
 
 def launched_ranks(device: torch.device):
@@ -230,32 +260,70 @@ def _answer(round_: Round, world: int) -> torch.Tensor:
 def measure_codec(method: str, setting: Dict[str, Any], grads: Dict[str, torch.Tensor],
                   named, rank: int, world: int, steps: int = 2) -> Candidate:
     """One method at one setting on these gradients: codec seconds per step (median of
-    ``steps`` after one untimed), bytes per step and the rounds of each collective."""
+    ``steps`` after one untimed), bytes per step and the messages of each collective, counted
+    by :func:`stock_messages` on the last step's rounds."""
     compressor = COMPRESSORS[method].build(named, **setting)
     compressor.bind_world(rank, world)
     traffic = compressor.traffic
     device = next(iter(grads.values())).device
-    seconds, rounds = [], {}
+    seconds = []
     for step in range(steps + 1):
         started = _settle(device)
+        rounds = []  # (gradient's round index, collective, bytes) of this step
         for name, grad in grads.items():
             traffic.add_gradient(grad)
             round_, index = compressor.begin(name, grad), 0
             while isinstance(round_, Round):
                 traffic.add_payload(round_.payload, round_.collective)
-                rounds.setdefault(round_.collective.value, set()).add(index)
+                rounds.append((index, round_.collective, round_.payload.numel() * round_.payload.element_size()))
                 round_, index = round_.then(_answer(round_, world)), index + 1
         compressor.end_step()
         if step:
             seconds.append(_settle(device) - started)
-    counted = max(1, traffic.steps)
-    messages = {}
-    for collective, (_, payload_bytes) in traffic.by_collective.items():
-        per_step = payload_bytes / counted
-        fused = max(len(rounds[collective]), math.ceil(per_step / FUSION_BYTES))
-        messages[collective] = (fused, per_step / fused)
+    messages, serial = stock_messages(rounds)
     label = ",".join(f"{key}={value}" for key, value in setting.items())
-    return Candidate(method, label, traffic.wire_bytes / counted, 1e3 * statistics.median(seconds), messages)
+    return Candidate(method, label, traffic.wire_bytes / max(1, traffic.steps), 1e3 * statistics.median(seconds),
+                     messages, serial_messages=serial, codec_step_ms=[1e3 * s for s in seconds])
+
+
+def slowest_codec(every_rank: Sequence[Candidate]) -> Candidate:
+    """The first rank's candidate with its codec time the median over the timed steps of the
+    slowest rank's time at each (every rank timed the same steps)."""
+    first = every_rank[0]
+    per_step = [max(steps) for steps in zip(*(c.codec_step_ms for c in every_rank))]
+    if per_step:
+        first.codec_ms, first.codec_step_ms = statistics.median(per_step), per_step
+    return first
+
+
+_FUSED_BY_HOROVOD = (Collective.ALLREDUCE, Collective.ALLGATHER)
+
+
+def stock_messages(rounds: Sequence[Tuple[int, Collective, int]]
+                   ) -> Tuple[Dict[str, Tuple[int, float]], Dict[str, Tuple[int, float]]]:
+    """The messages stock ``hvd.DistributedOptimizer`` issues for one step's ``rounds`` ((round
+    index within its gradient, collective, bytes) each), as (first rounds, following
+    rounds), each collective -> (messages, bytes per message). First rounds are submitted
+    during backward: Horovod fuses the all-reduces and all-gathers among them into buffers of
+    up to ``FUSION_BYTES``, the others go one per gradient. A following round is submitted when
+    its gradient's previous one lands, and once the step synchronises the driver finishes them
+    gradient after gradient (``comm/driver.py``): one message each."""
+    fused_bytes, alone, serial = {}, {}, {}
+    for index, collective, nbytes in rounds:
+        if index == 0 and collective in _FUSED_BY_HOROVOD:
+            fused_bytes[collective.value] = fused_bytes.get(collective.value, 0) + nbytes
+        else:
+            into = alone if index == 0 else serial
+            count, total = into.get(collective.value, (0, 0))
+            into[collective.value] = (count + 1, total + nbytes)
+    first = {}
+    for collective, nbytes in fused_bytes.items():
+        first[collective] = (max(1, math.ceil(nbytes / FUSION_BYTES)), nbytes)
+    for collective, (count, nbytes) in alone.items():
+        fused, total = first.get(collective, (0, 0))
+        first[collective] = (fused + count, total + nbytes)
+    return ({collective: (count, nbytes / count) for collective, (count, nbytes) in first.items()},
+            {collective: (count, nbytes / count) for collective, (count, nbytes) in serial.items()})
 
 
 def probe_sizes(largest: float) -> List[int]:
@@ -268,23 +336,16 @@ def probe_sizes(largest: float) -> List[int]:
 
 
 def fit_link(measured: Dict[int, float]) -> Link:
-    """Least squares of seconds = latency + bytes / bandwidth, weighted by 1/seconds (relative
-    errors, so small messages count as much as large ones)."""
-    points = sorted(measured.items())
+    """The link of these probe times (bytes -> seconds): latency from the smallest probe,
+    bandwidth from the two largest (the large messages' rate, past any burst the link lets
+    through at memory speed); :meth:`Link.seconds` interpolates between the probes."""
+    points = sorted((int(n), s) for n, s in measured.items())
     if len(points) == 1:
         (nbytes, seconds), = points
         return Link(seconds, float("inf"), dict(measured))
-    w = [1 / max(s, 1e-9) ** 2 for _, s in points]
-    sw = sum(w)
-    sx = sum(wi * n for wi, (n, _) in zip(w, points))
-    sy = sum(wi * s for wi, (_, s) in zip(w, points))
-    sxx = sum(wi * n * n for wi, (n, _) in zip(w, points))
-    sxy = sum(wi * n * s for wi, (n, s) in zip(w, points))
-    slope = (sw * sxy - sx * sy) / (sw * sxx - sx * sx)
-    if slope <= 0:  # no bandwidth term visible: all latency
-        return Link(sy / sw, float("inf"), dict(measured))
-    latency = max(0.0, (sy - slope * sx) / sw)
-    return Link(latency, 1 / slope, dict(measured))
+    (n0, s0), (n1, s1) = points[-2:]
+    slope = (s1 - s0) / (n1 - n0)
+    return Link(points[0][1], 1 / slope if slope > 0 else float("inf"), dict(measured))
 
 
 def measure_links(ranks, largest: Dict[str, float], device: torch.device, repeats: int = 3) -> Dict[str, Link]:
@@ -313,12 +374,14 @@ def measure_links(ranks, largest: Dict[str, float], device: torch.device, repeat
 def project(candidate: Candidate, links: Dict[str, Link], compute_s: float, backward_s: float) -> None:
     """Fills in the candidate's communication and step time (the module docstring's model)."""
     communication, last = 0.0, 0.0
-    for collective, (fused, per_message) in candidate.messages.items():
+    for collective, (count, per_message) in candidate.messages.items():
         seconds = links[collective].seconds(per_message)
-        communication += fused * seconds
+        communication += count * seconds
         last = max(last, seconds)
-    exposed = max(communication - backward_s, last)
-    candidate.communication_ms = 1e3 * communication
+    serial = sum(count * links[collective].seconds(per_message)
+                 for collective, (count, per_message) in candidate.serial_messages.items())
+    exposed = max(communication - backward_s, last) + serial
+    candidate.communication_ms = 1e3 * (communication + serial)
     candidate.step_ms = 1e3 * (compute_s + exposed) + candidate.codec_ms
 
 
@@ -385,7 +448,9 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
            compute_steps: int = 3, repeats: int = 3) -> Advice:
     """Measures and projects every method (``methods``: registry names, default all) for
     ``model`` on the launched ranks; every rank must call it. ``compute_ms``: forward plus
-    backward of one step, when ``loss_of`` is not given (backward taken as two thirds of it)."""
+    backward of one step, when ``loss_of`` is not given (backward taken as two thirds of it).
+    ``ranks``: the launched ones by default; a stand-in has ``rank``, ``size``, ``run``,
+    ``barrier``, ``agree`` and optionally ``gather`` (without it, rank 0's codec times count)."""
     device = next(model.parameters()).device
     ranks = ranks or launched_ranks(device)
     methods = list(methods or COMPRESSORS)
@@ -410,11 +475,12 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
     for method in methods:
         for setting in _settings_of(method):
             ranks.barrier()  # every rank's codec runs at once, as in training
-            candidates.append(ranks.agree(measure_codec(method, setting, grads, named, ranks.rank,
-                                                        ranks.size, codec_steps)))
+            mine = measure_codec(method, setting, grads, named, ranks.rank, ranks.size, codec_steps)
+            every_rank = ranks.gather(mine) if hasattr(ranks, "gather") else [ranks.agree(mine)]
+            candidates.append(slowest_codec(every_rank))
     largest = {}
     for candidate in candidates:
-        for collective, (_, per_message) in candidate.messages.items():
+        for collective, (_, per_message) in [*candidate.messages.items(), *candidate.serial_messages.items()]:
             largest[collective] = max(largest.get(collective, 0.0), per_message)
     links = measure_links(ranks, largest, device, repeats)
     evidence = json.loads(EVIDENCE.read_text()) if EVIDENCE.exists() else {}

@@ -36,11 +36,71 @@ def test_evidence_names_the_measurement_and_judges_it_against_the_limits():
     assert adv._loss_of("-0.84 points") == (0.84, "points")
 
 
-def test_a_link_fit_recovers_latency_and_bandwidth():
-    link = adv.fit_link({n: 1e-4 + n / 1e8 for n in (4096, 65536, 1 << 20, 16 << 20)})
-    assert link.latency_s == pytest.approx(1e-4, rel=1e-6)
+def test_a_link_fit_recovers_a_straight_line():
+    sizes = (4096, 65536, 1 << 20, 16 << 20)
+    link = adv.fit_link({n: 1e-4 + n / 1e8 for n in sizes})
     assert link.bytes_per_s == pytest.approx(1e8, rel=1e-6)
+    for nbytes in (*sizes, 300_000, 64 << 20):  # at, between and beyond the probes
+        assert link.seconds(nbytes) == pytest.approx(1e-4 + nbytes / 1e8, rel=1e-6)
     assert adv.fit_link({4096: 2e-3}).seconds(1 << 30) == 2e-3  # one size: latency alone
+    assert adv.Link(1e-3, 1e6).seconds(1e6) == pytest.approx(1.001)  # nothing measured: the line
+
+
+def test_a_link_fit_holds_at_the_large_messages_past_a_burst():
+    """advise's own all-reduce probes at 0.5 Gbit/s (docs/benchmarks/advise_live.json): the
+    small ones pass in tbf's burst at memory speed; the large ones set the step."""
+    measured = {4096: 0.00116, 86220: 0.00131, 1814956: 0.0688, 38204928: 1.684}
+    link = adv.fit_link(measured)
+    for nbytes, seconds in measured.items():
+        assert link.seconds(nbytes) == pytest.approx(seconds)
+    assert link.latency_s == 0.00116
+    assert link.bytes_per_s == pytest.approx((38204928 - 1814956) / (1.684 - 0.0688))  # the large end's rate
+    assert link.seconds(20e6) == pytest.approx(0.0688 + (20e6 - 1814956) * (1.684 - 0.0688) / (38204928 - 1814956))
+    assert link.seconds(76e6) == pytest.approx(1.684 + (76e6 - 38204928) / link.bytes_per_s)
+    assert link.seconds(100) == 0.00116
+    assert adv.fit_link({4096: 2e-3, 8192: 1e-3}).bytes_per_s == float("inf")  # no rate visible
+
+
+def test_stock_messages_fuse_first_rounds_and_run_following_ones_per_gradient():
+    allreduce, broadcast = adv.Collective.ALLREDUCE, adv.Collective.BROADCAST
+    powersgd_like = [(0, allreduce, 1000), (1, allreduce, 500)] * 3 + [(0, allreduce, 400)]
+    first, following = adv.stock_messages(powersgd_like)
+    assert first == {"allreduce": (1, 3400)} and following == {"allreduce": (3, 500)}
+    scalecom_like = [(0, broadcast, 100), (1, allreduce, 300)] * 2 + [(0, allreduce, 400)]
+    first, following = adv.stock_messages(scalecom_like)
+    assert first == {"broadcast": (2, 100), "allreduce": (1, 400)} and following == {"allreduce": (2, 300)}
+    dense = [(0, allreduce, 40 << 20)] * 4  # 160 MiB: three fusion buffers
+    assert adv.stock_messages(dense) == ({"allreduce": (3, (160 << 20) / 3)}, {})
+
+
+def test_a_step_counts_the_slowest_ranks_codec():
+    """ScaleCom-like: the leader, a different rank at each timed step, selects for all."""
+    ranks = [candidate("scalecom", "density=0.01", 0.0, {}) for _ in range(3)]
+    for rank, steps in enumerate(([90.0, 10.0, 10.0], [10.0, 80.0, 10.0], [10.0, 10.0, 70.0])):
+        ranks[rank].codec_step_ms = steps
+    slowest = adv.slowest_codec(ranks)
+    assert slowest is ranks[0] and slowest.codec_step_ms == [90.0, 80.0, 70.0] and slowest.codec_ms == 80.0
+
+
+def test_following_rounds_are_exposed_whole():
+    links = {"allreduce": adv.Link(1e-3, 1e9)}
+    c = candidate("powersgd", "rank=4", 10.0, {"allreduce": (1, 1e6)})
+    c.serial_messages = {"allreduce": (50, 1e4)}
+    adv.project(c, links, compute_s=0.1, backward_s=0.06)
+    assert c.communication_ms == pytest.approx(2 + 50 * 1.01)
+    assert c.step_ms == pytest.approx(100 + 10 + 2 + 50 * 1.01)  # first round: its message alone
+
+
+def test_measure_codec_counts_powersgd_rounds_as_the_stock_optimizer_issues_them():
+    model, loss_of = small_model()
+    grads = adv.gradients_of(model, loss_of)
+    named = list(model.named_parameters())
+    counted = adv.measure_codec("powersgd", {"rank": 4}, grads, named, 0, 4, steps=1)
+    # Every first round fused into one all-reduce; each weight matrix's Q round on its own.
+    assert counted.messages["allreduce"][0] == 1
+    assert counted.serial_messages["allreduce"][0] == 2
+    assert len(counted.codec_step_ms) == 1 and counted.codec_ms == counted.codec_step_ms[0]
+    assert adv.measure_codec("fp16", {}, grads, named, 0, 4, steps=1).serial_messages == {}
 
 
 def test_probe_sizes_span_4_kib_to_the_largest_message():
