@@ -379,7 +379,7 @@ def test_advise_live_compares_each_point_with_endtoend_writes_its_section_and_re
     assert "1 Gbit/s: steps within 20% NOT met, recommendation within 10% met; 10 Gbit/s: not measured" in text
     assert "| 1 | cnn | PowerSGD | rank=4 | 375.0 | 300.0 | 1.25 | 600.0 | 0.62 |" in text
     assert "| 1 | cnn | PowerSGD | 150 / 150 | 20 / 20 | 205 / 430 |" in text  # the parts against [2]
-    assert "| 1 | cnn | 11 / 20 at 1.0 MB | - | - | - |" in text  # the link fit at the largest probe
+    assert "| 1 | cnn | 20 / 20 at 1.0 MB | - | - | - |" in text  # the link at its largest probe: as measured
     repeat = tmp_path / "repeat.json"
     repeat.write_text((tmp_path / "benchmarks" / "advise_live.json").read_text())
     advise_live.main(options + ["--repeat", str(repeat)])
