@@ -298,13 +298,22 @@ def mean_metric(results, label, seeds, workload="wordlm"):
     return statistics.fmean(done[s]["metric"] for s in seeds) if all(s in done for s in seeds) else None
 
 
+def scale_of(results):
+    return SCALES[results.get("scale", "cpu")]
+
+
+def candidates(results, family):
+    """``family``'s uniform settings at the results' scale, least aggressive first."""
+    return scale_of(results).get("values", {}).get(family, FAMILIES[family][2])
+
+
 def anchor_search(results, family, seeds, quick=False):
     """(points to run for the search so far, the anchor or None, why): settings from the least
     aggressive down, each at every seed, stopping at the first whose mean is over 1% above
     uncompressed (a speculative scale asks for every setting at once)."""
-    scale = SCALES[results.get("scale", "cpu")]
-    name, keyword, values = FAMILIES[family]
-    values = scale.get("values", {}).get(family, values)
+    scale = scale_of(results)
+    name, keyword, _ = FAMILIES[family]
+    values = candidates(results, family)
     if quick:  # a smoke test: one setting that compresses the tiny model, taken as the anchor
         value = values[1]
         return [point("wordlm", family, seed, name, {keyword: value}) for seed in seeds], value, ""
@@ -324,28 +333,26 @@ def anchor_search(results, family, seeds, quick=False):
     return wanted, anchor, "" if anchor is not None else "no uniform setting within 1% of uncompressed"
 
 
-def lgreco_setting(results, family, seeds, quick=False):
-    """(where L-GreCo runs for ``family``, whether that is an anchor): the anchor; where the
-    search found none within 1%, its least aggressive setting, so that L-GreCo is still measured
-    against the uniform run it adapts; None while the search goes on."""
-    _, anchor, why = anchor_search(results, family, seeds, quick)
+def lgreco_setting(results, family, anchor, why):
+    """Where L-GreCo runs for ``family``, given its anchor search's (anchor, why): the anchor;
+    where the search found none within 1%, its least aggressive setting, so that L-GreCo is
+    still measured against the uniform run it adapts; None while the search goes on."""
     if anchor is not None or not why.startswith("no uniform"):
-        return anchor, anchor is not None
-    values = SCALES[results.get("scale", "cpu")].get("values", {}).get(family, FAMILIES[family][2])
-    return values[0], False
+        return anchor
+    return candidates(results, family)[0]
 
 
 def plan(results, quick):
     """Every point wanted, most important first, as far as the finished points determine it."""
-    scale = SCALES[results.get("scale", "cpu")]
+    scale = scale_of(results)
     seeds = SEEDS[:1] if quick else SEEDS
     wanted = [point("wordlm", UNCOMPRESSED, seed) for seed in seeds]
     anchors = {}
     # Each family's search, then L-GreCo there; over PowerSGD, its ablations next: they say
     # which factor decides the headline claim.
     for family, (name, keyword, _) in FAMILIES.items():
-        search, _, _ = anchor_search(results, family, seeds, quick)
-        anchors[family], _ = lgreco_setting(results, family, seeds, quick)
+        search, anchor, why = anchor_search(results, family, seeds, quick)
+        anchors[family] = lgreco_setting(results, family, anchor, why)
         wanted += search
         if anchors[family] is not None:
             wanted += [point("wordlm", f"L-GreCo ({family})", seed, name, {keyword: anchors[family]},
@@ -490,7 +497,7 @@ def claims(results, quick):
         _, anchor, why = anchor_search(results, family, seeds, quick)
         if anchor is None:
             outcomes.append((f"Word LM: L-GreCo over {family}", None if why.startswith("search") else False, why))
-            value, _ = lgreco_setting(results, family, seeds, quick)
+            value = lgreco_setting(results, family, anchor, why)
             if value is not None:  # still measured against the uniform setting it adapts
                 text, met, numbers = lgreco_claim(results, "wordlm", family, value, seeds)
                 outcomes.append((text + " (that setting is outside 1% of uncompressed)", met, numbers))
@@ -505,7 +512,7 @@ def claims(results, quick):
         outcomes.append((text, change[0] <= SCALECOM_WITHIN,
                          f"perplexity paired {100 * change[0]:+.2f}% ± {100 * change[1]:.2f}% at "
                          f"{s['dense_per_step'] / s['per_step']:.1f}x fewer bytes per step after the warm-up"))
-    for family, value in CHAR_ANCHORS.items() if SCALES[results.get("scale", "cpu")]["charlm"] else ():
+    for family, value in CHAR_ANCHORS.items() if scale_of(results)["charlm"] else ():
         outcomes.append(lgreco_claim(results, "charlm", family, value, seeds))
     return outcomes
 
@@ -513,8 +520,9 @@ def claims(results, quick):
 def ablation_rows(results, quick):
     """Each L-GreCo run against the uniform run at its anchor: paired quality, bytes ratios."""
     seeds = SEEDS[:1] if quick else SEEDS
-    anchors = {("wordlm", family): lgreco_setting(results, family, seeds, quick)[0] for family in FAMILIES}
-    if SCALES[results.get("scale", "cpu")]["charlm"]:
+    anchors = {("wordlm", family): lgreco_setting(results, family, *anchor_search(results, family, seeds, quick)[1:])
+               for family in FAMILIES}
+    if scale_of(results)["charlm"]:
         anchors.update({("charlm", family): value for family, value in CHAR_ANCHORS.items()})
     rows = []
     for (workload, family), value in anchors.items():
@@ -563,7 +571,8 @@ def markdown(results, figure):
     quick = results.get("quick", False)
     minutes = sum(e["record"]["job_seconds"] for e in results["points"].values()) / 60
     scale_name = results.get("scale", "cpu")
-    scale, flags = SCALES[scale_name], (" --quick" if quick else "") + ("" if scale_name == "cpu" else f" --scale {scale_name}")
+    scale = SCALES[scale_name]
+    flags = (" --quick" if quick else "") + ("" if scale_name == "cpu" else f" --scale {scale_name}")
     model, steps = scale["lm"]["model"], scale["steps"]
     where = ("every point one `mpirun -np 2` job through Horovod's stock optimizer" if scale["backend"] == "horovod"
              else "every point one `torchrun` job of 2 ranks on the one GPU, DDP with `hvd_compress.ddp` over Gloo")
@@ -641,7 +650,7 @@ def draw_figure(results, path):
 
 
 def write_report(results, out):
-    scale = SCALES[results.get("scale", "cpu")]
+    scale = scale_of(results)
     figure = out / "benchmarks" / f"{scale['name']}.png"
     if any(e["spec"]["workload"] == "wordlm" for e in results["points"].values()):
         draw_figure(results, figure)
