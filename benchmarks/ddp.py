@@ -49,6 +49,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
+from hvd_compress.metrics import Exporter
 from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine, root_cause,
                                summarise, torchrun_job, undisturbed, write_section)
 
@@ -68,21 +69,22 @@ DIGITS_EPOCHS_PER_RANK = 6
 
 
 def register_method(ddp_model, method, rank):
-    """Registers ``method``'s comm hook on ``ddp_model`` (nothing for plain DDP)."""
+    """Registers ``method``'s comm hook on ``ddp_model`` (nothing for plain DDP); returns this
+    project's compressor, or None."""
     import hvd_compress as hc
     import hvd_compress.ddp
 
     if method == "DDP":
-        return
+        return None
     if method in (HOOK, HOOK_ONE_BUCKET):
         state = PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2)
         ddp_model.register_comm_hook(state, powerSGD_hook)
-        return
+        return None
     compressors = {"PowerSGD": lambda: hc.PowerSGD(rank=rank), "ACP-SGD": lambda: hc.ACPSGD(rank=rank),
                    "L-GreCo": lambda: hc.LGreCo(hc.ACPSGD(rank=rank), warmup_steps=3, decide_every=1000)}
     if method not in compressors:
         raise ValueError(f"ddp: unknown method {method!r}; known: {', '.join(METHODS)}")
-    hvd_compress.ddp.register(ddp_model, compressors[method]())
+    return hvd_compress.ddp.register(ddp_model, compressors[method]()).compressor
 
 
 def ddp_options(method):
@@ -111,13 +113,28 @@ def timing_worker(args):
                           data, loss_of, COMPUTE_STEPS)
     dist.barrier()
     ddp_model = DistributedDataParallel(model, **ddp_options(args.method))
-    register_method(ddp_model, args.method, args.rank)
+    compressor = register_method(ddp_model, args.method, args.rank)
+    codec = CodecClock()
+    if compressor is not None:
+        codec.watch(compressor)
     seconds = timed_steps(ddp_model, torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9),
                           data, loss_of, args.warmup + args.steps)
     if rank == 0:
-        print(RESULT_PREFIX + json.dumps({"seconds": seconds[args.warmup:], "compute_seconds": compute[2:]}),
-              flush=True)
+        print(RESULT_PREFIX + json.dumps({"seconds": seconds[args.warmup:], "compute_seconds": compute[2:],
+                                          "codec_seconds": codec.seconds[args.warmup:]}), flush=True)
     dist.destroy_process_group()
+
+
+class CodecClock(Exporter):
+    """Rank 0's host seconds in this project's codec (compress and decompress, every layer),
+    per step: what of a step over compute is codec rather than waiting."""
+
+    def __init__(self):
+        super().__init__(every=1)
+        self.seconds = []
+
+    def write(self, step, numbers):
+        self.seconds.append(numbers["codec_seconds"])
 
 
 def timed_steps(module, optimizer, data, loss_of, steps):
@@ -178,7 +195,9 @@ def timing_job(args, cluster, model, method):
 
 
 def summarise_timing(job):
+    codec = {"codec_ms": 1e3 * statistics.median(job["codec_seconds"])} if job.get("codec_seconds") else {}
     return {"step_ms": summarise(job["seconds"]), "compute_ms": 1e3 * statistics.median(job["compute_seconds"]),
+            **codec,
             "step_ms_each": [round(1e3 * s, 1) for s in job["seconds"]],
             "wall_seconds": round(job.get("wall_seconds", 0.0), 1),
             "disturbed_attempts": job.get("disturbed_attempts", 0)}
@@ -230,15 +249,16 @@ def markdown(results):
         where = f"{results['rate_gbit']:g} Gbit/s" if "testbed" in results else "no network shaping"
         lines += [f"**{model}, {where}**", "",
                   "| method | median step ms (p25-p75) | vs DDP | vs torch's hook (faster variant) | "
-                  "compute alone ms | step - compute ms |", "|---|---|---|---|---|---|"]
+                  "compute alone ms | step - compute ms | of which codec ms |", "|---|---|---|---|---|---|---|"]
         for method, entry in ((m, methods[m]) for m in METHODS if m in methods):
             if "failed" in entry:
-                lines.append(f"| {method} | failed: `{entry['failed']}` | - | - | - | - |")
+                lines.append(f"| {method} | failed: `{entry['failed']}` | - | - | - | - | - |")
                 continue
             step = entry["step_ms"]
             lines.append(f"| {method} | **{step['median']:.1f}** ({step['p25']:.1f}-{step['p75']:.1f}) | "
                          + (f"{base / step['median']:.2f}x | {hook / step['median']:.2f}x | " if base and hook else "- | - | ")
-                         + f"{entry['compute_ms']:.1f} | {step['median'] - entry['compute_ms']:.1f} |")
+                         + f"{entry['compute_ms']:.1f} | {step['median'] - entry['compute_ms']:.1f} | "
+                         + (f"{entry['codec_ms']:.1f} |" if "codec_ms" in entry else "- |"))
         lines.append("")
     if results["digits"]:
         reference = results["digits"].get("DDP")

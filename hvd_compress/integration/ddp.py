@@ -169,11 +169,11 @@ class State:
         device = pending[0][0].device if pending else None
         comm_seconds = finished_at(device, self.compressor.times_communication) - waited
         for buffer, members, future in pending:
-            covered = sum(numel for _, _, numel in members) == buffer.numel()
-            out = torch.empty_like(buffer) if covered else buffer.clone()
+            # Into the bucket's own buffer, as torch's hooks do: every gradient in it was consumed
+            # when its exchange began, and a fresh bucket-sized tensor costs page faults per step.
             for name, offset, numel in members:
-                out[offset:offset + numel].copy_(results[name].reshape(-1))
-            future.set_result(out)
+                buffer[offset:offset + numel].copy_(results[name].reshape(-1))
+            future.set_result(buffer)
         self.iter += 1
         self.compressor.end_step(comm_seconds=comm_seconds)
 
