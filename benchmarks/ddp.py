@@ -3,7 +3,7 @@ this project's compressors through ``hvd_compress.ddp``, on an emulated cluster;
 digits accuracy of each under ``torchrun``.
 
     python -m benchmarks ddp [--models charlm,cnn] [--rate 1] [--np 4] [--rank 4]
-        [--warmup 8] [--steps 12] [--out docs/] [--quick]
+        [--warmup 8] [--steps 12] [--repeats 1] [--out docs/] [--quick]
 
 Timing: an :mod:`emulated cluster <benchmarks.testbed>` of ``--np`` ranks (one network namespace
 each, links shaped by ``tc tbf`` to ``--rate`` Gbit/s); mpirun starts one process per namespace,
@@ -11,7 +11,11 @@ and each joins a Gloo process group over its shaped link (``GLOO_SOCKET_IFNAME``
 are the ``endtoend`` benchmark's (character transformer, 19.1 M parameters; SmallVGG), DDP's
 default buckets (25 MiB), one torch thread per rank. Each job first times 6 steps of compute
 alone (a local optimizer, every rank at once), then trains ``--warmup`` steps with DDP and times
-``--steps`` on rank 0 from ``zero_grad`` to the end of ``optimizer.step()``. Methods:
+``--steps`` on rank 0 from ``zero_grad`` to the end of ``optimizer.step()``; for this project's
+methods rank 0 also times its codec (compress and decompress, every layer). ``--repeats N``: N
+jobs per method, in rounds over the methods (so that slow drifts of the host hit every method
+alike), their timed steps pooled; one job's median moves by 5-10% between jobs on this host.
+Methods:
 
 * DDP: no comm hook (Gloo all-reduce of float32 buckets);
 * torch powerSGD_hook: ``PowerSGDState(matrix_approximation_rank=R, start_powerSGD_iter=2)``
@@ -203,6 +207,33 @@ def summarise_timing(job):
             "disturbed_attempts": job.get("disturbed_attempts", 0)}
 
 
+def jobs_of(entry):
+    """Timing jobs an entry holds (failed ones included); an entry from before ``--repeats`` is one."""
+    return 0 if entry is None else entry.get("jobs", 1)
+
+
+def pooled(entry, new):
+    """``entry`` (None, or earlier jobs of the same method) with one more job's summary: steps
+    pooled, compute and codec as the median of the jobs' medians, each job's median kept."""
+    if entry is None or "failed" in entry and "failed" in new:
+        return dict(new, jobs=jobs_of(entry) + 1)
+    if "failed" in new or "failed" in entry:
+        kept, failed = (entry, new) if "failed" in new else (new, entry)
+        return dict(kept, jobs=jobs_of(entry) + 1, failed_jobs=kept.get("failed_jobs", 0) + 1,
+                    failure=failed["failed"])
+    jobs = [entry.get("job_medians_ms", [entry["step_ms"]["median"]]), [new["step_ms"]["median"]]]
+    computes = [entry.get("compute_ms_each_job", [entry["compute_ms"]]), [new["compute_ms"]]]
+    merged = dict(entry, step_ms=summarise([ms / 1e3 for ms in entry["step_ms_each"] + new["step_ms_each"]]),
+                  step_ms_each=entry["step_ms_each"] + new["step_ms_each"], job_medians_ms=jobs[0] + jobs[1],
+                  compute_ms_each_job=computes[0] + computes[1], compute_ms=statistics.median(computes[0] + computes[1]),
+                  wall_seconds=entry["wall_seconds"] + new["wall_seconds"], jobs=jobs_of(entry) + 1,
+                  disturbed_attempts=entry["disturbed_attempts"] + new["disturbed_attempts"])
+    if "codec_ms" in new:
+        codecs = entry.get("codec_ms_each_job", [entry["codec_ms"]]) + [new["codec_ms"]]
+        merged.update(codec_ms_each_job=codecs, codec_ms=statistics.median(codecs))
+    return merged
+
+
 def run(args):
     from benchmarks.testbed import emulated_cluster
 
@@ -213,19 +244,22 @@ def run(args):
     results.setdefault("digits", {})
     results.update(command=command_line(), machine=machine(), np=args.np, rank=args.rank,
                    rate_gbit=args.rate, warmup=args.warmup, steps=args.steps)
+    timing = results["timing"]
 
     def save():
         path.write_text(json.dumps(results, indent=1) + "\n")
         write_section(args.out / "benchmarks.md", SECTION, markdown(results))
 
-    wanted = [(model, method) for model in args.models for method in METHODS
-              if method not in results["timing"].get(model, {})]
+    # Round by round: every method's first job, then every method's second, ...
+    wanted = [(model, method) for repeat in range(args.repeats) for model in args.models for method in METHODS
+              if jobs_of(timing.get(model, {}).get(method)) <= repeat]
     if wanted:
         with (contextlib.nullcontext() if args.quick else emulated_cluster(args.np, args.rate)) as cluster:
             if cluster is not None:
                 results["testbed"] = cluster.describe()
             for model, method in wanted:
-                results["timing"].setdefault(model, {})[method] = timing_job(args, cluster, model, method)
+                methods = timing.setdefault(model, {})
+                methods[method] = pooled(methods.get(method), timing_job(args, cluster, model, method))
                 save()
     for method in DIGITS_METHODS:
         if method not in results["digits"]:
@@ -242,20 +276,26 @@ def markdown(results):
              f" {results['np']} ranks, one torch thread each, Gloo; "
              + (f"{results['testbed']}." if "testbed" in results else "no network shaping (--quick).")
              + f" Low-rank methods at rank {results['rank']}; {results['warmup']} warm-up and "
-             f"{results['steps']} timed steps per job; how each method runs: `benchmarks/ddp.py`.", ""]
+             f"{results['steps']} timed steps per job; how each method runs: `benchmarks/ddp.py`. Where "
+             "a method ran several jobs (in rounds over the methods), its timed steps are pooled, and "
+             "compute and codec are the median of the jobs' medians.", ""]
     for model, methods in results["timing"].items():
         base = methods.get("DDP", {}).get("step_ms", {}).get("median")
         hook = fastest_hook(methods)
         where = f"{results['rate_gbit']:g} Gbit/s" if "testbed" in results else "no network shaping"
         lines += [f"**{model}, {where}**", "",
-                  "| method | median step ms (p25-p75) | vs DDP | vs torch's hook (faster variant) | "
-                  "compute alone ms | step - compute ms | of which codec ms |", "|---|---|---|---|---|---|---|"]
+                  "| method | median step ms (p25-p75) | each job's median ms | vs DDP | vs torch's hook "
+                  "(faster variant) | compute alone ms | step - compute ms | of which codec ms |",
+                  "|---|---|---|---|---|---|---|---|"]
         for method, entry in ((m, methods[m]) for m in METHODS if m in methods):
             if "failed" in entry:
-                lines.append(f"| {method} | failed: `{entry['failed']}` | - | - | - | - | - |")
+                lines.append(f"| {method} | failed: `{entry['failed']}` | - | - | - | - | - | - |")
                 continue
             step = entry["step_ms"]
-            lines.append(f"| {method} | **{step['median']:.1f}** ({step['p25']:.1f}-{step['p75']:.1f}) | "
+            each = " / ".join(f"{ms:.0f}" for ms in entry.get("job_medians_ms", [step["median"]]))
+            if entry.get("failed_jobs"):
+                each += f" ({entry['failed_jobs']} failed: `{entry['failure'][:80]}`)"
+            lines.append(f"| {method} | **{step['median']:.1f}** ({step['p25']:.1f}-{step['p75']:.1f}) | {each} | "
                          + (f"{base / step['median']:.2f}x | {hook / step['median']:.2f}x | " if base and hook else "- | - | ")
                          + f"{entry['compute_ms']:.1f} | {step['median'] - entry['compute_ms']:.1f} | "
                          + (f"{entry['codec_ms']:.1f} |" if "codec_ms" in entry else "- |"))
@@ -269,7 +309,30 @@ def markdown(results):
                   f"| {method} | {100 * accuracy:.2f}% | - |" for method, accuracy in results["digits"].items()]
         lines.append("")
     lines += ["Targets: " + "; ".join(target_lines(results)) + "."]
+    bounds = bound_lines(results)
+    if bounds:
+        lines += ["", "Where the step goes (rank 0): " + "; ".join(bounds) + ". Compute alone is timed in "
+                  "its own phase of each job (a local optimizer, every rank at once), so the parts add up "
+                  "only to within its job-to-job spread (the column's values across methods)."]
     return "\n".join(lines) + "\n"
+
+
+def bound_lines(results):
+    """For each target method with a codec clock: its step as compute + codec + the rest (waiting
+    on the wire, DDP's bucket copies), and the ratio to torch's hook it would reach with the rest
+    free, and with the codec free too."""
+    rows = []
+    for model, methods in results["timing"].items():
+        hook = fastest_hook(methods)
+        for method, _ in SPEEDUP_TARGETS:
+            entry = methods.get(method, {})
+            if not hook or "codec_ms" not in entry:
+                continue
+            step, compute, codec = entry["step_ms"]["median"], entry["compute_ms"], entry["codec_ms"]
+            rows.append(f"{model} {method}: step {step:.0f} ms = compute alone {compute:.0f} + codec {codec:.0f} "
+                        f"+ the rest {step - compute - codec:.0f} ms; with the rest free it would be "
+                        f"{hook / (compute + codec):.2f}x torch's hook, with the codec free too {hook / compute:.2f}x")
+    return rows
 
 
 def fastest_hook(methods):
@@ -309,6 +372,7 @@ def parse_args(argv):
     parser.add_argument("--rank", type=int, default=4, help="rank of the low-rank methods")
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=1, help="timing jobs per method, in rounds over the methods")
     parser.add_argument("--job-timeout", type=int, default=400)
     parser.add_argument("--max-other-cpu", type=float, default=0.05,
                         help="rerun a timing job when this share of the CPU went to other processes")

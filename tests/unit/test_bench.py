@@ -177,6 +177,25 @@ def test_ddp_quick_times_and_trains_every_method_under_torchrun(tmp_path, monkey
     assert "## PyTorch DDP" in text and "python -m benchmarks ddp --quick" in text and "Targets:" in text
 
 
+
+def test_ddp_repeated_timing_jobs_pool_their_steps_and_keep_a_failure_apart():
+    from benchmarks.ddp import jobs_of, pooled
+
+    def job(ms, codec=None):
+        entry = {"step_ms": {"median": ms}, "step_ms_each": [ms] * 3, "compute_ms": ms / 2, "wall_seconds": 1.0,
+                 "disturbed_attempts": 0}
+        return dict(entry, codec_ms=codec) if codec is not None else entry
+
+    first = pooled(None, job(200.0, codec=30.0))
+    both = pooled(first, job(220.0, codec=40.0))
+    assert jobs_of(None) == 0 and jobs_of(job(1.0)) == 1 and both["jobs"] == 2
+    assert both["job_medians_ms"] == [200.0, 220.0] and both["step_ms"]["median"] == 210.0
+    assert both["compute_ms"] == 105.0 and both["codec_ms"] == 35.0 and both["step_ms_each"] == [200.0] * 3 + [220.0] * 3
+    # A failed job counts as a job; the successful ones stay the entry's numbers.
+    failed = pooled(both, {"failed": "Connection reset by peer"})
+    assert failed["jobs"] == 3 and failed["failed_jobs"] == 1 and failed["step_ms"] == both["step_ms"]
+    assert "failed" not in pooled({"failed": "x"}, job(210.0)) and pooled({"failed": "x"}, {"failed": "y"})["jobs"] == 2
+
 # A stand-in for Horovod's test/ folder: the harness's plumbing, without Horovod's file (which
 # the sdist lacks and which is fetched from GitHub). One test passes with any compressor, one
 # asserts an exact value that a lossy compressor changes.
