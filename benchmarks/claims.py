@@ -537,10 +537,24 @@ def ablation_rows(results, quick):
             change = paired(results, label, uniform_label, workload)
             if change is None:
                 continue
-            u, a = summary(list(uniform.values())), summary(list(seeds_of(results, label, workload).values()))
+            records = list(seeds_of(results, label, workload).values())
+            u, a = summary(list(uniform.values())), summary(records)
+            equal = change[0] <= max(EQUAL_QUALITY, 2 * change[1])
             rows.append(f"| {workload} | {label} | {change[2]} | {100 * change[0]:+.2f}% ± {100 * change[1]:.2f}% | "
-                        f"{u['per_step'] / a['per_step']:.2f}x | {u['whole'] / a['whole']:.2f}x |")
+                        f"{'yes' if equal else 'no'} | {u['per_step'] / a['per_step']:.2f}x | "
+                        f"{u['whole'] / a['whole']:.2f}x | {solver_ratios(records)} |")
     return rows
+
+
+def solver_ratios(records):
+    """The solver's own uniform-over-chosen bytes at the first and the last decision, mean over
+    seeds: whether the redistribution grows or shrinks as training goes on."""
+    decisions = [r["lgreco"] for r in records if r.get("lgreco")]
+    if not decisions:
+        return "-"
+    first = statistics.fmean(d[0]["uniform_over_chosen"] for d in decisions)
+    last = statistics.fmean(d[-1]["uniform_over_chosen"] for d in decisions)
+    return f"{first:.2f}x → {last:.2f}x"
 
 
 def table(results, workload):
@@ -600,8 +614,9 @@ def markdown(results, figure):
     if ablations:
         lines += ["", "L-GreCo and its ablations against the uniform anchor, seed by seed (the factor that "
                   "decides a claim is the row that moves it):", "",
-                  "| workload | L-GreCo run | seeds | paired Δ perplexity vs uniform | fewer bytes per step | "
-                  "fewer bytes, whole run |", "|---" * 6 + "|"] + ablations
+                  "| workload | L-GreCo run | seeds | paired Δ perplexity vs uniform | equal quality "
+                  "(<= max(1%, 2 s.e.)) | fewer bytes per step | fewer bytes, whole run | solver's ratio, first → "
+                  "last decision |", "|---" * 8 + "|"] + ablations
     for workload, title in [("wordlm", "Word LM"), ("charlm", "Character LM (the small-model row)")]:
         rows = table(results, workload)
         if len(rows) > 2:
