@@ -21,8 +21,8 @@ seeds 0, 1 and 2):
   per-layer rates from FLOPs per element; ablations: embeddings sent dense, and plain Top-K at the
   same per-layer densities;
 * ablations of L-GreCo over PowerSGD: the table on raw gradients summed over the whole period
-  (this repository's earlier behaviour), the whole period with residuals, no uncompressed
-  warm-up; and the workload: the character LM (``quality``'s) at the anchors ``quality`` found.
+  (this repository's earlier behaviour), the whole period with residuals, raw gradients over the
+  last 10 steps (the two factors apart), no uncompressed warm-up; and the workload: the character LM (``quality``'s) at the anchors ``quality`` found.
 
 ``--scale gpu``: the same protocol at a larger scale on one CUDA GPU (``claims_gpu.json``, its own
 section): a word LM of 6 blocks, d_model 256, context 128, 8,192 tokens, every point one
@@ -98,6 +98,7 @@ EMBEDDINGS = ("token_embedding.weight", "position_embedding.weight")
 # L-GreCo ablations: label suffix -> LGreCo options (or the warm-up) replaced.
 ABLATIONS = {"raw error, whole period": {"error_source": "raw", "accumulate_steps": None},
              "whole period": {"accumulate_steps": None},
+             "raw error": {"error_source": "raw"},
              "no warm-up": {"start_step": 0}}
 
 
