@@ -53,9 +53,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
-from hvd_compress.metrics import Exporter
-from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine, root_cause,
-                               summarise, torchrun_job, undisturbed, write_section)
+from benchmarks.report import (DOCS, CodecClock, checkout_pythonpath, cluster_job, describe_machine, machine,
+                               root_cause, summarise, torchrun_job, undisturbed, write_section)
 
 RESULT_PREFIX = "DDP_RESULT "
 SECTION = "PyTorch DDP"
@@ -127,18 +126,6 @@ def timing_worker(args):
         print(RESULT_PREFIX + json.dumps({"seconds": seconds[args.warmup:], "compute_seconds": compute[2:],
                                           "codec_seconds": codec.seconds[args.warmup:]}), flush=True)
     dist.destroy_process_group()
-
-
-class CodecClock(Exporter):
-    """Rank 0's host seconds in this project's codec (compress and decompress, every layer),
-    per step: what of a step over compute is codec rather than waiting."""
-
-    def __init__(self):
-        super().__init__(every=1)
-        self.seconds = []
-
-    def write(self, step, numbers):
-        self.seconds.append(numbers["codec_seconds"])
 
 
 def timed_steps(module, optimizer, data, loss_of, steps):

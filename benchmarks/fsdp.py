@@ -54,8 +54,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine, root_cause,
-                               summarise, torchrun_job, write_section)
+from benchmarks.report import (DOCS, CodecClock, checkout_pythonpath, cluster_job, describe_machine, machine,
+                               root_cause, summarise, torchrun_job, write_section)
 
 RESULT_PREFIX = "FSDP_RESULT "
 SECTION = "FSDP2 / HSDP on the emulated cluster"
@@ -87,7 +87,8 @@ def make_compressor(method, rank, first_decision, decide_every):
 
 def hsdp(model, method, rank, first_decision=3, decide_every=1000):
     """``model`` sharded in place over the 2 x 2 ("replicate", "shard") mesh, one ``fully_shard``
-    per block (transformer) or layer (CNN) and the root, ``method`` registered on it."""
+    per block (transformer) or layer (CNN) and the root, ``method`` registered on it; returns
+    the model and the method's compressor (None for plain HSDP)."""
     import hvd_compress.fsdp
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -102,7 +103,7 @@ def hsdp(model, method, rank, first_decision=3, decide_every=1000):
     compressor = make_compressor(method, rank, first_decision, decide_every)
     if compressor is not None:
         hvd_compress.fsdp.register(model, compressor)
-    return model
+    return model, compressor
 
 
 # ----- one rank ---------------------------------------------------------------------------------
@@ -124,7 +125,10 @@ def timing_worker(args):
     rank = dist.get_rank()
     torch.manual_seed(0)
     model, data, loss_of = WORKLOADS[args.model](torch.Generator().manual_seed(rank))
-    model = hsdp(model, args.method, args.rank)
+    model, compressor = hsdp(model, args.method, args.rank)
+    codec = CodecClock()
+    if compressor is not None:
+        codec.watch(compressor)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     seconds = []
     for _ in range(args.warmup + args.steps):
@@ -135,7 +139,8 @@ def timing_worker(args):
         optimizer.step()
         seconds.append(time.perf_counter() - started)
     if rank == 0:
-        print(RESULT_PREFIX + json.dumps({"seconds": seconds[args.warmup:]}), flush=True)
+        print(RESULT_PREFIX + json.dumps({"seconds": seconds[args.warmup:], "codec_seconds": codec.seconds[args.warmup:]}),
+              flush=True)
     dist.destroy_process_group()
 
 
@@ -147,8 +152,8 @@ def quality_worker(args):
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
     train_ids, val_ids = load_corpus()
-    model = hsdp(CharTransformer(**QUALITY_MODEL), args.method, args.rank,
-                 first_decision=warmup_steps(args.steps), decide_every=max(1, args.steps // 2))
+    model, _ = hsdp(CharTransformer(**QUALITY_MODEL), args.method, args.rank,
+                    first_decision=warmup_steps(args.steps), decide_every=max(1, args.steps // 2))
     _, perplexity = fit(lambda _model, optimizer: optimizer, model, train_ids, val_ids, rank, size,
                         steps=args.steps, seed=args.seed)
     if rank == 0:
@@ -181,6 +186,8 @@ def timing_job(args, cluster, model, method):
              "wall_seconds": round(job["wall_seconds"], 1), "load_average": round(load, 1),
              "other_cpu_share": (round(job["other_cpu_seconds"] / (job["wall_seconds"] * os.cpu_count()), 2)
                                  if "other_cpu_seconds" in job else None)}
+    if job.get("codec_seconds"):
+        entry["codec_ms"] = 1e3 * statistics.median(job["codec_seconds"])
     print(f"{model} {method}: median step {entry['step_ms']['median']:.0f} ms, load {load:.1f}, "
           f"other CPU share {entry['other_cpu_share']}, job {entry['wall_seconds']:.0f} s", flush=True)
     return entry
@@ -251,17 +258,17 @@ def markdown(results):
                  "through the node's link)." if shaped else "")
         lines += [f"**{model}, {where}** ({parameter_count(model) / 1e6:.1f} M parameters).{floor}", "",
                   "| method | median step ms (p25-p75) | step rate vs plain HSDP | load average at start | "
-                  "CPU to other processes |", "|---|---|---|---|---|"]
+                  "CPU to other processes | codec ms (rank 0) |", "|---|---|---|---|---|---|"]
         for method, entry in ((m, methods[m]) for m in METHODS if m in methods):
             if "failed" in entry:
-                lines.append(f"| {method} | failed: `{entry['failed']}` | - | {entry['load_average']} | - |")
+                lines.append(f"| {method} | failed: `{entry['failed']}` | - | {entry['load_average']} | - | - |")
                 continue
             step = entry["step_ms"]
             lines.append(f"| {method} | **{step['median']:.0f}** ({step['p25']:.0f}-{step['p75']:.0f}) | "
                          + (f"{base / step['median']:.2f}x" if base else "-")
                          + f" | {entry['load_average']} | "
                          + ("-" if entry["other_cpu_share"] is None else f"{100 * entry['other_cpu_share']:.0f}%")
-                         + " |")
+                         + (f" | {entry['codec_ms']:.0f} |" if "codec_ms" in entry else " | - |"))
         lines.append("")
     if results["quality"]:
         seeds = sorted({seed for runs in results["quality"].values() for seed in runs}, key=int)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from hvd_compress.metrics import Exporter
+
 # Where results go unless --out says otherwise: this checkout's docs/, from any directory.
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -147,6 +149,19 @@ class Progress:
 
 def _minutes(seconds):
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+class CodecClock(Exporter):
+    """Rank 0's host seconds in this project's codec (compress and decompress, every layer),
+    per step: what of a step over compute is codec rather than waiting. ``watch`` a compressor
+    or controller with it before training; a step's entry is written at its ``end_step``."""
+
+    def __init__(self):
+        super().__init__(every=1)
+        self.seconds = []
+
+    def write(self, step, numbers):
+        self.seconds.append(numbers["codec_seconds"])
 
 
 def summarise(seconds):
