@@ -259,7 +259,9 @@ def markdown(results):
         lines += [f"**{model}, {where}** ({parameter_count(model) / 1e6:.1f} M parameters).{floor}", "",
                   "| method | median step ms (p25-p75) | step rate vs plain HSDP | load average at start | "
                   "CPU to other processes | codec ms (rank 0) |", "|---|---|---|---|---|---|"]
-        for method, entry in ((m, methods[m]) for m in METHODS if m in methods):
+        # The methods in their usual order, then runs at another rank ("ACP-SGD, rank 16").
+        ordered = [m for m in METHODS if m in methods] + [m for m in methods if m not in METHODS]
+        for method, entry in ((m, methods[m]) for m in ordered):
             if "failed" in entry:
                 lines.append(f"| {method} | failed: `{entry['failed']}` | - | {entry['load_average']} | - | - |")
                 continue
