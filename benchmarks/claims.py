@@ -22,7 +22,8 @@ seeds 0, 1 and 2):
   same per-layer densities;
 * ablations of L-GreCo over PowerSGD: the table on raw gradients summed over the whole period
   (this repository's earlier behaviour), the whole period with residuals, raw gradients over the
-  last 10 steps (the two factors apart), no uncompressed warm-up; and the workload: the character LM (``quality``'s) at the anchors ``quality`` found.
+  last 10 steps (the two factors apart), no uncompressed warm-up; and the workload: the
+  character LM (``quality``'s) at the anchors ``quality`` found.
 
 ``--scale gpu``: the same protocol at a larger scale on one CUDA GPU (``claims_gpu.json``, its own
 section): a word LM of 6 blocks, d_model 256, context 128, 8,192 tokens, every point one
@@ -471,6 +472,11 @@ def paired(results, label, reference, workload="wordlm"):
     return statistics.fmean(changes), se, len(common)
 
 
+def equal_quality_tolerance(se):
+    """How much worse a paired mean may be and still count as equal quality: max(1%, 2 s.e.)."""
+    return max(EQUAL_QUALITY, 2 * se)
+
+
 def lgreco_claim(results, workload, family, value, seeds):
     """(claim text, met or None, numbers) of L-GreCo over ``family`` at ``value``."""
     name, keyword, _ = FAMILIES[family]
@@ -483,7 +489,7 @@ def lgreco_claim(results, workload, family, value, seeds):
         return text, None, f"not measured yet ({len(adaptive)} of {len(seeds)} L-GreCo seeds)"
     u, a = summary(list(uniform.values())), summary(list(adaptive.values()))
     change, se, count = paired(results, adaptive_label, uniform_label, workload)
-    tolerance = max(EQUAL_QUALITY, 2 * se)
+    tolerance = equal_quality_tolerance(se)
     ratio, whole = u["per_step"] / a["per_step"], u["whole"] / a["whole"]
     met = change <= tolerance and ratio >= CLAIMED_RATIO[family]
     return text, met, (f"perplexity {a['metric']:.2f} vs {u['metric']:.2f} (paired {100 * change:+.2f}% "
@@ -540,7 +546,7 @@ def ablation_rows(results, quick):
                 continue
             records = list(seeds_of(results, label, workload).values())
             u, a = summary(list(uniform.values())), summary(records)
-            equal = change[0] <= max(EQUAL_QUALITY, 2 * change[1])
+            equal = change[0] <= equal_quality_tolerance(change[1])
             rows.append(f"| {workload} | {label} | {change[2]} | {100 * change[0]:+.2f}% ± {100 * change[1]:.2f}% | "
                         f"{'yes' if equal else 'no'} | {u['per_step'] / a['per_step']:.2f}x | "
                         f"{u['whole'] / a['whole']:.2f}x | {solver_ratios(records)} |")

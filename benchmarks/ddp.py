@@ -117,9 +117,7 @@ def timing_worker(args):
     dist.barrier()
     ddp_model = DistributedDataParallel(model, **ddp_options(args.method))
     compressor = register_method(ddp_model, args.method, args.rank)
-    codec = CodecClock()
-    if compressor is not None:
-        codec.watch(compressor)
+    codec = CodecClock(compressor)
     seconds = timed_steps(ddp_model, torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9),
                           data, loss_of, args.warmup + args.steps)
     if rank == 0:

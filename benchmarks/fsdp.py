@@ -126,9 +126,7 @@ def timing_worker(args):
     torch.manual_seed(0)
     model, data, loss_of = WORKLOADS[args.model](torch.Generator().manual_seed(rank))
     model, compressor = hsdp(model, args.method, args.rank)
-    codec = CodecClock()
-    if compressor is not None:
-        codec.watch(compressor)
+    codec = CodecClock(compressor)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     seconds = []
     for _ in range(args.warmup + args.steps):

@@ -153,12 +153,15 @@ def _minutes(seconds):
 
 class CodecClock(Exporter):
     """Rank 0's host seconds in this project's codec (compress and decompress, every layer),
-    per step: what of a step over compute is codec rather than waiting. ``watch`` a compressor
-    or controller with it before training; a step's entry is written at its ``end_step``."""
+    per step: what of a step over compute is codec rather than waiting. It watches
+    ``compression`` (a compressor or controller; None: nothing to time, ``seconds`` stays empty)
+    from construction; a step's entry is written at its ``end_step``."""
 
-    def __init__(self):
+    def __init__(self, compression=None):
         super().__init__(every=1)
         self.seconds = []
+        if compression is not None:
+            self.watch(compression)
 
     def write(self, step, numbers):
         self.seconds.append(numbers["codec_seconds"])

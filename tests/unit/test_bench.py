@@ -177,7 +177,6 @@ def test_ddp_quick_times_and_trains_every_method_under_torchrun(tmp_path, monkey
     assert "## PyTorch DDP" in text and "python -m benchmarks ddp --quick" in text and "Targets:" in text
 
 
-
 def test_ddp_repeated_timing_jobs_pool_their_steps_and_keep_a_failure_apart():
     from benchmarks.ddp import jobs_of, pooled
 
@@ -195,6 +194,7 @@ def test_ddp_repeated_timing_jobs_pool_their_steps_and_keep_a_failure_apart():
     failed = pooled(both, {"failed": "Connection reset by peer"})
     assert failed["jobs"] == 3 and failed["failed_jobs"] == 1 and failed["step_ms"] == both["step_ms"]
     assert "failed" not in pooled({"failed": "x"}, job(210.0)) and pooled({"failed": "x"}, {"failed": "y"})["jobs"] == 2
+
 
 # A stand-in for Horovod's test/ folder: the harness's plumbing, without Horovod's file (which
 # the sdist lacks and which is fetched from GitHub). One test passes with any compressor, one
