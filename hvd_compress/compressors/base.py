@@ -254,7 +254,7 @@ class Compressor(GradientCompression):
                                     f"loaded checkpoint)")
         setting = self.setting(name)
         if not self.compresses(grad.shape, setting):
-            round_ = dense_round(grad)
+            round_ = self._dense_round_with_residual(name, grad)
         else:
             self._check_setting(name, setting, grad.numel())
             round_ = self._begin(name, grad)
@@ -269,11 +269,17 @@ class Compressor(GradientCompression):
         """Sends ``grad`` plus its residual whole, in one all-reduce, and the residual becomes
         zero (GraVAC's scale-down to dense, line 23 of its Algorithm 1)."""
         self._remember_state(name)
+        return on_result(self._dense_round_with_residual(name, grad), self._watch_finite)
+
+    def _dense_round_with_residual(self, name, grad):
+        """A layer sent whole (a setting that does not compress it, or GraVAC's dense phase)
+        takes what error feedback still holds for it along, once: a residual left behind would
+        never reach the weights."""
         residual = self.residual(name, grad.device)
-        if residual is not None:
-            grad = torch.add(grad, residual.view(grad.shape), alpha=self.loss_scale()).to(grad.dtype)
-            self.clear_residual(name)
-        return on_result(dense_round(grad), self._watch_finite)
+        if residual is None:
+            return dense_round(grad)
+        self.clear_residual(name)
+        return dense_round(torch.add(grad, residual.view(grad.shape), alpha=self.loss_scale()).to(grad.dtype))
 
     def track(self, scaler: Any) -> "Compressor":
         """Keeps error feedback in unscaled units under loss scaling (mixed precision):

@@ -22,11 +22,14 @@ class StagedSums:
         self._staged: Dict[str, torch.Tensor] = {}
         self._spare: Dict[str, torch.Tensor] = {}
         self._reused = set()  # names updated by ``add``, whose old buffer serves the next step
+        self._dropped = set()  # names whose value is gone at commit
 
     def staged(self, name: str, device: Optional[torch.device] = None) -> Optional[torch.Tensor]:
         """This step's value so far (staged, else committed), or None. With ``device``, on that
         device: a value loaded from a checkpoint mapped elsewhere (``map_location="cpu"``)
         moves there, once."""
+        if name in self._dropped:
+            return None
         value = self._staged.get(name)
         return value if value is not None else self.committed_on(name, device)
 
@@ -44,6 +47,7 @@ class StagedSums:
         is what gets committed. (One weight is always 1, so this is one fused pass.)"""
         current = self.staged(name, value.device)
         self._reused.add(name)
+        self._dropped.discard(name)
         if current is None:
             staged = self._staged[name] = value.to(torch.float32, copy=True)
             return staged if value_weight == 1.0 else staged.mul_(value_weight)
@@ -61,7 +65,14 @@ class StagedSums:
 
     def put(self, name: str, value: torch.Tensor) -> None:
         """Stages ``value`` as the new value."""
+        self._dropped.discard(name)
         self._staged[name] = value
+
+    def drop(self, name: str) -> None:
+        """Stages the removal of ``name``'s value."""
+        self._staged.pop(name, None)
+        self._reused.discard(name)
+        self._dropped.add(name)
 
     def commit(self, scale: float = 1.0) -> None:
         """Keeps this step's values, divided by ``scale``."""
@@ -72,8 +83,12 @@ class StagedSums:
             self.committed[name] = value
             if name in self._reused and old is not None and old is not value:
                 self._spare[name] = old
+        for name in self._dropped:
+            self.committed.pop(name, None)
+            self._spare.pop(name, None)
         self._staged.clear()
         self._reused.clear()
+        self._dropped.clear()
 
     def rollback(self) -> None:
         for name, value in self._staged.items():
@@ -81,12 +96,14 @@ class StagedSums:
                 self._spare[name] = value
         self._staged.clear()
         self._reused.clear()
+        self._dropped.clear()
 
     def clear(self) -> None:
         self.committed.clear()
         self._staged.clear()
         self._spare.clear()
         self._reused.clear()
+        self._dropped.clear()
 
 
 class ErrorFeedback:
@@ -137,10 +154,9 @@ class ErrorFeedback:
         return self._sums.committed_on(name, device)
 
     def clear(self, name: str) -> None:
-        """Forgets ``name``'s residual from the next step on: its gradient was sent whole."""
-        residual = self._sums.committed.get(name)
-        if residual is not None:
-            self._sums.put(name, torch.zeros_like(residual))
+        """Forgets ``name``'s residual from the next step on (its gradient was sent whole), so
+        that later dense steps add nothing and checkpoints hold nothing for it."""
+        self._sums.drop(name)
 
     def commit(self) -> None:
         self._sums.commit(self.loss_scale)

@@ -36,3 +36,15 @@ def rank_batches(steps, batch_size=32, seed=0):
 def gathered(tensor, name):
     """(W, numel) rows: every rank's copy of ``tensor``."""
     return hvd.allgather(tensor.detach().reshape(1, -1), name=name)
+
+
+def sends_whole(compressor, shape):
+    """A setting at which ``compressor`` sends a tunable gradient of ``shape`` uncompressed
+    (the one that would compress it 1x), or None where every setting compresses it."""
+    setting = compressor.setting_for_factor(shape, 1.0)
+    return None if compressor.compresses(shape, setting) else setting
+
+
+# The registered compressors whose settings can send the digits CNN's largest layer whole.
+DENSE_SWITCHABLE = [name for name in hc.registry.controllable()
+                    if sends_whole(hc.COMPRESSORS[name].build(small=True), (64, 512)) is not None]

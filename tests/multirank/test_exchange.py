@@ -8,7 +8,7 @@ import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
 from benchmarks.workloads.digits import DigitsCNN
 
-from helpers import CONFIGS, PATHS, distributed, gathered, rank_batches
+from helpers import CONFIGS, DENSE_SWITCHABLE, PATHS, distributed, gathered, rank_batches, sends_whole
 
 # How close the real aggregate must be to the simulated reference: the methods are
 # deterministic given the same gradients, so only summation order differs.
@@ -227,3 +227,36 @@ def test_fused_aggregates_match_reference_and_plans_agree(method, fusion):
     assert all(theirs == digests for theirs in everyone)
     if method == "acpsgd":
         assert digests[0] != digests[1] or fusion == "whole model"  # P and Q steps differ
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("method", DENSE_SWITCHABLE)
+def test_a_layer_switched_to_dense_sends_its_residual_once(method, path):
+    """What L-GreCo's decisions do: a layer set to a setting that does not compress it sends,
+    at its first dense step, the mean over ranks of gradient plus residual; then plain means."""
+    assert DENSE_SWITCHABLE, "no registered compressor can send a layer whole"
+    model = DigitsCNN()
+    opt, compressor = distributed(model, torch.optim.SGD(model.parameters(), lr=0.05), method, path)
+    name = "classifier.1.weight"
+    param = dict(model.named_parameters())[name]
+    batches = rank_batches(6, seed=3)
+    for step, (x, y) in enumerate(batches):
+        if step == 3:
+            residual = compressor.residual(name)
+            assert residual is not None and residual.abs().sum() > 0
+            residuals = gathered(residual, f"residual.{method}.{path}")
+            compressor.set_setting(name, sends_whole(compressor, tuple(param.shape)))
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        raw, = torch.autograd.grad(loss, [param], retain_graph=True)
+        loss.backward()
+        opt.synchronize()
+        if step >= 3:
+            rows = gathered(raw, f"raw.{method}.{path}.{step}")
+            if step == 3:
+                rows = rows + residuals
+            expected = rows.mean(dim=0).view_as(param)
+            assert torch.allclose(param.grad, expected, rtol=0, atol=1e-6), step
+            assert compressor.residual(name) is None
+        with opt.skip_synchronize():
+            opt.step()

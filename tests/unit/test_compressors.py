@@ -209,3 +209,61 @@ def test_every_controller_wraps_exactly_the_controllable_registered_compressors(
         else:
             with pytest.raises(ValueError, match=f"compressor must be one of {names} .* got {method.core.__name__}"):
                 hc.CONTROLLERS[controller].build(method.build(small=True), small=True)
+
+
+def sends_whole(compressor, shape):
+    """A setting at which ``compressor`` sends a tunable gradient of ``shape`` uncompressed
+    (the one that would compress it 1x), or None where every setting compresses it."""
+    setting = compressor.setting_for_factor(shape, 1.0)
+    return None if compressor.compresses(shape, setting) else setting
+
+
+DENSE_SWITCHABLE = [name for name in hc.registry.controllable()
+                    if sends_whole(hc.COMPRESSORS[name].build(small=True), SHAPES["fc.weight"]) is not None]
+
+
+def test_low_rank_compressors_can_send_a_layer_whole():
+    """The dense-switch tests below cover what they should (a registry change that drops
+    these would leave them testing nothing)."""
+    assert {"powersgd", "acpsgd"} <= set(DENSE_SWITCHABLE)
+
+
+@pytest.mark.parametrize("name", DENSE_SWITCHABLE)
+def test_a_layer_switched_to_a_setting_that_sends_it_whole_sends_its_residual_once(name):
+    """A controller's decision, ``set_setting`` or a resumed checkpoint can leave a layer at a
+    setting that does not compress it. Its first dense step sends gradient plus residual, and
+    the residual is gone; later dense steps send the plain mean."""
+    w = 2
+    sim = world(lambda: hc.COMPRESSORS[name].build(small=True), w)
+    for step in range(3):
+        sim.step([grads(10 * step + r) for r in range(w)])
+    residuals = [c.residual("fc.weight").clone() for c in sim.compressors]
+    assert all(r.abs().sum() > 0 for r in residuals)
+    whole = sends_whole(sim.compressors[0], SHAPES["fc.weight"])
+    for compressor in sim.compressors:
+        compressor.set_setting("fc.weight", whole)
+    per_rank = [grads(100 + r) for r in range(w)]
+    out = sim.step(per_rank)
+    expected = sum(g["fc.weight"] + r.view(SHAPES["fc.weight"]) for g, r in zip(per_rank, residuals)) / w
+    for rank in range(w):
+        assert torch.allclose(out[rank]["fc.weight"], expected, atol=1e-6)
+        assert sim.compressors[rank].residual("fc.weight") is None
+        assert "fc.weight" not in sim.compressors[rank].state_dict()["residuals"]
+    per_rank = [grads(200 + r) for r in range(w)]
+    out = sim.step(per_rank)
+    assert torch.allclose(out[0]["fc.weight"], sum(g["fc.weight"] for g in per_rank) / w, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", DENSE_SWITCHABLE)
+def test_a_non_finite_dense_switch_step_keeps_the_residual(name):
+    """A skipped step leaves no trace: the residual a dense step would have sent is still there."""
+    sim = world(lambda: hc.COMPRESSORS[name].build(small=True), 1)
+    sim.step([grads(0)])
+    compressor = sim.compressors[0]
+    before = compressor.residual("fc.weight").clone()
+    compressor.set_setting("fc.weight", sends_whole(compressor, SHAPES["fc.weight"]))
+    bad = grads(1)
+    bad["fc.weight"][0, 0] = float("inf")
+    sim.step([bad])
+    assert not compressor.last_step_finite
+    assert torch.equal(compressor.residual("fc.weight"), before)
