@@ -10,15 +10,10 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(cpu gpu)
-NETWORK=hvd_compress-test
 work=$(mktemp -d)
 log() { echo "[docker-test] $*"; }
-cleanup() {
-    docker rm -f c1 c2 >/dev/null 2>&1 || true
-    docker network rm "$NETWORK" >/dev/null 2>&1 || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+source docker/hosts.sh
+trap 'hosts_down; rm -rf "$work"' EXIT
 
 for target in "${targets[@]}"; do
     docker image inspect "hvd_compress:$target" >/dev/null 2>&1 \
@@ -31,23 +26,7 @@ if [[ " ${targets[*]} " == *" cpu "* ]]; then
     docker run --rm hvd_compress:cpu bash ci/demo.sh | tee "$work/demo.log"
     grep -q "accuracy" "$work/demo.log"
 
-    log "several hosts: containers c1 and c2 on network $NETWORK"
-    cleanup; work=$(mktemp -d)
-    mkdir -p "$work/ssh"
-    ssh-keygen -q -t ed25519 -N "" -f "$work/ssh/id_ed25519"
-    cp "$work/ssh/id_ed25519.pub" "$work/ssh/authorized_keys"
-    printf 'Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n' > "$work/ssh/config"
-    chmod 600 "$work/ssh/"*
-    docker network create "$NETWORK" >/dev/null
-    for host in c1 c2; do
-        docker run -d --name "$host" --hostname "$host" --network "$NETWORK" \
-            -v "$work/ssh:/root/.ssh:ro" hvd_compress:cpu bash -c "ssh-keygen -A >/dev/null && exec /usr/sbin/sshd -D" >/dev/null
-    done
-    for attempt in $(seq 30); do
-        docker exec c1 ssh c2 true 2>/dev/null && break
-        [ "$attempt" -lt 30 ] || { echo "docker/test.sh: c1 cannot ssh to c2" >&2; exit 1; }
-        sleep 1
-    done
+    hosts_up "$work"
     for controller in mpi gloo; do
         for method in powersgd lgreco; do
             adapt=(); [ $method = lgreco ] && adapt=(--compression acpsgd --adapt lgreco)

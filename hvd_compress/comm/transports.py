@@ -88,7 +88,8 @@ class HorovodTransport:
                                                      process_set=self.process_set), deadline, what)
         buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == 0
                   else torch.empty(int(length[0]), dtype=torch.uint8))
-        buffer = self._wait(self.hvd.broadcast_async(buffer, root, name=f"{tag}.data",
+        # Named with its length, as every name given to Horovod (comm/horovod_backend.py).
+        buffer = self._wait(self.hvd.broadcast_async(buffer, root, name=f"{tag}.data.{buffer.numel()}",
                                                      process_set=self.process_set), deadline, what)
         return pickle.loads(buffer.numpy().tobytes())
 
@@ -97,7 +98,8 @@ class HorovodTransport:
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
         lengths = self._wait(self.hvd.allgather_async(torch.tensor([data.numel()]), name=f"{tag}.length",
                                                       process_set=self.process_set), deadline, what)
-        gathered = self._wait(self.hvd.allgather_async(data, name=f"{tag}.data",
+        sizes = "-".join(str(n) for n in lengths.tolist())
+        gathered = self._wait(self.hvd.allgather_async(data, name=f"{tag}.data.{sizes}",
                                                        process_set=self.process_set), deadline, what)
         pieces = gathered.split(lengths.tolist())
         return [pickle.loads(piece.numpy().tobytes()) for piece in pieces]

@@ -123,6 +123,14 @@ class GradientCompression:
         """A label for steps whose payloads differ by phase (ACP-SGD: "P" or "Q"), else ""."""
         return ""
 
+    def fixed_payload(self, shape: Shape) -> bool:
+        """Whether a gradient of ``shape`` travels in one all-reduce of a payload of its own
+        shape at every step, whatever the settings or phase. Only such a payload may ride
+        Horovod's own all-reduce under the parameter's name: Horovod's response cache must
+        never see a name change shape (under the Gloo controller that desynchronises the
+        ranks' collectives; DEVELOPERS.md)."""
+        raise NotImplementedError
+
     def track(self, scaler: Any) -> "GradientCompression":
         """Follows the loss scale of ``scaler`` (a ``torch.amp.GradScaler``); returns ``self``."""
         raise NotImplementedError
@@ -351,6 +359,9 @@ class Compressor(GradientCompression):
         """Whether some setting compresses a gradient of ``shape``: 1-D gradients (biases,
         norms) and those under ``min_numel`` are a tiny share of the bytes, and go dense."""
         return len(shape) >= 2 and math.prod(shape) >= self.config.min_numel
+
+    def fixed_payload(self, shape: Shape) -> bool:
+        return not self.tunable(shape)
 
     def compresses(self, shape: Sequence[int], setting: Any) -> bool:
         """Whether a gradient of ``shape`` is compressed at ``setting`` (else sent dense)."""

@@ -41,6 +41,9 @@ class FP16(_Settingless):
         return Round(grad.to(torch.float16), Collective.ALLREDUCE,
                      lambda mean: mean.to(dtype), last=True)
 
+    def fixed_payload(self, shape):
+        return True  # every gradient, as float16
+
 
 class BF16(_Settingless):
     """Sends gradients as bfloat16 while summing in float32.

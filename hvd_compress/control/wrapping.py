@@ -47,6 +47,9 @@ class Controller(GradientCompression):
     def schedule_phase(self) -> str:
         return self.inner.schedule_phase()
 
+    def fixed_payload(self, shape: Shape) -> bool:
+        return self.inner.fixed_payload(shape)  # controllers change settings, never this
+
     def end_step(self, comm_seconds: Optional[float] = None) -> None:
         self.inner.end_step()
 

@@ -36,10 +36,16 @@ class _Driven:
 class StockBridge:
     """Horovod's stock optimizer all-reduces whatever ``compress`` returns, once per gradient.
 
-    * A compressor whose exchange is one all-reduce (FP16, ACP-SGD, dense tensors) hands its
-      payload to that all-reduce: Horovod's fusion and ``groups=`` apply unchanged.
-    * Anything else (PowerSGD's two rounds, all-gathers) is started asynchronously from
-      ``compress``, so it overlaps with backward, and Horovod all-reduces a 4-byte placeholder.
+    * A gradient whose payload has its own shape at every step (FP16, and gradients that no
+      setting compresses: ``fixed_payload``) rides that all-reduce: Horovod's fusion and
+      ``groups=`` apply unchanged.
+    * Anything else (ACP-SGD's P and Q, PowerSGD's two rounds, all-gathers, any setting a
+      controller may change) is started asynchronously from ``compress`` on our driver, so it
+      overlaps with backward (and Horovod fuses its all-reduces all the same), and Horovod
+      all-reduces a 4-byte placeholder. Horovod's own all-reduce of a parameter therefore
+      never changes shape between steps: its response cache mishandles a name whose shape
+      changes, and under the Gloo controller the ranks then run different collectives and die
+      in a 30 s receive timeout (DEVELOPERS.md).
       At the first ``decompress`` of a step every gradient has been submitted (Horovod submits
       missing ones first), so the driver finishes all remaining rounds in name order: no rank
       can wait on a collective another rank has not submitted, whatever order Horovod uses.
@@ -90,7 +96,8 @@ class StockBridge:
         name = self._name_of(tensor)
         round_ = self.compressor.begin(name, tensor)
         self._outstanding += 1
-        if round_.last and round_.collective is Collective.ALLREDUCE:
+        if round_.last and round_.collective is Collective.ALLREDUCE and \
+                self.compressor.fixed_payload(tuple(tensor.shape)):
             self.compressor.traffic.add_gradient(tensor)
             self.compressor.traffic.add_payload(round_.payload, round_.collective)
             return round_.payload, _RidesHorovod(round_)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Repeats short two-container training jobs under Horovod's Gloo controller and counts how many
+# pass: the check for flakes that one run in docker/test.sh cannot see (issue 31: compressed
+# runs timed out at random). Needs the image docker/build.sh cpu made.
+#
+#   bash docker/soak.sh [RUNS] [METHOD ...]      # default: 10 runs of powersgd and lgreco
+#
+# METHOD: powersgd (PowerSGD) or lgreco (ACP-SGD under L-GreCo), as in docker/test.sh, or none.
+# Each job is horovodrun --gloo -np 4 -H c1:2,c2:2 examples/train_digits.py --epochs 3 with
+# HOROVOD_GLOO_TIMEOUT_SECONDS at its default (30). Logs: docker/soak-logs/ (or SOAK_LOGS).
+# Exits non-zero unless every job passed.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+runs=${1:-10}
+shift || true
+methods=("$@")
+[ ${#methods[@]} -gt 0 ] || methods=(powersgd lgreco)
+logs=${SOAK_LOGS:-docker/soak-logs}
+log() { echo "[soak] $*"; }
+source docker/hosts.sh
+work=$(mktemp -d)
+trap 'hosts_down; rm -rf "$work"' EXIT
+mkdir -p "$logs"
+hosts_up "$work"
+failed=0
+for method in "${methods[@]}"; do
+    case $method in
+        powersgd) args=(--compression powersgd) ;;
+        lgreco) args=(--compression acpsgd --adapt lgreco) ;;
+        none) args=(--compression none) ;;
+        *) echo "docker/soak.sh: unknown method '$method': powersgd, lgreco or none" >&2; exit 2 ;;
+    esac
+    passed=0
+    for run in $(seq "$runs"); do
+        start=$(date +%s)
+        out="$logs/$method-$run.log"
+        if docker exec -e OMP_NUM_THREADS=1 c1 timeout 600 horovodrun --gloo -np 4 -H c1:2,c2:2 \
+                python examples/train_digits.py --epochs 3 "${args[@]}" > "$out" 2>&1 \
+                && grep -q "final test accuracy" "$out"; then
+            passed=$((passed + 1)); verdict=passed
+        else
+            verdict="FAILED ($(grep -m1 -o 'Timed out[^]]*\|Error[^:]*' "$out" || echo "see $out"))"
+        fi
+        log "$method run $run: $verdict in $(( $(date +%s) - start )) s"
+    done
+    log "$method: $passed of $runs passed"
+    [ "$passed" = "$runs" ] || failed=1
+done
+exit $failed
