@@ -19,11 +19,12 @@ rank 4, ACP-SGD rank 4, Top-K 1% and QSGD 4 bits:
   GPU leaves its CPU to the decision thread). Four schedules: the default one (decisions every
   ``--decide-every`` steps) with ``apply_delay=10`` (the old default) and ``"auto"`` (the new
   one), and a short one (decisions every 4 steps) with ``apply_delay=1`` and ``"auto"``;
-* **overhead**: (accumulation x decide_every + stall at the default schedule) / (decide_every x
-  step): the training time it adds. The decision's own CPU time runs beside training, not in
-  its way; its share of the same window is given too. Also the overhead with
-  ``accumulate_steps=32`` (only the last 32 steps before a decision summed): the same formula
-  with 32 accumulations instead of ``decide_every``.
+* **overhead**: (accumulation x the steps summed per decision + stall at the default schedule)
+  / (decide_every x step): the training time it adds, at L-GreCo's configured default
+  ``accumulate_steps`` (the last 10 steps before a decision, as the authors' code). The
+  decision's own CPU time runs beside training, not in its way; its share of the same window
+  is given too. Also the overhead with ``accumulate_steps=None`` (every step of the period
+  summed): the same formula with ``decide_every`` accumulations.
 
 And for GraVAC over Top-K 1%: the per-step cost of its multi-level gain measurement
 (``kept_energies`` of every tunable layer at theta_min and the candidate), median of 3 steps.
@@ -33,6 +34,7 @@ Results resume point by point from ``<out>/benchmarks/controller_overhead.json``
 shape set and 20 ms steps, a smoke test.
 """
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -46,6 +48,7 @@ from benchmarks.report import DOCS, describe_machine, machine, write_section
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import SimulatedWorld
 from hvd_compress.compressors.feedback import StagedSums
+from hvd_compress.control.lgreco import LGreCoConfig
 from hvd_compress.maths import errors as error_maths
 
 SECTION = "Controller overhead"
@@ -58,7 +61,8 @@ REPEATS = 3
 # The targets: decision seconds per shape set, and the overhead's share of training time.
 DECISION_TARGETS = {"bert-base": 2.0, "transformer-xl": 5.0}
 OVERHEAD_TARGET = 0.01
-SHORT_ACCUMULATION = 32  # the accumulate_steps column
+# What L-GreCo sums per decision by default (the overhead column), read from its configuration.
+DEFAULT_ACCUMULATION = next(f.default for f in dataclasses.fields(LGreCoConfig) if f.name == "accumulate_steps")
 
 
 def synthetic_gradients(shapes, seed=0):
@@ -165,9 +169,9 @@ def measure_lgreco(method, grads, args):
 
 
 # ----- the report -----------------------------------------------------------------------------
-def overhead(record, args, accumulations=None):
+def overhead(record, args, accumulations=DEFAULT_ACCUMULATION):
     """(share of training time added, background CPU share) at the default schedule, auto,
-    with ``accumulations`` steps summed per decision (all of them by default)."""
+    with ``accumulations`` steps summed per decision (None: every step of the period)."""
     window = args.decide_every * args.step_ms / 1000
     summed = args.decide_every if accumulations is None else min(accumulations, args.decide_every)
     added = record["accumulation_seconds"] * summed + record["stall_seconds"]["default, auto"]
@@ -187,7 +191,8 @@ def markdown(results, args):
              "time, which runs beside training, on the same scale).", "",
              "| shapes | L-GreCo over | decision s | exact SVD s (same choice) | accumulate ms/step | "
              "stall s: default, delay 10 | default, auto | short, delay 1 | short, auto (delay steps) | "
-             f"overhead | overhead, accumulate_steps={SHORT_ACCUMULATION} |", "|---" * 11 + "|"]
+             f"overhead (accumulate_steps={DEFAULT_ACCUMULATION}, the default) | overhead, accumulate_steps=None |",
+             "|---" * 11 + "|"]
     for key, record in results["points"].items():
         if "gravac_seconds" in record:
             continue
@@ -198,7 +203,7 @@ def markdown(results, args):
             same = "yes" if record["same_settings_as_exact"] else f"{record['differing_layers']} layers differ"
             exact = f"{record['exact_decision_seconds']:.2f} ({same})"
         added, background = overhead(record, args)
-        windowed, _ = overhead(record, args, SHORT_ACCUMULATION)
+        windowed, _ = overhead(record, args, None)
         lines.append(f"| {shapes} | {method} | {record['decision_seconds']:.2f} | {exact} | "
                      f"{1000 * record['accumulation_seconds']:.1f} | {stall['default, apply_delay 10']:.2f} | "
                      f"{stall['default, auto']:.3f} | {stall['short, apply_delay 1']:.2f} | "
@@ -220,10 +225,10 @@ def markdown(results, args):
                 f"{method} {seconds:.2f} s {'met' if seconds < limit else 'MISSED'}" for method, seconds in measured))
     measured = [r for r in results["points"].values() if "decision_seconds" in r]
     if measured:
-        for label, accumulations in [("", None), (f" with accumulate_steps={SHORT_ACCUMULATION}", SHORT_ACCUMULATION)]:
-            worst = max(overhead(r, args, accumulations)[0] for r in measured)
-            targets.append(f"overhead under {100 * OVERHEAD_TARGET:g}% of training time{label}: largest "
-                           f"{100 * worst:.2f}%, {'met' if worst < OVERHEAD_TARGET else 'MISSED'}")
+        worst = max(overhead(r, args)[0] for r in measured)
+        targets.append(f"overhead under {100 * OVERHEAD_TARGET:g}% of training time at the default "
+                       f"accumulate_steps={DEFAULT_ACCUMULATION}: largest {100 * worst:.2f}%, "
+                       f"{'met' if worst < OVERHEAD_TARGET else 'MISSED'}")
         stall = max(r["stall_seconds"]["default, auto"] for r in measured)
         targets.append(f"no stall at the default schedule: longest exchange {1000 * stall:.1f} ms")
     lines += ["", "Targets: " + "; ".join(targets) + "."]
@@ -254,6 +259,8 @@ def run(args):
             print(f"  {key}: {json.dumps(record)}", flush=True)
             path.write_text(json.dumps(results, indent=1) + "\n")
             write_section(args.out / "benchmarks.md", SECTION, markdown(results, args))
+    # Also when every point was there: the section follows the current report.
+    write_section(args.out / "benchmarks.md", SECTION, markdown(results, args))
     return results
 
 

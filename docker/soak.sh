@@ -5,9 +5,11 @@
 #
 #   bash docker/soak.sh [RUNS] [METHOD ...]      # default: 10 runs of powersgd and lgreco
 #
-# METHOD: powersgd (PowerSGD) or lgreco (ACP-SGD under L-GreCo), as in docker/test.sh, or none.
-# Each job is horovodrun --gloo -np 4 -H c1:2,c2:2 examples/train_digits.py --epochs 3 with
-# HOROVOD_GLOO_TIMEOUT_SECONDS at its default (30). Logs: docker/soak-logs/ (or SOAK_LOGS).
+# METHOD: powersgd (PowerSGD) or lgreco (ACP-SGD under L-GreCo), as in docker/test.sh, or none:
+# horovodrun --gloo -np 4 -H c1:2,c2:2 examples/train_digits.py --epochs 3. Or Horovod alone,
+# without hvd_compress (docker/gloo_shapes.py, 200 steps): shapes (tensor names whose shapes
+# alternate between steps) or fixed-shapes. HOROVOD_GLOO_TIMEOUT_SECONDS stays at its default
+# (30). Logs: docker/soak-logs/ (or SOAK_LOGS).
 # Exits non-zero unless every job passed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -22,24 +24,27 @@ work=$(mktemp -d)
 trap 'hosts_down; rm -rf "$work"' EXIT
 mkdir -p "$logs"
 hosts_up "$work"
+for host in c1 c2; do docker cp docker/gloo_shapes.py "$host:/tmp/gloo_shapes.py"; done
 failed=0
 for method in "${methods[@]}"; do
+    script=(examples/train_digits.py --epochs 3)
     case $method in
         powersgd) args=(--compression powersgd) ;;
         lgreco) args=(--compression acpsgd --adapt lgreco) ;;
         none) args=(--compression none) ;;
-        *) echo "docker/soak.sh: unknown method '$method': powersgd, lgreco or none" >&2; exit 2 ;;
+        shapes) script=(/tmp/gloo_shapes.py 200); args=(alternate) ;;
+        fixed-shapes) script=(/tmp/gloo_shapes.py 200); args=(fixed) ;;
+        *) echo "docker/soak.sh: unknown method '$method': powersgd, lgreco, none, shapes or fixed-shapes" >&2; exit 2 ;;
     esac
     passed=0
     for run in $(seq "$runs"); do
         start=$(date +%s)
         out="$logs/$method-$run.log"
         if docker exec -e OMP_NUM_THREADS=1 c1 timeout 600 horovodrun --gloo -np 4 -H c1:2,c2:2 \
-                python examples/train_digits.py --epochs 3 "${args[@]}" > "$out" 2>&1 \
-                && grep -q "final test accuracy" "$out"; then
+                python "${script[@]}" "${args[@]}" > "$out" 2>&1 && grep -q "final" "$out"; then
             passed=$((passed + 1)); verdict=passed
         else
-            verdict="FAILED ($(grep -m1 -o 'Timed out[^]]*\|Error[^:]*' "$out" || echo "see $out"))"
+            verdict="FAILED ($(grep -m1 -o 'Timed out.*\|Wait timeout[^.]*\|[A-Za-z]*Error: .*' "$out" || echo "see $out"))"
         fi
         log "$method run $run: $verdict in $(( $(date +%s) - start )) s"
     done

@@ -67,6 +67,7 @@ class LGreCoConfig(MethodConfig):
     wrapped compressor by the constructor, ``transport`` and ``timeout`` by the decision
     service."""
     candidates: Optional[tuple] = None
+    dense_candidates: bool = False
     decide_every: int = 1000
     warmup_steps: int = 1000
     start_step: int = 0
@@ -106,6 +107,8 @@ class LGreCoConfig(MethodConfig):
             self._keep("candidates", tuple(candidates))
         if self.candidates == ():
             raise ValueError(f"{owner}: candidates must not be empty (None: the paper's range)")
+        if not isinstance(self.dense_candidates, bool):
+            raise ValueError(f"{owner}: dense_candidates must be True or False, got {self.dense_candidates!r}")
         if self.accordion is not None:
             arguments.real(owner, "accordion.threshold", self.accordion.threshold, low=0, low_open=True)
 
@@ -143,7 +146,13 @@ class LGreCo(Controller):
       * ``decide_every``: steps between decisions, or "epoch" with ``steps_per_epoch``; the
         paper decides once an epoch (some 5-20 decisions a run).
       * ``candidates``: settings to search (ranks, densities for TopK, bits). Default: the
-        paper's ranges, [D/2, 2D] for ranks and bits, [D/10, 10D] in steps of D/10 for density.
+        paper's ranges, [D/2, 2D] for ranks and bits (the reference hook's), [D/10, 10D] in
+        steps of D/10 for density. The authors' Transformer-XL run searches ranks D/4 to 4D:
+        ``candidates=range(max(1, D // 4), 4 * D + 1)``.
+      * ``dense_candidates``: as in the reference (False, the default), only settings that
+        compress a layer are candidates, and a layer the default does not compress is left out
+        of the problem (it keeps its setting). True also offers "send it whole", scored at
+        error 0 (an ablation: it spends bytes on small layers and raises the budget's reach).
       * ``accumulate_steps``: the steps before each decision whose tensors are averaged into
         the error table (default 10, the reference's); None averages every step since the
         last decision. Rank 0 pays a pass over the model's gradients only on those steps.
@@ -169,7 +178,7 @@ class LGreCo(Controller):
     """
 
     def __init__(self, compressor: Compressor, *, candidates: Optional[Sequence[Any]] = None,
-                 decide_every: Union[int, str] = 1000, steps_per_epoch: Optional[int] = None,
+                 dense_candidates: bool = False, decide_every: Union[int, str] = 1000, steps_per_epoch: Optional[int] = None,
                  warmup_steps: int = 1000, start_step: int = 0, apply_delay: Union[int, str] = "auto",
                  accumulate_steps: Optional[int] = REFERENCE_ACCUMULATE_STEPS,
                  error_source: str = "sent", objective: str = "size",
@@ -180,7 +189,7 @@ class LGreCo(Controller):
             decide_every = arguments.integer("LGreCo", "steps_per_epoch (with decide_every='epoch')",
                                              steps_per_epoch, low=1)
         self.config = config = LGreCoConfig(
-            candidates=candidates, decide_every=decide_every, warmup_steps=warmup_steps,
+            candidates=candidates, dense_candidates=dense_candidates, decide_every=decide_every, warmup_steps=warmup_steps,
             start_step=start_step, error_source=error_source,
             apply_delay=apply_delay, accumulate_steps=accumulate_steps, objective=objective,
             accordion=accordion, time_buckets=time_buckets, discretization=discretization,
@@ -377,14 +386,17 @@ class LGreCo(Controller):
     def _decide(self, sums, shapes, samples, version, decided_at, effective_step, step_seconds):
         start = time.perf_counter()
         notes = []
-        names = sorted(sums)
         defaults = self._defaults(sums)
+        names = sorted(name for name in sums
+                       if self.config.dense_candidates or self.inner.compresses(shapes[name], defaults[name]))
         weights = self._time_weights(names, shapes, samples, notes) if self.config.objective == "time" else None
         width = 0
         rows = []
         for name in names:
             shape, default = shapes[name], defaults[name]
             options = self.inner.candidates(shape, default, self.config.candidates)
+            if not self.config.dense_candidates:
+                options = [o for o in options if self.inner.compresses(shape, o)]
             errors = [0.0 if not self.inner.compresses(shape, o) else e
                       for o, e in zip(options, self.inner.errors(sums[name], options))]
             sizes = [self.inner.payload_bytes(shape, o) for o in options]

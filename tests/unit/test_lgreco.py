@@ -358,3 +358,40 @@ def test_a_run_ending_while_a_decision_computes_exits_cleanly(tmp_path):
         "assert lgreco.service.running()\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def gradients_with_a_small_layer(step):
+    """SHAPES' layers plus "small" (24 x 24), which rank 4 compresses and rank 8 does not
+    (PowerSGD asks 2x), and "tiny" (12 x 12), which rank 4 already sends whole."""
+    grads = layered_gradients(step, DECAY)
+    g = torch.Generator().manual_seed(1000 + step)
+    grads.update(small=torch.randn(24, 24, generator=g), tiny=torch.randn(12, 12, generator=g))
+    return grads
+
+
+@pytest.mark.parametrize("dense_candidates", [False, True])
+def test_candidates_are_compressed_settings_unless_dense_ones_are_asked_for(dense_candidates):
+    """The reference's problem: every candidate compresses its layer, and a layer the default
+    does not compress is left out (it keeps its setting). dense_candidates=True is the ablation
+    that also offers sending a layer whole, at error 0."""
+    lgreco = make(hc.PowerSGD(rank=4, min_numel=0), dense_candidates=dense_candidates)
+    sim = SimulatedWorld([lgreco])
+    for step in range(6):
+        sim.step([gradients_with_a_small_layer(step)])
+    decision = lgreco.decisions[0]
+    shapes = dict(SHAPES, small=(24, 24), tiny=(12, 12))
+    if dense_candidates:
+        assert {"small", "tiny"} <= set(decision.settings)
+    else:
+        assert "tiny" not in decision.settings and "small" in decision.settings
+        assert all(lgreco.inner.compresses(shapes[name], setting)
+                   for name, setting in decision.settings.items())
+    assert decision.total_error <= decision.budget * (1 + 1e-9)
+
+
+def test_a_decision_with_nothing_to_decide_keeps_every_setting():
+    lgreco = make(hc.PowerSGD(rank=4, min_numel=0))
+    sim = SimulatedWorld([lgreco])
+    for step in range(6):
+        sim.step([{"tiny": torch.randn(12, 12, generator=torch.Generator().manual_seed(step))}])
+    assert lgreco.decisions[0].settings == {} and lgreco.setting("tiny") == 4
