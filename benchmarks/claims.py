@@ -59,7 +59,7 @@ from benchmarks.report import (DOCS, describe_machine, machine, mpirun_job, pane
 from benchmarks.workloads import charlm, wordlm
 from hvd_compress.comm.rounds import Collective
 from hvd_compress.compressors.base import GradientCompression
-from hvd_compress.integration.stock import horovod_compression
+from hvd_compress.registry import public_class
 
 RESULT_PREFIX = "CLAIMS_RESULT "
 SECTION = "L-GreCo protocol on the word LM"
@@ -149,7 +149,7 @@ class DenseWhere(GradientCompression):
                 "dense_names": sorted(self.dense_names), "inner": self.inner.describe()}
 
 
-DenseWhere = horovod_compression(DenseWhere)  # what hvd.DistributedOptimizer(compression=) takes
+DenseWhere = public_class(DenseWhere)  # what hvd.DistributedOptimizer(compression=) takes
 
 
 def schedule(steps):

@@ -49,8 +49,8 @@ A new compressor subclasses ``Compressor``, passes its configuration (a frozen
 is made) to ``Compressor.__init__``, and implements ``_check_setting``, ``_begin`` and
 ``_compressed_bytes``; ``_new_state_from`` if it keeps per-parameter state in ``self.state``
 (checkpoints rebuild it); the protocol, to be controllable. Error feedback comes from
-``compressors.feedback.ErrorFeedback``. Nothing here knows Horovod: its Compression API is added
-by ``integration.stock.horovod_compression``.
+``compressors.feedback.ErrorFeedback``. Nothing here knows Horovod: its Compression API is added,
+where Horovod is installed, by ``registry.public_class``.
 """
 import copy
 import logging
