@@ -45,7 +45,6 @@ import types
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
-import horovod.torch as hvd
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -210,6 +209,8 @@ def train_point(spec):
     _, _, first_decision = schedule(steps)
     tokens = lm["batch_size"] * lm["model"]["context"]
     ddp = spec.get("backend") == "ddp"
+    if not ddp:  # the GPU scale runs DDP where Horovod is not installed
+        import horovod.torch as hvd
     rank, size = (dist.get_rank(), dist.get_world_size()) if ddp else (hvd.rank(), hvd.size())
 
     def prepare(model):
