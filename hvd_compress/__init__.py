@@ -50,7 +50,7 @@ if horovod_available():
     from hvd_compress.integration import elastic  # noqa: F401  (registers the elastic state handlers)
     from hvd_compress.integration.optimizer import DistributedOptimizer
 else:
-    def __getattr__(name: str):
+    def __getattr__(name: str) -> object:
         """A Horovod-only name without Horovod: an ImportError that says how to install it."""
         if name in HOROVOD_ONLY:
             import_horovod(f"hvd_compress.{name}")
