@@ -2,6 +2,7 @@
 ``hvd_compress.DiLoCo`` under ``torchrun``. The Horovod paths import it through here, so that
 where it is missing the error names the entry point and how to install Horovod. A leaf, like
 ``arguments.py``: every layer may use it."""
+from functools import lru_cache
 from types import ModuleType
 
 INSTALL_HOROVOD = (
@@ -10,6 +11,7 @@ INSTALL_HOROVOD = (
     "DEVELOPERS.md says how)")
 
 
+@lru_cache(maxsize=None)  # asked once per exported class; a failed import is not cached by Python
 def horovod_available() -> bool:
     """Whether ``horovod.torch`` imports here (a Horovod built without PyTorch does not)."""
     try:
