@@ -1,7 +1,8 @@
 """Horovod is optional: torch alone serves ``hvd_compress.ddp``, ``hvd_compress.fsdp`` and
-``hvd_compress.DiLoCo`` under ``torchrun``. The Horovod paths import it through here, so that
-where it is missing the error names the entry point and how to install Horovod. A leaf, like
-``arguments.py``: every layer may use it."""
+``hvd_compress.DiLoCo`` under ``torchrun``. The package asks here whether Horovod imports before
+it loads its Horovod modules, and a Horovod-only entry point reached without Horovod raises
+here, naming itself and how to install Horovod. A leaf, like ``arguments.py``: every layer may
+use it."""
 from functools import lru_cache
 from types import ModuleType
 

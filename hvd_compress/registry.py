@@ -88,7 +88,7 @@ CONTROLLERS: Dict[str, ControllerMethod] = {m.name: m for m in [
 def public_class(core: type) -> type:
     """``core`` as ``hvd_compress`` exports it, under the same name: where Horovod is installed,
     with Horovod's Compression API (a ``horovod.torch.compression.Compressor``), which stock
-    ``hvd.DistributedOptimizer(compression=...)`` accepts; without Horovod, ``core`` alone. Named
+    ``hvd.DistributedOptimizer(compression=...)`` accepts; without Horovod, of ``core`` alone. Named
     ``hvd_compress.<ClassName>`` either way, so that a pickle made with Horovod loads without it."""
     bases = (core,)
     if horovod_available():
