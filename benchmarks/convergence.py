@@ -28,7 +28,6 @@ import time
 import types
 from pathlib import Path
 
-import horovod.torch as hvd
 import torch
 
 import hvd_compress as hc
@@ -118,6 +117,7 @@ class StepCounter:
 def train_with(method, spec, train):
     """Runs ``train(make_optimizer)`` for each seed of ``spec`` with ``method``; rank 0's
     record of it: metric per seed, steps, seconds, and the bytes counted by the compressors."""
+    import horovod.torch as hvd  # in the job's ranks only: importing this module needs no Horovod
     compressors, counter, dense_bytes = [], StepCounter(), []
 
     def make_optimizer(model, optimizer):
@@ -161,6 +161,7 @@ def traffic_totals(compressors):
 
 def workload_trainer(spec):
     """train(make_optimizer, seed) -> the final metric, for the job's workload."""
+    import horovod.torch as hvd
     if spec["workload"] == "digits":
         return lambda make_optimizer, seed: digits.train(
             make_optimizer, hvd.rank(), hvd.size(), epochs=spec["epochs"], lr=0.1, seed=seed)[1]
@@ -171,6 +172,7 @@ def workload_trainer(spec):
 
 
 def worker(spec):
+    import horovod.torch as hvd
     torch.set_num_threads(1)  # W ranks share the machine's cores
     hvd.init()
     train = workload_trainer(spec)

@@ -15,8 +15,14 @@ Layers, from the bottom up (each imports only the ones below it):
 ``metrics.py`` exports per-step metrics (TensorBoard, JSON lines); ``advise.py`` projects every
 method's step time on the user's own model and ranks (``python -m hvd_compress.advise``).
 ``registry.py`` names every method once; the classes exported here come from it. ``arguments.py``
-is a leaf every layer may use. Importing the
-package makes every compressor part of ``hvd.elastic.TorchState`` (``integration/elastic.py``).
+and ``optional.py`` are leaves every layer may use.
+
+Horovod is optional. torch alone serves ``hvd_compress.ddp``, ``hvd_compress.fsdp`` and
+``DiLoCo`` under ``torchrun``, with every compressor and controller. Where Horovod is installed,
+the exported compressors also have its Compression API, ``DistributedOptimizer`` is there, and
+importing the package makes every compressor (and ``DiLoCo``) part of ``hvd.elastic.TorchState``
+(``integration/elastic.py``); without it, ``hvd_compress.DistributedOptimizer`` raises an
+ImportError that says how to install Horovod.
 
 Use with stock Horovod::
 
@@ -32,12 +38,24 @@ from hvd_compress.compressors.base import Compressor
 from hvd_compress.control.gravac import GraVACPolicy
 from hvd_compress.control.lgreco import Accordion
 from hvd_compress.comm.transports import DecisionTimeout
-from hvd_compress.integration.optimizer import DistributedOptimizer
 from hvd_compress.integration.outer import DiLoCo
+from hvd_compress.optional import horovod_available, import_horovod
 from hvd_compress.registry import COMPRESSORS, CONTROLLERS, PUBLIC
 from hvd_compress import metrics
 
 globals().update(PUBLIC)
 
+HOROVOD_ONLY = ["DistributedOptimizer"]
+if horovod_available():
+    from hvd_compress.integration import elastic  # noqa: F401  (registers the elastic state handlers)
+    from hvd_compress.integration.optimizer import DistributedOptimizer
+else:
+    def __getattr__(name: str) -> object:
+        """A Horovod-only name without Horovod: an ImportError that says how to install it."""
+        if name in HOROVOD_ONLY:
+            import_horovod(f"hvd_compress.{name}")
+        raise AttributeError(f"module 'hvd_compress' has no attribute {name!r}")
+
 __all__ = sorted(["Accordion", "COMPRESSORS", "CONTROLLERS", "Compressor", "DecisionTimeout", "DiLoCo",
-                  "DistributedOptimizer", "GraVACPolicy", "ScaledFusion", "metrics", *PUBLIC])
+                  "GraVACPolicy", "ScaledFusion", "metrics", *PUBLIC,
+                  *(HOROVOD_ONLY if horovod_available() else [])])

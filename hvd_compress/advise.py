@@ -56,6 +56,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
+from hvd_compress.optional import import_horovod
 from hvd_compress.registry import COMPRESSORS
 
 # The settings tried per method (the registry's constructor keyword: values), from the least
@@ -126,7 +127,7 @@ class HorovodRanks:
     """Collectives through Horovod (``horovodrun`` or ``mpirun``)."""
 
     def __init__(self):
-        import horovod.torch as hvd
+        hvd = import_horovod("hvd_compress.advise under mpirun or horovodrun (torchrun needs no Horovod)")
         if not hvd.is_initialized():
             hvd.init()
         self.hvd, self.rank, self.size = hvd, hvd.rank(), hvd.size()

@@ -2,7 +2,7 @@
 
 The examples, the tests' parametrisation and the benchmarks all read it. A compressor added to
 ``COMPRESSORS`` (or a controller to ``CONTROLLERS``) is exported as ``hvd_compress.<ClassName>``
-(with Horovod's Compression API), tested by the generic tests, and offered by the examples and
+(with Horovod's Compression API where Horovod is installed), tested by the generic tests, and offered by the examples and
 benchmarks; README "Layout and contracts" says what else a new one needs.
 
 Each compressor entry has:
@@ -18,7 +18,7 @@ import torch
 from hvd_compress.compressors import ACPSGD, BF16, FP16, QSGD, NoCompression, PowerSGD, ScaleCom, SignSGD, TopK
 from hvd_compress.control.gravac import GraVAC
 from hvd_compress.control.lgreco import LGreCo
-from hvd_compress.integration.stock import horovod_compression
+from hvd_compress.optional import horovod_available
 
 NamedParameters = Optional[Iterable[Tuple[str, torch.nn.Parameter]]]
 
@@ -32,8 +32,7 @@ class Method:
 
     @property
     def cls(self) -> type:
-        """The public class, ``hvd_compress.<ClassName>``: the core class with Horovod's
-        Compression API, so that stock ``hvd.DistributedOptimizer`` accepts it."""
+        """The public class, ``hvd_compress.<ClassName>`` (``public_class``)."""
         return PUBLIC[self.core.__name__]
 
     def build(self, named_parameters: NamedParameters = None, *, small: bool = False,
@@ -85,8 +84,22 @@ CONTROLLERS: Dict[str, ControllerMethod] = {m.name: m for m in [
                                         "smoothing": 1.0, "epsilon": 0.3}),
 ]}
 
-# hvd_compress.<ClassName>: every registered class with Horovod's Compression API.
-PUBLIC: Dict[str, type] = {m.core.__name__: horovod_compression(m.core)
+
+def public_class(core: type) -> type:
+    """``core`` as ``hvd_compress`` exports it, under the same name: where Horovod is installed,
+    with Horovod's Compression API (a ``horovod.torch.compression.Compressor``), which stock
+    ``hvd.DistributedOptimizer(compression=...)`` accepts; without Horovod, of ``core`` alone. Named
+    ``hvd_compress.<ClassName>`` either way, so that a pickle made with Horovod loads without it."""
+    bases = (core,)
+    if horovod_available():
+        from hvd_compress.integration.stock import StockCompression  # imports Horovod
+        bases = (StockCompression, core)
+    return type(core.__name__, bases, {"__module__": "hvd_compress", "__qualname__": core.__name__,
+                                       "__doc__": core.__doc__})
+
+
+# hvd_compress.<ClassName>: every registered class.
+PUBLIC: Dict[str, type] = {m.core.__name__: public_class(m.core)
                            for m in [*COMPRESSORS.values(), *CONTROLLERS.values()]}
 
 

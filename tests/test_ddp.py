@@ -84,7 +84,7 @@ def run_torchrun(np, test_file, folder, timeout):
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="needs torchrun (comes with torch)")
-@pytest.mark.parametrize("np, test_file", launches())
+@pytest.mark.parametrize("np, test_file", list(launches()))
 def test_launch(np, test_file):
     run_torchrun(np, test_file, HERE, TIMEOUTS[test_file])
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A GPU lease's one prepared run (never on CI's path), from the repository root on the device
-# machine, which has CUDA torch but no Horovod (ci/gpu/horovod_stand_in.py stands in for its
-# import): the CUDA tier, then the L-GreCo protocol at larger scale, points side by side, written
+# machine, which has CUDA torch but no Horovod (hvd_compress and the DDP benchmarks need none):
+# the CUDA tier, then the L-GreCo protocol at larger scale, points side by side, written
 # under $OUT/claims and resumed from ci/gpu/claims_gpu.json when present (copy the last run's
 # JSON there). Settings: SKIP_SMOKE, RUN_SECONDS, MAX_MINUTES, PARALLEL.
 set -u
-export PYTHONPATH=$PWD/ci/gpu PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1
 RUN_SECONDS=${RUN_SECONDS:-470}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > $OUT/gpu.txt 2>&1
 python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0], 'cores', __import__('os').cpu_count())" >> $OUT/gpu.txt 2>&1

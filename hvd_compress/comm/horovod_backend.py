@@ -1,12 +1,14 @@
-"""Asynchronous Horovod collectives behind the driver's three-verb interface."""
-import horovod.torch as hvd
-
+"""Asynchronous Horovod collectives behind the driver's three-verb interface. Horovod is
+imported when a backend is made, so that ``DiLoCo`` can name this class without Horovod."""
 from hvd_compress.comm.rounds import Collective
 
 
 class HorovodBackend:
-    def __init__(self, process_set=hvd.global_process_set):
-        self.process_set = process_set
+    def __init__(self, process_set=None):
+        """Over ``process_set`` (None: Horovod's global one)."""
+        import horovod.torch as hvd
+        self.hvd = hvd
+        self.process_set = hvd.global_process_set if process_set is None else process_set
 
     @property
     def size(self):
@@ -17,7 +19,7 @@ class HorovodBackend:
         return self.process_set.rank()
 
     def start(self, op_name, round_):
-        payload = round_.payload
+        hvd, payload = self.hvd, round_.payload
         # A name never carries two sizes (settings change payloads; ACP-SGD's P and Q fuse into
         # buckets of other sizes): Horovod's response cache mishandles a name whose shape
         # changes, and under Gloo the ranks then desynchronise (DEVELOPERS.md).
@@ -37,11 +39,11 @@ class HorovodBackend:
         return handle, round_.collective, payload.shape
 
     def done(self, handle):
-        return hvd.poll(handle[0])
+        return self.hvd.poll(handle[0])
 
     def wait(self, handle):
         hvd_handle, collective, shape = handle
-        output = hvd.synchronize(hvd_handle)
+        output = self.hvd.synchronize(hvd_handle)
         if collective is Collective.ALLGATHER:
             return output.view(self.size, *shape)
         if collective is Collective.ALLTOALL:

@@ -49,8 +49,8 @@ A new compressor subclasses ``Compressor``, passes its configuration (a frozen
 is made) to ``Compressor.__init__``, and implements ``_check_setting``, ``_begin`` and
 ``_compressed_bytes``; ``_new_state_from`` if it keeps per-parameter state in ``self.state``
 (checkpoints rebuild it); the protocol, to be controllable. Error feedback comes from
-``compressors.feedback.ErrorFeedback``. Nothing here knows Horovod: its Compression API is added
-by ``integration.stock.horovod_compression``.
+``compressors.feedback.ErrorFeedback``. Nothing here knows Horovod: its Compression API is added,
+where Horovod is installed, by ``registry.public_class``.
 """
 import copy
 import logging
@@ -95,6 +95,12 @@ class GradientCompression:
     def adopt_parameters(self, named: Dict[str, torch.nn.Parameter]) -> None:
         """Takes ``named`` ({name: parameter}) as its parameters when it was built without
         ``named_parameters``: stock ``hvd.DistributedOptimizer`` passes the names it uses."""
+        raise NotImplementedError
+
+    def use_shards(self, local: Dict[str, torch.Tensor]) -> None:
+        """Under FSDP each rank compresses its own shard of each parameter: ``local`` ({name:
+        this rank's shard}) replaces the whole parameters it was built with, under the same
+        names, and their settings are checked against the shards."""
         raise NotImplementedError
 
     def use_process_set(self, process_set: Any) -> None:
@@ -232,6 +238,16 @@ class Compressor(GradientCompression):
                 raise self._error(name, f"has shape {tuple(param.shape)} in the optimizer but {shape} "
                                         f"before (or in the loaded checkpoint)")
         self.parameters.update(named)  # in place: a controller shares this dict
+
+    def use_shards(self, local: Dict[str, torch.Tensor]) -> None:
+        unknown = sorted(set(self.parameters) - set(local))
+        if unknown:
+            raise ValueError(f"{type(self).__name__}: named_parameters {unknown[:8]} are not parameters "
+                             f"of the sharded model")
+        for name, value in self._overrides.items():
+            if name in self.parameters:
+                self._check_setting(name, value, local[name].numel())
+        self.parameters.update({name: local[name] for name in self.parameters})  # a controller shares it
 
     def _error(self, name, message):
         where = f"parameter {name!r}: " if name is not None else ""

@@ -41,6 +41,9 @@ class Controller(GradientCompression):
     def adopt_parameters(self, named: Dict[str, Any]) -> None:
         self.inner.adopt_parameters(named)  # self.parameters is the same dict
 
+    def use_shards(self, local: Dict[str, Any]) -> None:
+        self.inner.use_shards(local)
+
     def next_payload_bytes(self, name: str, shape: Shape) -> int:
         return self.inner.next_payload_bytes(name, shape)
 

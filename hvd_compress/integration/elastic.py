@@ -18,8 +18,11 @@ handlers (``horovod.torch.elastic.state.set_handler_registry``, Horovod's extens
   next step. A reset that only removed workers skips ``sync()`` in Horovod; the integration
   sees the new size at the next step and rebinds then.
 
+``hvd_compress.DiLoCo`` has a handler of its own (:class:`DiLoCoStateHandler`).
+
 Elastic Horovod runs with the Gloo controller (``horovodrun --gloo`` is implied by
 ``--host-discovery-script``); the exchange runs among all ranks (``hvd.global_process_set``).
+Imported by ``hvd_compress`` only where Horovod is.
 """
 import logging
 from typing import Any, Dict, Optional
@@ -28,18 +31,12 @@ import horovod.torch as hvd
 from horovod.torch.elastic import state as elastic_state
 
 from hvd_compress.compressors.base import GradientCompression
+from hvd_compress.integration.outer import DiLoCo
+from hvd_compress.integration.world import next_generation
 
 logger = logging.getLogger(__name__)
 
 FEEDBACK_POLICIES = ("keep", "reset")
-
-# Bumped by every sync(): the integration compares it at each step to see that the world was
-# re-formed, even when the rank and size came out the same.
-_generation = 0
-
-
-def world_generation() -> int:
-    return _generation
 
 
 class CompressionStateHandler(elastic_state.StateHandler):
@@ -55,7 +52,6 @@ class CompressionStateHandler(elastic_state.StateHandler):
         self.value.load_state_dict(rebased(own, own, self.value.rank, self.value.size))
 
     def sync(self) -> None:
-        global _generation
         compression = self.value
         policy = compression.feedback_on_world_change
         if policy not in FEEDBACK_POLICIES:
@@ -68,7 +64,7 @@ class CompressionStateHandler(elastic_state.StateHandler):
         rank, size = hvd.rank(), hvd.size()
         compression.bind_world(rank, size)
         compression.load_state_dict(rebased(shared, own, rank, size))
-        _generation += 1
+        next_generation()
         if rank == 0:
             logger.info("hvd_compress: %s synchronised in a world of %d ranks (error feedback: %s)",
                         type(compression).__name__, size, policy)
@@ -83,5 +79,45 @@ def rebased(state: Dict[str, Any], own: Optional[Dict[str, Any]], rank: int, siz
     return dict(state, rank=rank, world_size=size, residuals={} if own is None else own["residuals"])
 
 
-elastic_state.set_handler_registry(
-    [*elastic_state.get_handler_registry(), (GradientCompression, CompressionStateHandler)])
+class DiLoCoStateHandler(elastic_state.StateHandler):
+    """``hvd.elastic.TorchState(model, inner, outer=diloco, ...)``: a commit saves DiLoCo's state,
+    a failed worker's survivors restore it, and after every reset rank 0's state (anchors, outer
+    optimizer, step within the period, codec settings) goes to every rank; error feedback follows
+    ``compression.feedback_on_world_change`` as anywhere else. The model handler then sends rank
+    0's weights, so every rank continues the period from rank 0's local weights. The wrapper
+    binds to the new world at its next step. Ahead of Horovod's optimizer handler, which would
+    take DiLoCo for a torch optimizer."""
+
+    def __init__(self, outer: DiLoCo):
+        super().__init__(outer)
+        self._saved = outer.elastic_state_dict()
+
+    def save(self) -> None:
+        self._saved = self.value.elastic_state_dict()
+
+    def restore(self) -> None:
+        outer, own = self.value, self._saved["compression"]
+        outer.load_state_dict(dict(self._saved, compression=rebased(own, own, outer.compression.rank,
+                                                                    outer.compression.size)))
+
+    def sync(self) -> None:
+        outer = self.value
+        policy = outer.compression.feedback_on_world_change
+        if policy not in FEEDBACK_POLICIES:
+            raise ValueError(f"{type(outer.compression).__name__}.feedback_on_world_change must be one "
+                             f"of {', '.join(FEEDBACK_POLICIES)}, got {policy!r}")
+        mine = outer.elastic_state_dict() if policy == "keep" or hvd.rank() == 0 else None
+        shared = None
+        if hvd.rank() == 0:
+            shared = dict(mine, compression=rebased(mine["compression"], None, 0, 1))
+        shared = hvd.broadcast_object(shared, root_rank=0, name="hvd_compress.diloco.sync")
+        rank, size = hvd.rank(), hvd.size()
+        outer.compression.bind_world(rank, size)
+        own = mine["compression"] if policy == "keep" else None
+        outer.load_state_dict(dict(shared, compression=rebased(shared["compression"], own, rank, size)))
+        outer._bound = False  # binds to the new world, checks and broadcasts at its next step
+
+
+# DiLoCo ahead of Horovod's optimizer handler, which would take it for a torch optimizer.
+elastic_state.set_handler_registry([(DiLoCo, DiLoCoStateHandler), *elastic_state.get_handler_registry(),
+                                    (GradientCompression, CompressionStateHandler)])

@@ -93,10 +93,8 @@ class State:
         if not isinstance(compressor, GradientCompression):
             raise ValueError(f"hvd_compress.fsdp.register: compressor must be an hvd_compress "
                              f"compressor or controller, got {type(compressor).__name__}")
-        if getattr(compressor, "parameters", None):
-            raise ValueError("hvd_compress.fsdp.register: the compressor was given "
-                             "named_parameters (whole parameters); under HSDP it sees local "
-                             "shards, named by the model's parameter names: build it without them")
+        if compressor.parameters:  # built with named_parameters: the same names, each rank's shards
+            compressor.use_shards({name: p.to_local() for name, p in model.named_parameters()})
         self.compressor = compressor
         self.iter = 0
         mesh_info = groups[0][1].mesh_info
@@ -311,7 +309,8 @@ def _shard_only(mesh_info):
 
 def register(model: FSDPModule, compressor: GradientCompression) -> State:
     """Compresses ``model``'s replicate all-reduce with ``compressor`` (a compressor or
-    controller from the registry, built without ``named_parameters``); returns the
+    controller from the registry, built with or without the model's ``named_parameters``: it
+    compresses each rank's local shards under the parameters' names either way); returns the
     :class:`State` (save it with ``torch.distributed.checkpoint``). Call once, after
     ``fully_shard`` and before the first backward (it replaces any ``set_all_reduce_hook`` of
     the model's modules); the one line an HSDP script adds::

@@ -1,8 +1,11 @@
-"""Which parameter does a gradient belong to? Stock Horovod calls ``compress(p.grad)`` without
-the name, and ``p.grad`` is a new tensor every step under ``zero_grad(set_to_none=True)``."""
+"""Parameters' names: which parameter a gradient belongs to (stock Horovod calls
+``compress(p.grad)`` without the name, and ``p.grad`` is a new tensor every step under
+``zero_grad(set_to_none=True)``), and the names of an optimizer's parameters."""
 import sys
 
 import torch
+
+from hvd_compress import arguments
 
 
 class GradientOwners:
@@ -49,3 +52,18 @@ class GradientOwners:
     def remove(self):
         for hook in self._hooks:
             hook.remove()
+
+
+def parameter_names(param_groups, named_parameters):
+    """{parameter: name} over the optimizer's ``param_groups``, with Horovod's checks and its
+    default names (``allreduce.noname.i.j``)."""
+    if named_parameters is None:
+        return {p: f"allreduce.noname.{i}.{j}"
+                for i, group in enumerate(param_groups) for j, p in enumerate(group["params"])}
+    named = arguments.named_parameters("DistributedOptimizer", named_parameters)
+    by_param = {p: name for name, p in named.items()}
+    unnamed = [p for group in param_groups for p in group["params"] if p not in by_param]
+    if unnamed:
+        raise ValueError(f"named_parameters: {len(unnamed)} optimizer parameter(s) are not named, "
+                         f"with shapes {[tuple(p.shape) for p in unnamed]}")
+    return {p: by_param[p] for group in param_groups for p in group["params"]}

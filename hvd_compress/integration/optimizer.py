@@ -18,7 +18,9 @@ from hvd_compress.comm.transports import HorovodTransport
 from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.compressors.cast import NoCompression
 from hvd_compress.integration.agreement import verify_same_configuration
-from hvd_compress.integration.stock import check_op, current_world
+from hvd_compress.integration.names import parameter_names
+from hvd_compress.integration.stock import check_op
+from hvd_compress.integration.world import current_world
 
 
 class _CompressedDistributedOptimizer(torch.optim.Optimizer):
@@ -26,7 +28,7 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
                  sparse_as_dense, process_set, fusion):
         super(self.__class__, self).__init__(params)
         self._compression = compression
-        self._parameter_names = _parameter_names(self.param_groups, named_parameters)
+        self._parameter_names = parameter_names(self.param_groups, named_parameters)
         self._op = op
         self._sparse_as_dense = sparse_as_dense
         self._sparse = {}  # parameter -> Horovod's handle of its sparse gradient's all-gather
@@ -172,20 +174,6 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._delay = {p: self.backward_passes_per_step for p in self._parameter_names}
         return super(self.__class__, self).load_state_dict(*args, **kwargs)
-
-
-def _parameter_names(param_groups, named_parameters):
-    """{parameter: name}, with Horovod's checks and its default names."""
-    if named_parameters is None:
-        return {p: f"allreduce.noname.{i}.{j}"
-                for i, group in enumerate(param_groups) for j, p in enumerate(group["params"])}
-    named = arguments.named_parameters("DistributedOptimizer", named_parameters)
-    by_param = {p: name for name, p in named.items()}
-    unnamed = [p for group in param_groups for p in group["params"] if p not in by_param]
-    if unnamed:
-        raise ValueError(f"named_parameters: {len(unnamed)} optimizer parameter(s) are not named, "
-                         f"with shapes {[tuple(p.shape) for p in unnamed]}")
-    return {p: by_param[p] for group in param_groups for p in group["params"]}
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,

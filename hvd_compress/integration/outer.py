@@ -23,15 +23,15 @@ Why each rule is what it is:
   saved parameters and skips the outer optimizer). The inner optimizer's state is the user's
   and is left alone: copying it every period would cost another copy of its state.
 * Under elastic Horovod the wrapper is a ``TorchState`` keyword with a handler of its own
-  (:class:`DiLoCoStateHandler`), registered ahead of Horovod's optimizer handler.
+  (``integration.elastic.DiLoCoStateHandler``), registered ahead of Horovod's optimizer handler.
+* Nothing here imports Horovod: under ``torchrun`` torch alone is enough.
 """
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-import horovod.torch as hvd
 import torch
-from horovod.torch.elastic import state as elastic_state
 
 from hvd_compress import arguments
 from hvd_compress.comm.driver import RoundDriver
@@ -44,12 +44,15 @@ from hvd_compress.compressors.cast import NoCompression
 from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header
 from hvd_compress.comm.transports import HorovodTransport, TorchTransport, uses_torch_distributed
 from hvd_compress.integration.agreement import verify_same_configuration
-from hvd_compress.integration.elastic import FEEDBACK_POLICIES, rebased
-from hvd_compress.integration.optimizer import _parameter_names
-from hvd_compress.integration.stock import current_world
+from hvd_compress.integration.names import parameter_names
+from hvd_compress.integration.world import current_world
 from hvd_compress.maths.finite import all_finite, extremes
 
 logger = logging.getLogger(__name__)
+
+# The module of Horovod's distributed optimizers, and of hvd_compress.DistributedOptimizer's
+# (``integration/optimizer.py``): compared by name, so that no Horovod is imported to check.
+HOROVOD_OPTIMIZER_MODULE = "horovod.torch.optimizer"
 
 OuterOptimizerFactory = Callable[[List[torch.Tensor]], torch.optim.Optimizer]
 
@@ -125,7 +128,7 @@ class DiLoCo(torch.optim.Optimizer):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ValueError(f"DiLoCo: optimizer must be a torch.optim.Optimizer, got "
                              f"{type(optimizer).__name__}")
-        if type(optimizer).__module__ == hvd.DistributedOptimizer.__module__:
+        if type(optimizer).__module__ == HOROVOD_OPTIMIZER_MODULE:
             raise ValueError("DiLoCo: optimizer must be the local optimizer, not a distributed "
                              "one (between outer steps nothing is exchanged)")
         if named_parameters is None:
@@ -146,7 +149,7 @@ class DiLoCo(torch.optim.Optimizer):
         self.compression = compression
         self.process_set = process_set
         self._outer_factory = outer_optimizer
-        names = _parameter_names(optimizer.param_groups, named_parameters)
+        names = parameter_names(optimizer.param_groups, named_parameters)
         self._named = {name: p for p, name in names.items() if p.requires_grad}
         self._anchors, self._outer = self._build_outer(
             {name: p.detach() for name, p in self._named.items()})
@@ -207,7 +210,8 @@ class DiLoCo(torch.optim.Optimizer):
                 import torch.distributed as dist
                 process_set = dist.group.WORLD
         else:
-            if not hvd.is_initialized():
+            hvd = sys.modules.get("horovod.torch")  # hvd.init() imported it
+            if hvd is None or not hvd.is_initialized():
                 raise RuntimeError("DiLoCo: neither Horovod nor torch.distributed is initialised; "
                                    "call hvd.init() or torch.distributed.init_process_group() first")
             process_set = hvd.global_process_set if self.process_set is None else self.process_set
@@ -328,48 +332,6 @@ class DiLoCo(torch.optim.Optimizer):
         self.step_in_period = step
         self.outer_steps = state_dict["outer_steps"]
         self.skipped_outer_steps = state_dict["skipped_outer_steps"]
-
-
-class DiLoCoStateHandler(elastic_state.StateHandler):
-    """``hvd.elastic.TorchState(model, inner, outer=diloco, ...)``: a commit saves DiLoCo's state,
-    a failed worker's survivors restore it, and after every reset rank 0's state (anchors, outer
-    optimizer, step within the period, codec settings) goes to every rank; error feedback follows
-    ``compression.feedback_on_world_change`` as anywhere else. The model handler then sends rank
-    0's weights, so every rank continues the period from rank 0's local weights. The wrapper
-    binds to the new world at its next step. Ahead of Horovod's optimizer handler, which would
-    take DiLoCo for a torch optimizer."""
-
-    def __init__(self, outer: DiLoCo):
-        super().__init__(outer)
-        self._saved = outer.elastic_state_dict()
-
-    def save(self) -> None:
-        self._saved = self.value.elastic_state_dict()
-
-    def restore(self) -> None:
-        outer, own = self.value, self._saved["compression"]
-        outer.load_state_dict(dict(self._saved, compression=rebased(own, own, outer.compression.rank,
-                                                                    outer.compression.size)))
-
-    def sync(self) -> None:
-        outer = self.value
-        policy = outer.compression.feedback_on_world_change
-        if policy not in FEEDBACK_POLICIES:
-            raise ValueError(f"{type(outer.compression).__name__}.feedback_on_world_change must be one "
-                             f"of {', '.join(FEEDBACK_POLICIES)}, got {policy!r}")
-        mine = outer.elastic_state_dict() if policy == "keep" or hvd.rank() == 0 else None
-        shared = None
-        if hvd.rank() == 0:
-            shared = dict(mine, compression=rebased(mine["compression"], None, 0, 1))
-        shared = hvd.broadcast_object(shared, root_rank=0, name="hvd_compress.diloco.sync")
-        rank, size = hvd.rank(), hvd.size()
-        outer.compression.bind_world(rank, size)
-        own = mine["compression"] if policy == "keep" else None
-        outer.load_state_dict(dict(shared, compression=rebased(shared["compression"], own, rank, size)))
-        outer._bound = False  # binds to the new world, checks and broadcasts at its next step
-
-
-elastic_state.set_handler_registry([(DiLoCo, DiLoCoStateHandler), *elastic_state.get_handler_registry()])
 
 
 def _copied(value):

@@ -1,5 +1,6 @@
 """Horovod's Compression API for hvd_compress compressors: stock ``hvd.DistributedOptimizer``
-calls ``compress``/``decompress``, which :class:`StockBridge` serves with our round driver."""
+calls ``compress``/``decompress``, which :class:`StockBridge` serves with our round driver.
+Imported only where Horovod is (``registry.public_class`` mixes :class:`StockCompression` in)."""
 import sys
 import time
 
@@ -13,8 +14,8 @@ from hvd_compress.comm.timing import finished_at
 from hvd_compress.comm.transports import HorovodTransport
 from hvd_compress.comm.rounds import Collective
 from hvd_compress.integration.agreement import verify_same_configuration
-from hvd_compress.integration.elastic import world_generation
 from hvd_compress.integration.names import GradientOwners
+from hvd_compress.integration.world import current_world, world_generation
 
 
 class _RidesHorovod:
@@ -179,14 +180,6 @@ def check_op(owner, op):
                          f"Adasum, Min, Max and Product cannot combine compressed payloads")
 
 
-def current_world(process_set):
-    """What an elastic reset changes: (reset count, rank, size); a process outside
-    ``process_set`` has no rank in it."""
-    if not process_set.included():
-        return world_generation(), None, None
-    return world_generation(), process_set.rank(), process_set.size()
-
-
 def _calling_optimizer(compression):
     """The stock ``hvd.DistributedOptimizer`` whose hook calls ``compression.compress``, found on
     the call stack: Horovod 0.28.1 calls it from a method of the optimizer, which holds the
@@ -199,9 +192,3 @@ def _calling_optimizer(compression):
         frame = frame.f_back
     return None
 
-
-def horovod_compression(cls):
-    """``cls`` with Horovod's Compression API: the class ``hvd_compress`` exports under the
-    same name, which stock ``hvd.DistributedOptimizer(compression=...)`` accepts."""
-    return type(cls.__name__, (StockCompression, cls),
-                {"__module__": "hvd_compress", "__qualname__": cls.__name__, "__doc__": cls.__doc__})

@@ -28,11 +28,12 @@ CONTROLLER_OPTIONS = {"lgreco": dict(warmup_steps=2, decide_every=3, apply_delay
 CONTROLLERS = sorted(hc.CONTROLLERS)
 
 
-def build(name):
+def build(name, named_parameters=None):
     if name in hc.CONTROLLERS:
         method = hc.CONTROLLERS[name]
-        return method.build(hc.COMPRESSORS[controllable()[0]].build(small=True), **CONTROLLER_OPTIONS[name])
-    return hc.COMPRESSORS[name].build(small=True)
+        return method.build(hc.COMPRESSORS[controllable()[0]].build(named_parameters, small=True),
+                            **CONTROLLER_OPTIONS[name])
+    return hc.COMPRESSORS[name].build(named_parameters, small=True)
 
 
 @pytest.mark.parametrize("name", METHODS + CONTROLLERS)
@@ -242,8 +243,23 @@ def test_pure_fsdp_and_misuse_are_refused():
     with pytest.raises(ValueError, match="already compressed"):
         hvd_compress.fsdp.register(model, hc.PowerSGD(rank=2))
     _, model, _ = make_hsdp()
-    with pytest.raises(ValueError, match="without them"):
-        hvd_compress.fsdp.register(model, hc.PowerSGD(model.named_parameters(), rank=2))
+    with pytest.raises(ValueError, match=r"PowerSGD: named_parameters \['other.weight'\] are not parameters"):
+        hvd_compress.fsdp.register(model, hc.PowerSGD([("other.weight", model.fc1.weight)], rank=2))
+
+
+@pytest.mark.parametrize("name", ["topk", "lgreco"])
+def test_a_compressor_built_with_named_parameters_compresses_the_shards(name):
+    """Built with the model's named_parameters (after fully_shard: the same names), it takes
+    each rank's local shards under those names and trains exactly as one built without them."""
+    _, unnamed, _ = make_hsdp(build(name))
+    _, named, _ = make_hsdp()
+    state = hvd_compress.fsdp.register(named, build(name, named.named_parameters()))
+    assert {n: tuple(p.shape) for n, p in state.compressor.parameters.items()} == {
+        n: tuple(p.to_local().shape) for n, p in named.named_parameters()}
+    train(unnamed, batches(5, seed=3))
+    train(named, batches(5, seed=3))
+    for (n, shard), other in zip(local_shards(named).items(), local_shards(unnamed).values()):
+        assert torch.equal(shard, other), n
 
 
 def test_ranks_configured_differently_all_fail_at_the_first_step():

@@ -1,3 +1,0 @@
-import horovod_stand_in
-
-horovod_stand_in.install()
