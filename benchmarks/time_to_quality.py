@@ -1,0 +1,426 @@
+"""Time to quality: how many steps each method needs to reach the uncompressed run's quality
+(steps to target), the half of issue 33 that needs no network.
+
+    python -m benchmarks time_to_quality [--np 4] [--max-minutes 600] [--job-timeout 3600]
+        [--out docs/] [--quick] [--report-only]
+
+The workload is the character LM of "Quality against bytes" (``quality.LM``, AdamW, peak
+learning rate 2e-3, 4 ranks of 16 sequences of 32 bytes a step), trained through the stock
+``hvd.DistributedOptimizer`` with the compressors that benchmark builds (``quality.point``,
+``quality.build_compression``). One ``mpirun -np W`` job per (method, seed).
+
+Schedule: warmup-stable-decay (Hägele et al. 2024). One run per seed holds the learning rate at
+its peak after a fixed warm-up; at 80% of each length of ``LENGTHS`` a cool-down (1 - sqrt, 20%
+of that length) branches from the running state (model, optimizer, compressor with its error
+feedback, data stream) and its end is evaluated; the state is then restored and the stable run
+goes on. So one job gives the validation loss of a run stopped at each length, and every method
+gets the same schedule and the same evaluation points (in samples: length x ranks x batch).
+
+The target (MLPerf Training / AlgoPerf time-to-train rules): uncompressed runs at
+``BASE_SEEDS`` seeds up to ``UNCOMPRESSED_LONGEST`` steps; the knee is the shortest length of the
+median curve after which doubling the run lowers the median validation loss by less than
+``KNEE_GAIN``; the target is the highest of the seeds' losses at the knee, so every uncompressed
+seed reaches it there. Every other run is capped at twice the knee and stops at the first length
+that reaches the target; a run that never does is "not reached", with its best loss. Steps to
+target: the first length at or under the target, interpolated in log(length) from the length
+before it. A method's score is the median over its seeds (a miss counts as infinitely slow).
+
+Resumes point by point: each job's record goes into ``<out>/benchmarks/time_to_quality.json``
+(and the section of ``<out>/benchmarks.md`` is rewritten) as soon as it ends; a rerun skips the
+points already there. ``--quick``: 2 ranks, the convergence benchmark's tiny LM, a few steps.
+"""
+import argparse
+import copy
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import horovod.torch as hvd
+import torch
+
+from benchmarks import quality
+from benchmarks.convergence import QUICK_LM
+from benchmarks.report import (DOCS, Progress, describe_machine, machine, mpirun_job, panels, say, train_one_point,
+                               write_section)
+from benchmarks.workloads import charlm
+
+RESULT_PREFIX = "TTQ_RESULT "
+SECTION = "Time to quality"
+UNCOMPRESSED = quality.UNCOMPRESSED
+WORKLOAD = "charlm"
+PEAK_LR = 2e-3  # the quality benchmark's
+COOLDOWN_FRACTION = 0.2  # Hägele et al.: a 20% 1-sqrt cool-down matches a cosine schedule
+# The evaluation schedule, in steps of every rank (ratios 1.33-1.5); the same for every method.
+LENGTHS = [1000, 1500, 2000, 3000, 4000, 6000, 8000, 12000, 16000]
+WARMUP_STEPS = 300  # fixed, so every length shares the run up to its cool-down
+UNCOMPRESSED_LONGEST = 8000
+# 5% per doubling, not less: a tighter knee lies past 8,000 steps on this LM (its cosine runs
+# still gained 2.6% from 3,000 to 4,500 steps), and twice that cap would not fit the budget.
+KNEE_GAIN = 0.05
+BASE_SEEDS, OTHER_SEEDS = 5, 3
+# --quick: any gain makes a knee, so that the compressed points run too.
+QUICK = {"lengths": [8, 12, 16, 24], "warmup": 2, "longest": 16, "base_seeds": 2, "other_seeds": 1,
+         "knee_gain": 1.0}
+
+QUICK_FAMILIES = ("FP16", "L-GreCo (PowerSGD)")  # a plain compressor and a controller, each branched
+# Compressed points, in the order their seed 0 runs: the settings "Quality against bytes" found
+# closest to uncompressed first (the low-rank anchor, rank 8, and ACP-SGD at twice it), then
+# cheaper settings of each family, then the controllers.
+METHODS = [("FP16", "fp16", {}, None),
+           ("PowerSGD", "powersgd", {"rank": 8}, None),
+           ("ACP-SGD", "acpsgd", {"rank": 16}, None),
+           ("QSGD", "qsgd", {"bits": 8}, None),
+           ("Top-K", "topk", {"density": 0.1}, None),
+           ("PowerSGD", "powersgd", {"rank": 4}, None),
+           ("ACP-SGD", "acpsgd", {"rank": 8}, None),
+           ("QSGD", "qsgd", {"bits": 4}, None),
+           ("ScaleCom", "scalecom", {"density": 0.1}, {"warmup": True}),
+           ("L-GreCo (PowerSGD)", "powersgd", {"rank": 8}, {"kind": "lgreco"}),
+           ("L-GreCo (Top-K)", "topk", {"density": 0.1}, {"kind": "lgreco"}),
+           ("GraVAC (Top-K)", "topk", {}, {"kind": "gravac", "epsilon": 0.7}),
+           ("Top-K", "topk", {"density": 0.01}, None)]
+
+
+# ----- one job: runs on every rank ----------------------------------------------------------------
+def lr_factor(step: int, length: int, warmup: int) -> float:
+    """The learning rate of step ``step`` (0-based) of a ``length``-step warmup-stable-decay run,
+    as a fraction of the peak."""
+    if step < warmup:
+        return (step + 1) / warmup
+    cooldown = cooldown_steps(length)
+    start = length - cooldown
+    return 1.0 if step < start else 1.0 - math.sqrt((step - start) / cooldown)
+
+
+def cooldown_steps(length: int) -> int:
+    return max(1, round(COOLDOWN_FRACTION * length))
+
+
+def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """Trains the stable run with a cool-down branched at each length of ``spec["lengths"]``,
+    stopping after the first length at or under ``spec["target"]`` (when given); rank 0's record."""
+    lm, lengths, target = spec["lm"], sorted(spec["lengths"]), spec.get("target")
+    rank, size = hvd.rank(), hvd.size()
+    torch.manual_seed(spec["seed"])  # as charlm.train: the model's initialisation follows the seed
+    train_ids, val_ids = charlm.load_corpus(lm["max_chars"])
+    model = charlm.CharTransformer(**lm["model"])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    named = list(model.named_parameters())
+    tokens = lm["batch_size"] * lm["model"]["context"]
+    # Schedules inside a method (L-GreCo's decisions, ScaleCom's warm-up) follow the longest run.
+    compression = quality.build_compression(spec, model, named, lengths[-1], tokens)
+    extra = {} if compression is None else {"compression": compression}
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.AdamW(model.parameters(), lr=PEAK_LR, weight_decay=0.01), named_parameters=named, **extra)
+    generator = torch.Generator().manual_seed(size * spec["seed"] + rank)  # as charlm.fit
+    data = charlm.batches(train_ids, lm["batch_size"], model.context, generator)
+
+    def train(first: int, last: int, length: int) -> None:
+        for step in range(first, last):
+            for group in optimizer.param_groups:
+                group["lr"] = PEAK_LR * lr_factor(step, length, spec["warmup"])
+            x, y = next(data)
+            optimizer.zero_grad()
+            charlm.cross_entropy(model, x, y).backward()
+            optimizer.step()
+
+    def state() -> Dict[str, Any]:
+        return copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                              "compression": None if compression is None else compression.state_dict(),
+                              "data": generator.get_state()})
+
+    def restore(saved: Dict[str, Any]) -> None:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        if compression is not None:
+            compression.load_state_dict(saved["compression"])
+        generator.set_state(saved["data"])
+
+    started, done, steps_taken, points = time.perf_counter(), 0, 0, []
+    for length in lengths:
+        branch = length - cooldown_steps(length)
+        train(done, branch, length)
+        steps_taken += branch - done
+        done, saved = branch, state()
+        train(branch, length, length)
+        steps_taken += length - branch
+        # Rank 0's loss decides for all: every rank must stop at the same length.
+        loss = hvd.broadcast_object(math.log(charlm.evaluate(model, val_ids, model.context)), root_rank=0)
+        points.append({"length": length, "samples": length * size * lm["batch_size"], "loss": loss})
+        if target is not None and loss <= target:
+            break
+        restore(saved)
+    record = {"key": spec["key"], "points": points, "steps_taken": steps_taken, "world_size": size,
+              "train_seconds": time.perf_counter() - started}
+    if compression is not None:
+        record["wire_bytes_per_step"] = compression.traffic.wire_bytes / steps_taken
+    return record
+
+
+# ----- the target and the scores ----------------------------------------------------------------
+def records_of(results: Dict[str, Any], label: str) -> List[Dict[str, Any]]:
+    return [entry["record"] for entry in results["points"].values() if entry["spec"]["label"] == label]
+
+
+def median_curve(records: List[Dict[str, Any]]) -> Dict[int, float]:
+    """length -> median loss over the records, at the lengths every record reached."""
+    common = set.intersection(*({p["length"] for p in r["points"]} for r in records))
+    return {length: statistics.median(p["loss"] for r in records for p in r["points"] if p["length"] == length)
+            for length in sorted(common)}
+
+
+def target_of(results: Dict[str, Any], base_seeds: int, knee_gain: float) -> Optional[Dict[str, Any]]:
+    """The knee and target from the uncompressed seeds, or None until all of them ran. Where no
+    length gains less than ``knee_gain`` when doubled, the knee is the longest length whose double
+    was measured ("knee_found" False)."""
+    records = records_of(results, UNCOMPRESSED)
+    if len(records) < base_seeds:
+        return None
+    curve = median_curve(records)
+    doubled = [length for length in curve if 2 * length in curve]
+    knee = next((length for length in doubled if curve[2 * length] > (1 - knee_gain) * curve[length]), None)
+    outcome = {"curve": curve, "knee": knee or max(doubled), "knee_found": knee is not None, "seeds": len(records)}
+    at_knee = [p["loss"] for r in records for p in r["points"] if p["length"] == outcome["knee"]]
+    return dict(outcome, target=max(at_knee), median_at_knee=statistics.median(at_knee),
+                spread_at_knee=max(at_knee) - min(at_knee), cap=2 * outcome["knee"])
+
+
+def steps_to_target(record: Dict[str, Any], target: float) -> Optional[float]:
+    """Steps of the first length at or under ``target``, interpolated in log(length) from the
+    length before it (linear in loss); None: not reached."""
+    previous = None
+    for point in record["points"]:
+        if point["loss"] <= target:
+            if previous is None:
+                return float(point["length"])
+            fraction = (previous["loss"] - target) / (previous["loss"] - point["loss"])
+            return math.exp(math.log(previous["length"]) +
+                            fraction * (math.log(point["length"]) - math.log(previous["length"])))
+        previous = point
+    return None
+
+
+def score(records: List[Dict[str, Any]], target: float) -> Dict[str, Any]:
+    """Median steps to target over the seeds (a miss counts as slowest: None when half or more
+    missed), the mean without the fastest and slowest, the spread, and the best loss of misses."""
+    steps = [steps_to_target(r, target) for r in records]
+    ordered = sorted(math.inf if s is None else s for s in steps)
+    median = statistics.median(ordered)
+    trimmed = ordered[1:-1] if len(ordered) >= 3 else ordered
+    reached = [s for s in ordered if s != math.inf]
+    return {"seeds": len(records), "reached": len(reached), "steps": steps,
+            "median": None if median == math.inf else median,
+            "trimmed_mean": None if math.inf in trimmed else statistics.fmean(trimmed),
+            "spread": max(reached) - min(reached) if len(reached) > 1 else None,
+            "best_missed_loss": min((min(p["loss"] for p in r["points"]) for r, s in zip(records, steps) if s is None),
+                                    default=None)}
+
+
+# ----- the driver -----------------------------------------------------------------------------
+def spec_for(family: str, compressor: Optional[str], settings: Dict[str, Any], controller: Optional[Dict[str, Any]],
+             seed: int) -> Dict[str, Any]:
+    return quality.point(WORKLOAD, family, compressor, settings, seed, controller)
+
+
+def base_points(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
+    return [spec_for(UNCOMPRESSED, None, {}, None, seed) for seed in range(plan["base_seeds"])]
+
+
+def method_points(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Every compressed point, seed by seed (seed 0 of every method first)."""
+    methods = [m for m in METHODS if m[0] in QUICK_FAMILIES] if plan["quick"] else METHODS
+    return [spec_for(*method, seed) for seed in range(plan["other_seeds"]) for method in methods]
+
+
+def run_point(spec, lengths, target, args, results, path, progress) -> None:
+    job = dict(spec, lm=args.lm, lengths=lengths, target=target, warmup=args.plan["warmup"])
+    [record] = mpirun_job("benchmarks.time_to_quality", job, args.np, args.job_timeout, RESULT_PREFIX,
+                          spec["key"], expected=1)
+    results["points"][spec["key"]] = {"spec": dict(spec, lengths=lengths, target=target), "record": record}
+    results["command"] = quality.command_line("time_to_quality")
+    save(results, path)
+    write_report(results, args.out)
+    last = record["points"][-1]
+    progress.finished(f"{spec['key']}: loss {last['loss']:.4f} at {last['length']} steps, "
+                      f"{record['job_seconds']:.0f} s")
+
+
+def save(results: Dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def run(args) -> Dict[str, Any]:
+    """The uncompressed seeds, then (once they set the target) every compressed point not yet in
+    the JSON; starts no new point after ``--max-minutes``."""
+    out = args.out / "benchmarks"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "time_to_quality.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.setdefault("points", {})
+    results.update(machine=machine(), np=args.np, plan=args.plan)
+    deadline = time.monotonic() + 60 * args.max_minutes
+    plan = args.plan
+    progress = Progress(0, "time_to_quality")
+
+    def pending(specs):
+        return [spec for spec in specs if spec["key"] not in results["points"]]
+
+    base = pending(base_points(plan))
+    progress.add(len(base))
+    for spec in base:
+        if time.monotonic() < deadline:
+            progress.starting(spec["key"])
+            run_point(spec, [n for n in plan["lengths"] if n <= plan["longest"]], None, args, results, path, progress)
+    goal = target_of(results, plan["base_seeds"], plan["knee_gain"])
+    if goal is not None:
+        others = pending(method_points(plan))
+        progress.add(len(others))
+        for spec in others:
+            if time.monotonic() < deadline:
+                progress.starting(spec["key"])
+                run_point(spec, [n for n in plan["lengths"] if n <= goal["cap"]], goal["target"], args, results,
+                          path, progress)
+    write_report(results, args.out)
+    return results
+
+
+# ----- the report ---------------------------------------------------------------------------------
+def labels_in_order(results: Dict[str, Any]) -> List[str]:
+    labels = []
+    for entry in results["points"].values():
+        if entry["spec"]["label"] not in labels:
+            labels.append(entry["spec"]["label"])
+    return labels
+
+
+def steps_text(value: Optional[float]) -> str:
+    return "not reached" if value is None else f"{value:,.0f}"
+
+
+def markdown(results: Dict[str, Any], figure: Path) -> str:
+    plan = results["plan"]
+    goal = target_of(results, plan["base_seeds"], plan["knee_gain"])
+    job_minutes = sum(e["record"].get("job_seconds", 0.0) for e in results["points"].values()) / 60
+    lines = [f"Command: `{results.get('command', 'python -m benchmarks time_to_quality')}` (resumable; "
+             f"{len(results['points'])} jobs, {job_minutes:.0f} min in jobs, in the background beside other "
+             "work on the same cores: the job times are not step times)", "",
+             f"Machine: {describe_machine(results['machine'])}", "",
+             f"Workload: the character LM of \"Quality against bytes\", {results['np']} ranks under `mpirun` "
+             "on loopback (no emulated network: this half counts steps, not seconds). Schedule: "
+             f"warmup-stable-decay, {plan['warmup']} warm-up steps, peak learning rate {PEAK_LR}, and a "
+             f"1 - sqrt cool-down over the last {COOLDOWN_FRACTION:.0%} of each length, branched from one "
+             "stable run per seed (model, optimizer, compressor state and data stream restored after "
+             f"each branch). Evaluation: validation loss (nats per byte) at the end of each length of "
+             f"{', '.join(map(str, plan['lengths']))} steps (x {results['np']} ranks x 16 sequences of 32 "
+             "bytes), the same for every method.", ""]
+    if goal is None:
+        done = len(records_of(results, UNCOMPRESSED))
+        lines += [f"Target: not measured yet ({done} of {plan['base_seeds']} uncompressed seeds have run).", ""]
+    else:
+        lines += ["Uncompressed, median validation loss over "
+                  f"{goal['seeds']} seeds (length: loss): "
+                  + ", ".join(f"{length}: {loss:.4f}" for length, loss in goal["curve"].items()) + ".", ""]
+        rule = (f"the shortest length after which doubling the run lowers the median loss by less than "
+                f"{plan['knee_gain']:.0%}" if goal["knee_found"] else
+                f"no length up to {plan['longest'] // 2} gains less than {plan['knee_gain']:.0%} when doubled: "
+                "the longest length whose double was measured, short of the knee")
+        lines += [f"Knee: {goal['knee']} steps ({rule}). Target: validation loss {goal['target']:.4f}, the "
+                  f"highest of the {goal['seeds']} seeds at the knee (median {goal['median_at_knee']:.4f}, "
+                  f"spread {goal['spread_at_knee']:.4f}). Cap: {goal['cap']} steps.", ""]
+        lines += steps_table(results, goal["target"])
+    lines += ["Time to target on the emulated cluster (steps to target x median step time at r = 3 and "
+              "r = 0.3): not measured yet.", "", f"![time to quality]({figure.as_posix()})"]
+    return "\n".join(lines) + "\n"
+
+
+def steps_table(results: Dict[str, Any], target: float) -> List[str]:
+    lines = ["| method | seeds | reached | median steps to target | mean without fastest and slowest | spread "
+             "| steps per seed | best loss of misses |", "|---" * 8 + "|"]
+    for label in labels_in_order(results):
+        s = score(records_of(results, label), target)
+        per_seed = ", ".join(steps_text(v) for v in s["steps"])
+        spread = "-" if s["spread"] is None else f"{s['spread']:,.0f}"
+        missed = "-" if s["best_missed_loss"] is None else f"{s['best_missed_loss']:.4f}"
+        lines.append(f"| {label} | {s['seeds']} | {s['reached']} | {steps_text(s['median'])} | "
+                     f"{steps_text(s['trimmed_mean'])} | {spread} | {per_seed} | {missed} |")
+    return lines + [""]
+
+
+def draw_figure(results: Dict[str, Any], path: Path) -> None:
+    """Left: median validation loss against steps, one curve per method, the target dashed.
+    Right: median steps to target, one bar per method (misses left out)."""
+    plt, figure, (curves, bars) = panels(2, 6, 4.2)
+    goal = target_of(results, results["plan"]["base_seeds"], results["plan"]["knee_gain"])
+    medians = {}
+    for label in labels_in_order(results):
+        records = records_of(results, label)
+        curve = median_curve(records)
+        curves.plot(list(curve), list(curve.values()), marker="o", markersize=3, label=f"{label} ({len(records)})")
+        if goal is not None:
+            medians[label] = score(records, goal["target"])["median"]
+    if goal is not None:
+        curves.axhline(goal["target"], color="black", linestyle="--", linewidth=0.8, label="target")
+    curves.set_xscale("log")
+    curves.set_xlabel("steps (log); wall-clock once step times are measured", fontsize=8)
+    curves.set_ylabel("validation loss (median over seeds)", fontsize=8)
+    curves.legend(fontsize=6)
+    reached = {label: value for label, value in medians.items() if value is not None}
+    if reached:
+        from benchmarks.report import method_bars
+        method_bars(bars, reached, UNCOMPRESSED)
+    bars.set_xlabel("median steps to target", fontsize=8)
+    for axis in (curves, bars):
+        axis.tick_params(labelsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+
+
+def write_report(results: Dict[str, Any], out: Path) -> None:
+    figure = out / "benchmarks" / "time_to_quality.png"
+    if results["points"]:
+        draw_figure(results, figure)
+    write_section(out / "benchmarks.md", SECTION, markdown(results, figure.relative_to(out)))
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks time_to_quality", description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, default=4, help="ranks per job")
+    parser.add_argument("--max-minutes", type=float, default=720.0,
+                        help="start no new point after this long; rerun to resume")
+    parser.add_argument("--job-timeout", type=int, default=10800, help="seconds per mpirun job")
+    parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--quick", action="store_true", help="2 ranks, a tiny LM, a few steps: a smoke test")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the section and picture from the JSON")
+    parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.np, args.lm = 2, QUICK_LM
+        args.plan = dict(QUICK, quick=True)
+    else:
+        args.lm = quality.LM
+        args.plan = {"lengths": LENGTHS, "warmup": WARMUP_STEPS, "longest": UNCOMPRESSED_LONGEST,
+                     "base_seeds": BASE_SEEDS, "other_seeds": OTHER_SEEDS, "knee_gain": KNEE_GAIN, "quick": False}
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.worker is not None:
+        train_one_point(train_point, json.loads(args.worker), RESULT_PREFIX)
+        return
+    if args.report_only:
+        write_report(json.loads((args.out / "benchmarks" / "time_to_quality.json").read_text()), args.out)
+        return
+    started = time.perf_counter()
+    results = run(args)
+    say(f"{(time.perf_counter() - started) / 60:.1f} min; {len(results['points'])} points in "
+        f"{args.out / 'benchmarks' / 'time_to_quality.json'}")
+
+
+if __name__ == "__main__":
+    main()
