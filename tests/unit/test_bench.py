@@ -442,7 +442,7 @@ def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(t
     from benchmarks import time_to_quality as ttq
     from benchmarks.report import mpirun_job
     monkeypatch.setattr(sys, "argv", list(sys.argv))
-    options = ["time_to_quality", "--quick", "--job-timeout", "300", "--out", str(tmp_path)]
+    options = ["time_to_quality", "--quick", "--job-timeout", "600", "--out", str(tmp_path)]
     assert bench.main(options) == 0
     path = tmp_path / "benchmarks" / "time_to_quality.json"
     results = json.loads(path.read_text())
@@ -454,7 +454,7 @@ def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(t
     # A cool-down branched and the stable run restored: the longest length's loss is that of a
     # run that never branched.
     alone = dict(base["spec"], lm=ttq.QUICK_LM, lengths=[plan["longest"]], target=None, warmup=plan["warmup"])
-    [record] = mpirun_job("benchmarks.time_to_quality", alone, 2, 300, ttq.RESULT_PREFIX, "alone", expected=1)
+    [record] = mpirun_job("benchmarks.time_to_quality", alone, 2, 600, ttq.RESULT_PREFIX, "alone", expected=1)
     assert record["points"][-1]["loss"] == base["record"]["points"][-1]["loss"]
     text = (tmp_path / "benchmarks.md").read_text()
     assert text.count("## Time to quality") == 1 and "| method | seeds | reached |" in text
