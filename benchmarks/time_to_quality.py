@@ -7,7 +7,8 @@
 The workload is the character LM of "Quality against bytes" (``quality.LM``, AdamW, peak
 learning rate 2e-3, 4 ranks of 16 sequences of 32 bytes a step), trained through the stock
 ``hvd.DistributedOptimizer`` with the compressors that benchmark builds (``quality.point``,
-``quality.build_compression``). One ``mpirun -np W`` job per (method, seed).
+``quality.build_compression``), or through ``hvd_compress.DiLoCo`` over the local AdamW (as
+``benchmarks.outer``). One ``mpirun -np W`` job per (method, seed).
 
 Schedule: warmup-stable-decay (Hägele et al. 2024). One run per seed holds the learning rate at
 its peak after a fixed warm-up; at 80% of each length of ``LENGTHS`` a cool-down (1 - sqrt, 20%
@@ -42,6 +43,7 @@ from typing import Any, Dict, List, Optional
 import horovod.torch as hvd
 import torch
 
+import hvd_compress as hc
 from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
 from benchmarks.report import (DOCS, Progress, describe_machine, machine, method_bars, mpirun_job, panels, say,
@@ -56,6 +58,9 @@ PEAK_LR = 2e-3  # the quality benchmark's
 COOLDOWN_FRACTION = 0.2  # Hägele et al.: a 20% 1-sqrt cool-down matches a cosine schedule
 # The evaluation schedule, in steps of every rank (ratios 1.33-1.5); the same for every method.
 LENGTHS = [1000, 1500, 2000, 3000, 4000, 6000, 8000, 12000, 16000]
+# Validation windows of 32 bytes, spread over the whole split (about 6,200 fit): 8x "Quality
+# against bytes"' 256, since a target compares losses a few tenths of a percent apart.
+EVAL_WINDOWS = 2048
 WARMUP_STEPS = 300  # fixed, so every length shares the run up to its cool-down
 UNCOMPRESSED_LONGEST = 8000
 # Set after seed 0 (gains per doubling 8.9, 5.9, 4.3, 2.6, 2.0% from 1,000 to 4,000 steps): 3% puts
@@ -65,9 +70,9 @@ KNEE_GAIN = 0.03
 BASE_SEEDS, OTHER_SEEDS = 5, 3
 # --quick: any gain makes a knee, so that the compressed points run too.
 QUICK = {"lengths": [8, 12, 16, 24], "warmup": 2, "longest": 16, "base_seeds": 2, "other_seeds": 1,
-         "knee_gain": 1.0}
+         "knee_gain": 1.0, "eval_windows": 64}
 
-QUICK_FAMILIES = ("FP16", "L-GreCo (PowerSGD)")  # a plain compressor and a controller, each branched
+QUICK_FAMILIES = ("FP16", "L-GreCo (PowerSGD)", "DiLoCo H=10 (QSGD)")  # each kind of state, branched
 # Compressed points, in the order their seed 0 runs: the settings "Quality against bytes" found
 # closest to uncompressed first (the low-rank anchor, rank 8, and ACP-SGD at twice it), then
 # cheaper settings of each family, then the controllers.
@@ -83,7 +88,11 @@ METHODS = [("FP16", "fp16", {}, None),
            ("L-GreCo (PowerSGD)", "powersgd", {"rank": 8}, {"kind": "lgreco"}),
            ("L-GreCo (Top-K)", "topk", {"density": 0.1}, {"kind": "lgreco"}),
            ("GraVAC (Top-K)", "topk", {}, {"kind": "gravac", "epsilon": 0.7}),
-           ("Top-K", "topk", {"density": 0.01}, None)]
+           ("Top-K", "topk", {"density": 0.01}, None),
+           # DiLoCo with the codec "DiLoCo: local steps" found best (QSGD 4 bits, as good as FP16
+           # at half its bytes), at two periods.
+           ("DiLoCo H=50 (QSGD)", "qsgd", {"bits": 4}, {"kind": "diloco", "inner_steps": 50}),
+           ("DiLoCo H=10 (QSGD)", "qsgd", {"bits": 4}, {"kind": "diloco", "inner_steps": 10})]
 
 
 # ----- one job: runs on every rank ----------------------------------------------------------------
@@ -112,11 +121,20 @@ def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     named = list(model.named_parameters())
     tokens = lm["batch_size"] * lm["model"]["context"]
-    # Schedules inside a method (L-GreCo's decisions, ScaleCom's warm-up) follow the longest run.
-    compression = quality.build_compression(spec, model, named, lengths[-1], tokens)
-    extra = {} if compression is None else {"compression": compression}
-    optimizer = hvd.DistributedOptimizer(
-        torch.optim.AdamW(model.parameters(), lr=PEAK_LR, weight_decay=0.01), named_parameters=named, **extra)
+    inner = torch.optim.AdamW(model.parameters(), lr=PEAK_LR, weight_decay=0.01)
+    stateful = {"model": model}
+    if (spec["controller"] or {}).get("kind") == "diloco":
+        # Local AdamW steps, then an outer step on the codec's average of the pseudo-gradients.
+        codec = hc.COMPRESSORS[spec["compressor"]].build(**spec["settings"])
+        optimizer = hc.DiLoCo(inner, named, codec, inner_steps=spec["controller"]["inner_steps"])
+        compression = optimizer.compression
+        stateful.update(optimizer=inner, outer=optimizer)  # DiLoCo's state holds its codec's
+    else:
+        # Schedules inside a method (L-GreCo's decisions, ScaleCom's warm-up) follow the longest run.
+        compression = quality.build_compression(spec, model, named, lengths[-1], tokens)
+        extra = {} if compression is None else {"compression": compression}
+        optimizer = hvd.DistributedOptimizer(inner, named_parameters=named, **extra)
+        stateful.update(optimizer=optimizer, **extra)
     generator = torch.Generator().manual_seed(size * spec["seed"] + rank)  # as charlm.fit
     data = charlm.batches(train_ids, lm["batch_size"], model.context, generator)
 
@@ -130,15 +148,12 @@ def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
             optimizer.step()
 
     def state() -> Dict[str, Any]:
-        return copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                              "compression": None if compression is None else compression.state_dict(),
+        return copy.deepcopy({**{name: obj.state_dict() for name, obj in stateful.items()},
                               "data": generator.get_state()})
 
     def restore(saved: Dict[str, Any]) -> None:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        if compression is not None:
-            compression.load_state_dict(saved["compression"])
+        for name, obj in stateful.items():
+            obj.load_state_dict(saved[name])
         generator.set_state(saved["data"])
 
     started, done, steps_taken, points = time.perf_counter(), 0, 0, []
@@ -150,7 +165,8 @@ def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
         train(branch, length, length)
         steps_taken += length - branch
         # Rank 0's loss decides for all: every rank must stop at the same length.
-        loss = hvd.broadcast_object(math.log(charlm.evaluate(model, val_ids, model.context)), root_rank=0)
+        loss = None if rank else math.log(charlm.evaluate(model, val_ids, model.context, spec["eval_windows"]))
+        loss = hvd.broadcast_object(loss, root_rank=0)
         points.append({"length": length, "samples": length * size * lm["batch_size"], "loss": loss})
         if rank == 0 and spec.get("progress"):
             with open(spec["progress"], "a") as log:
@@ -242,6 +258,7 @@ def method_points(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 def run_point(spec, lengths, target, args, results, path, progress) -> None:
     job = dict(spec, lm=args.lm, lengths=lengths, target=target, warmup=args.plan["warmup"],
+               eval_windows=args.plan["eval_windows"],
                progress=args.progress and str(args.progress))
     [record] = mpirun_job("benchmarks.time_to_quality", job, args.np, args.job_timeout, RESULT_PREFIX,
                           spec["key"], expected=1)
@@ -319,9 +336,10 @@ def markdown(results: Dict[str, Any], figure: Path) -> str:
              f"warmup-stable-decay, {plan['warmup']} warm-up steps, peak learning rate {PEAK_LR}, and a "
              f"1 - sqrt cool-down over the last {COOLDOWN_FRACTION:.0%} of each length, branched from one "
              "stable run per seed (model, optimizer, compressor state and data stream restored after "
-             f"each branch). Evaluation: validation loss (nats per byte) at the end of each length of "
-             f"{', '.join(map(str, plan['lengths']))} steps (x {results['np']} ranks x 16 sequences of 32 "
-             "bytes), the same for every method.", ""]
+             f"each branch). Evaluation: validation loss (nats per byte, on {plan['eval_windows']} windows of 32 "
+             f"bytes across the validation split) at the end of each length of "
+             f"{', '.join(map(str, plan['lengths']))} steps (x {results['np']} ranks x 16 sequences of 32 bytes), "
+             "the same for every method.", ""]
     if goal is None:
         done = len(records_of(results, UNCOMPRESSED))
         lines += [f"Target: not measured yet ({done} of {plan['base_seeds']} uncompressed seeds have run).", ""]
@@ -340,14 +358,39 @@ def markdown(results: Dict[str, Any], figure: Path) -> str:
                   f"highest of the {goal['seeds']} seeds at the knee (median {goal['median_at_knee']:.4f}, "
                   f"spread {goal['spread_at_knee']:.4f}). Cap: {goal['cap']} steps.", ""]
         lines += steps_table(results, goal["target"])
-    lines += link_settings(results["np"]) + [f"![time to quality]({figure.as_posix()})"]
+    lines += link_settings(results["np"]) + budget(plan, goal and goal["cap"])
+    lines.append(f"![time to quality]({figure.as_posix()})")
     return "\n".join(lines) + "\n"
+
+
+def job_steps(lengths: List[int]) -> int:
+    """Steps one job trains: the stable run to the last cool-down's branch, and every cool-down."""
+    return max(lengths) - cooldown_steps(max(lengths)) + sum(cooldown_steps(n) for n in lengths)
+
+
+def budget(plan: Dict[str, Any], cap: Optional[int]) -> List[str]:
+    """What the plan costs in steps, and what was left out to fit it."""
+    base = job_steps([n for n in plan["lengths"] if n <= plan["longest"]])
+    capped = job_steps([n for n in plan["lengths"] if n <= (cap or plan["longest"])])
+    jobs = plan["base_seeds"] + len(METHODS) * plan["other_seeds"]
+    return [f"**Budget.** An uncompressed job trains {base:,} steps; a compressed one at most {capped:,} "
+            f"({'at the cap of ' + format(cap, ',') + ' steps' if cap else 'the cap is not set yet'}), fewer "
+            "when it reaches the target sooner. A step on idle cores is about 55 ms uncompressed (issue 33's "
+            "hand-run: 3,000 steps in 164 s) and up to about twice that with a CPU codec; the first "
+            "uncompressed seed took 37 min (194 ms a step) beside two other people's work. At a cap of 6,000 "
+            f"steps the {jobs} jobs take about 9 h of idle cores, inside the issue's 12. Traded to fit: one or two "
+            "settings per method (those \"Quality against bytes\" found closest to uncompressed, then one "
+            "cheaper), 3 seeds for every compressed point (the 5 that a target's points need are not planned "
+            "yet: which points those are follows from the step times), DiLoCo with one codec, and lengths "
+            "1.33-1.5x apart (steps to target interpolated between them).", ""]
 
 
 # GPU clusters placed on the same scale: (label, peak dense bf16 FLOPS, link Gbit/s per node,
 # tokens per GPU and step); utilisation and fp32 gradients as GPU_UTILISATION, GPU_GRADIENT_BYTES.
-GPU_CLUSTERS = [("H100, 25 Gbit/s Ethernet", 989e12, 25, 56_000), ("A100, 25 Gbit/s Ethernet", 312e12, 25, 18_000),
-                ("A100, 100 Gbit/s InfiniBand", 312e12, 100, 44_000), ("H100, 400 Gbit/s InfiniBand", 989e12, 400, 35_000)]
+GPU_CLUSTERS = [("H100, 25 Gbit/s Ethernet", 989e12, 25, 56_000),
+                ("A100, 25 Gbit/s Ethernet", 312e12, 25, 18_000),
+                ("A100, 100 Gbit/s InfiniBand", 312e12, 100, 44_000),
+                ("H100, 400 Gbit/s InfiniBand", 989e12, 400, 35_000)]
 GPU_UTILISATION, GPU_GRADIENT_BYTES = 0.4, 4
 
 
@@ -394,14 +437,18 @@ def link_settings(world: int) -> List[str]:
 
 
 def steps_table(results: Dict[str, Any], target: float) -> List[str]:
-    lines = ["| method | seeds | reached | median steps to target | mean without fastest and slowest | spread "
-             "| steps per seed | best loss of misses |", "|---" * 8 + "|"]
+    """One row per method; *x uncompressed*: its median steps to target over uncompressed's, the
+    factor a projected step time is multiplied by to give a time to target."""
+    base = score(records_of(results, UNCOMPRESSED), target)["median"]
+    lines = ["| method | seeds | reached | median steps to target | x uncompressed | mean without fastest and "
+             "slowest | spread | steps per seed | best loss of misses |", "|---" * 9 + "|"]
     for label in labels_in_order(results):
         s = score(records_of(results, label), target)
+        factor = "-" if s["median"] is None or not base else f"{s['median'] / base:.2f}"
         per_seed = ", ".join(steps_text(v) for v in s["steps"])
         spread = "-" if s["spread"] is None else f"{s['spread']:,.0f}"
         missed = "-" if s["best_missed_loss"] is None else f"{s['best_missed_loss']:.4f}"
-        lines.append(f"| {label} | {s['seeds']} | {s['reached']} | {steps_text(s['median'])} | "
+        lines.append(f"| {label} | {s['seeds']} | {s['reached']} | {steps_text(s['median'])} | {factor} | "
                      f"{steps_text(s['trimmed_mean'])} | {spread} | {per_seed} | {missed} |")
     return lines + [""]
 
@@ -462,7 +509,8 @@ def parse_args(argv):
     else:
         args.lm = quality.LM
         args.plan = {"lengths": LENGTHS, "warmup": WARMUP_STEPS, "longest": UNCOMPRESSED_LONGEST,
-                     "base_seeds": BASE_SEEDS, "other_seeds": OTHER_SEEDS, "knee_gain": KNEE_GAIN, "quick": False}
+                     "base_seeds": BASE_SEEDS, "other_seeds": OTHER_SEEDS, "knee_gain": KNEE_GAIN,
+                     "eval_windows": EVAL_WINDOWS, "quick": False}
     return args
 
 

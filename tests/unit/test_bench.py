@@ -448,14 +448,20 @@ def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(t
     results = json.loads(path.read_text())
     plan = results["plan"]
     labels = {entry["spec"]["label"] for entry in results["points"].values()}
-    assert labels == {"uncompressed", "FP16", "L-GreCo (PowerSGD) rank 8"}
+    assert labels == {"uncompressed", "FP16", "L-GreCo (PowerSGD) rank 8", "DiLoCo H=10 (QSGD) bits 4"}
     base = results["points"]["charlm/uncompressed/seed 0"]
     assert [p["length"] for p in base["record"]["points"]] == [n for n in plan["lengths"] if n <= plan["longest"]]
     # A cool-down branched and the stable run restored: the longest length's loss is that of a
-    # run that never branched.
-    alone = dict(base["spec"], lm=ttq.QUICK_LM, lengths=[plan["longest"]], target=None, warmup=plan["warmup"])
-    [record] = mpirun_job("benchmarks.time_to_quality", alone, 2, 600, ttq.RESULT_PREFIX, "alone", expected=1)
-    assert record["points"][-1]["loss"] == base["record"]["points"][-1]["loss"]
+    # run that never branched (DiLoCo: its anchors, outer momentum and period restored too).
+    diloco = results["points"]["charlm/DiLoCo H=10 (QSGD) bits 4/seed 0"]["spec"]
+    for spec in (base["spec"], diloco):
+        losses = []
+        for lengths in ([plan["longest"] // 2, plan["longest"]], [plan["longest"]]):
+            job = dict(spec, lm=ttq.QUICK_LM, lengths=lengths, target=None, warmup=plan["warmup"],
+                       eval_windows=plan["eval_windows"])
+            [record] = mpirun_job("benchmarks.time_to_quality", job, 2, 600, ttq.RESULT_PREFIX, "branch", expected=1)
+            losses.append(record["points"][-1]["loss"])
+        assert losses[0] == losses[1], spec["label"]
     text = (tmp_path / "benchmarks.md").read_text()
     assert text.count("## Time to quality") == 1 and "| method | seeds | reached |" in text
     assert (tmp_path / "benchmarks" / "time_to_quality.png").stat().st_size > 0
