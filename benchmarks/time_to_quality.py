@@ -343,9 +343,10 @@ def markdown(results: Dict[str, Any], figure: Path) -> str:
     if goal is None:
         done = len(records_of(results, UNCOMPRESSED))
         lines += [f"Target: not measured yet ({done} of {plan['base_seeds']} uncompressed seeds have run).", ""]
-        lines += [f"Uncompressed, {entry['spec']['key'].rsplit('/', 1)[-1]} (length: validation loss): "
-                  + ", ".join(f"{p['length']}: {p['loss']:.4f}" for p in entry["record"]["points"]) + "."
-                  for entry in results["points"].values() if entry["spec"]["label"] == UNCOMPRESSED] + [""]
+        for entry in results["points"].values():
+            if entry["spec"]["label"] == UNCOMPRESSED:
+                lines += [f"Uncompressed, {entry['spec']['key'].rsplit('/', 1)[-1]} (length: validation loss): "
+                          + ", ".join(f"{p['length']}: {p['loss']:.4f}" for p in entry["record"]["points"]) + ".", ""]
     else:
         lines += ["Uncompressed, median validation loss over "
                   f"{goal['seeds']} seeds (length: loss): "
