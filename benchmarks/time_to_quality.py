@@ -164,9 +164,10 @@ def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
         done, saved = branch, state()
         train(branch, length, length)
         steps_taken += length - branch
-        # Rank 0's loss decides for all: every rank must stop at the same length.
+        # Rank 0's loss decides for all: every rank must stop at the same length. Named: the
+        # default name is the object's type, None on the other ranks, and mismatched names hang.
         loss = None if rank else math.log(charlm.evaluate(model, val_ids, model.context, spec["eval_windows"]))
-        loss = hvd.broadcast_object(loss, root_rank=0)
+        loss = hvd.broadcast_object(loss, root_rank=0, name="time_to_quality.loss")
         points.append({"length": length, "samples": length * size * lm["batch_size"], "loss": loss})
         if rank == 0 and spec.get("progress"):
             with open(spec["progress"], "a") as log:
