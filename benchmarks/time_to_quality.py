@@ -252,9 +252,12 @@ def base_points(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 def method_points(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Every compressed point, seed by seed (seed 0 of every method first)."""
+    """Every compressed point, seed by seed (seed 0 of every method first); then FP16's last seeds:
+    a target (sooner than FP16 at r = 3) rests on it, so it gets as many seeds as uncompressed."""
     methods = [m for m in METHODS if m[0] in QUICK_FAMILIES] if plan["quick"] else METHODS
-    return [spec_for(*method, seed) for seed in range(plan["other_seeds"]) for method in methods]
+    return ([spec_for(*method, seed) for seed in range(plan["other_seeds"]) for method in methods] +
+            [spec_for(*method, seed) for seed in range(plan["other_seeds"], plan["base_seeds"])
+             for method in methods if method[0] == "FP16"])
 
 
 def run_point(spec, lengths, target, args, results, path, progress) -> None:
@@ -374,7 +377,7 @@ def budget(plan: Dict[str, Any], cap: Optional[int]) -> List[str]:
     """What the plan costs in steps, and what was left out to fit it."""
     base = job_steps([n for n in plan["lengths"] if n <= plan["longest"]])
     capped = job_steps([n for n in plan["lengths"] if n <= (cap or plan["longest"])])
-    jobs = plan["base_seeds"] + len(METHODS) * plan["other_seeds"]
+    jobs = plan["base_seeds"] + len(METHODS) * plan["other_seeds"] + plan["base_seeds"] - plan["other_seeds"]
     return [f"**Budget.** An uncompressed job trains {base:,} steps; a compressed one at most {capped:,} "
             f"({'at the cap of ' + format(cap, ',') + ' steps' if cap else 'the cap is not set yet'}), fewer "
             "when it reaches the target sooner. A step on idle cores is about 55 ms uncompressed (issue 33's "
@@ -382,8 +385,9 @@ def budget(plan: Dict[str, Any], cap: Optional[int]) -> List[str]:
             "uncompressed seed took 37 min (194 ms a step) beside two other people's work. At a cap of 6,000 "
             f"steps the {jobs} jobs take about 9 h of idle cores, inside the issue's 12. Traded to fit: one or two "
             "settings per method (those \"Quality against bytes\" found closest to uncompressed, then one "
-            "cheaper), 3 seeds for every compressed point (the 5 that a target's points need are not planned "
-            "yet: which points those are follows from the step times), DiLoCo with one codec, and lengths "
+            "cheaper), 3 seeds for every compressed point but FP16 (the other points a target rests on, the "
+            "fastest method and advise's pick, follow from the step times: their last 2 seeds are not planned "
+            "yet), DiLoCo with one codec, and lengths "
             "1.33-1.5x apart (steps to target interpolated between them).", ""]
 
 

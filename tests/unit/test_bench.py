@@ -435,6 +435,10 @@ def test_time_to_quality_schedule_target_and_scores():
     assert scored["median"] == pytest.approx(2000) and scored["reached"] == 2
     assert scored["trimmed_mean"] == pytest.approx(2000) and scored["best_missed_loss"] == 1.95
     assert ttq.score([record, missed, missed], 1.9)["median"] is None  # most seeds missed: not reached
+    # 3 seeds a compressed point, 5 for FP16 (a target rests on it), seed 0 of every method first.
+    points = ttq.method_points(ttq.parse_args([]).plan)
+    assert len(points) == 3 * len(ttq.METHODS) + 2 and points[0]["seed"] == 0 and points[len(ttq.METHODS)]["seed"] == 1
+    assert [p["key"] for p in points[-2:]] == ["charlm/FP16/seed 3", "charlm/FP16/seed 4"]
 
 
 @pytest.mark.slow
