@@ -24,6 +24,7 @@ BENCHMARKS = {
     "projection": "alpha-beta projection of the end-to-end results to 8-64 workers and 1-100 Gbit/s",
     "quality": "final quality against bytes sent, a sweep of settings per method, and the seeds' claims",
     "solver": "the L-GreCo DP solver on a realistic instance",
+    "time_to_quality": "steps to the uncompressed run's validation loss per method (warmup-stable-decay, seeds)",
 }
 
 

@@ -461,8 +461,9 @@ def write_report(results, out):
     write_section(out / "benchmarks.md", SECTION, markdown(results, figure.relative_to(out)))
 
 
-def command_line():
-    """The command, less the options that do not change results (where to write, when to stop)."""
+def command_line(benchmark: str = "quality") -> str:
+    """``benchmark``'s command, less the options that do not change results (where to write,
+    when to stop)."""
     kept, skip = [], False
     for argument in sys.argv[1:]:
         if skip:
@@ -471,7 +472,7 @@ def command_line():
             skip = True
         elif not argument.startswith(("--out=", "--max-minutes=", "--job-timeout=")):
             kept.append(argument)
-    return " ".join(["python -m benchmarks quality"] + kept)
+    return " ".join([f"python -m benchmarks {benchmark}"] + kept)
 
 
 def job_minutes(results, workload):

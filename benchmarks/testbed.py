@@ -232,6 +232,7 @@ def run_bounded(command, timeout, env=None):
     (returncode, stdout, stderr); returncode is None after a timeout."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env=env, start_new_session=True)
+    _inherit_autogroup_nice(process.pid)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
         return process.returncode, stdout, stderr
@@ -242,6 +243,18 @@ def run_bounded(command, timeout, env=None):
     except BaseException:
         _stop_session(process)
         raise
+
+
+def _inherit_autogroup_nice(pid):
+    """A new session is a new scheduler autogroup, at nice 0 whatever this one's: a benchmark
+    started in the background with its autogroup at nice 19 would otherwise run its jobs at full
+    weight beside other users' work. Where autogroups are absent, nothing to do."""
+    try:
+        nice = Path("/proc/self/autogroup").read_text().split()[-1]
+        if nice != "0":
+            Path(f"/proc/{pid}/autogroup").write_text(nice)
+    except (OSError, IndexError):
+        pass
 
 
 def _stop_session(process, grace=5):

@@ -406,3 +406,70 @@ def test_advise_live_compares_each_point_with_endtoend_writes_its_section_and_re
     text = (tmp_path / "benchmarks.md").read_text()
     assert "| 1 | cnn | acpsgd rank=16 / acpsgd rank=16 | 720 / 720, 520 / 520, 375 / 375, 240 / 240, 280 / 280 |" in text
     assert advise_live.recommended("do not compress: the link is fast enough") == ("none", "")
+
+
+def test_time_to_quality_schedule_target_and_scores():
+    from benchmarks import time_to_quality as ttq
+    # Warmup-stable-decay: the peak until 80% of the length, then 1 - sqrt down.
+    assert ttq.lr_factor(0, 1000, 300) == pytest.approx(1 / 300)
+    assert ttq.lr_factor(799, 1000, 300) == 1.0
+    assert ttq.lr_factor(800, 1000, 300) == 1.0 and ttq.lr_factor(900, 1000, 300) == pytest.approx(1 - 0.5 ** 0.5)
+
+    def run(label, seed, losses):
+        return {"spec": {"label": label}, "record": {"points": [
+            {"length": length, "loss": loss} for length, loss in zip([1000, 2000, 4000], losses)]}, "seed": seed}
+
+    base = [run("uncompressed", s, [2.0 + d, 1.8 + d, 1.75 + d]) for s, d in enumerate([0.0, 0.01, 0.02, 0.03, 0.04])]
+    results = {"points": {f"u{i}": point for i, point in enumerate(base)}}
+    goal = ttq.target_of(results, 5, 0.05)
+    # 1000 -> 2000 gains 10%, 2000 -> 4000 under 5%: the knee is 2000; the target the worst seed there.
+    assert goal["knee"] == 2000 and goal["knee_found"] and goal["cap"] == 4000
+    assert goal["target"] == pytest.approx(1.84) and goal["median_at_knee"] == pytest.approx(1.82)
+    assert ttq.target_of(results, 6, 0.05) is None  # a seed missing
+    # Steps to target: interpolated in log(length) between the lengths around the target.
+    record = {"points": [{"length": 1000, "loss": 2.0}, {"length": 4000, "loss": 1.8}]}
+    assert ttq.steps_to_target(record, 1.9) == pytest.approx(2000)
+    assert ttq.steps_to_target(record, 2.1) == 1000 and ttq.steps_to_target(record, 1.7) is None
+    missed = {"points": [{"length": 1000, "loss": 2.2}, {"length": 4000, "loss": 1.95}]}
+    scored = ttq.score([record, record, missed], 1.9)
+    assert scored["median"] == pytest.approx(2000) and scored["reached"] == 2
+    assert scored["trimmed_mean"] == pytest.approx(2000) and scored["best_missed_loss"] == 1.95
+    assert ttq.score([record, missed, missed], 1.9)["median"] is None  # most seeds missed: not reached
+    # 3 seeds a compressed point, 5 for FP16 (a target rests on it), seed 0 of every method first.
+    points = ttq.method_points(ttq.parse_args([]).plan)
+    assert len(points) == 3 * len(ttq.METHODS) + 2 and points[0]["seed"] == 0 and points[len(ttq.METHODS)]["seed"] == 1
+    assert [p["key"] for p in points[-2:]] == ["charlm/FP16/seed 3", "charlm/FP16/seed 4"]
+
+
+@pytest.mark.slow
+def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(tmp_path, monkeypatch):
+    from benchmarks import time_to_quality as ttq
+    from benchmarks.report import mpirun_job
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    options = ["time_to_quality", "--quick", "--job-timeout", "600", "--out", str(tmp_path)]
+    assert bench.main(options) == 0
+    path = tmp_path / "benchmarks" / "time_to_quality.json"
+    results = json.loads(path.read_text())
+    plan = results["plan"]
+    labels = {entry["spec"]["label"] for entry in results["points"].values()}
+    assert labels == {"uncompressed", "FP16", "L-GreCo (PowerSGD) rank 8", "DiLoCo H=10 (QSGD) bits 4"}
+    base = results["points"]["charlm/uncompressed/seed 0"]
+    assert [p["length"] for p in base["record"]["points"]] == [n for n in plan["lengths"] if n <= plan["longest"]]
+    # A cool-down branched and the stable run restored: the longest length's loss is that of a
+    # run that never branched (DiLoCo: its anchors, outer momentum and period restored too).
+    diloco = results["points"]["charlm/DiLoCo H=10 (QSGD) bits 4/seed 0"]["spec"]
+    for spec in (base["spec"], diloco):
+        losses = []
+        for lengths in ([plan["longest"] // 2, plan["longest"]], [plan["longest"]]):
+            job = dict(spec, lm=ttq.QUICK_LM, lengths=lengths, target=None, warmup=plan["warmup"],
+                       eval_windows=plan["eval_windows"])
+            [record] = mpirun_job("benchmarks.time_to_quality", job, 2, 600, ttq.RESULT_PREFIX, "branch", expected=1)
+            losses.append(record["points"][-1]["loss"])
+        assert losses[0] == losses[1], spec["label"]
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert text.count("## Time to quality") == 1 and "| method | seeds | reached |" in text
+    assert (tmp_path / "benchmarks" / "time_to_quality.png").stat().st_size > 0
+    # A second run finds every point done: it runs no job and only rewrites the report.
+    monkeypatch.setattr("benchmarks.time_to_quality.mpirun_job", lambda *_, **__: pytest.fail("a point ran again"))
+    assert bench.main(options) == 0
+    assert json.loads(path.read_text())["points"] == results["points"]

@@ -1,0 +1,538 @@
+"""Time to quality: how many steps each method needs to reach the uncompressed run's quality
+(steps to target), the half of issue 33 that needs no network.
+
+    python -m benchmarks time_to_quality [--np 4] [--max-minutes 600] [--job-timeout 3600]
+        [--out docs/] [--quick] [--report-only]
+
+The workload is the character LM of "Quality against bytes" (``quality.LM``, AdamW, peak
+learning rate 2e-3, 4 ranks of 16 sequences of 32 bytes a step), trained through the stock
+``hvd.DistributedOptimizer`` with the compressors that benchmark builds (``quality.point``,
+``quality.build_compression``), or through ``hvd_compress.DiLoCo`` over the local AdamW (as
+``benchmarks.outer``). One ``mpirun -np W`` job per (method, seed).
+
+Schedule: warmup-stable-decay (Hägele et al. 2024). One run per seed holds the learning rate at
+its peak after a fixed warm-up; at 80% of each length of ``LENGTHS`` a cool-down (1 - sqrt, 20%
+of that length) branches from the running state (model, optimizer, compressor with its error
+feedback, data stream) and its end is evaluated; the state is then restored and the stable run
+goes on. So one job gives the validation loss of a run stopped at each length, and every method
+gets the same schedule and the same evaluation points (in samples: length x ranks x batch).
+
+The target (MLPerf Training / AlgoPerf time-to-train rules): uncompressed runs at
+``BASE_SEEDS`` seeds up to ``UNCOMPRESSED_LONGEST`` steps; the knee is the shortest length of the
+median curve after which doubling the run lowers the median validation loss by less than
+``KNEE_GAIN``; the target is the highest of the seeds' losses at the knee, so every uncompressed
+seed reaches it there. Every other run is capped at twice the knee and stops at the first length
+that reaches the target; a run that never does is "not reached", with its best loss. Steps to
+target: the first length at or under the target, interpolated in log(length) from the length
+before it. A method's score is the median over its seeds (a miss counts as infinitely slow).
+
+Resumes point by point: each job's record goes into ``<out>/benchmarks/time_to_quality.json``
+(and the section of ``<out>/benchmarks.md`` is rewritten) as soon as it ends; a rerun skips the
+points already there. ``--quick``: 2 ranks, the convergence benchmark's tiny LM, a few steps.
+"""
+import argparse
+import copy
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import horovod.torch as hvd
+import torch
+
+import hvd_compress as hc
+from benchmarks import quality
+from benchmarks.convergence import QUICK_LM
+from benchmarks.report import (DOCS, Progress, describe_machine, machine, method_bars, mpirun_job, panels, say,
+                               train_one_point, write_section)
+from benchmarks.workloads import charlm
+
+RESULT_PREFIX = "TTQ_RESULT "
+SECTION = "Time to quality"
+UNCOMPRESSED = quality.UNCOMPRESSED
+WORKLOAD = "charlm"
+PEAK_LR = 2e-3  # the quality benchmark's
+COOLDOWN_FRACTION = 0.2  # Hägele et al.: a 20% 1-sqrt cool-down matches a cosine schedule
+# The evaluation schedule, in steps of every rank (ratios 1.33-1.5); the same for every method.
+LENGTHS = [1000, 1500, 2000, 3000, 4000, 6000, 8000, 12000, 16000]
+# Validation windows of 32 bytes, spread over the whole split (about 6,200 fit): 8x "Quality
+# against bytes"' 256, since a target compares losses a few tenths of a percent apart.
+EVAL_WINDOWS = 2048
+WARMUP_STEPS = 300  # fixed, so every length shares the run up to its cool-down
+UNCOMPRESSED_LONGEST = 8000
+# Set after seed 0 (gains per doubling 8.9, 5.9, 4.3, 2.6, 2.0% from 1,000 to 4,000 steps): 3% puts
+# the knee where the curve flattens (3,000 steps, cap 6,000); 5% would put it at 2,000 steps,
+# where it still falls 4.3% per doubling.
+KNEE_GAIN = 0.03
+BASE_SEEDS, OTHER_SEEDS = 5, 3
+# --quick: any gain makes a knee, so that the compressed points run too.
+QUICK = {"lengths": [8, 12, 16, 24], "warmup": 2, "longest": 16, "base_seeds": 2, "other_seeds": 1,
+         "knee_gain": 1.0, "eval_windows": 64}
+
+QUICK_FAMILIES = ("FP16", "L-GreCo (PowerSGD)", "DiLoCo H=10 (QSGD)")  # each kind of state, branched
+# Compressed points, in the order their seed 0 runs: the settings "Quality against bytes" found
+# closest to uncompressed first (the low-rank anchor, rank 8, and ACP-SGD at twice it), then
+# cheaper settings of each family, then the controllers.
+METHODS = [("FP16", "fp16", {}, None),
+           ("PowerSGD", "powersgd", {"rank": 8}, None),
+           ("ACP-SGD", "acpsgd", {"rank": 16}, None),
+           ("QSGD", "qsgd", {"bits": 8}, None),
+           ("Top-K", "topk", {"density": 0.1}, None),
+           ("PowerSGD", "powersgd", {"rank": 4}, None),
+           ("ACP-SGD", "acpsgd", {"rank": 8}, None),
+           ("QSGD", "qsgd", {"bits": 4}, None),
+           ("ScaleCom", "scalecom", {"density": 0.1}, {"warmup": True}),
+           ("L-GreCo (PowerSGD)", "powersgd", {"rank": 8}, {"kind": "lgreco"}),
+           ("L-GreCo (Top-K)", "topk", {"density": 0.1}, {"kind": "lgreco"}),
+           ("GraVAC (Top-K)", "topk", {}, {"kind": "gravac", "epsilon": 0.7}),
+           ("Top-K", "topk", {"density": 0.01}, None),
+           # DiLoCo with the codec "DiLoCo: local steps" found best (QSGD 4 bits, as good as FP16
+           # at half its bytes), at two periods.
+           ("DiLoCo H=50 (QSGD)", "qsgd", {"bits": 4}, {"kind": "diloco", "inner_steps": 50}),
+           ("DiLoCo H=10 (QSGD)", "qsgd", {"bits": 4}, {"kind": "diloco", "inner_steps": 10})]
+
+
+# ----- one job: runs on every rank ----------------------------------------------------------------
+def lr_factor(step: int, length: int, warmup: int) -> float:
+    """The learning rate of step ``step`` (0-based) of a ``length``-step warmup-stable-decay run,
+    as a fraction of the peak."""
+    if step < warmup:
+        return (step + 1) / warmup
+    cooldown = cooldown_steps(length)
+    start = length - cooldown
+    return 1.0 if step < start else 1.0 - math.sqrt((step - start) / cooldown)
+
+
+def cooldown_steps(length: int) -> int:
+    return max(1, round(COOLDOWN_FRACTION * length))
+
+
+def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """Trains the stable run with a cool-down branched at each length of ``spec["lengths"]``,
+    stopping after the first length at or under ``spec["target"]`` (when given); rank 0's record."""
+    lm, lengths, target = spec["lm"], sorted(spec["lengths"]), spec.get("target")
+    rank, size = hvd.rank(), hvd.size()
+    torch.manual_seed(spec["seed"])  # as charlm.train: the model's initialisation follows the seed
+    train_ids, val_ids = charlm.load_corpus(lm["max_chars"])
+    model = charlm.CharTransformer(**lm["model"])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    named = list(model.named_parameters())
+    tokens = lm["batch_size"] * lm["model"]["context"]
+    inner = torch.optim.AdamW(model.parameters(), lr=PEAK_LR, weight_decay=0.01)
+    stateful = {"model": model}
+    if (spec["controller"] or {}).get("kind") == "diloco":
+        # Local AdamW steps, then an outer step on the codec's average of the pseudo-gradients.
+        codec = hc.COMPRESSORS[spec["compressor"]].build(**spec["settings"])
+        optimizer = hc.DiLoCo(inner, named, codec, inner_steps=spec["controller"]["inner_steps"])
+        compression = optimizer.compression
+        stateful.update(optimizer=inner, outer=optimizer)  # DiLoCo's state holds its codec's
+    else:
+        # Schedules inside a method (L-GreCo's decisions, ScaleCom's warm-up) follow the longest run.
+        compression = quality.build_compression(spec, model, named, lengths[-1], tokens)
+        extra = {} if compression is None else {"compression": compression}
+        optimizer = hvd.DistributedOptimizer(inner, named_parameters=named, **extra)
+        stateful.update(optimizer=optimizer, **extra)
+    generator = torch.Generator().manual_seed(size * spec["seed"] + rank)  # as charlm.fit
+    data = charlm.batches(train_ids, lm["batch_size"], model.context, generator)
+
+    def train(first: int, last: int, length: int) -> None:
+        for step in range(first, last):
+            for group in optimizer.param_groups:
+                group["lr"] = PEAK_LR * lr_factor(step, length, spec["warmup"])
+            x, y = next(data)
+            optimizer.zero_grad()
+            charlm.cross_entropy(model, x, y).backward()
+            optimizer.step()
+
+    def state() -> Dict[str, Any]:
+        return copy.deepcopy({**{name: obj.state_dict() for name, obj in stateful.items()},
+                              "data": generator.get_state()})
+
+    def restore(saved: Dict[str, Any]) -> None:
+        for name, obj in stateful.items():
+            obj.load_state_dict(saved[name])
+        generator.set_state(saved["data"])
+
+    started, done, steps_taken, points = time.perf_counter(), 0, 0, []
+    for length in lengths:
+        branch = length - cooldown_steps(length)
+        train(done, branch, length)
+        steps_taken += branch - done
+        done, saved = branch, state()
+        train(branch, length, length)
+        steps_taken += length - branch
+        # Rank 0's loss decides for all: every rank must stop at the same length. Named: the
+        # default name is the object's type, None on the other ranks, and mismatched names hang.
+        loss = None if rank else math.log(charlm.evaluate(model, val_ids, model.context, spec["eval_windows"]))
+        loss = hvd.broadcast_object(loss, root_rank=0, name="time_to_quality.loss")
+        points.append({"length": length, "samples": length * size * lm["batch_size"], "loss": loss})
+        if rank == 0 and spec.get("progress"):
+            with open(spec["progress"], "a") as log:
+                log.write(f"{spec['key']}: length {length}, loss {loss:.4f}, {time.perf_counter() - started:.0f} s\n")
+        if target is not None and loss <= target:
+            break
+        restore(saved)
+    record = {"key": spec["key"], "points": points, "steps_taken": steps_taken, "world_size": size,
+              "train_seconds": time.perf_counter() - started}
+    if compression is not None:
+        record["wire_bytes_per_step"] = compression.traffic.wire_bytes / steps_taken
+    return record
+
+
+# ----- the target and the scores ----------------------------------------------------------------
+def records_of(results: Dict[str, Any], label: str) -> List[Dict[str, Any]]:
+    return [entry["record"] for entry in results["points"].values() if entry["spec"]["label"] == label]
+
+
+def median_curve(records: List[Dict[str, Any]]) -> Dict[int, float]:
+    """length -> median loss over the records, at the lengths every record reached."""
+    common = set.intersection(*({p["length"] for p in r["points"]} for r in records))
+    return {length: statistics.median(p["loss"] for r in records for p in r["points"] if p["length"] == length)
+            for length in sorted(common)}
+
+
+def target_of(results: Dict[str, Any], base_seeds: int, knee_gain: float) -> Optional[Dict[str, Any]]:
+    """The knee and target from the uncompressed seeds, or None until all of them ran. Where no
+    length gains less than ``knee_gain`` when doubled, the knee is the longest length whose double
+    was measured ("knee_found" False)."""
+    records = records_of(results, UNCOMPRESSED)
+    if len(records) < base_seeds:
+        return None
+    curve = median_curve(records)
+    doubled = [length for length in curve if 2 * length in curve]
+    knee = next((length for length in doubled if curve[2 * length] > (1 - knee_gain) * curve[length]), None)
+    outcome = {"curve": curve, "knee": knee or max(doubled), "knee_found": knee is not None, "seeds": len(records)}
+    at_knee = [p["loss"] for r in records for p in r["points"] if p["length"] == outcome["knee"]]
+    return dict(outcome, target=max(at_knee), median_at_knee=statistics.median(at_knee),
+                spread_at_knee=max(at_knee) - min(at_knee), cap=2 * outcome["knee"])
+
+
+def steps_to_target(record: Dict[str, Any], target: float) -> Optional[float]:
+    """Steps of the first length at or under ``target``, interpolated in log(length) from the
+    length before it (linear in loss); None: not reached."""
+    previous = None
+    for point in record["points"]:
+        if point["loss"] <= target:
+            if previous is None:
+                return float(point["length"])
+            fraction = (previous["loss"] - target) / (previous["loss"] - point["loss"])
+            return math.exp(math.log(previous["length"]) +
+                            fraction * (math.log(point["length"]) - math.log(previous["length"])))
+        previous = point
+    return None
+
+
+def score(records: List[Dict[str, Any]], target: float) -> Dict[str, Any]:
+    """Median steps to target over the seeds (a miss counts as slowest: None when half or more
+    missed), the mean without the fastest and slowest, the spread, and the best loss of misses."""
+    steps = [steps_to_target(r, target) for r in records]
+    ordered = sorted(math.inf if s is None else s for s in steps)
+    median = statistics.median(ordered)
+    trimmed = ordered[1:-1] if len(ordered) >= 3 else ordered
+    reached = [s for s in ordered if s != math.inf]
+    return {"seeds": len(records), "reached": len(reached), "steps": steps,
+            "median": None if median == math.inf else median,
+            "trimmed_mean": None if math.inf in trimmed else statistics.fmean(trimmed),
+            "spread": max(reached) - min(reached) if len(reached) > 1 else None,
+            "best_missed_loss": min((min(p["loss"] for p in r["points"]) for r, s in zip(records, steps) if s is None),
+                                    default=None)}
+
+
+# ----- the driver -----------------------------------------------------------------------------
+def spec_for(family: str, compressor: Optional[str], settings: Dict[str, Any], controller: Optional[Dict[str, Any]],
+             seed: int) -> Dict[str, Any]:
+    return quality.point(WORKLOAD, family, compressor, settings, seed, controller)
+
+
+def base_points(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
+    return [spec_for(UNCOMPRESSED, None, {}, None, seed) for seed in range(plan["base_seeds"])]
+
+
+def method_points(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Every compressed point, seed by seed (seed 0 of every method first); then FP16's last seeds:
+    a target (sooner than FP16 at r = 3) rests on it, so it gets as many seeds as uncompressed."""
+    methods = [m for m in METHODS if m[0] in QUICK_FAMILIES] if plan["quick"] else METHODS
+    return ([spec_for(*method, seed) for seed in range(plan["other_seeds"]) for method in methods] +
+            [spec_for(*method, seed) for seed in range(plan["other_seeds"], plan["base_seeds"])
+             for method in methods if method[0] == "FP16"])
+
+
+def run_point(spec, lengths, target, args, results, path, progress) -> None:
+    job = dict(spec, lm=args.lm, lengths=lengths, target=target, warmup=args.plan["warmup"],
+               eval_windows=args.plan["eval_windows"],
+               progress=args.progress and str(args.progress))
+    [record] = mpirun_job("benchmarks.time_to_quality", job, args.np, args.job_timeout, RESULT_PREFIX,
+                          spec["key"], expected=1)
+    results["points"][spec["key"]] = {"spec": dict(spec, lengths=lengths, target=target), "record": record}
+    results["command"] = quality.command_line("time_to_quality")
+    save(results, path)
+    write_report(results, args.out)
+    last = record["points"][-1]
+    progress.finished(f"{spec['key']}: loss {last['loss']:.4f} at {last['length']} steps, "
+                      f"{record['job_seconds']:.0f} s")
+
+
+def save(results: Dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def run(args) -> Dict[str, Any]:
+    """The uncompressed seeds, then (once they set the target) every compressed point not yet in
+    the JSON; starts no new point after ``--max-minutes``."""
+    out = args.out / "benchmarks"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "time_to_quality.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.setdefault("points", {})
+    results.update(machine=machine(), np=args.np, plan=args.plan)
+    deadline = time.monotonic() + 60 * args.max_minutes
+    plan = args.plan
+    progress = Progress(0, "time_to_quality")
+
+    def pending(specs):
+        return [spec for spec in specs if spec["key"] not in results["points"]]
+
+    base = pending(base_points(plan))
+    progress.add(len(base))
+    for spec in base:
+        if time.monotonic() < deadline:
+            progress.starting(spec["key"])
+            run_point(spec, [n for n in plan["lengths"] if n <= plan["longest"]], None, args, results, path, progress)
+    goal = target_of(results, plan["base_seeds"], plan["knee_gain"])
+    if goal is not None:
+        others = pending(method_points(plan))
+        progress.add(len(others))
+        for spec in others:
+            if time.monotonic() < deadline:
+                progress.starting(spec["key"])
+                run_point(spec, [n for n in plan["lengths"] if n <= goal["cap"]], goal["target"], args, results,
+                          path, progress)
+    write_report(results, args.out)
+    return results
+
+
+# ----- the report ---------------------------------------------------------------------------------
+def labels_in_order(results: Dict[str, Any]) -> List[str]:
+    labels = []
+    for entry in results["points"].values():
+        if entry["spec"]["label"] not in labels:
+            labels.append(entry["spec"]["label"])
+    return labels
+
+
+def steps_text(value: Optional[float]) -> str:
+    return "not reached" if value is None else f"{value:,.0f}"
+
+
+def markdown(results: Dict[str, Any], figure: Path) -> str:
+    plan = results["plan"]
+    goal = target_of(results, plan["base_seeds"], plan["knee_gain"])
+    job_minutes = sum(e["record"].get("job_seconds", 0.0) for e in results["points"].values()) / 60
+    lines = [f"Command: `{results.get('command', 'python -m benchmarks time_to_quality')}` (resumable; "
+             f"{len(results['points'])} jobs, {job_minutes:.0f} min in jobs, in the background beside other "
+             "work on the same cores: the job times are not step times)", "",
+             f"Machine: {describe_machine(results['machine'])}", "",
+             f"Workload: the character LM of \"Quality against bytes\", {results['np']} ranks under `mpirun` "
+             "on loopback (no emulated network: this half counts steps, not seconds). Schedule: "
+             f"warmup-stable-decay, {plan['warmup']} warm-up steps, peak learning rate {PEAK_LR}, and a "
+             f"1 - sqrt cool-down over the last {COOLDOWN_FRACTION:.0%} of each length, branched from one "
+             "stable run per seed (model, optimizer, compressor state and data stream restored after "
+             f"each branch). Evaluation: validation loss (nats per byte, on {plan['eval_windows']} windows of 32 "
+             f"bytes across the validation split) at the end of each length of "
+             f"{', '.join(map(str, plan['lengths']))} steps (x {results['np']} ranks x 16 sequences of 32 bytes), "
+             "the same for every method.", ""]
+    if goal is None:
+        done = len(records_of(results, UNCOMPRESSED))
+        lines += [f"Target: not measured yet ({done} of {plan['base_seeds']} uncompressed seeds have run).", ""]
+        for entry in results["points"].values():
+            if entry["spec"]["label"] == UNCOMPRESSED:
+                lines += [f"Uncompressed, {entry['spec']['key'].rsplit('/', 1)[-1]} (length: validation loss): "
+                          + ", ".join(f"{p['length']}: {p['loss']:.4f}" for p in entry["record"]["points"]) + ".", ""]
+    else:
+        lines += ["Uncompressed, median validation loss over "
+                  f"{goal['seeds']} seeds (length: loss): "
+                  + ", ".join(f"{length}: {loss:.4f}" for length, loss in goal["curve"].items()) + ".", ""]
+        rule = (f"the shortest length after which doubling the run lowers the median loss by less than "
+                f"{plan['knee_gain']:.0%}" if goal["knee_found"] else
+                f"no length up to {plan['longest'] // 2} gains less than {plan['knee_gain']:.0%} when doubled: "
+                "the longest length whose double was measured, short of the knee")
+        lines += [f"Knee: {goal['knee']} steps ({rule}). Target: validation loss {goal['target']:.4f}, the "
+                  f"highest of the {goal['seeds']} seeds at the knee (median {goal['median_at_knee']:.4f}, "
+                  f"spread {goal['spread_at_knee']:.4f}). Cap: {goal['cap']} steps.", ""]
+        lines += steps_table(results, goal["target"])
+    lines += link_settings(results["np"]) + budget(plan, goal and goal["cap"])
+    lines.append(f"![time to quality]({figure.as_posix()})")
+    return "\n".join(lines) + "\n"
+
+
+def job_steps(lengths: List[int]) -> int:
+    """Steps one job trains: the stable run to the last cool-down's branch, and every cool-down."""
+    return max(lengths) - cooldown_steps(max(lengths)) + sum(cooldown_steps(n) for n in lengths)
+
+
+def budget(plan: Dict[str, Any], cap: Optional[int]) -> List[str]:
+    """What the plan costs in steps, and what was left out to fit it."""
+    base = job_steps([n for n in plan["lengths"] if n <= plan["longest"]])
+    capped = job_steps([n for n in plan["lengths"] if n <= (cap or plan["longest"])])
+    jobs = plan["base_seeds"] + len(METHODS) * plan["other_seeds"] + plan["base_seeds"] - plan["other_seeds"]
+    return [f"**Budget.** An uncompressed job trains {base:,} steps; a compressed one at most {capped:,} "
+            f"({'at the cap of ' + format(cap, ',') + ' steps' if cap else 'the cap is not set yet'}), fewer "
+            "when it reaches the target sooner. A step on idle cores is about 55 ms uncompressed (issue 33's "
+            "hand-run: 3,000 steps in 164 s) and up to about twice that with a CPU codec; the first "
+            "uncompressed seed took 37 min (194 ms a step) beside two other people's work. At a cap of 6,000 "
+            f"steps the {jobs} jobs take about 9 h of idle cores, inside the issue's 12. Traded to fit: one or two "
+            "settings per method (those \"Quality against bytes\" found closest to uncompressed, then one "
+            "cheaper), 3 seeds for every compressed point but FP16 (the other points a target rests on, the "
+            "fastest method and advise's pick, follow from the step times: their last 2 seeds are not planned "
+            "yet), DiLoCo with one codec, and lengths "
+            "1.33-1.5x apart (steps to target interpolated between them).", ""]
+
+
+# GPU clusters placed on the same scale: (label, peak dense bf16 FLOPS, link Gbit/s per node,
+# tokens per GPU and step); utilisation and fp32 gradients as GPU_UTILISATION, GPU_GRADIENT_BYTES.
+GPU_CLUSTERS = [("H100, 25 Gbit/s Ethernet", 989e12, 25, 56_000),
+                ("A100, 25 Gbit/s Ethernet", 312e12, 25, 18_000),
+                ("A100, 100 Gbit/s InfiniBand", 312e12, 100, 44_000),
+                ("H100, 400 Gbit/s InfiniBand", 989e12, 400, 35_000)]
+GPU_UTILISATION, GPU_GRADIENT_BYTES = 0.4, 4
+
+
+def gpu_ratio(peak_flops: float, link_gbit: float, tokens: int, utilisation: float = GPU_UTILISATION,
+              gradient_bytes: int = GPU_GRADIENT_BYTES) -> float:
+    """r of a GPU cluster: the ring bound of one all-reduce across nodes (2 x bytes x P / B, the
+    nodes' GPUs reduced among themselves first) over a step's compute (6 x P x tokens / (peak x
+    utilisation)). P cancels: r = bytes x peak x utilisation / (3 x tokens x B)."""
+    return gradient_bytes * peak_flops * utilisation / (3 * tokens * link_gbit * 1e9 / 8)
+
+
+def link_settings(world: int) -> List[str]:
+    """The two link settings, their arithmetic and the GPU clusters they stand for."""
+    parameters = sum(p.numel() for p in charlm.CharTransformer(**quality.LM["model"]).parameters())
+    ring = 2 * (world - 1) / world * 4 * parameters
+    compute_s = 0.033  # "Quality against bytes": 3,000 steps in about 100 s on idle cores
+    rows = [f"| {label} | {peak / 1e12:.0f} | {gbit} | {tokens:,} | {gpu_ratio(peak, gbit, tokens):.2f} |"
+            for label, peak, gbit, tokens in GPU_CLUSTERS]
+    return ["**Link settings** (not measured yet). r is the ring bound of the uncompressed all-reduce, "
+            f"2(W-1)/W x M / B, over the compute of a step. Here P = {parameters:,} parameters, M = "
+            f"{4 * parameters:,} bytes of fp32 gradients, W = {world}: {ring / 1e6:.2f} MB / B, against about "
+            f"{1e3 * compute_s:.0f} ms of compute a step (4 ranks on 2 cores). \"Ethernet\", r = 3, needs B = "
+            f"{ring / (3 * compute_s) / 1e6:.1f} MB/s of all-reduce bandwidth; \"InfiniBand\", r = 0.3, "
+            f"{ring / (0.3 * compute_s) / 1e6:.0f} MB/s. B is to be measured on the testbed (at a 0.5 Gbit/s "
+            "tbf rate a 16 MiB all-reduce ran at 36 MB/s, 58% of nominal, and below 1 MiB latency dominates), "
+            "so the tbf rates will be set from a probe, not from the nominal rate.", "",
+            "On a GPU cluster a step's compute is 6 P T / (F u) (T tokens per GPU and step, F peak FLOPS, u "
+            "utilisation) and the all-reduce across nodes 2 b P / B (b bytes per gradient element, B one "
+            "node's link): r = b F u / (3 T B), whatever the model's size. With u = "
+            f"{GPU_UTILISATION} and fp32 gradients (b = {GPU_GRADIENT_BYTES}; bf16 halves r):", "",
+            "| cluster | peak TFLOPS (bf16, dense) | link Gbit/s per node | tokens per GPU and step | r |",
+            "|---|---|---|---|---|", *rows, "",
+            "A CPU codec is far costlier against compute than a GPU one: in a 440-step probe on loopback, "
+            "beside other work, PowerSGD rank 8 took 190 ms a step against 108 ms uncompressed on this "
+            "testbed; on a GPU its few small matrix products would be a few percent of a step (expected, "
+            "not measured here). Every "
+            "compressed method's step time here therefore carries a codec share a GPU cluster would not "
+            "pay: time to target on this testbed is biased against compression, most for the methods with "
+            "the costliest codecs (low rank, ScaleCom's selection).", "",
+            "Time to target on the emulated cluster (steps to target x median step time at r = 3 and r = 0.3, "
+            "and end-to-end runs to check that product): not measured yet. The step times already measured "
+            "(`docs/benchmarks/endtoend.json`, `advise_live.json`) are of another workload, the 19.1 M-parameter "
+            "LM (r = 10, 5.4 and 2.0 at 0.5, 1 and 2.5 Gbit/s), so they cannot price this LM's steps.", ""]
+
+
+def steps_table(results: Dict[str, Any], target: float) -> List[str]:
+    """One row per method; *x uncompressed*: its median steps to target over uncompressed's, the
+    factor a projected step time is multiplied by to give a time to target."""
+    base = score(records_of(results, UNCOMPRESSED), target)["median"]
+    lines = ["| method | seeds | reached | median steps to target | x uncompressed | mean without fastest and "
+             "slowest | spread | steps per seed | best loss of misses |", "|---" * 9 + "|"]
+    for label in labels_in_order(results):
+        s = score(records_of(results, label), target)
+        factor = "-" if s["median"] is None or not base else f"{s['median'] / base:.2f}"
+        per_seed = ", ".join(steps_text(v) for v in s["steps"])
+        spread = "-" if s["spread"] is None else f"{s['spread']:,.0f}"
+        missed = "-" if s["best_missed_loss"] is None else f"{s['best_missed_loss']:.4f}"
+        lines.append(f"| {label} | {s['seeds']} | {s['reached']} | {steps_text(s['median'])} | {factor} | "
+                     f"{steps_text(s['trimmed_mean'])} | {spread} | {per_seed} | {missed} |")
+    return lines + [""]
+
+
+def draw_figure(results: Dict[str, Any], path: Path) -> None:
+    """Left: median validation loss against steps, one curve per method, the target dashed.
+    Right: median steps to target, one bar per method (misses left out)."""
+    plt, figure, (curves, bars) = panels(2, 6, 4.2)
+    goal = target_of(results, results["plan"]["base_seeds"], results["plan"]["knee_gain"])
+    medians = {}
+    for label in labels_in_order(results):
+        records = records_of(results, label)
+        curve = median_curve(records)
+        curves.plot(list(curve), list(curve.values()), marker="o", markersize=3, label=f"{label} ({len(records)})")
+        if goal is not None:
+            medians[label] = score(records, goal["target"])["median"]
+    if goal is not None:
+        curves.axhline(goal["target"], color="black", linestyle="--", linewidth=0.8, label="target")
+    curves.set_xscale("log")
+    curves.set_xlabel("steps (log); wall-clock once step times are measured", fontsize=8)
+    curves.set_ylabel("validation loss (median over seeds)", fontsize=8)
+    curves.legend(fontsize=6)
+    reached = {label: value for label, value in medians.items() if value is not None}
+    if reached:
+        method_bars(bars, reached, UNCOMPRESSED)
+    else:
+        bars.text(0.5, 0.5, "not measured yet", ha="center", transform=bars.transAxes)
+    bars.set_xlabel("median steps to target", fontsize=8)
+    for axis in (curves, bars):
+        axis.tick_params(labelsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+
+
+def write_report(results: Dict[str, Any], out: Path) -> None:
+    figure = out / "benchmarks" / "time_to_quality.png"
+    if results["points"]:
+        draw_figure(results, figure)
+    write_section(out / "benchmarks.md", SECTION, markdown(results, figure.relative_to(out)))
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks time_to_quality", description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, default=4, help="ranks per job")
+    parser.add_argument("--max-minutes", type=float, default=720.0,
+                        help="start no new point after this long; rerun to resume")
+    parser.add_argument("--job-timeout", type=int, default=10800, help="seconds per mpirun job")
+    parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--quick", action="store_true", help="2 ranks, a tiny LM, a few steps: a smoke test")
+    parser.add_argument("--progress", type=Path, help="append a line per length of the running job here")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the section and picture from the JSON")
+    parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.np, args.lm = 2, QUICK_LM
+        args.plan = dict(QUICK, quick=True)
+    else:
+        args.lm = quality.LM
+        args.plan = {"lengths": LENGTHS, "warmup": WARMUP_STEPS, "longest": UNCOMPRESSED_LONGEST,
+                     "base_seeds": BASE_SEEDS, "other_seeds": OTHER_SEEDS, "knee_gain": KNEE_GAIN,
+                     "eval_windows": EVAL_WINDOWS, "quick": False}
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.worker is not None:
+        train_one_point(train_point, json.loads(args.worker), RESULT_PREFIX)
+        return
+    if args.report_only:
+        write_report(json.loads((args.out / "benchmarks" / "time_to_quality.json").read_text()), args.out)
+        return
+    started = time.perf_counter()
+    results = run(args)
+    say(f"{(time.perf_counter() - started) / 60:.1f} min; {len(results['points'])} points in "
+        f"{args.out / 'benchmarks' / 'time_to_quality.json'}")
+
+
+if __name__ == "__main__":
+    main()
