@@ -21,8 +21,8 @@ class HorovodBackend:
     def start(self, op_name, round_):
         hvd, payload = self.hvd, round_.payload
         # A name never carries two sizes (settings change payloads; ACP-SGD's P and Q fuse into
-        # buckets of other sizes): Horovod's response cache mishandles a name whose shape
-        # changes, and under Gloo the ranks then desynchronise (DEVELOPERS.md).
+        # buckets of other sizes), so Horovod's response cache never invalidates one of ours
+        # (DEVELOPERS.md: suspected in issue 31's Gloo timeouts, not proven).
         op_name = f"{op_name}.{str(payload.dtype)[6:]}x{payload.numel()}"
         if round_.collective is Collective.ALLREDUCE:
             handle = hvd.allreduce_async(payload, name=op_name, op=hvd.Average,

@@ -131,10 +131,9 @@ class GradientCompression:
 
     def fixed_payload(self, shape: Shape) -> bool:
         """Whether a gradient of ``shape`` travels in one all-reduce of a payload of its own
-        shape at every step, whatever the settings or phase. Only such a payload may ride
-        Horovod's own all-reduce under the parameter's name: Horovod's response cache must
-        never see a name change shape (under the Gloo controller that desynchronises the
-        ranks' collectives; DEVELOPERS.md)."""
+        shape at every step, whatever the settings or phase. Only such a payload rides
+        Horovod's own all-reduce under the parameter's name, so that Horovod's response cache
+        never sees a name change shape (DEVELOPERS.md)."""
         raise NotImplementedError
 
     def track(self, scaler: Any) -> "GradientCompression":

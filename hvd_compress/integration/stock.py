@@ -44,9 +44,9 @@ class StockBridge:
       controller may change) is started asynchronously from ``compress`` on our driver, so it
       overlaps with backward (and Horovod fuses its all-reduces all the same), and Horovod
       all-reduces a 4-byte placeholder. Horovod's own all-reduce of a parameter therefore
-      never changes shape between steps: its response cache mishandles a name whose shape
-      changes, and under the Gloo controller the ranks then run different collectives and die
-      in a 30 s receive timeout (DEVELOPERS.md).
+      never changes shape between steps, so its response cache never takes the invalidation
+      path that only compressed jobs took (suspected, not proven, in the Gloo receive
+      timeouts of issue 31; DEVELOPERS.md).
       At the first ``decompress`` of a step every gradient has been submitted (Horovod submits
       missing ones first), so the driver finishes all remaining rounds in name order: no rank
       can wait on a collective another rank has not submitted, whatever order Horovod uses.
