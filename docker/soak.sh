@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Repeats short two-container training jobs under Horovod's Gloo controller and counts how many
-# pass: the check for flakes that one run in docker/test.sh cannot see (issue 31: compressed
-# runs timed out at random). Needs the image docker/build.sh cpu made.
+# Repeats short two-container training jobs under Horovod's Gloo controller (or MPI's, with
+# SOAK_CONTROLLER=mpi) and counts how many pass: the check for flakes that one run in
+# docker/test.sh cannot see (issue 31: compressed runs timed out at random). Needs the image
+# docker/build.sh cpu made.
 #
 #   bash docker/soak.sh [RUNS] [METHOD ...]      # default: 10 runs of powersgd and lgreco
 #
@@ -9,7 +10,8 @@
 # horovodrun --gloo -np 4 -H c1:2,c2:2 examples/train_digits.py --epochs 3. Or Horovod alone,
 # without hvd_compress (docker/gloo_shapes.py, 200 steps): shapes (tensor names whose shapes
 # alternate between steps) or fixed-shapes. HOROVOD_GLOO_TIMEOUT_SECONDS stays at its default
-# (30). Logs: docker/soak-logs/ (or SOAK_LOGS).
+# (30). Or mpi-threads (docker/mpi_threads.py, 1000 rounds, SOAK_CONTROLLER=mpi): mpi4py messages
+# beside Horovod's MPI thread, without hvd_compress. SOAK_EPOCHS: epochs of the digits runs (3). Logs: docker/soak-logs/ (or SOAK_LOGS).
 # Exits non-zero unless every job passed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -18,33 +20,38 @@ shift || true
 methods=("$@")
 [ ${#methods[@]} -gt 0 ] || methods=(powersgd lgreco)
 logs=${SOAK_LOGS:-docker/soak-logs}
+controller=${SOAK_CONTROLLER:-gloo}
+case $controller in gloo|mpi) ;; *) echo "docker/soak.sh: SOAK_CONTROLLER must be gloo or mpi, got '$controller'" >&2; exit 2 ;; esac
 log() { echo "[soak] $*"; }
 source docker/hosts.sh
 work=$(mktemp -d)
 trap 'hosts_down; rm -rf "$work"' EXIT
 mkdir -p "$logs"
 hosts_up "$work"
-for host in c1 c2; do docker cp docker/gloo_shapes.py "$host:/tmp/gloo_shapes.py"; done
+for host in c1 c2; do
+    for probe in gloo_shapes mpi_threads; do docker cp "docker/$probe.py" "$host:/tmp/$probe.py"; done
+done
 failed=0
 for method in "${methods[@]}"; do
-    script=(examples/train_digits.py --epochs 3)
+    script=(examples/train_digits.py --epochs ${SOAK_EPOCHS:-3})
     case $method in
         powersgd) args=(--compression powersgd) ;;
         lgreco) args=(--compression acpsgd --adapt lgreco) ;;
         none) args=(--compression none) ;;
         shapes) script=(/tmp/gloo_shapes.py 200); args=(alternate) ;;
         fixed-shapes) script=(/tmp/gloo_shapes.py 200); args=(fixed) ;;
-        *) echo "docker/soak.sh: unknown method '$method': powersgd, lgreco, none, shapes or fixed-shapes" >&2; exit 2 ;;
+        mpi-threads) script=(/tmp/mpi_threads.py 1000); args=() ;;
+        *) echo "docker/soak.sh: unknown method '$method': powersgd, lgreco, none, shapes, fixed-shapes or mpi-threads" >&2; exit 2 ;;
     esac
     passed=0
     for run in $(seq "$runs"); do
         start=$(date +%s)
-        out="$logs/$method-$run.log"
-        if docker exec -e OMP_NUM_THREADS=1 c1 timeout 600 horovodrun --gloo -np 4 -H c1:2,c2:2 \
+        out="$logs/$controller-$method-$run.log"
+        if docker exec -e OMP_NUM_THREADS=1 c1 timeout 600 horovodrun --$controller -np 4 -H c1:2,c2:2 \
                 python "${script[@]}" "${args[@]}" > "$out" 2>&1 && grep -q "final" "$out"; then
             passed=$((passed + 1)); verdict=passed
         else
-            verdict="FAILED ($(grep -m1 -o 'Timed out.*\|Wait timeout[^.]*\|[A-Za-z]*Error: .*' "$out" || echo "see $out"))"
+            verdict="FAILED ($(grep -m1 -o 'Timed out.*\|Wait timeout[^.]*\|[A-Za-z]*Timeout: .*\|[A-Za-z]*Error: .*' "$out" || echo "see $out"))"
         fi
         log "$method run $run: $verdict in $(( $(date +%s) - start )) s"
     done

@@ -2,9 +2,12 @@
 gradient rounds, each wait bounded by a deadline, so a dead or stalled peer makes the others
 raise ``DecisionTimeout`` instead of hang.
 
-* ``MpiTransport``: under ``mpirun``/``horovodrun`` with MPI, an mpi4py communicator of our own
-  (a duplicate of COMM_WORLD, so our messages never interleave with Horovod's);
-* ``HorovodTransport``: under ``horovodrun --gloo``, Horovod's own asynchronous collectives;
+* ``HorovodTransport``: under ``horovodrun`` (MPI or Gloo controller), Horovod's own
+  asynchronous collectives, so every message travels on Horovod's one background thread;
+* ``MpiTransport``: only when asked for (``transport="mpi"``), an mpi4py communicator of our
+  own (a duplicate of COMM_WORLD). Its messages are MPI calls from the training thread while
+  Horovod's background thread makes its own: two threads in MPI (suspected, not proven, in a
+  decision message sent and never received between two hosts: DEVELOPERS.md);
 * ``TorchTransport``: under PyTorch DDP (``torch.distributed`` initialised, Horovod not, or a
   ``torch.distributed`` process group given), ``torch.distributed``'s asynchronous collectives;
 * ``LocalTransport``: one process, no peers.
@@ -12,17 +15,12 @@ raise ``DecisionTimeout`` instead of hang.
 ``make_transport(kind, process_set)`` picks one; L-GreCo's decision service and the
 integration's cross-rank configuration check use them.
 """
-import os
 import pickle
 import time
 
 
 class DecisionTimeout(RuntimeError):
     """A peer did not answer before the deadline (dead or stalled)."""
-
-
-def launched_under_mpi():
-    return "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ
 
 
 def _poll(ready, deadline, what):
@@ -194,10 +192,8 @@ TRANSPORTS = ("auto", "mpi", "horovod", "local", "torch")
 
 
 def make_transport(kind, process_set=None):
-    if kind == "auto" and uses_torch_distributed(process_set):
-        kind = "torch"
     if kind == "auto":
-        kind = "mpi" if launched_under_mpi() else "horovod"
+        kind = "torch" if uses_torch_distributed(process_set) else "horovod"
     if kind == "local":
         return LocalTransport()
     return {"mpi": MpiTransport, "horovod": HorovodTransport, "torch": TorchTransport}[kind](process_set)

@@ -6,8 +6,8 @@ that stopped it, or, when it is still computing and may postpone, the later step
 exchange again), then all ranks all-gather a digest and fail loudly if any disagree. Every
 wait has a deadline, so a dead or stalled rank 0 makes the others raise instead of hang.
 
-The exchange runs over a transport of ``comm/transports.py`` (``transport="auto"``: mpi4py under
-``mpirun``, Horovod's collectives under ``horovodrun --gloo``, ``torch.distributed`` under DDP).
+The exchange runs over a transport of ``comm/transports.py`` (``transport="auto"``: Horovod's
+collectives under ``horovodrun``, with either controller, ``torch.distributed`` under DDP).
 """
 import atexit
 import hashlib
@@ -59,6 +59,11 @@ class DecisionService:
         self._outcome = None
         self._lock = threading.Lock()
         self._started = 0.0
+
+    @property
+    def transport(self):
+        """The transport exchanges run over: made at the first exchange, None before it."""
+        return self._transport
 
     def use_process_set(self, process_set):
         """Exchanges from now on run among ``process_set``'s ranks (None: all of them)."""

@@ -1,6 +1,6 @@
 """L-GreCo on real ranks: every rank applies every decision at the same step, parameters stay
-identical, and a stalled rank 0 makes every rank fail within the timeout. Under mpirun the
-service runs over its own mpi4py communicator; under horovodrun --gloo over Horovod."""
+identical, and a stalled rank 0 makes every rank fail within the timeout. The service runs over
+Horovod's collectives under both launchers."""
 import threading
 import time
 
@@ -11,7 +11,7 @@ from torch import nn
 
 import hvd_compress as hc
 from hvd_compress.comm.rounds import Collective
-from hvd_compress.comm.transports import DecisionTimeout
+from hvd_compress.comm.transports import DecisionTimeout, HorovodTransport
 from benchmarks.workloads.digits import DigitsCNN
 
 from helpers import PATHS, gathered, rank_batches
@@ -52,6 +52,8 @@ def test_every_rank_applies_each_decision_at_the_same_step(inner, path):
     decisions = [(d.version, d.decided_at, d.effective_step, sorted(d.settings.items()))
                  for d in lgreco.decisions]
     assert [d[:3] for d in decisions] == [(1, 4, 6), (2, 10, 12), (3, 16, 18)]
+    # Under mpirun too: no MPI calls of ours beside Horovod's background thread (issue 31).
+    assert isinstance(lgreco.service.transport, HorovodTransport)
     everyone = hvd.allgather_object((decisions, history), name=f"lgreco.{inner}.{path}")
     assert all(theirs == everyone[0] for theirs in everyone)
     for name, p in model.named_parameters():
