@@ -8,6 +8,13 @@ the controller's state: L-GreCo's ``lgreco_version`` and each layer's ``setting/
 GraVAC's ``gravac_factor``. An exporter that watches the compression adds ``codec_seconds``
 (host seconds spent in the codec) and, if asked, ``relative_error``.
 
+Each L-GreCo decision is written too, at the step it took effect, with what the solver saw per
+layer (``compression.decision_records``): ``JsonLines`` writes it as one nested record,
+``{"step": N, "decision": {..., "layers": {name: {"options", "bytes", "errors", "chosen",
+"default", "gradient_norm", "residual_norm"}}}}``; ``TensorBoard`` as scalars
+``decision/<name>/{setting,gradient_norm,residual_norm}`` and
+``decision/<name>/{error,bytes}@<option>``.
+
 Use::
 
     from torch.utils.tensorboard import SummaryWriter
@@ -49,10 +56,15 @@ class Exporter:
         self.compression = None
         self._codec_seconds = 0.0
         self._error = None  # [sum of squared errors, sum of squared norms] on a sampled step
+        self._decisions_written = 0  # the version of the last decision written
 
     # ----- what subclasses provide ------------------------------------------------------------
     def write(self, step: int, numbers: Dict[str, float]) -> None:
         raise NotImplementedError
+
+    def write_decision(self, step: int, record: Dict[str, Any]) -> None:
+        """Writes a controller's decision (``decision_records``); by default as flat numbers."""
+        self.write(step, decision_numbers(record))
 
     def close(self) -> None:
         """Stops watching (the compression's own methods come back) and closes the output."""
@@ -118,6 +130,9 @@ class Exporter:
             return
         self.step += 1
         self.compression.traffic.codec_seconds, self._codec_seconds = self._codec_seconds, 0.0
+        for record in self.compression.decision_records(self._decisions_written):
+            self.write_decision(self.step, record)
+            self._decisions_written = record["version"]
         if self.step % self.every:
             return
         numbers = self.compression.metrics()
@@ -126,6 +141,23 @@ class Exporter:
             numbers["relative_error"] = math.sqrt(squared_error / squared_norm) if squared_norm else 0.0
             self._error = None
         self.write(self.step, numbers)
+
+
+def decision_numbers(record: Dict[str, Any]) -> Dict[str, float]:
+    """A decision record as flat numbers: per layer its setting (where a number), window norms,
+    and its error and bytes rows by option."""
+    numbers = {"decision/version": record["version"], "decision/total_bytes": record["total_bytes"],
+               "decision/uniform_bytes": record["uniform_bytes"]}
+    for name, layer in record["layers"].items():
+        chosen = layer["options"][layer["chosen"]]
+        if isinstance(chosen, (int, float)):
+            numbers[f"decision/{name}/setting"] = chosen
+        numbers[f"decision/{name}/gradient_norm"] = layer["gradient_norm"]
+        numbers[f"decision/{name}/residual_norm"] = layer["residual_norm"]
+        for option, error, size in zip(layer["options"], layer["errors"], layer["bytes"]):
+            numbers[f"decision/{name}/error@{option}"] = error
+            numbers[f"decision/{name}/bytes@{option}"] = size
+    return numbers
 
 
 class _Hook:
@@ -194,10 +226,16 @@ class JsonLines(Exporter):
         self._file: Optional[Any] = None
 
     def write(self, step, numbers):
+        self._append({"step": step, **numbers})
+
+    def write_decision(self, step, record):
+        self._append({"step": step, "decision": record})
+
+    def _append(self, line):
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("a")
-        self._file.write(json.dumps({"step": step, **numbers}) + "\n")
+        self._file.write(json.dumps(line) + "\n")
         self._file.flush()
 
     def close(self):

@@ -136,6 +136,11 @@ class GradientCompression:
         never sees a name change shape (DEVELOPERS.md)."""
         raise NotImplementedError
 
+    def decision_records(self, after_version: int) -> List[Dict[str, Any]]:
+        """A controller's decisions newer than ``after_version``, one dict each with its
+        ``version`` and what it saw and chose (metrics exporters write them); none by default."""
+        return []
+
     def track(self, scaler: Any) -> "GradientCompression":
         """Follows the loss scale of ``scaler`` (a ``torch.amp.GradScaler``); returns ``self``."""
         raise NotImplementedError

@@ -31,6 +31,9 @@ DECISIONS_KEPT = 64
 FIRST_DELAY = 10
 DELAY_MARGIN = 1.5
 STEP_TIME_SMOOTHING = 0.1  # weight of the newest step in rank 0's running step time
+# Keys of the window's mean norms among the accumulated sums ("<name>\0gradient_norm"): kept
+# with the sums, they stage, roll back, clear and checkpoint with them.
+NORM_KEY = "\0"
 
 
 @dataclass
@@ -47,6 +50,10 @@ class Decision:
     seconds: float = 0.0
     step_seconds: float = 0.0  # rank 0's running step time when the decision was submitted
     notes: list = field(default_factory=list)
+    # What the solver saw, per layer it decided: "options", "bytes" and "errors" (its rows of
+    # the tables), "chosen" and "default" (indices into them), and the window's mean per-step
+    # "gradient_norm" and "residual_norm" (unscaled; the residual before each step's compression).
+    layers: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -228,6 +235,11 @@ class LGreCo(Controller):
                     numbers[f"setting/{name}"] = setting
         return numbers
 
+    def decision_records(self, after_version):
+        """Each decision newer than ``after_version`` still kept, as a dict (``Decision``'s
+        fields: the per-layer tables the solver saw are under "layers")."""
+        return [asdict(d) for d in self.decisions if d.version > after_version]
+
     def use_process_set(self, process_set):
         super().use_process_set(process_set)
         self.service.use_process_set(process_set)
@@ -292,10 +304,16 @@ class LGreCo(Controller):
         finite. "sent": the residual this step's compression adds to the gradient, read before
         the compressor replaces it."""
         share = 1.0 / self._window()
-        self._sums.add(name, grad.detach(), value_weight=share / self.inner.loss_scale())
-        residual = self.inner.residual(name, grad.device) if self.config.error_source == "sent" else None
-        if residual is not None:
+        scale = self.inner.loss_scale()
+        self._sums.add(name, grad.detach(), value_weight=share / scale)
+        residual = self.inner.residual(name, grad.device)
+        if residual is not None and self.config.error_source == "sent":
             self._sums.add(name, residual.view(grad.shape), value_weight=share)
+        # Read on the host only when the decision is made: no wait per layer and step.
+        self._sums.add(name + NORM_KEY + "gradient_norm", grad.detach().float().norm().reshape(1),
+                       value_weight=share / scale)
+        if residual is not None:
+            self._sums.add(name + NORM_KEY + "residual_norm", residual.norm().reshape(1), value_weight=share)
 
     # ----- the schedule ---------------------------------------------------------------------
     def end_step(self, comm_seconds=None):
@@ -330,11 +348,12 @@ class LGreCo(Controller):
         self._pending = (self.version, self.step, self.step + self._delay)
         if self.rank == 0:
             # The thread gets snapshots: training goes on mutating the live state.
-            sums = dict(self._sums.committed)
+            sums = {name: value for name, value in self._sums.committed.items() if NORM_KEY not in name}
+            norms = {name: value for name, value in self._sums.committed.items() if NORM_KEY in name}
             self._sums.clear()
             shapes, samples = dict(self._shapes), list(self._time_samples)
             pending, step_seconds = self._pending, self._step_seconds
-            self.service.submit(lambda: self._decide(sums, shapes, samples, *pending, step_seconds))
+            self.service.submit(lambda: self._decide(sums, norms, shapes, samples, *pending, step_seconds))
 
     def _exchange(self):
         version, decided_at, effective = self._pending
@@ -383,7 +402,7 @@ class LGreCo(Controller):
             self._previous_norms[name] = norm
         return defaults
 
-    def _decide(self, sums, shapes, samples, version, decided_at, effective_step, step_seconds):
+    def _decide(self, sums, norms, shapes, samples, version, decided_at, effective_step, step_seconds):
         start = time.perf_counter()
         notes = []
         defaults = self._defaults(sums)
@@ -423,9 +442,17 @@ class LGreCo(Controller):
             notes.append(f"kept the defaults: {error}")
         settings = {name: options[c] for name, (options, _, _, _), c in zip(names, rows, choice)}
         total_bytes = int(sum(size_table[i, c] for i, c in enumerate(choice)))
+        layers = {}
+        for name, (options, sizes, errors, default_at), chosen in zip(names, rows, choice):
+            layers[name] = {"options": list(options), "bytes": [int(b) for b in sizes],
+                            "errors": [float(e) for e in errors], "chosen": int(chosen),
+                            "default": int(default_at)}
+            for kind in ("gradient_norm", "residual_norm"):
+                value = norms.get(name + NORM_KEY + kind)
+                layers[name][kind] = 0.0 if value is None else float(value.item())
         return Decision(version, decided_at, effective_step, settings, total_bytes, uniform_bytes,
                         float(total_error), budget, self.config.objective, time.perf_counter() - start,
-                        step_seconds, notes)
+                        step_seconds, notes, layers)
 
     # ----- the time objective -------------------------------------------------------------
     def _bucket_of(self, name, shapes):

@@ -65,7 +65,7 @@ def test_json_lines_every_n_steps_with_codec_time_and_sampled_error(tmp_path):
     world = SimulatedWorld([controller])
     for step in range(8):
         world.step([gradients(step)])
-    records = read_json_lines(path)
+    records = [r for r in read_json_lines(path) if "decision" not in r]
     assert [r["step"] for r in records] == [2, 4, 6, 8]
     assert all(r["codec_seconds"] > 0 for r in records)
     assert [("relative_error" in r) for r in records] == [False, True, False, True]
@@ -73,8 +73,40 @@ def test_json_lines_every_n_steps_with_codec_time_and_sampled_error(tmp_path):
     assert records[-1]["lgreco_version"] == controller.version
     exporter.close()
     assert "begin" not in vars(controller) and "codec_seconds" not in controller.metrics()
+    written = len(read_json_lines(path))
     world.step([gradients(9)])  # unwatched again: nothing more is written
-    assert len(read_json_lines(path)) == 4
+    assert len(read_json_lines(path)) == written
+
+
+def test_each_decision_is_written_with_what_the_solver_saw(tmp_path):
+    """Issue 32: per layer the chosen setting, the error and size rows, and the window's
+    gradient and residual norms, once per decision, at the step it took effect."""
+    path = tmp_path / "metrics.jsonl"
+    exporter = JsonLines(path, every=100)
+    controller = exporter.watch(lgreco())
+    world = SimulatedWorld([controller])
+    for step in range(8):
+        world.step([gradients(step)])
+    decisions = [r["decision"] for r in read_json_lines(path)]
+    assert [d["version"] for d in decisions] == [d.version for d in controller.decisions]
+    assert len(decisions) >= 2
+    layers = decisions[-1]["layers"]
+    assert set(layers) == {"fc.weight"}  # the bias is never compressed: not in the problem
+    layer = layers["fc.weight"]
+    assert len(layer["options"]) == len(layer["errors"]) == len(layer["bytes"]) > 1
+    assert layer["options"][layer["chosen"]] == decisions[-1]["settings"]["fc.weight"]
+    assert layer["gradient_norm"] > 0 and layer["residual_norm"] > 0  # PowerSGD keeps a residual
+    assert layer["errors"][layer["default"]] == pytest.approx(decisions[-1]["budget"])
+
+    writer = ScalarWriter()
+    tensorboard = TensorBoard(writer, every=100)
+    world = SimulatedWorld([tensorboard.watch(lgreco())])
+    for step in range(4):
+        world.step([gradients(step)])
+    tags = {tag for tag, _, _ in writer.scalars}
+    assert {"hvd_compress/decision/fc.weight/gradient_norm", "hvd_compress/decision/fc.weight/setting",
+            "hvd_compress/decision/fc.weight/residual_norm"} <= tags
+    assert any(tag.startswith("hvd_compress/decision/fc.weight/error@") for tag in tags)
 
 
 def test_only_rank_0_writes_unless_all_ranks(tmp_path):
@@ -89,18 +121,21 @@ def test_only_rank_0_writes_unless_all_ranks(tmp_path):
     assert (tmp_path / "all1.jsonl").exists()
 
 
+class ScalarWriter:
+    """Stands in for torch.utils.tensorboard.SummaryWriter."""
+
+    def __init__(self):
+        self.scalars = []
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.append((tag, value, step))
+
+    def flush(self):
+        pass
+
+
 def test_tensorboard_writes_scalars_to_a_writer():
-    class Writer:
-        def __init__(self):
-            self.scalars = []
-
-        def add_scalar(self, tag, value, step):
-            self.scalars.append((tag, value, step))
-
-        def flush(self):
-            pass
-
-    writer = Writer()
+    writer = ScalarWriter()
     exporter = TensorBoard(writer, every=1)
     SimulatedWorld([exporter.watch(hc.PowerSGD(rank=2))]).step([gradients(0)])
     assert ("hvd_compress/steps", 1, 1) in writer.scalars
