@@ -270,10 +270,21 @@ def train_point(spec):
     compression = made["compression"]
     if isinstance(compression, hc.LGreCo):
         record["lgreco"] = [{"decided_at": d.decided_at, "effective_step": d.effective_step,
-                             "uniform_over_chosen": d.uniform_bytes / max(d.total_bytes, 1)}
+                             "uniform_over_chosen": d.uniform_bytes / max(d.total_bytes, 1),
+                             **window_norms(d)}
                             for d in compression.decisions]
         record["last_settings"] = compression.decisions[-1].settings if compression.decisions else {}
     return record
+
+
+def window_norms(decision):
+    """The window's gradient and residual norms over the layers the solver decided (root of
+    the sum of the per-layer squares), and the error it expected at its budget: what the
+    flattening hypothesis needs (issue 32)."""
+    layers = decision.layers.values()
+    return {"gradient_norm": math.sqrt(sum(layer["gradient_norm"] ** 2 for layer in layers)),
+            "residual_norm": math.sqrt(sum(layer["residual_norm"] ** 2 for layer in layers)),
+            "budget": decision.budget}
 
 
 def train_one_point_ddp(spec):
@@ -629,6 +640,7 @@ def markdown(results, figure):
         rows = table(results, workload)
         if len(rows) > 2:
             lines += ["", f"**{title}**", ""] + rows
+    lines += flattening_rows(results)
     curve = next((e["record"].get("curve") for e in results["points"].values()
                   if e["spec"]["workload"] == "wordlm" and e["spec"]["label"] == UNCOMPRESSED
                   and e["spec"]["seed"] == 0), None)
@@ -638,6 +650,25 @@ def markdown(results, figure):
     if any(e["spec"]["workload"] == "wordlm" for e in results["points"].values()):
         lines += ["", f"![perplexity against bytes per step]({figure.as_posix()})"]
     return "\n".join(lines) + "\n"
+
+
+def flattening_rows(results):
+    """Per decision of each word-LM L-GreCo run that recorded window norms: does the residual's
+    share of what the solver sees grow, and does the solver's ratio fall with it?"""
+    runs = [(e["spec"]["label"], e["spec"]["seed"], e["record"]["lgreco"]) for e in results["points"].values()
+            if e["spec"]["workload"] == "wordlm" and e["record"].get("lgreco")
+            and "residual_norm" in e["record"]["lgreco"][0]]
+    if not runs:
+        return []
+    lines = ["", "Does the residual flatten the table? Per decision (the gradient's and the residual's "
+             "norms over the decided layers, mean per step of the window before it; what the table "
+             "measures is the gradient alone under \"raw error\", gradient plus residual otherwise):", "",
+             "| run | seed | decision at step | residual / gradient norm | solver's ratio |", "|---|---|---|---|---|"]
+    for label, seed, decisions in sorted(runs):
+        for d in decisions:
+            share = d["residual_norm"] / d["gradient_norm"] if d["gradient_norm"] else float("nan")
+            lines.append(f"| {label} | {seed} | {d['decided_at']} | {share:.2f} | {d['uniform_over_chosen']:.2f}x |")
+    return lines
 
 
 def draw_figure(results, path):

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
+import torch
 
 from hvd_compress import arguments
 from hvd_compress.compressors.base import Compressor
@@ -442,14 +443,14 @@ class LGreCo(Controller):
             notes.append(f"kept the defaults: {error}")
         settings = {name: options[c] for name, (options, _, _, _), c in zip(names, rows, choice)}
         total_bytes = int(sum(size_table[i, c] for i, c in enumerate(choice)))
+        norm_values = read_back(norms)
         layers = {}
         for name, (options, sizes, errors, default_at), chosen in zip(names, rows, choice):
             layers[name] = {"options": list(options), "bytes": [int(b) for b in sizes],
                             "errors": [float(e) for e in errors], "chosen": int(chosen),
                             "default": int(default_at)}
             for kind in ("gradient_norm", "residual_norm"):
-                value = norms.get(name + NORM_KEY + kind)
-                layers[name][kind] = 0.0 if value is None else float(value.item())
+                layers[name][kind] = norm_values.get(name + NORM_KEY + kind, 0.0)
         return Decision(version, decided_at, effective_step, settings, total_bytes, uniform_bytes,
                         float(total_error), budget, self.config.objective, time.perf_counter() - start,
                         step_seconds, notes, layers)
@@ -524,6 +525,16 @@ class LGreCo(Controller):
         self._previous_norms = dict(state_dict["previous_norms"])
         self._time_samples = deque(((tuple(b), s) for b, s in state_dict["time_samples"]),
                                    maxlen=TIME_SAMPLES)
+
+
+def read_back(scalars):
+    """{key: one-element tensor} as {key: float}, in one device-to-host transfer."""
+    if not scalars:
+        return {}
+    keys = list(scalars)
+    device = scalars[keys[0]].device
+    values = torch.cat([scalars[key].reshape(1).to(device) for key in keys]).tolist()
+    return dict(zip(keys, values))
 
 
 def next_delay(decision):
