@@ -421,7 +421,9 @@ class Compressor(GradientCompression):
                    values: Optional[Sequence[Any]] = None) -> List[Any]:
         raise self._not_controllable()
 
-    def errors(self, gradient: torch.Tensor, settings: Sequence[Any]) -> List[float]:
+    def errors(self, gradient: torch.Tensor, settings: Sequence[Any]) -> torch.Tensor:
+        """The compression error (L2 norm, no error feedback) of ``gradient`` at each of
+        ``settings``, as a float64 tensor on its device, read by nothing on the host."""
         raise self._not_controllable()
 
     def setting_for_factor(self, shape: Sequence[int], factor: float) -> Any:

@@ -412,16 +412,21 @@ class LGreCo(Controller):
         weights = self._time_weights(names, shapes, samples, notes) if self.config.objective == "time" else None
         width = 0
         rows = []
+        computed = {}
         for name in names:
             shape, default = shapes[name], defaults[name]
             options = self.inner.candidates(shape, default, self.config.candidates)
             if not self.config.dense_candidates:
                 options = [o for o in options if self.inner.compresses(shape, o)]
-            errors = [0.0 if not self.inner.compresses(shape, o) else e
-                      for o, e in zip(options, self.inner.errors(sums[name], options))]
+            computed[name] = self.inner.errors(sums[name], options)
             sizes = [self.inner.payload_bytes(shape, o) for o in options]
-            rows.append((options, sizes, errors, options.index(self.inner.resolve(shape, default))))
+            rows.append((options, sizes, None, options.index(self.inner.resolve(shape, default))))
             width = max(width, len(options))
+        # One device-to-host transfer for the whole table and the window's norms.
+        read = read_rows({**computed, **norms})
+        rows = [(options, sizes, [0.0 if not self.inner.compresses(shapes[name], o) else e
+                                  for o, e in zip(options, read[name])], default_at)
+                for name, (options, sizes, _, default_at) in zip(names, rows)]
         size_table = np.full((len(names), width), np.inf)
         error_table = np.full((len(names), width), np.inf)
         for i, (options, sizes, errors, _) in enumerate(rows):
@@ -443,14 +448,13 @@ class LGreCo(Controller):
             notes.append(f"kept the defaults: {error}")
         settings = {name: options[c] for name, (options, _, _, _), c in zip(names, rows, choice)}
         total_bytes = int(sum(size_table[i, c] for i, c in enumerate(choice)))
-        norm_values = read_back(norms)
         layers = {}
         for name, (options, sizes, errors, default_at), chosen in zip(names, rows, choice):
             layers[name] = {"options": list(options), "bytes": [int(b) for b in sizes],
                             "errors": [float(e) for e in errors], "chosen": int(chosen),
                             "default": int(default_at)}
             for kind in ("gradient_norm", "residual_norm"):
-                layers[name][kind] = norm_values.get(name + NORM_KEY + kind, 0.0)
+                layers[name][kind] = read.get(name + NORM_KEY + kind, [0.0])[0]
         return Decision(version, decided_at, effective_step, settings, total_bytes, uniform_bytes,
                         float(total_error), budget, self.config.objective, time.perf_counter() - start,
                         step_seconds, notes, layers)
@@ -527,14 +531,16 @@ class LGreCo(Controller):
                                    maxlen=TIME_SAMPLES)
 
 
-def read_back(scalars):
-    """{key: one-element tensor} as {key: float}, in one device-to-host transfer."""
-    if not scalars:
+def read_rows(rows):
+    """{key: 1-D tensor} as {key: list of floats}, in one device-to-host transfer."""
+    if not rows:
         return {}
-    keys = list(scalars)
-    device = scalars[keys[0]].device
-    values = torch.cat([scalars[key].reshape(1).to(device) for key in keys]).tolist()
-    return dict(zip(keys, values))
+    device = next(iter(rows.values())).device
+    flat = torch.cat([row.reshape(-1).to(device, torch.float64) for row in rows.values()]).tolist()
+    read, start = {}, 0
+    for key, row in rows.items():
+        read[key], start = flat[start:start + row.numel()], start + row.numel()
+    return read
 
 
 def next_delay(decision):

@@ -2,7 +2,8 @@
 
 Each ``*_errors`` function returns the L2 norm of (x - decompress(compress(x))) without error
 feedback, one value per candidate setting, computed far faster than compressing once per
-candidate. Each ``*_kept_energies`` function returns ||C(x)||^2 for nested settings, from
+candidate, as a float64 tensor on the gradient's device: L-GreCo reads a decision's rows back
+once for all layers, not once per layer. Each ``*_kept_energies`` function returns ||C(x)||^2 for nested settings, from
 the least to the most compressed, computing the first and deriving the others from it
 (GraVAC's multi-level gains). Those run on every step, so they return a float64 tensor on
 the gradient's device and never wait for the device: GraVAC sends them with the payload."""
@@ -43,7 +44,7 @@ def lowrank_errors(matrix, ranks, exact=False):
         squared = torch.linalg.svdvals((basis.t() @ x).double()).square()
     total = matrix.double().square().sum()
     kept = torch.cat([squared.new_zeros(1), squared.cumsum(0)])
-    return (total - kept[ranks]).clamp_min(0).sqrt().tolist()
+    return (total - kept[ranks]).clamp_min(0).sqrt()
 
 
 # Top-K rows of layers of HISTOGRAM_MIN_NUMEL entries or more come from a histogram of the
@@ -67,9 +68,9 @@ def topk_errors(flat, ks, exact=False):
         squared = flat.double().square()
         largest = squared.topk(max(ks), sorted=True).values
         kept = torch.cat([largest.new_zeros(1), largest.cumsum(0)])
-        return (squared.sum() - kept[ks]).clamp_min(0).sqrt().tolist()
+        return (squared.sum() - kept[ks]).clamp_min(0).sqrt()
     kept, total = _histogram_kept_energies(flat, ks)
-    return (total - kept).clamp_min(0).sqrt().tolist()
+    return (total - kept).clamp_min(0).sqrt()
 
 
 def _histogram_kept_energies(flat, ks):
@@ -101,7 +102,7 @@ def qsgd_errors(flat, bits_options, bucket_size):
     """Expected QSGD error for every bit width, in closed form: stochastic rounding of a level
     with fractional part f has variance f(1-f) in units of norm/s. Exact in expectation, so the
     table does not depend on one random draw."""
-    return _qsgd_squared_errors(flat, bits_options, bucket_size).sqrt().tolist()
+    return _qsgd_squared_errors(flat, bits_options, bucket_size).sqrt()
 
 
 def _qsgd_squared_errors(flat, bits_options, bucket_size):

@@ -107,6 +107,38 @@ def test_a_step_waits_for_the_device_as_often_whatever_the_number_of_layers(make
     assert sum(few.waits.values()) <= 3 * 2, sorted(few.waits.items())  # at most twice a step
 
 
+def audited_decisions(make, layers, steps=6):
+    """The waits of every decision L-GreCo computes in ``steps`` steps, on its decision thread."""
+    controller = make()
+    audit, decide = Audit(), controller._decide
+
+    def audited(*args):
+        with audit:  # modes are per thread: entered on the decision's own
+            return decide(*args)
+
+    controller._decide = audited
+    world = SimulatedWorld([controller])
+    for step in range(steps):
+        world.step([gradients(step, layers)])
+    assert controller.decisions
+    return audit
+
+
+# The audit counts svdvals as a wait (WAITS): lowrank_errors takes one per layer. Whether it
+# waits on a GPU is for the CUDA tier (tests/unit/test_cuda.py) to say.
+PER_LAYER_DECISION_WAITS = {"lgreco-powersgd": "torch.linalg.svdvals per layer (maths/errors.py)"}
+
+
+@pytest.mark.parametrize("make", [pytest.param(*p.values, id=p.id, marks=[pytest.mark.xfail(
+    reason=PER_LAYER_DECISION_WAITS[p.id], strict=True)] if p.id in PER_LAYER_DECISION_WAITS else [])
+    for p in methods() if p.id.startswith("lgreco")])
+def test_a_decision_reads_the_device_as_often_whatever_the_number_of_layers(make):
+    """Issue 36: the error table and the window's norms come back once per decision."""
+    few, many = audited_decisions(make, layers=2), audited_decisions(make, layers=6)
+    assert many.waits == few.waits, (
+        f"waits that grow with the layers: {sorted((many.waits - few.waits).items())}")
+
+
 @pytest.mark.parametrize("make", methods())
 def test_every_tensor_a_step_makes_is_made_on_the_gradients_device(make):
     audit = audited_steps(make, layers=2)
