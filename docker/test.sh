@@ -31,10 +31,23 @@ if [[ " ${targets[*]} " == *" cpu "* ]]; then
         for method in powersgd lgreco; do
             adapt=(); [ $method = lgreco ] && adapt=(--compression acpsgd --adapt lgreco)
             [ $method = powersgd ] && adapt=(--compression powersgd)
-            log "horovodrun --$controller -np 4 -H c1:2,c2:2 python examples/train_digits.py ${adapt[*]}"
-            docker exec -e OMP_NUM_THREADS=1 c1 timeout 900 horovodrun --$controller -np 4 -H c1:2,c2:2 \
-                python examples/train_digits.py "${adapt[@]}" | tee "$work/$controller-$method.log"
-            grep -q "accuracy" "$work/$controller-$method.log"
+            for attempt in 1 2; do
+                log "horovodrun --$controller -np 4 -H c1:2,c2:2 python examples/train_digits.py ${adapt[*]}"
+                docker exec -e OMP_NUM_THREADS=1 c1 timeout 900 horovodrun --$controller -np 4 -H c1:2,c2:2 \
+                    python examples/train_digits.py "${adapt[@]}" 2>&1 | tee "$work/$controller-$method.log" || true
+                grep -q "final test accuracy" "$work/$controller-$method.log" && break
+                # Retried once, and only this: Horovod's Gloo controller dying in the first
+                # collective, hvd.broadcast_parameters, before any hvd_compress object exists
+                # (seen with Horovod alone too: DEVELOPERS.md, issue 31).
+                if [ $attempt = 1 ] && grep -q "Horovod background loop uncaught exception" "$work/$controller-$method.log" \
+                        && ! grep -q "hvd_compress/hvd_compress/" "$work/$controller-$method.log" \
+                        && grep -q "in broadcast_parameters" "$work/$controller-$method.log"; then
+                    log "Horovod's $controller controller failed in broadcast_parameters, before any hvd_compress code ran: once more"
+                    continue
+                fi
+                echo "docker/test.sh: horovodrun --$controller, $method failed (log above)" >&2
+                exit 1
+            done
         done
     done
 fi
