@@ -18,6 +18,7 @@ import torch
 from hvd_compress.compressors import ACPSGD, BF16, FP16, QSGD, NoCompression, PowerSGD, ScaleCom, SignSGD, TopK
 from hvd_compress.control.gravac import GraVAC
 from hvd_compress.control.lgreco import LGreCo
+from hvd_compress.control.wrapping import register_controllable
 from hvd_compress.optional import horovod_available
 
 NamedParameters = Optional[Iterable[Tuple[str, torch.nn.Parameter]]]
@@ -106,3 +107,7 @@ PUBLIC: Dict[str, type] = {m.core.__name__: public_class(m.core)
 def controllable() -> List[str]:
     """The registered compressors that controllers can wrap, by name."""
     return [name for name, method in COMPRESSORS.items() if method.core.controllable]
+
+
+# A controller refuses a compressor it cannot wrap naming these (control/ is below this module).
+register_controllable(sorted(COMPRESSORS[name].core.__name__ for name in controllable()))
