@@ -53,8 +53,8 @@ import hvd_compress as hc
 import hvd_compress.ddp
 from benchmarks.convergence import StepCounter
 from benchmarks.quality import LM as CHAR_LM, scalecom_flops
-from benchmarks.report import (DOCS, describe_machine, machine, mpirun_job, panels, root_cause, torchrun_job,
-                               train_one_point, write_section)
+from benchmarks.report import (DOCS, describe_machine, machine, mpirun_job, panels, root_cause, run_points,
+                               save_figure, torchrun_job, train_one_point, write_section)
 from benchmarks.workloads import charlm, wordlm
 from hvd_compress.comm.rounds import Collective
 from hvd_compress.compressors.base import GradientCompression
@@ -680,7 +680,7 @@ def draw_figure(results, path):
         if spec["workload"] == "wordlm":
             labels.setdefault(spec["label"], []).append(entry["record"])
             families[spec["label"]] = spec["family"] + (f", {spec['suffix']}" if spec.get("suffix") else "")
-    plt, figure, axes = panels(2, 6, 4.2)
+    _, figure, axes = panels(2, 6, 4.2)
     for axis, key, title in [(axes[0], "per_step", "MB per rank and step after the first decision (log)"),
                              (axes[1], "whole", "MB per rank over the whole run (log)")]:
         lines = {}
@@ -698,9 +698,7 @@ def draw_figure(results, path):
         axis.set_ylabel("validation perplexity (word LM), lower is better", fontsize=8)
         axis.tick_params(labelsize=7)
         axis.legend(fontsize=6)
-    figure.tight_layout()
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def write_report(results, out):
@@ -731,22 +729,16 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.worker is not None:
-        spec = json.loads(args.worker)
-        if spec.get("backend") == "ddp":
-            train_one_point_ddp(spec)
-        else:
-            train_one_point(train_point, spec, RESULT_PREFIX)
-        return
     if args.parallel < 1:
         raise SystemExit(f"--parallel must be at least 1, got {args.parallel}")
-    if args.report_only:
-        write_report(json.loads(results_path(args.out, args.scale).read_text()), args.out)
-        return
-    started = time.perf_counter()
-    results = run(args)
-    print(f"{(time.perf_counter() - started) / 60:.1f} min; {len(results['points'])} points in "
-          f"{results_path(args.out, args.scale)}")
+    run_points(args, train_one_point_of_either_backend, run, results_path(args.out, args.scale), write_report)
+
+
+def train_one_point_of_either_backend(spec):
+    if spec.get("backend") == "ddp":
+        train_one_point_ddp(spec)
+    else:
+        train_one_point(train_point, spec, RESULT_PREFIX)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 
 import hvd_compress as hc
-from benchmarks.report import (DOCS, OthersShare, describe_machine, machine, method_bars, mpirun_job, panels,
-                               write_section)
+from benchmarks.report import (DOCS, OthersShare, command_line, describe_machine, machine, method_bars, mpirun_job,
+                               panels, save_figure, write_section)
 from benchmarks.workloads import charlm, digits
 from hvd_compress.comm.rounds import Collective
 
@@ -208,7 +208,7 @@ def run_job(spec, args):
 
 def run(args):
     started, others = time.perf_counter(), OthersShare()
-    results = {"command": command_line(), "machine": machine(), "np": args.np,
+    results = {"command": command_line("convergence", dropped=()), "machine": machine(), "np": args.np,
                "settings": {**SETTINGS, "gravac": GRAVAC_SETTINGS}, "workloads": {}}
     specs = job_specs(args)
     for number, spec in enumerate(specs, 1):
@@ -339,7 +339,7 @@ def markdown(results, figure):
 def draw_figure(results, path):
     """One panel per workload: the metric per method, each bar labelled with its ratio."""
     workloads = list(results["workloads"])
-    plt, figure, axes = panels(len(workloads), 5, 3.6)
+    _, figure, axes = panels(len(workloads), 5, 3.6)
     for axis, workload in zip(axes, workloads):
         methods = results["workloads"][workload]["methods"]
         scale = 100 if workload == "digits" else 1
@@ -354,13 +354,7 @@ def draw_figure(results, path):
         axis.tick_params(labelsize=7)
     figure.suptitle(f"Final quality per method, {results['np']} ranks; labels: average compression "
                     "ratio", fontsize=9)
-    figure.tight_layout()
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
-
-
-def command_line():
-    return " ".join(["python -m benchmarks convergence"] + sys.argv[1:])
+    save_figure(figure, path)
 
 
 def parse_args(argv):

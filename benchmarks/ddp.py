@@ -42,7 +42,6 @@ import argparse
 import contextlib
 import json
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -53,8 +52,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
-from benchmarks.report import (DOCS, CodecClock, checkout_pythonpath, cluster_job, describe_machine, machine,
-                               root_cause, summarise, torchrun_job, undisturbed, write_section)
+from benchmarks.report import (DOCS, CodecClock, checkout_pythonpath, cluster_job, command_line, describe_machine,
+                               machine, root_cause, run_or_work, summarise, torchrun_job, undisturbed,
+                               worker_argv, write_section)
 
 RESULT_PREFIX = "DDP_RESULT "
 SECTION = "PyTorch DDP"
@@ -159,19 +159,16 @@ def digits_worker(args):
 
 
 # ----- the driver -------------------------------------------------------------------------------
-def worker_argv(args, kind, **flags):
-    argv = [sys.executable, "-m", "benchmarks.ddp", "--worker", kind, "--rank", str(args.rank)]
-    return argv + [item for key, value in flags.items() for item in (f"--{key.replace('_', '-')}", str(value))]
-
-
 def timing_job(args, cluster, model, method):
     flags = dict(model=model, method=method, warmup=args.warmup, steps=args.steps)
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
     try:
         if cluster is None:  # --quick: plain torchrun on this host
-            job = torchrun_job(worker_argv(args, "timing", **flags), args.np, args.job_timeout, RESULT_PREFIX)[0]
+            job = torchrun_job(worker_argv("benchmarks.ddp", args, "timing", **flags), args.np, args.job_timeout,
+                               RESULT_PREFIX)[0]
         else:
-            argv = worker_argv(args, "timing", master=cluster.address(0), interface_prefix=cluster.prefix, **flags)
+            argv = worker_argv("benchmarks.ddp", args, "timing", master=cluster.address(0),
+                               interface_prefix=cluster.prefix, **flags)
             job = undisturbed(lambda: cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX),
                               args.max_other_cpu, lambda result: f"{model} {method}: median step "
                               f"{1e3 * statistics.median(result['seconds']):.1f} ms, job "
@@ -227,7 +224,7 @@ def run(args):
     results = json.loads(path.read_text()) if path.exists() else {}
     results.setdefault("timing", {})
     results.setdefault("digits", {})
-    results.update(command=command_line(), machine=machine(), np=args.np, rank=args.rank,
+    results.update(command=command_line("ddp"), machine=machine(), np=args.np, rank=args.rank,
                    rate_gbit=args.rate, warmup=args.warmup, steps=args.steps)
     timing = results["timing"]
 
@@ -248,7 +245,7 @@ def run(args):
                 save()
     for method in DIGITS_METHODS:
         if method not in results["digits"]:
-            argv = worker_argv(args, "digits", method=method, epochs=args.epochs)
+            argv = worker_argv("benchmarks.ddp", args, "digits", method=method, epochs=args.epochs)
             results["digits"][method] = torchrun_job(argv, args.np, args.job_timeout, RESULT_PREFIX)[0]["accuracy"]
             print(f"digits {method}: accuracy {results['digits'][method]:.4f}", flush=True)
             save()
@@ -343,12 +340,6 @@ def target_lines(results):
     return rows
 
 
-def command_line():
-    """The command, less where it wrote (``--out``), which does not change results."""
-    kept = [a for i, a in enumerate(sys.argv[1:]) if a != "--out" and (i == 0 or sys.argv[i] != "--out")]
-    return " ".join(["python -m benchmarks ddp"] + [shlex.quote(a) for a in kept])
-
-
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks ddp", description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=lambda text: text.split(","), default=["charlm", "cnn"])
@@ -379,11 +370,7 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.worker == "timing":
-        return timing_worker(args)
-    if args.worker == "digits":
-        return digits_worker(args)
-    run(args)
+    run_or_work(args, run, {"timing": timing_worker, "digits": digits_worker})
 
 
 if __name__ == "__main__":

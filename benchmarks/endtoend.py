@@ -59,7 +59,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.report import (DOCS, Progress, checkout_pythonpath, cluster_job, describe_machine, machine, panels,
-                               summarise, timed_step, undisturbed, write_section)
+                               save_figure, summarise, timed_step, undisturbed, write_section)
 from hvd_compress.comm.simulated import exchange_alone
 
 RESULT_PREFIX = "ENDTOEND_RESULT "
@@ -418,7 +418,7 @@ def rerun_note(entry):
 def draw_figure(results, path):
     """Per model (rows) and rate (columns): each method's step split into its three parts."""
     models = list(next(iter(results["rates"].values()))["models"])
-    plt, figure, axes = panels(len(results["rates"]), 4.2, 3.4, rows=len(models))
+    _, figure, axes = panels(len(results["rates"]), 4.2, 3.4, rows=len(models))
     parts = [("compute_ms", "compute", "#4c72b0"), ("codec_ms", "compression", "#dd8452"),
              ("exposed_comm_ms", "exposed communication", "#c44e52")]
     cells = [(model, rate) for model in models for rate in results["rates"]]
@@ -436,9 +436,7 @@ def draw_figure(results, path):
         axis.set_title(f"{model}, {rate} Gbit/s", fontsize=9)
         axis.set_ylabel("ms per step", fontsize=8)
     axes[0].legend(fontsize=6)
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    save_figure(figure, path, dpi="figure")
 
 
 def command_line():

@@ -45,7 +45,6 @@ import contextlib
 import functools
 import json
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -54,8 +53,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from benchmarks.report import (DOCS, CodecClock, checkout_pythonpath, cluster_job, describe_machine, machine,
-                               root_cause, summarise, torchrun_job, write_section)
+from benchmarks.report import (DOCS, CodecClock, checkout_pythonpath, cluster_job, command_line, describe_machine,
+                               machine, root_cause, run_or_work, summarise, torchrun_job, worker_argv,
+                               write_section)
 
 RESULT_PREFIX = "FSDP_RESULT "
 SECTION = "FSDP2 / HSDP on the emulated cluster"
@@ -160,20 +160,16 @@ def quality_worker(args):
 
 
 # ----- the driver -------------------------------------------------------------------------------
-def worker_argv(args, kind, **flags):
-    argv = [sys.executable, "-m", "benchmarks.fsdp", "--worker", kind, "--rank", str(args.rank)]
-    return argv + [item for key, value in flags.items() for item in (f"--{key.replace('_', '-')}", str(value))]
-
-
 def timing_job(args, cluster, model, method):
     flags = dict(model=model, method=method, warmup=args.warmup, steps=args.steps)
     load = os.getloadavg()[0]
     try:
         if cluster is None:  # --quick
-            job = torchrun_job(worker_argv(args, "timing", **flags), NODES * RANKS_PER_NODE, args.job_timeout,
-                                   RESULT_PREFIX)[0]
+            job = torchrun_job(worker_argv("benchmarks.fsdp", args, "timing", **flags), NODES * RANKS_PER_NODE,
+                               args.job_timeout, RESULT_PREFIX)[0]
         else:
-            argv = worker_argv(args, "timing", master=cluster.address(0), interface_prefix=cluster.prefix, **flags)
+            argv = worker_argv("benchmarks.fsdp", args, "timing", master=cluster.address(0),
+                               interface_prefix=cluster.prefix, **flags)
             env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
             job = cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX)
     except RuntimeError as error:
@@ -203,8 +199,8 @@ def run(args):
     results.setdefault("rank", args.rank)
     results.update(machine=machine(), rate_gbit=args.rate, warmup=args.warmup, steps=args.steps,
                    quality_steps=args.quality_steps)
-    if command_line() not in results.setdefault("commands", [results.pop("command", command_line())]):
-        results["commands"].append(command_line())
+    if command_line("fsdp") not in results.setdefault("commands", [results.pop("command", command_line("fsdp"))]):
+        results["commands"].append(command_line("fsdp"))
 
     def label(method):
         return method if method == PLAIN or args.rank == results["rank"] else f"{method}, rank {args.rank}"
@@ -228,7 +224,8 @@ def run(args):
         for method in (m for m in args.methods if m not in TIMING_ONLY):
             runs = results["quality"].setdefault(label(method), {})
             if str(seed) not in runs:
-                argv = worker_argv(args, "quality", method=method, steps=args.quality_steps, seed=seed)
+                argv = worker_argv("benchmarks.fsdp", args, "quality", method=method, steps=args.quality_steps,
+                                   seed=seed)
                 runs[str(seed)] = round(torchrun_job(argv, NODES * RANKS_PER_NODE, args.job_timeout,
                                                       RESULT_PREFIX)[0]["perplexity"], 3)
                 print(f"charlm {label(method)} seed {seed}: perplexity {runs[str(seed)]:.3f}", flush=True)
@@ -326,12 +323,6 @@ def target_lines(results):
     return rows or ["not measured yet"]
 
 
-def command_line():
-    """The command, less where it wrote (``--out``), which does not change results."""
-    kept = [a for i, a in enumerate(sys.argv[1:]) if a != "--out" and (i == 0 or sys.argv[i] != "--out")]
-    return " ".join(["python -m benchmarks fsdp"] + [shlex.quote(a) for a in kept])
-
-
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks fsdp", description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=lambda text: [m for m in text.split(",") if m], default=["charlm", "cnn"],
@@ -364,11 +355,7 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.worker == "timing":
-        return timing_worker(args)
-    if args.worker == "quality":
-        return quality_worker(args)
-    run(args)
+    run_or_work(args, run, {"timing": timing_worker, "quality": quality_worker})
 
 
 if __name__ == "__main__":

@@ -47,8 +47,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine,
-                                       summarise, timed_step, undisturbed)
+from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine, save_figure,
+                               summarise, timed_step, undisturbed)
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.compressors.acpsgd import ACPSGD
 from benchmarks.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
@@ -318,9 +318,7 @@ def write_figure(path, runs, main_key):
     axes.set_title("ACP-SGD step time vs fusion buffer, emulated cluster", fontsize=10)
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(fontsize=7, loc="best")
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    save_figure(figure, path, dpi="figure")
 
 
 def results_section(runs, main_key):

@@ -28,7 +28,8 @@ import horovod.torch as hvd
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM
 from benchmarks.quality import LM, LM_STEPS
-from benchmarks.report import DOCS, describe_machine, machine, mpirun_job, panels, train_one_point, write_section
+from benchmarks.report import (DOCS, describe_machine, machine, mpirun_job, panels, run_points, save_figure,
+                               train_one_point, write_section)
 from benchmarks.workloads import charlm
 from hvd_compress.comm.rounds import Collective
 
@@ -159,7 +160,7 @@ def write_report(results, out):
 def draw_figure(reference, rows, path):
     """The Pareto picture: every per-step point of "Quality against bytes" (seed 0), its frontier,
     and the DiLoCo points, one marker per codec, labelled with H."""
-    plt, figure, (axis,) = panels(1, 7, 4.5)
+    _, figure, (axis,) = panels(1, 7, 4.5)
     per_step = sorted(reference.values(), key=lambda point: point[1])
     frontier, best = [], float("inf")
     for metric, mb in per_step:
@@ -184,9 +185,7 @@ def draw_figure(reference, rows, path):
     axis.set_title("Character LM: DiLoCo against per-step compression", fontsize=9)
     axis.tick_params(labelsize=7)
     axis.legend(fontsize=6)
-    figure.tight_layout()
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def parse_args(argv):
@@ -207,11 +206,8 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.worker is not None:
-        train_one_point(train_point, json.loads(args.worker), RESULT_PREFIX)
-        return
-    results = run(args)
-    print(f"{len(results['points'])} points in {args.out / 'benchmarks' / 'outer.json'}")
+    run_points(args, lambda spec: train_one_point(train_point, spec, RESULT_PREFIX), run,
+               args.out / "benchmarks" / "outer.json")
 
 
 if __name__ == "__main__":

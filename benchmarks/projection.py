@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.endtoend import WRAPPED
-from benchmarks.report import DOCS, panels, write_section
+from benchmarks.report import DOCS, panels, save_figure, write_section
 from hvd_compress.comm.rounds import Collective
 
 SECTION = "Projection"
@@ -201,7 +201,7 @@ def markdown(result, command, figure):
 
 def draw_figure(result, path):
     models = list(result["models"])
-    plt, figure, axes = panels(len(models), 5.5, 3.8)
+    _, figure, axes = panels(len(models), 5.5, 3.8)
     workers = 32
     for axis, model in zip(axes, models):
         grid = result["models"][model]["steps"]
@@ -215,9 +215,7 @@ def draw_figure(result, path):
         axis.set_title(f"{model}, {workers} workers", fontsize=9)
         axis.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=6)
-    figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    save_figure(figure, path, dpi="figure")
 
 
 def main(argv=None):

@@ -41,7 +41,9 @@ import torch
 
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM, StepCounter
-from benchmarks.report import DOCS, Progress, describe_machine, machine, mpirun_job, panels, train_one_point, write_section
+from benchmarks.report import (DOCS, RUN_LIMITS, Progress, describe_machine, machine, mpirun_job, panels, run_points,
+                               save_figure, train_one_point, write_section)
+from benchmarks.report import command_line as report_command_line
 from benchmarks.workloads import charlm, digits
 from hvd_compress.comm.rounds import Collective
 
@@ -426,7 +428,7 @@ def markdown(results, figure):
 def draw_figure(results, path):
     """Per workload: final quality against total bytes sent (log), one curve per method."""
     workloads = [w for w in WORKLOADS if by_label(results, w)]
-    plt, figure, axes = panels(len(workloads), 6, 4.2)
+    _, figure, axes = panels(len(workloads), 6, 4.2)
     for axis, workload in zip(axes, workloads):
         families = {}
         for entry in by_label(results, workload).values():
@@ -449,9 +451,7 @@ def draw_figure(results, path):
         axis.set_title(WORKLOADS[workload], fontsize=9)
         axis.tick_params(labelsize=7)
         axis.legend(fontsize=6)
-    figure.tight_layout()
-    figure.savefig(path, dpi=80)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def write_report(results, out):
@@ -462,17 +462,8 @@ def write_report(results, out):
 
 
 def command_line(benchmark: str = "quality") -> str:
-    """``benchmark``'s command, less the options that do not change results (where to write,
-    when to stop)."""
-    kept, skip = [], False
-    for argument in sys.argv[1:]:
-        if skip:
-            skip = False
-        elif argument in ("--out", "--max-minutes", "--job-timeout"):
-            skip = True
-        elif not argument.startswith(("--out=", "--max-minutes=", "--job-timeout=")):
-            kept.append(argument)
-    return " ".join([f"python -m benchmarks {benchmark}"] + kept)
+    """``benchmark``'s command, less the options that do not change results."""
+    return report_command_line(benchmark, RUN_LIMITS)
 
 
 def job_minutes(results, workload):
@@ -505,13 +496,8 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.worker is not None:
-        train_one_point(train_point, json.loads(args.worker), RESULT_PREFIX)
-        return
-    started = time.perf_counter()
-    results = run(args)
-    print(f"{(time.perf_counter() - started) / 60:.1f} min; {len(results['points'])} points in "
-          f"{args.out / 'benchmarks' / 'quality.json'}")
+    run_points(args, lambda spec: train_one_point(train_point, spec, RESULT_PREFIX), run,
+               args.out / "benchmarks" / "quality.json")
 
 
 if __name__ == "__main__":

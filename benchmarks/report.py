@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -308,6 +309,68 @@ def timed_step(optimizer, forward_backward):
         optimizer.step()
     return {"step": time.perf_counter() - started, "backward": backward_done - started,
             "synchronize": synchronized - backward_done}
+
+
+def command_line(benchmark: str, dropped: Sequence[str] = ("--out",)) -> str:
+    """``python -m benchmarks <benchmark>`` with this process's arguments, less the options in
+    ``dropped`` and their values: those that do not change results (where to write, when to
+    stop)."""
+    kept, skip = [], False
+    for argument in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif argument in dropped:
+            skip = True
+        elif not argument.startswith(tuple(f"{option}=" for option in dropped)):
+            kept.append(shlex.quote(argument))
+    return " ".join([f"python -m benchmarks {benchmark}"] + kept)
+
+
+# The options of a sweep of jobs that say where to write and when to stop, not what to run.
+RUN_LIMITS = ("--out", "--max-minutes", "--job-timeout")
+
+
+def worker_argv(module: str, args: Any, kind: str, **flags: Any) -> List[str]:
+    """The command of one of ``module``'s jobs running its ``kind`` worker: ``--rank`` from
+    ``args`` (the low-rank methods' rank), and ``flags`` as options."""
+    argv = [sys.executable, "-m", module, "--worker", kind, "--rank", str(args.rank)]
+    return argv + [item for key, value in flags.items() for item in (f"--{key.replace('_', '-')}", str(value))]
+
+
+def run_or_work(args: Any, run: Callable[[Any], Any], workers: Dict[str, Callable[[Any], Any]]) -> None:
+    """The end of ``main()`` of a benchmark whose jobs run a worker named by ``--worker`` (ddp,
+    fsdp): in a job, that worker; otherwise the benchmark."""
+    if args.worker is not None:
+        workers[args.worker](args)
+    else:
+        run(args)
+
+
+def run_points(args: Any, train: Callable[[Dict[str, Any]], None], run: Callable[[Any], Dict[str, Any]],
+               results: Path, write_report: Optional[Callable[[Dict[str, Any], Path], None]] = None) -> None:
+    """The end of ``main()`` of a benchmark whose points run as jobs (claims, quality, outer,
+    time_to_quality): in a job (``--worker SPEC``), ``train`` the point it names; with
+    ``--report-only`` (where ``write_report`` is given), rewrite the section and figure from
+    ``results``, the JSON; otherwise ``run`` what is missing, and say how long it took and where
+    the points are."""
+    if args.worker is not None:
+        train(json.loads(args.worker))
+        return
+    if write_report is not None and args.report_only:
+        write_report(json.loads(results.read_text()), args.out)
+        return
+    started = time.perf_counter()
+    points = run(args)["points"]
+    say(f"{(time.perf_counter() - started) / 60:.1f} min; {len(points)} points in {results}")
+
+
+def save_figure(figure: Any, path: Path, dpi: Union[float, str] = 80) -> None:
+    """Lays ``figure`` out, writes it to ``path`` (``dpi="figure"``: the figure's own) and frees it."""
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    figure.savefig(path, dpi=dpi)
+    plt.close(figure)
 
 
 def panels(columns, width, height, rows=1, dpi=80):

@@ -46,8 +46,8 @@ import torch
 import hvd_compress as hc
 from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
-from benchmarks.report import (DOCS, Progress, describe_machine, machine, method_bars, mpirun_job, panels, say,
-                               train_one_point, write_section)
+from benchmarks.report import (DOCS, Progress, describe_machine, machine, method_bars, mpirun_job, panels,
+                               run_points, train_one_point, write_section)
 from benchmarks.workloads import charlm
 
 RESULT_PREFIX = "TTQ_RESULT "
@@ -522,16 +522,8 @@ def parse_args(argv):
 
 def main(argv=None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.worker is not None:
-        train_one_point(train_point, json.loads(args.worker), RESULT_PREFIX)
-        return
-    if args.report_only:
-        write_report(json.loads((args.out / "benchmarks" / "time_to_quality.json").read_text()), args.out)
-        return
-    started = time.perf_counter()
-    results = run(args)
-    say(f"{(time.perf_counter() - started) / 60:.1f} min; {len(results['points'])} points in "
-        f"{args.out / 'benchmarks' / 'time_to_quality.json'}")
+    run_points(args, lambda spec: train_one_point(train_point, spec, RESULT_PREFIX), run,
+               args.out / "benchmarks" / "time_to_quality.json", write_report)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ or with the wrapper, which overlaps multi-round compressors with backward::
 """
 from hvd_compress.comm.fusion import ScaledFusion
 from hvd_compress.compressors.base import Compressor
-from hvd_compress.control.gravac import GraVACPolicy
+from hvd_compress.control.gravac import GraVACConfig, GraVACPolicy
 from hvd_compress.control.lgreco import Accordion
 from hvd_compress.comm.transports import DecisionTimeout
 from hvd_compress.integration.outer import DiLoCo
@@ -57,5 +57,5 @@ else:
         raise AttributeError(f"module 'hvd_compress' has no attribute {name!r}")
 
 __all__ = sorted(["Accordion", "COMPRESSORS", "CONTROLLERS", "Compressor", "DecisionTimeout", "DiLoCo",
-                  "GraVACPolicy", "ScaledFusion", "metrics", *PUBLIC,
+                  "GraVACConfig", "GraVACPolicy", "ScaledFusion", "metrics", *PUBLIC,
                   *(HOROVOD_ONLY if horovod_available() else [])])

@@ -18,6 +18,7 @@ import torch
 from hvd_compress.compressors import ACPSGD, BF16, FP16, QSGD, NoCompression, PowerSGD, ScaleCom, SignSGD, TopK
 from hvd_compress.control.gravac import GraVAC
 from hvd_compress.control.lgreco import LGreCo
+from hvd_compress.control.wrapping import register_controllable
 from hvd_compress.optional import horovod_available
 
 NamedParameters = Optional[Iterable[Tuple[str, torch.nn.Parameter]]]
@@ -47,19 +48,25 @@ class ControllerMethod:
     """A controller; it wraps any compressor whose class is ``controllable`` (``controllable()``).
 
     ``small``: settings under which it acts within a few steps of a single-process run (the
-    unit tests: decisions on rank 0 of a world of one, exchanged locally)."""
+    unit tests: decisions on rank 0 of a world of one, exchanged locally); ``ranks``: the same
+    on real ranks, through the integration's own transport (the multi-rank, DDP and FSDP
+    tests); ``simulated_ranks``: the largest simulated world (``comm.simulated``) it runs in
+    at its ``small`` settings."""
     name: str
     core: type                     # the class in control/
     small: Dict[str, Any] = field(default_factory=dict)
+    ranks: Dict[str, Any] = field(default_factory=dict)
+    simulated_ranks: int = 2
 
     @property
     def cls(self) -> type:
         return PUBLIC[self.core.__name__]
 
-    def build(self, compressor: Any, *, small: bool = False, **overrides) -> Any:
-        """A controller of ``compressor`` at the default (or ``small``) settings, with
-        ``overrides`` on top."""
-        return self.cls(compressor, **dict(self.small if small else {}, **overrides))
+    def build(self, compressor: Any, *, small: bool = False, ranks: bool = False, **overrides) -> Any:
+        """A controller of ``compressor`` at the default (or ``small``, or ``ranks``) settings,
+        with ``overrides`` on top."""
+        preset = self.small if small else self.ranks if ranks else {}
+        return self.cls(compressor, **dict(preset, **overrides))
 
 
 _COMPRESSOR_LIST = [
@@ -77,11 +84,15 @@ COMPRESSORS: Dict[str, Method] = {m.name: m for m in _COMPRESSOR_LIST}
 
 CONTROLLERS: Dict[str, ControllerMethod] = {m.name: m for m in [
     # Per-layer settings by dynamic programming under an error budget.
+    # Decisions at steps 2, 5, 8, ..., each taking effect one step later; rank 0 decides, so a
+    # simulated world (which has no transport) holds only rank 0.
     ControllerMethod("lgreco", LGreCo, {"warmup_steps": 2, "decide_every": 3, "apply_delay": 1,
-                                        "transport": "local"}),
+                                        "transport": "local"},
+                     {"warmup_steps": 2, "decide_every": 3, "apply_delay": 1}, simulated_ranks=1),
     # One compression factor for the whole model, adapted to the compression gain.
     ControllerMethod("gravac", GraVAC, {"theta_min": 2, "theta_max": 64, "window": 100,
-                                        "smoothing": 1.0, "epsilon": 0.3}),
+                                        "smoothing": 1.0, "epsilon": 0.3},
+                     {"theta_min": 2, "theta_max": 64, "window": 3, "epsilon": 0.3}),
 ]}
 
 
@@ -106,3 +117,7 @@ PUBLIC: Dict[str, type] = {m.core.__name__: public_class(m.core)
 def controllable() -> List[str]:
     """The registered compressors that controllers can wrap, by name."""
     return [name for name, method in COMPRESSORS.items() if method.core.controllable]
+
+
+# A controller refuses a compressor it cannot wrap naming these (control/ is below this module).
+register_controllable(sorted(COMPRESSORS[name].core.__name__ for name in controllable()))

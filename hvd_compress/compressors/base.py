@@ -539,20 +539,6 @@ class Compressor(GradientCompression):
         return state
 
 
-def controllable_compressors() -> List[str]:
-    """The names of the compressor classes a controller can wrap: ``controllable`` subclasses
-    of ``Compressor`` that implement what every compressor must (the registry's, and any other
-    defined so far)."""
-    required = ("_check_setting", "_begin", "_compressed_bytes")
-    names, classes = set(), [Compressor]
-    while classes:
-        cls = classes.pop()
-        classes.extend(cls.__subclasses__())
-        if cls.controllable and all(getattr(cls, m) is not getattr(Compressor, m) for m in required):
-            names.add(cls.__name__)
-    return sorted(names)
-
-
 # The float32 marker of a compressed gradient's input (see the module docstring).
 MARKER_BYTES = 4
 

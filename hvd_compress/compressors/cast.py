@@ -2,12 +2,20 @@
 
 FP16 rides Horovod's all-reduce; BF16 cannot, so it reduce-scatters."""
 import math
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import Compressor, NamedParameters
-from hvd_compress.compressors.config import CompressorConfig
+from hvd_compress.compressors.config import CompressorConfig, configured
+
+
+@dataclass(frozen=True, kw_only=True)
+class CastConfig(CompressorConfig):
+    """A cast sends every entry, so it applies to gradients of any size."""
+    min_numel: int = 0
 
 
 class _Settingless(Compressor):
@@ -15,8 +23,10 @@ class _Settingless(Compressor):
 
     payload_carries_input = True  # a cast keeps infinities and NaN, and every entry travels
 
-    def __init__(self, named_parameters: NamedParameters = None, *, min_numel: int = 0):
-        super().__init__(named_parameters, CompressorConfig(min_numel=min_numel, owner=type(self).__name__))
+    def __init__(self, named_parameters: NamedParameters = None, *,
+                 config: Optional[CastConfig] = None, **options: Any):
+        """``options``: ``CastConfig``'s fields (``min_numel``); or pass ``config``."""
+        super().__init__(named_parameters, configured(CastConfig, type(self).__name__, config, options))
 
     def _check_setting(self, name, value, numel):
         if value is not None:

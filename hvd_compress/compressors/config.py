@@ -12,12 +12,17 @@ compressor family and controller) that
   left out;
 * is recorded in every checkpoint by ``checkpoint_header`` and compared against it by
   ``check_checkpoint``, which refuses a checkpoint of another class or configuration.
+
+It is the one declaration of a method's options and defaults: a constructor takes either the
+configuration itself (``config=``) or its fields as keywords, and builds it with ``configured``.
 """
 import dataclasses
 from dataclasses import InitVar, dataclass, field, fields
-from typing import Any, Dict, Iterable
+from typing import Any, Dict, Iterable, Optional, Type, TypeVar
 
 from hvd_compress import arguments
+
+Config = TypeVar("Config", bound="MethodConfig")
 
 
 def local(default: Any) -> Any:
@@ -56,6 +61,31 @@ class CompressorConfig(MethodConfig):
 
     def check(self, owner):
         self._keep("min_numel", arguments.integer(owner, "min_numel", self.min_numel, low=0))
+
+
+def configured(kind: Type[Config], owner: str, config: Optional[Config], options: Dict[str, Any],
+               **named: Any) -> Config:
+    """The configuration a constructor of ``owner`` runs with: ``config`` as given, or a ``kind``
+    built from ``options`` (its fields as keywords) and ``named`` (the fields the constructor
+    names itself, such as the positional rank, whose default in its signature is the field's).
+    Raises ``TypeError`` for a keyword that is not an option, ``ValueError`` for a config of
+    another kind or a config together with options."""
+    if config is not None:
+        # A named field left at its default was not given.
+        given = [key for key, value in named.items() if value != getattr(kind, key)] + sorted(options)
+        if given:
+            raise ValueError(f"{owner}: pass either config or its options as arguments, not both "
+                             f"(got config and {given})")
+        if not isinstance(config, kind):
+            raise ValueError(f"{owner}: config must be a {kind.__name__}, got {type(config).__name__}")
+        return config
+    # The fields the constructor names itself (``default``, as "rank") are not keywords.
+    accepted = [f.name for f in fields(kind) if f.name not in named and f.name != "default"]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise TypeError(f"{owner}: unexpected keyword argument {unknown[0]!r}; the options are "
+                        f"{', '.join(accepted)} (or config={kind.__name__}(...))")
+    return kind(owner=owner, **options, **named)
 
 
 def _plain(value):

@@ -1,12 +1,13 @@
 """State, checks and the controller protocol shared by the low-rank compressors (PowerSGD, ACP-SGD)."""
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 
 from hvd_compress import arguments
 from hvd_compress.compressors.base import (Compressor, NamedParameters, check_candidate, check_positive_int,
                                            dense_round)
-from hvd_compress.compressors.config import CompressorConfig
+from hvd_compress.compressors.config import CompressorConfig, configured
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths import lowrank
@@ -22,6 +23,7 @@ class LowRankState:
 @dataclass(frozen=True, kw_only=True)
 class LowRankConfig(CompressorConfig):
     """PowerSGD's and ACP-SGD's configuration (``default``: the rank); see their tuning guides."""
+    default: int = 4
     min_compression_rate: float = 2.0
     start_step: int = 0
     error_feedback: bool = True
@@ -42,12 +44,11 @@ class LowRankCompressor(Compressor):
     setting_name = "rank"
     controllable = True
 
-    def __init__(self, named_parameters: NamedParameters = None, rank: int = 4, *,
-                 min_compression_rate: float = 2.0, start_step: int = 0, error_feedback: bool = True,
-                 warm_start: bool = True, seed: int = 0, min_numel: int = 1024):
-        config = LowRankConfig(default=rank, min_numel=min_numel, min_compression_rate=min_compression_rate,
-                               start_step=start_step, error_feedback=error_feedback,
-                               warm_start=warm_start, seed=seed, owner=type(self).__name__)
+    def __init__(self, named_parameters: NamedParameters = None, rank: int = LowRankConfig.default, *,
+                 config: Optional[LowRankConfig] = None, **options: Any):
+        """``rank`` (the configuration's ``default``) and ``options`` are ``LowRankConfig``'s
+        fields; or pass ``config``, a ``LowRankConfig``."""
+        config = configured(LowRankConfig, type(self).__name__, config, options, default=rank)
         self.feedback = ErrorFeedback(enabled=config.error_feedback)
         super().__init__(named_parameters, config)
 

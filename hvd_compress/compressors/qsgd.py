@@ -2,13 +2,14 @@
 import math
 import zlib
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate
-from hvd_compress.compressors.config import CompressorConfig
+from hvd_compress.compressors.config import CompressorConfig, configured
 from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths import quantize
 
@@ -18,6 +19,7 @@ MIN_BITS, MAX_BITS = 2, 8
 @dataclass(frozen=True, kw_only=True)
 class QSGDConfig(CompressorConfig):
     """``default``: the bits per entry."""
+    default: int = 4
     bucket_size: int = 512
     seed: int = 0
 
@@ -51,10 +53,12 @@ class QSGD(Compressor):
     setting_name = "bits"
     controllable = True
 
-    def __init__(self, named_parameters: NamedParameters = None, bits: int = 4, *, bucket_size: int = 512,
-                 seed: int = 0, min_numel: int = 1024):
-        super().__init__(named_parameters, QSGDConfig(default=bits, bucket_size=bucket_size, seed=seed,
-                                                      min_numel=min_numel, owner=type(self).__name__))
+    def __init__(self, named_parameters: NamedParameters = None, bits: int = QSGDConfig.default, *,
+                 config: Optional[QSGDConfig] = None, **options: Any):
+        """``bits`` (the configuration's ``default``) and ``options`` are ``QSGDConfig``'s
+        fields; or pass ``config``, a ``QSGDConfig``."""
+        super().__init__(named_parameters, configured(QSGDConfig, type(self).__name__, config, options,
+                                                      default=bits))
 
     def _check_setting(self, name, value, numel):
         if isinstance(value, bool) or not isinstance(value, int) or not MIN_BITS <= value <= MAX_BITS:

@@ -1,13 +1,14 @@
 """ScaleCom (Chen et al., NeurIPS 2020): cyclic local top-k, so sparse payloads all-reduce."""
 import math
 from dataclasses import dataclass
-from typing import Dict
+from typing import Any, Dict, Optional
 
 import torch
 
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import NamedParameters, dense_round
+from hvd_compress.compressors.config import configured
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.compressors.topk import KSparse, KSparseConfig
 from hvd_compress.maths.chunked_topk import chunked_topk_indices
@@ -49,12 +50,13 @@ class ScaleCom(KSparse):
     gradient element: :meth:`set_rates_from_flops`.
     """
 
-    def __init__(self, named_parameters: NamedParameters = None, density: float = 0.01, *,
-                 beta: float = 1.0, chunks: int = 64, warmup_steps: int = 0, min_numel: int = 1024):
+    def __init__(self, named_parameters: NamedParameters = None, density: float = ScaleComConfig.density, *,
+                 config: Optional[ScaleComConfig] = None, **options: Any):
+        """``density`` and ``options`` are ``ScaleComConfig``'s fields; or pass ``config``, a
+        ``ScaleComConfig``."""
+        config = configured(ScaleComConfig, type(self).__name__, config, options, density=density)
         self.feedback = ErrorFeedback()  # low-pass filtered, below
-        super().__init__(named_parameters, ScaleComConfig(
-            density=density, beta=beta, chunks=chunks, warmup_steps=warmup_steps, min_numel=min_numel,
-            owner=type(self).__name__))
+        super().__init__(named_parameters, config)
 
     def _new_state_from(self, values):
         return ScaleComState(**values)

@@ -1,11 +1,12 @@
 """EF-SignSGD with majority vote: one bit per entry, error feedback on every rank."""
 import math
+from typing import Any, Optional
 
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import Compressor, NamedParameters
-from hvd_compress.compressors.config import CompressorConfig
+from hvd_compress.compressors.config import CompressorConfig, configured
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import signs
 
@@ -47,9 +48,12 @@ class SignSGD(Compressor):
     setting_name = None
     controllable = False
 
-    def __init__(self, named_parameters: NamedParameters = None, *, min_numel: int = 1024):
+    def __init__(self, named_parameters: NamedParameters = None, *,
+                 config: Optional[CompressorConfig] = None, **options: Any):
+        """``options``: ``CompressorConfig``'s fields (``min_numel``); or pass ``config``."""
+        config = configured(CompressorConfig, type(self).__name__, config, options)
         self.feedback = ErrorFeedback()
-        super().__init__(named_parameters, CompressorConfig(min_numel=min_numel, owner=type(self).__name__))
+        super().__init__(named_parameters, config)
 
     def _check_setting(self, name, value, numel):
         if value is not None:

@@ -1,14 +1,14 @@
 """Top-K sparsification with error feedback."""
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate, check_positive_int
-from hvd_compress.compressors.config import CompressorConfig
+from hvd_compress.compressors.config import CompressorConfig, configured
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths.sparsify import topk_indices
@@ -97,10 +97,11 @@ class TopK(KSparse):
 
     controllable = True
 
-    def __init__(self, named_parameters: NamedParameters = None, density: float = 0.01, *,
-                 error_feedback: bool = True, min_numel: int = 1024):
-        config = TopKConfig(density=density, error_feedback=error_feedback, min_numel=min_numel,
-                            owner=type(self).__name__)
+    def __init__(self, named_parameters: NamedParameters = None, density: float = TopKConfig.density, *,
+                 config: Optional[TopKConfig] = None, **options: Any):
+        """``density`` and ``options`` are ``TopKConfig``'s fields; or pass ``config``, a
+        ``TopKConfig``."""
+        config = configured(TopKConfig, type(self).__name__, config, options, density=density)
         self.feedback = ErrorFeedback(enabled=config.error_feedback)
         super().__init__(named_parameters, config)
 

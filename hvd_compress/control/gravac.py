@@ -4,14 +4,14 @@ agreed across ranks)."""
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, carrying
 from hvd_compress.compressors.base import Compressor
-from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header
+from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header, configured
 from hvd_compress.control.wrapping import Controller
 
 DENSE = 1.0
@@ -45,6 +45,11 @@ class GraVACConfig(MethodConfig):
         arguments.choice(owner, "scale_down_to", self.scale_down_to, ("min", "dense"))
 
 
+def smoothing_for(config: GraVACConfig, world_size: int) -> float:
+    """The EWMA factor: the configured one, or the paper's N / 100 for a world of N."""
+    return min(1.0, world_size / 100) if config.smoothing is None else config.smoothing
+
+
 class GraVACPolicy:
     """Algorithm 1 of the paper on global numbers: no tensors, no communication.
 
@@ -58,17 +63,13 @@ class GraVACPolicy:
     kept for good.
     """
 
-    def __init__(self, theta_min: float = 10.0, theta_max: float = 1000.0, epsilon: float = 0.7,
-                 omega: float = 0.01, window: int = 500, policy: str = "exponential",
-                 smoothing: float = 0.1, scale_down_to: str = "min"):
-        config = GraVACConfig(theta_min=theta_min, theta_max=theta_max, epsilon=epsilon, omega=omega,
-                              window=window, policy=policy, smoothing=smoothing, scale_down_to=scale_down_to)
-        self.initial_min, self.theta_min, self.theta_max = config.theta_min, config.theta_min, config.theta_max
-        self.epsilon, self.omega, self.window, self.policy = config.epsilon, config.omega, config.window, policy
-        if config.smoothing is None:  # the controller's None (N / 100) is resolved before this
-            raise ValueError("GraVAC: smoothing must be a finite number, got None")
-        self.smoothing, self.scale_down_to = config.smoothing, scale_down_to
-        self.exponent = 0  # the candidate is initial_min * 2^(sequence[exponent])
+    def __init__(self, config: GraVACConfig, world_size: int = 1):
+        """``world_size`` sets the smoothing where ``config.smoothing`` is None (N / 100)."""
+        # Fixed; everything else below is the policy's state (``state``/``load``).
+        self.config = config
+        self.theta_min = config.theta_min
+        self.smoothing = smoothing_for(config, world_size)
+        self.exponent = 0  # the candidate is config.theta_min * 2^(sequence[exponent])
         self.candidate = self._next_candidate()
         self.gain_min = self.gain_candidate = None
         self.throughput = {}  # CF -> EWMA compression throughput
@@ -77,16 +78,17 @@ class GraVACPolicy:
 
     def _next_candidate(self):
         self.exponent += 1
-        power = 2 ** (self.exponent - 1) if self.policy == "exponential" else self.exponent
-        return min(self.initial_min * 2.0 ** power, self.theta_max)
+        power = 2 ** (self.exponent - 1) if self.config.policy == "exponential" else self.exponent
+        return min(self.config.theta_min * 2.0 ** power, self.config.theta_max)
 
     def choose(self) -> float:
         """The CF to send at the next step (Algorithm 1, lines 11-25, on the smoothed gains)."""
-        if self.gain_candidate is None or self.gain_candidate >= self.epsilon:
+        epsilon = self.config.epsilon
+        if self.gain_candidate is None or self.gain_candidate >= epsilon:
             return self.candidate if self.gain_candidate is not None else self.theta_min
-        if self.gain_min >= self.epsilon:
+        if self.gain_min >= epsilon:
             return self.theta_min
-        return self.theta_min if self.scale_down_to == "min" else DENSE
+        return self.theta_min if self.config.scale_down_to == "min" else DENSE
 
     def observe(self, cf: float, gain_min: float, gain_candidate: float,
                 seconds: Optional[float] = None) -> float:
@@ -103,7 +105,7 @@ class GraVACPolicy:
         if seconds is not None:
             self.record_time(cf, gain, seconds)
         self.steps += 1
-        if self.steps % self.window == 0 and not self.settled:
+        if self.steps % self.config.window == 0 and not self.settled:
             self._check()
         return gain
 
@@ -125,24 +127,29 @@ class GraVACPolicy:
 
     def _check(self):
         """CheckGraVAC: scale up, raise theta_min, or settle on a saturated throughput."""
-        evaluated = self.candidate
-        if abs(self.gain_min - self.gain_candidate) <= self.omega * self.gain_min:
+        evaluated, omega, theta_max = self.candidate, self.config.omega, self.config.theta_max
+        if abs(self.gain_min - self.gain_candidate) <= omega * self.gain_min:
             self.theta_min = evaluated
-        if evaluated < self.theta_max:
+        if evaluated < theta_max:
             self.candidate = self._next_candidate()
-            while self.candidate <= self.theta_min and self.candidate < self.theta_max:
+            while self.candidate <= self.theta_min and self.candidate < theta_max:
                 self.candidate = self._next_candidate()
         best = sorted(self.throughput.items(), key=lambda item: item[1])
-        if len(best) >= 2 and abs(best[-1][1] - best[-2][1]) <= self.omega * best[-2][1]:
+        if len(best) >= 2 and abs(best[-1][1] - best[-2][1]) <= omega * best[-2][1]:
             self.candidate = min(best[-1][0], best[-2][0])
             self.theta_min = min(self.theta_min, self.candidate)
             self.settled = True
 
+    def use_world_size(self, size: int) -> None:
+        """A new world: the smoothing follows its size where the configuration leaves it None."""
+        self.smoothing = smoothing_for(self.config, size)
+
     def state(self):
-        return dict(vars(self))
+        return {key: value for key, value in vars(self).items() if key != "config"}
 
     def load(self, state):
-        self.__dict__.update(state)
+        # Only the state: checkpoints from before the configuration moved out also hold its values.
+        self.__dict__.update({key: state[key] for key in self.state()})
 
 
 class GraVAC(Controller):
@@ -187,17 +194,11 @@ class GraVAC(Controller):
     # Where step times come from (tests script it per instance).
     clock = staticmethod(time.perf_counter)
 
-    def __init__(self, compressor: Compressor, *, theta_min: float = 10.0, theta_max: float = 1000.0,
-                 epsilon: float = 0.7, omega: float = 0.01, window: int = 500,
-                 policy: str = "exponential", smoothing: Optional[float] = None,
-                 scale_down_to: str = "min"):
+    def __init__(self, compressor: Compressor, *, config: Optional[GraVACConfig] = None, **options: Any):
+        """``options``: ``GraVACConfig``'s fields; or pass ``config``, a ``GraVACConfig``."""
         super().__init__(compressor)
-        self.config = config = GraVACConfig(theta_min=theta_min, theta_max=theta_max, epsilon=epsilon,
-                                            omega=omega, window=window, policy=policy,
-                                            smoothing=smoothing, scale_down_to=scale_down_to)
-        self.policy = GraVACPolicy(config.theta_min, config.theta_max, config.epsilon, config.omega,
-                                   config.window, config.policy,
-                                   0.1 if config.smoothing is None else config.smoothing, config.scale_down_to)
+        self.config = configured(GraVACConfig, type(self).__name__, config, options)
+        self.policy = GraVACPolicy(self.config)
         self.cf = self.policy.choose()
         # Per step, one step late (when its duration arrives): (cf, gain_min, gain_candidate, seconds).
         self.history = deque(maxlen=HISTORY_KEPT)
@@ -214,8 +215,7 @@ class GraVAC(Controller):
 
     def bind_world(self, rank, size):
         super().bind_world(rank, size)
-        if self.config.smoothing is None:  # the paper: EWMA factor N / 100
-            self.policy.smoothing = min(1.0, size / 100)
+        self.policy.use_world_size(size)
 
     def metrics(self):
         """Adds the compression factor in force, its running mean, and theta_min."""

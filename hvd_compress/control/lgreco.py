@@ -5,14 +5,14 @@ import math
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
 
 from hvd_compress import arguments
 from hvd_compress.compressors.base import Compressor
-from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header, local
+from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header, configured, local
 from hvd_compress.compressors.feedback import StagedSums
 from hvd_compress.control.service import DecisionService, Postponed
 from hvd_compress.control.solver import solve
@@ -70,13 +70,14 @@ class Accordion:
 
 @dataclass(frozen=True, kw_only=True)
 class LGreCoConfig(MethodConfig):
-    """L-GreCo's configuration (see its tuning guide). ``decide_every`` is in steps ("epoch" is
-    resolved by the constructor); candidates and Accordion's values are checked against the
-    wrapped compressor by the constructor, ``transport`` and ``timeout`` by the decision
-    service."""
+    """L-GreCo's configuration (see its tuning guide). ``decide_every`` is in steps once made
+    ("epoch" becomes ``steps_per_epoch``, which need not agree: ``decide_every`` does);
+    candidates and Accordion's values are checked against the wrapped compressor by
+    ``check_for``, ``transport`` and ``timeout`` by the decision service."""
     candidates: Optional[tuple] = None
     dense_candidates: bool = False
-    decide_every: int = 1000
+    decide_every: Union[int, str] = 1000
+    steps_per_epoch: Optional[int] = local(None)
     warmup_steps: int = 1000
     start_step: int = 0
     apply_delay: Union[int, str] = "auto"
@@ -90,6 +91,9 @@ class LGreCoConfig(MethodConfig):
     timeout: float = local(60.0)
 
     def check(self, owner):
+        if self.decide_every == "epoch":
+            self._keep("decide_every", arguments.integer(owner, "steps_per_epoch (with decide_every='epoch')",
+                                                         self.steps_per_epoch, low=1))
         for label, least in [("decide_every", 1), ("warmup_steps", 0), ("start_step", 0),
                              ("time_buckets", 1), ("discretization", 1)]:
             arguments.integer(owner, label, getattr(self, label), low=least)
@@ -119,6 +123,15 @@ class LGreCoConfig(MethodConfig):
             raise ValueError(f"{owner}: dense_candidates must be True or False, got {self.dense_candidates!r}")
         if self.accordion is not None:
             arguments.real(owner, "accordion.threshold", self.accordion.threshold, low=0, low_open=True)
+
+    def check_for(self, compressor: Compressor, owner: str) -> None:
+        """Raises ``ValueError`` naming the value unless every candidate and Accordion's values
+        are valid settings of ``compressor`` (the wrapped one, known only to the controller)."""
+        for value in self.candidates or []:
+            compressor.check_value(value, f"{owner}: every candidate")
+        if self.accordion is not None:
+            compressor.check_value(self.accordion.critical, f"{owner}: accordion.critical")
+            compressor.check_value(self.accordion.normal, f"{owner}: accordion.normal")
 
 
 class LGreCo(Controller):
@@ -185,38 +198,22 @@ class LGreCo(Controller):
     Rank 0 logs each decision at INFO (logger ``hvd_compress.control.lgreco``).
     """
 
-    def __init__(self, compressor: Compressor, *, candidates: Optional[Sequence[Any]] = None,
-                 dense_candidates: bool = False, decide_every: Union[int, str] = 1000, steps_per_epoch: Optional[int] = None,
-                 warmup_steps: int = 1000, start_step: int = 0, apply_delay: Union[int, str] = "auto",
-                 accumulate_steps: Optional[int] = REFERENCE_ACCUMULATE_STEPS,
-                 error_source: str = "sent", objective: str = "size",
-                 accordion: Optional["Accordion"] = None, time_buckets: int = 4,
-                 discretization: int = 10000, transport: str = "auto", timeout: float = 60.0):
+    def __init__(self, compressor: Compressor, *, config: Optional[LGreCoConfig] = None, **options: Any):
+        """``options``: ``LGreCoConfig``'s fields; or pass ``config``, an ``LGreCoConfig``."""
         super().__init__(compressor)
-        if decide_every == "epoch":
-            decide_every = arguments.integer("LGreCo", "steps_per_epoch (with decide_every='epoch')",
-                                             steps_per_epoch, low=1)
-        self.config = config = LGreCoConfig(
-            candidates=candidates, dense_candidates=dense_candidates, decide_every=decide_every, warmup_steps=warmup_steps,
-            start_step=start_step, error_source=error_source,
-            apply_delay=apply_delay, accumulate_steps=accumulate_steps, objective=objective,
-            accordion=accordion, time_buckets=time_buckets, discretization=discretization,
-            transport=transport, timeout=timeout)
-        for value in config.candidates or []:
-            self.inner.check_value(value, "LGreCo: every candidate")
-        if accordion is not None:
-            self.inner.check_value(accordion.critical, "LGreCo: accordion.critical")
-            self.inner.check_value(accordion.normal, "LGreCo: accordion.normal")
-        self.service = DecisionService(transport, timeout)
+        self.config = config = configured(LGreCoConfig, type(self).__name__, config, options)
+        config.check_for(self.inner, type(self).__name__)
+        self.service = DecisionService(config.transport, config.timeout)
         self.step = 0
         self.version = 0
         self.decisions = deque(maxlen=DECISIONS_KEPT)  # the latest, oldest first
-        self._next_decision = start_step + warmup_steps
+        self._next_decision = config.start_step + config.warmup_steps
         self._pending = None  # (version, decided_at, effective_step)
         self._bound_world = None
         # Agreed by all ranks. "auto" starts within one period: a short schedule's first
         # decision is then not skipped for want of a measured time.
-        self._delay = min(FIRST_DELAY, max(1, config.decide_every - 1)) if apply_delay == "auto" else apply_delay
+        self._delay = (min(FIRST_DELAY, max(1, config.decide_every - 1)) if config.apply_delay == "auto"
+                       else config.apply_delay)
         self._step_seconds = 0.0  # rank 0's running step time; 0 until measured
         self._step_ended = None
         self._sums = StagedSums()  # rank 0: gradients accumulated since the last decision

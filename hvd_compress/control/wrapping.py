@@ -2,10 +2,19 @@
 the integration layer sees one ``GradientCompression`` with the wrapped compressor's names and
 traffic. Controllers use the compressor only through the controller protocol of
 ``compressors/base.py``."""
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
-from hvd_compress.compressors.base import Compressor, GradientCompression, Shape, controllable_compressors
+from hvd_compress.compressors.base import Compressor, GradientCompression, Shape
 from hvd_compress.compressors.config import MethodConfig
+
+# The registered compressors a controller can wrap, by class name, for its error message. The
+# registry (hvd_compress/registry.py, above this layer) is their one list and fills this in.
+_REGISTERED_CONTROLLABLE: List[str] = []
+
+
+def register_controllable(class_names: Sequence[str]) -> None:
+    """Called by the registry with its controllable compressors' class names."""
+    _REGISTERED_CONTROLLABLE[:] = class_names
 
 
 class Controller(GradientCompression):
@@ -14,7 +23,7 @@ class Controller(GradientCompression):
     def __init__(self, compressor: Compressor):
         if not isinstance(compressor, Compressor) or not compressor.controllable:
             raise ValueError(f"{type(self).__name__}: compressor must be one of "
-                             f"{', '.join(controllable_compressors())} (a compressor with controllable "
+                             f"{', '.join(_REGISTERED_CONTROLLABLE)} (a compressor with controllable "
                              f"per-parameter settings), got {type(compressor).__name__}")
         self.inner = compressor
         self.parameters = compressor.parameters

@@ -138,7 +138,6 @@ class DiLoCo(torch.optim.Optimizer):
         if not isinstance(compression, GradientCompression):
             raise ValueError(f"DiLoCo: compression must be an hvd_compress compressor or "
                              f"controller, got {type(compression).__name__}")
-        arguments.integer("DiLoCo", "inner_steps", inner_steps, low=1)
         if not callable(outer_optimizer):
             raise ValueError(f"DiLoCo: outer_optimizer must be a callable that builds a "
                              f"torch.optim.Optimizer from a list of tensors, got "

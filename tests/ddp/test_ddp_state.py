@@ -15,22 +15,22 @@ import hvd_compress as hc
 import hvd_compress.ddp
 from hvd_compress.comm.simulated import SimulatedWorld
 from hvd_compress.comm.transports import DecisionTimeout, TorchTransport
+from hvd_compress.registry import controllable
 
 from ddp_helpers import (METHODS, assert_identical_across_ranks, batches, check_step_against_reference,
                          everyone, make_ddp, train)
 
-LGRECO = dict(warmup_steps=2, decide_every=3, apply_delay=1)  # decisions at steps 2, 5, 8, ...
-GRAVAC = dict(theta_min=2, theta_max=64, window=3, epsilon=0.3)
+# What every controller wraps here: the first registered compressor it can wrap.
+WRAPPED = controllable()[0]
 
 
-def lgreco():
-    return hc.LGreCo(hc.PowerSGD(rank=2), **LGRECO)
-
-
-def gravac():
-    controller = hc.GraVAC(hc.TopK(density=0.1), **GRAVAC)
-    controller.clock = scripted_clock()
-    return controller
+def controlled(controller):
+    """``controller`` at its multi-rank settings (the registry's ``ranks``: L-GreCo decides at
+    steps 2, 5, 8, ...) over ``WRAPPED``; a clock it reads step times from is scripted."""
+    compression = hc.CONTROLLERS[controller].build(hc.COMPRESSORS[WRAPPED].build(small=True), ranks=True)
+    if hasattr(compression, "clock"):
+        compression.clock = scripted_clock()
+    return compression
 
 
 def scripted_clock(start=100.0):
@@ -69,14 +69,12 @@ def reference_world(make):
 def test_controllers_match_the_simulated_world_step_by_step(controller):
     """Every step's aggregate equals that of W controllers in one process, through L-GreCo's
     decisions (taking effect at steps 3, 6 and 9) and GraVAC's factor changes."""
-    make = {"lgreco": lgreco, "gravac": gravac}[controller]
-    method = {"lgreco": "powersgd", "gravac": "topk"}[controller]
-    compression = make()
+    compression = controlled(controller)
     module, model, _ = make_ddp(compression)
-    reference = reference_world(make)
+    reference = reference_world(lambda: controlled(controller))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     for x, y in batches(9, seed=6):
-        check_step_against_reference(module, model, optimizer, reference, method, x, y)
+        check_step_against_reference(module, model, optimizer, reference, WRAPPED, x, y)
     if controller == "lgreco":
         assert [(d.version, d.decided_at, d.effective_step) for d in compression.decisions] == \
             [(1, 2, 3), (2, 5, 6), (3, 8, 9)]
@@ -91,7 +89,7 @@ def test_controllers_match_the_simulated_world_step_by_step(controller):
 
 @pytest.mark.parametrize("controller", sorted(hc.CONTROLLERS))  # a new one needs its case below
 def test_every_rank_takes_the_same_settings_at_the_same_step(controller):
-    compression = {"lgreco": lgreco, "gravac": gravac}[controller]()
+    compression = controlled(controller)
     module, model, _ = make_ddp(compression)
     history = []
     optimizer = None
@@ -113,7 +111,7 @@ def checkpoint(obj):
 
 def build(name):
     if name == "lgreco":
-        return lgreco()
+        return controlled(name)
     return hc.COMPRESSORS[name].build(small=True)
 
 
@@ -219,7 +217,7 @@ def test_stalled_rank0_fails_every_rank_within_the_timeout():
     """Runs last in this file. Rank 0's decision outlives the 3 s timeout: rank 0 raises
     waiting for it, the others waiting for its broadcast."""
     side = dist.new_group(backend="gloo")  # to meet again once every rank has given up
-    compression = hc.LGreCo(hc.PowerSGD(rank=2), **LGRECO, timeout=3.0)
+    compression = hc.CONTROLLERS["lgreco"].build(hc.PowerSGD(rank=2), ranks=True, timeout=3.0)
     _, model, _ = make_ddp(compression)
     if dist.get_rank() == 0:
         compression._decide = lambda *args: time.sleep(8)

@@ -22,9 +22,8 @@ from hvd_compress.registry import controllable
 from fsdp_helpers import (METHODS, TOLERANCE, Net, assert_replicas_identical, batches, everyone,
                           expected_shards, local_shards, loss_of, make_hsdp, mesh, train)
 
-# Each registered controller's schedule here, over the first compressor it can control.
-CONTROLLER_OPTIONS = {"lgreco": dict(warmup_steps=2, decide_every=3, apply_delay=1),  # decides at 2, 5, ...
-                      "gravac": dict(theta_min=2, theta_max=64, window=3, epsilon=0.3)}
+# Each registered controller at its multi-rank settings (L-GreCo decides at 2, 5, ...), over
+# the first compressor it can wrap.
 CONTROLLERS = sorted(hc.CONTROLLERS)
 
 
@@ -32,7 +31,7 @@ def build(name, named_parameters=None):
     if name in hc.CONTROLLERS:
         method = hc.CONTROLLERS[name]
         return method.build(hc.COMPRESSORS[controllable()[0]].build(named_parameters, small=True),
-                            **CONTROLLER_OPTIONS[name])
+                            ranks=True)
     return hc.COMPRESSORS[name].build(named_parameters, small=True)
 
 

@@ -1,8 +1,15 @@
+import sys
+from pathlib import Path
+
 import horovod.torch as hvd
 import torch
 
 import hvd_compress as hc
 from benchmarks.workloads import digits
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# sends_whole: test_exchange takes it from here.
+from dense_switch import dense_switchable, sends_whole  # noqa: E402,F401
 
 # Every registered compressor but the baseline, at settings that compress the digits CNN's layers.
 CONFIGS = sorted(name for name in hc.COMPRESSORS if name != "none")
@@ -38,13 +45,5 @@ def gathered(tensor, name):
     return hvd.allgather(tensor.detach().reshape(1, -1), name=name)
 
 
-def sends_whole(compressor, shape):
-    """A setting at which ``compressor`` sends a tunable gradient of ``shape`` uncompressed
-    (the one that would compress it 1x), or None where every setting compresses it."""
-    setting = compressor.setting_for_factor(shape, 1.0)
-    return None if compressor.compresses(shape, setting) else setting
-
-
 # The registered compressors whose settings can send the digits CNN's largest layer whole.
-DENSE_SWITCHABLE = [name for name in hc.registry.controllable()
-                    if sends_whole(hc.COMPRESSORS[name].build(small=True), (64, 512)) is not None]
+DENSE_SWITCHABLE = dense_switchable((64, 512))

@@ -67,7 +67,9 @@ TABLE = [
     (gravac, "policy", [NONE, 1, "linear"], "policy"),
     (gravac, "smoothing", [BOOL, NAN, INF, 0, -0.5, 1.5, "0.1"], "smoothing"),
     (gravac, "scale_down_to", [NONE, "max"], "scale_down_to"),
-    (hc.GraVACPolicy, "smoothing", [NONE, 0, 2], "smoothing"),
+    (hc.GraVACConfig, "smoothing", [0, 2], "smoothing"),
+    (lambda config: hc.PowerSGD(config=config), "config", [hc.TopK().config, 4], "config"),
+    (lambda config: hc.GraVAC(hc.TopK(), config=config), "config", [hc.TopK().config], "config"),
     (lambda compressor: hc.GraVAC(compressor), "compressor", [hc.FP16(), hc.ScaleCom(), None], "compressor"),
     (lambda compressor: hc.LGreCo(compressor), "compressor", [hc.BF16(), hc.SignSGD(), 4], "compressor"),
     (hc.ScaledFusion, "dense_threshold", [BOOL, NAN, INF, -1, 2.5, "25MB"], "dense_threshold"),
@@ -101,3 +103,29 @@ def test_fusion_zero_turns_fusion_off_as_in_horovod():
     shapes = {"a": (64, 64), "b": (64, 64), "c": (64,)}
     plan = FusionScheduler(hc.ACPSGD(rank=4, min_numel=0), shapes, hc.ScaledFusion(0)).plan()
     assert [len(bucket.members) for bucket in plan.buckets] == [1, 1, 1]
+
+
+def test_a_config_object_builds_what_its_keywords_build():
+    from hvd_compress.compressors.lowrank import LowRankConfig
+    from hvd_compress.control.lgreco import LGreCoConfig
+    keywords = hc.PowerSGD(None, 8, seed=3, min_numel=0)
+    built = hc.PowerSGD(config=LowRankConfig(default=8, seed=3, min_numel=0))
+    assert built.describe() == keywords.describe()
+    lgreco_config = LGreCoConfig(decide_every="epoch", steps_per_epoch=7, transport="local")
+    assert hc.LGreCo(hc.PowerSGD(), config=lgreco_config).config.decide_every == 7
+    assert hc.GraVAC(hc.TopK(), config=hc.GraVACConfig(window=3)).policy.config.window == 3
+
+
+def test_a_config_and_its_options_together_are_refused():
+    from hvd_compress.compressors.lowrank import LowRankConfig
+    with pytest.raises(ValueError, match="PowerSGD: pass either config or its options"):
+        hc.PowerSGD(config=LowRankConfig(), seed=1)
+    with pytest.raises(ValueError, match="GraVAC: pass either config or its options"):
+        hc.GraVAC(hc.TopK(), config=hc.GraVACConfig(), window=3)
+
+
+def test_an_unknown_option_is_named_with_the_options():
+    with pytest.raises(TypeError, match="PowerSGD: unexpected keyword argument 'ranks'; the options are"):
+        hc.PowerSGD(ranks=4)
+    with pytest.raises(TypeError, match="LGreCo: unexpected keyword argument 'every'"):
+        hc.LGreCo(hc.PowerSGD(), every=4)

@@ -99,11 +99,10 @@ def test_convergence_quick_trains_every_method_under_mpirun_and_writes_its_secti
 
 
 @pytest.mark.slow
-def test_quality_quick_runs_a_point_per_method_resumes_and_writes_its_section(tmp_path, monkeypatch):
+def test_quality_quick_runs_a_point_per_method_resumes_and_writes_its_section(tmp_path, benchmark_runs):
     from benchmarks.quality import sweep_points
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
     options = ["quality", "--quick", "--workloads", "charlm", "--job-timeout", "120", "--out", str(tmp_path)]
-    assert bench.main(options) == 0
+    benchmark_runs.run(options)
     path = tmp_path / "benchmarks" / "quality.json"
     points = json.loads(path.read_text())["points"]
     expected = {spec["key"] for spec in sweep_points("charlm", quick=True)}
@@ -114,10 +113,7 @@ def test_quality_quick_runs_a_point_per_method_resumes_and_writes_its_section(tm
     text = (tmp_path / "benchmarks.md").read_text()
     assert text.count("## Quality against bytes") == 1 and "| claim | met | numbers |" in text
     assert (tmp_path / "benchmarks" / "quality.png").stat().st_size > 0
-    # A second run finds every point done: it runs no job and only rewrites the report.
-    monkeypatch.setattr("benchmarks.quality.mpirun_job", lambda *_, **__: pytest.fail("a finished point ran again"))
-    assert bench.main(options) == 0
-    assert json.loads(path.read_text())["points"] == points
+    benchmark_runs.resumes(options, path)
 
 
 @pytest.mark.slow
@@ -442,12 +438,11 @@ def test_time_to_quality_schedule_target_and_scores():
 
 
 @pytest.mark.slow
-def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(tmp_path, monkeypatch):
+def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(tmp_path, benchmark_runs):
     from benchmarks import time_to_quality as ttq
     from benchmarks.report import mpirun_job
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
     options = ["time_to_quality", "--quick", "--job-timeout", "600", "--out", str(tmp_path)]
-    assert bench.main(options) == 0
+    benchmark_runs.run(options)
     path = tmp_path / "benchmarks" / "time_to_quality.json"
     results = json.loads(path.read_text())
     plan = results["plan"]
@@ -469,7 +464,4 @@ def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(t
     text = (tmp_path / "benchmarks.md").read_text()
     assert text.count("## Time to quality") == 1 and "| method | seeds | reached |" in text
     assert (tmp_path / "benchmarks" / "time_to_quality.png").stat().st_size > 0
-    # A second run finds every point done: it runs no job and only rewrites the report.
-    monkeypatch.setattr("benchmarks.time_to_quality.mpirun_job", lambda *_, **__: pytest.fail("a point ran again"))
-    assert bench.main(options) == 0
-    assert json.loads(path.read_text())["points"] == results["points"]
+    benchmark_runs.resumes(options, path)

@@ -1,19 +1,15 @@
 """The DiLoCo benchmark's harness (``python -m benchmarks outer --quick``): it runs its points
 through real mpirun jobs, resumes, and writes its section. Never a quality number."""
 import json
-import sys
 
 import pytest
 
-import benchmarks.__main__ as bench
-
 
 @pytest.mark.slow
-def test_outer_quick_runs_its_points_resumes_and_writes_its_section(tmp_path, monkeypatch):
+def test_outer_quick_runs_its_points_resumes_and_writes_its_section(tmp_path, benchmark_runs):
     from benchmarks.outer import SECTION, points
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
     options = ["outer", "--quick", "--job-timeout", "300", "--out", str(tmp_path)]
-    assert bench.main(options) == 0
+    benchmark_runs.run(options)
     path = tmp_path / "benchmarks" / "outer.json"
     done = json.loads(path.read_text())["points"]
     assert set(done) == {spec["key"] for spec in points([5], quick=True)}
@@ -23,6 +19,4 @@ def test_outer_quick_runs_its_points_resumes_and_writes_its_section(tmp_path, mo
         # Only outer steps send: at most 1/H of a float32 all-reduce on every step.
         assert 0 < record["wire_bytes"] <= record["dense_wire_bytes"] / entry["spec"]["inner_steps"]
     assert (tmp_path / "benchmarks.md").read_text().count(f"## {SECTION}") == 1
-    monkeypatch.setattr("benchmarks.outer.mpirun_job", lambda *_, **__: pytest.fail("a finished point ran again"))
-    assert bench.main(options) == 0
-    assert json.loads(path.read_text())["points"] == done
+    benchmark_runs.resumes(options, path)

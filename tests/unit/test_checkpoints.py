@@ -8,6 +8,7 @@ import torch
 
 import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
+from hvd_compress.registry import controllable
 
 SHAPES = {"conv.weight": (32, 16, 3, 3), "fc.weight": (64, 128), "fc.bias": (64,)}
 STEPS = 20
@@ -36,20 +37,16 @@ def assert_same(a, b):
             assert all(torch.equal(rank_a[n], rank_b[n]) for n in SHAPES)
 
 
-# Every registered controller (a new one needs its entry), over compressors it can wrap:
-# (compressor, its settings, world size). L-GreCo has a decision in flight within the run;
-# GraVAC's small window is longer than the run: the factor follows the gains alone.
-CONTROLLED = {"lgreco": [("powersgd", {"rank": 4}, 1), ("topk", {"density": 0.05}, 1)],
-              "gravac": [("topk", {"density": 0.1}, 2), ("acpsgd", {"rank": 4}, 2)]}
-SCHEDULES = {"lgreco": dict(warmup_steps=3, decide_every=5, apply_delay=2)}
-
-
 def methods():
+    """Every registered compressor, and every registered controller over every compressor it
+    can wrap, at their small settings: L-GreCo has decisions in flight within the run; GraVAC's
+    small window is longer than the run: the factor follows the gains alone."""
     return ([pytest.param(lambda n=n: hc.COMPRESSORS[n].build(small=True, min_numel=0), 2, id=n)
              for n in sorted(hc.COMPRESSORS)]
-            + [pytest.param(lambda c=c, n=n, s=s: hc.CONTROLLERS[c].build(
-                hc.COMPRESSORS[n].build(min_numel=0, **s), small=True, **SCHEDULES.get(c, {})), w, id=f"{c}-{n}")
-               for c in sorted(hc.CONTROLLERS) for n, s, w in CONTROLLED[c]])
+            + [pytest.param(lambda c=c, n=n: hc.CONTROLLERS[c].build(
+                hc.COMPRESSORS[n].build(small=True, min_numel=0), small=True),
+                hc.CONTROLLERS[c].simulated_ranks, id=f"{c}-{n}")
+               for c in sorted(hc.CONTROLLERS) for n in controllable()])
 
 
 @pytest.mark.parametrize("make, world_size", methods())

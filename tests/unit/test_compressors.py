@@ -1,9 +1,15 @@
 """Compressor invariants in a simulated world of W ranks (no Horovod collectives)."""
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from dense_switch import dense_switchable, sends_whole  # noqa: E402
 
 SHAPES = {"conv.weight": (32, 16, 3, 3), "fc.weight": (64, 128), "fc.bias": (64,)}
 # Every compressor in the registry, at its defaults.
@@ -211,15 +217,7 @@ def test_every_controller_wraps_exactly_the_controllable_registered_compressors(
                 hc.CONTROLLERS[controller].build(method.build(small=True), small=True)
 
 
-def sends_whole(compressor, shape):
-    """A setting at which ``compressor`` sends a tunable gradient of ``shape`` uncompressed
-    (the one that would compress it 1x), or None where every setting compresses it."""
-    setting = compressor.setting_for_factor(shape, 1.0)
-    return None if compressor.compresses(shape, setting) else setting
-
-
-DENSE_SWITCHABLE = [name for name in hc.registry.controllable()
-                    if sends_whole(hc.COMPRESSORS[name].build(small=True), SHAPES["fc.weight"]) is not None]
+DENSE_SWITCHABLE = dense_switchable(SHAPES["fc.weight"])
 
 
 def test_low_rank_compressors_can_send_a_layer_whole():

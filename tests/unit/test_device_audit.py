@@ -18,6 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
+from hvd_compress.registry import controllable
 
 PACKAGE = Path(hc.__file__).parent
 WAITS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy",
@@ -61,20 +62,15 @@ def caller_in_package():
     return None
 
 
-# Controllers over compressors they can wrap, at schedules that decide within a few steps.
-CONTROLLED = {"lgreco": [("powersgd", {"rank": 2}), ("topk", {"density": 0.1})],
-              "gravac": [("powersgd", {"rank": 2}), ("topk", {"density": 0.1}), ("qsgd", {"bits": 4})]}
-SCHEDULES = {"lgreco": dict(warmup_steps=1, decide_every=2, apply_delay=1, transport="local"),
-             "gravac": dict(theta_min=2, theta_max=16, window=2)}
-
-
 def methods():
+    """Every registered compressor, and every registered controller over every compressor it can
+    wrap, at their small settings (L-GreCo submits and applies a decision in the audited steps)."""
     for name, method in hc.COMPRESSORS.items():
         yield pytest.param(lambda method=method: method.build(small=True), id=name)
-    for controller in sorted(hc.CONTROLLERS):  # a new controller needs its entries below
-        for name, settings in CONTROLLED[controller]:
-            yield pytest.param(lambda c=controller, n=name, s=settings: hc.CONTROLLERS[c].build(
-                hc.COMPRESSORS[n].build(**s), **SCHEDULES[c]), id=f"{controller}-{name}")
+    for controller in sorted(hc.CONTROLLERS):
+        for name in controllable():
+            yield pytest.param(lambda c=controller, n=name: hc.CONTROLLERS[c].build(
+                hc.COMPRESSORS[n].build(small=True), small=True), id=f"{controller}-{name}")
 
 
 def gradients(step, layers):

@@ -4,7 +4,6 @@ sync, and L-GreCo's decision in flight across a world change. The fault-injectio
 real workers are in tests/test_elastic.py."""
 import logging
 import threading
-import time
 
 import horovod.torch as hvd
 import pytest
@@ -15,7 +14,7 @@ from hvd_compress.comm.simulated import SimulatedWorld
 from hvd_compress.control.service import DecisionService
 from hvd_compress.integration.elastic import CompressionStateHandler
 from test_checkpoints import assert_same_state, gradients, outputs
-from test_lgreco import DECAY, layered_gradients, slow_decisions
+from test_lgreco import DECAY, held_decisions, layered_gradients
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -76,36 +75,41 @@ def test_an_unknown_feedback_policy_is_refused_by_name():
         CompressionStateHandler(compressor).sync()
 
 
-def lgreco_with_a_decision_in_flight(seconds):
+def lgreco_with_a_decision_in_flight():
+    """An L-GreCo whose first decision computes until the test sets its event (the first of
+    the events returned; each later decision gets its own)."""
     lgreco = hc.LGreCo(hc.PowerSGD(rank=4, min_numel=0), warmup_steps=3, decide_every=50,
                        apply_delay=5, transport="local")
-    slow_decisions(lgreco, seconds)
+    gates = held_decisions(lgreco)
     world = SimulatedWorld([lgreco])
     for step in range(3):
         world.step([layered_gradients(step, DECAY)])
     assert lgreco.decision_in_flight == 1
-    return lgreco, world
+    return lgreco, world, gates
 
 
 def test_an_elastic_commit_does_not_wait_for_a_decision_in_flight():
-    lgreco, _ = lgreco_with_a_decision_in_flight(3.0)
-    started = time.monotonic()
+    lgreco, _, gates = lgreco_with_a_decision_in_flight()
     saved = lgreco.elastic_state_dict()
-    assert time.monotonic() - started < 1.0
+    assert lgreco.service.running()  # returned while the decision still computes: it did not wait
     assert saved["pending"] is None and saved["outcome"] is None
+    gates[0].set()
 
 
 def test_a_world_change_drops_the_decision_in_flight_and_its_late_result(caplog):
-    lgreco, world = lgreco_with_a_decision_in_flight(0.6)
+    lgreco, world, gates = lgreco_with_a_decision_in_flight()
     thread = lgreco.service._thread
     with caplog.at_level(logging.WARNING, logger="hvd_compress.control.lgreco"):
         lgreco.bind_world(0, 3)  # was (0, 1)
     assert "decision 1 (gradients up to step 3) dropped" in caplog.text
     assert lgreco.decision_in_flight is None
+    gates[0].set()
     thread.join()  # it finished after being abandoned: its outcome is never sent
     assert lgreco.service.finished_outcome() is None
     lgreco.bind_world(0, 1)
     for step in range(3, 60):  # the schedule goes on: the next decision is agreed and applied
+        for gate in gates:
+            gate.set()
         world.step([layered_gradients(step, DECAY)])
     assert [d.version for d in lgreco.decisions] == [2]
 

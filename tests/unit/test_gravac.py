@@ -23,8 +23,8 @@ def distinct(values):
 
 
 def test_exponential_policy_scales_up_and_settles_where_throughput_saturates():
-    policy = hc.GraVACPolicy(theta_min=10, theta_max=1000, epsilon=0.7, omega=0.01, window=2,
-                             policy="exponential", smoothing=1.0)
+    policy = hc.GraVACPolicy(hc.GraVACConfig(theta_min=10, theta_max=1000, epsilon=0.7, omega=0.01,
+                                             window=2, policy="exponential", smoothing=1.0))
     # High gains everywhere; throughput grows with CF up to 160x, then stays flat.
     sent = drive(policy, 14, gain=lambda cf: 0.95, throughput=lambda cf: min(cf, 160))
     assert distinct(sent) == [10, 20, 40, 160, 1000, 160]
@@ -32,14 +32,16 @@ def test_exponential_policy_scales_up_and_settles_where_throughput_saturates():
 
 
 def test_geometric_policy_sequence():
-    policy = hc.GraVACPolicy(theta_min=10, theta_max=100, window=2, policy="geometric", smoothing=1.0)
+    policy = hc.GraVACPolicy(hc.GraVACConfig(theta_min=10, theta_max=100, window=2, policy="geometric",
+                                             smoothing=1.0))
     sent = drive(policy, 10, gain=lambda cf: 0.95, throughput=lambda cf: cf)
     assert distinct(sent)[:5] == [10, 20, 40, 80, 100]
 
 
 def test_low_gain_falls_back_to_theta_min_or_dense():
     for scale_down_to, expected in [("min", 10), ("dense", DENSE)]:
-        policy = hc.GraVACPolicy(theta_min=10, window=100, smoothing=1.0, scale_down_to=scale_down_to)
+        policy = hc.GraVACPolicy(hc.GraVACConfig(theta_min=10, window=100, smoothing=1.0,
+                                                 scale_down_to=scale_down_to))
         policy.observe(10, 0.5, 0.4, 1.0)  # both gains below epsilon = 0.7
         assert policy.choose() == expected
         policy.observe(10, 0.8, 0.4, 1.0)  # theta_min good enough, the candidate not
@@ -48,9 +50,9 @@ def test_low_gain_falls_back_to_theta_min_or_dense():
 
 def test_bad_policy_arguments_are_named():
     with pytest.raises(ValueError, match="epsilon must lie in"):
-        hc.GraVACPolicy(epsilon=0)
+        hc.GraVACConfig(epsilon=0)
     with pytest.raises(ValueError, match="policy must be one of"):
-        hc.GraVACPolicy(policy="linear")
+        hc.GraVACConfig(policy="linear")
     with pytest.raises(ValueError, match="compressor must be"):
         hc.GraVAC(hc.FP16())
 

@@ -1,7 +1,6 @@
 """L-GreCo in one process: the schedule, the decisions, the objectives, checkpoints."""
 import logging
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -198,27 +197,18 @@ def test_start_step_sends_everything_whole_and_accumulates_nothing():
     assert [d.decided_at for d in lgreco.decisions] == [7]
 
 
-def slow_decisions(lgreco, seconds):
-    """Makes every decision of ``lgreco`` take at least ``seconds`` (in its background thread):
-    its error table has three rows (layers a, b and c)."""
-    errors = lgreco.inner.errors
+def held_decisions(lgreco):
+    """Makes each decision of ``lgreco`` wait, in its background thread, for an event of its
+    own before it computes; returns the list of those events, one per decision submitted so far
+    (the test sets them)."""
+    gates, submit = [], lgreco.service.submit
 
-    def slow(*args):
-        time.sleep(seconds / 3)
-        return errors(*args)
-    lgreco.inner.errors = slow
-
-
-def timed_steps(lgreco, steps, step_seconds):
-    """Runs ``steps`` steps of ``step_seconds`` each; the longest time one step spent in
-    L-GreCo (its end_step, where a decision is exchanged)."""
-    sim, longest = SimulatedWorld([lgreco]), 0.0
-    for step in range(steps):
-        time.sleep(step_seconds)  # the step's compute
-        started = time.perf_counter()
-        sim.step([layered_gradients(step, DECAY)])
-        longest = max(longest, time.perf_counter() - started)
-    return longest
+    def held(compute):
+        gate = threading.Event()
+        gates.append(gate)
+        submit(lambda: compute() if gate.wait(60) else pytest.fail("the test never released the decision"))
+    lgreco.service.submit = held
+    return gates
 
 
 def test_auto_delay_postpones_instead_of_waiting_for_a_slow_decision():
@@ -253,19 +243,42 @@ def test_auto_delay_postpones_instead_of_waiting_for_a_slow_decision():
 
 
 def test_a_decision_due_while_one_is_pending_is_skipped():
+    """Decisions are due every 2 steps; each is held until the loop has run 3 steps past its
+    submission (events, not timing), so the next one due finds it pending and is skipped: the
+    next decision is the first one due after it took effect."""
     lgreco = make(hc.PowerSGD(rank=4, min_numel=0), apply_delay="auto", decide_every=2, warmup_steps=2)
-    slow_decisions(lgreco, 0.15)
-    timed_steps(lgreco, 40, 0.01)
-    decided = [d.decided_at for d in lgreco.decisions]
-    assert 1 <= len(decided) < 19 and all(b > a + 2 for a, b in zip(decided, decided[1:]))
-    assert [d.version for d in lgreco.decisions] == list(range(1, len(decided) + 1))
+    gates, submitted = held_decisions(lgreco), []
+    sim = SimulatedWorld([lgreco])
+    for step in range(5000):
+        sim.step([layered_gradients(step, DECAY)])
+        if len(submitted) < len(gates):
+            submitted.append(lgreco.step)
+        if submitted and lgreco.step >= submitted[-1] + 3:
+            gates[-1].set()
+        if len(lgreco.decisions) == 3:
+            break
+    decisions = list(lgreco.decisions)
+    assert [d.version for d in decisions] == [1, 2, 3]
+    assert [d.decided_at for d in decisions] == submitted[:3]
+    for earlier, later in zip(decisions, decisions[1:]):
+        assert later.decided_at > earlier.decided_at + 2  # at least the one due in between skipped
+        # The first due (an even step, from warmup_steps=2 on) after the earlier took effect.
+        assert later.decided_at == earlier.effective_step + 2 - earlier.effective_step % 2
 
 
 def test_auto_delay_keeps_the_deadline_for_a_decision_that_never_ends():
+    """A decision never released: training goes on (postponed exchanges) until it has run
+    longer than the timeout, then every exchange fails."""
     lgreco = make(hc.PowerSGD(rank=4, min_numel=0), apply_delay="auto", decide_every=100, timeout=0.3)
-    slow_decisions(lgreco, 5.0)
-    with pytest.raises(RuntimeError, match="over the timeout"):
-        timed_steps(lgreco, 60, 0.02)
+    gates, sim = held_decisions(lgreco), SimulatedWorld([lgreco])
+    try:
+        with pytest.raises(RuntimeError, match="over the timeout"):
+            for step in range(10 ** 6):
+                sim.step([layered_gradients(step, DECAY)])
+        assert len(gates) == 1
+    finally:
+        for gate in gates:  # the abandoned thread ends (it computes a decision nobody reads)
+            gate.set()
 
 
 def test_decision_log_names_every_layer(caplog):
@@ -335,27 +348,31 @@ def test_decisions_from_randomized_errors_match_the_exact_svd(monkeypatch):
 
 def test_a_run_ending_while_a_decision_computes_exits_cleanly(tmp_path):
     """The interpreter exiting while the decision thread is inside torch operations used to
-    abort the process (SIGABRT); the thread is joined at exit instead."""
+    abort the process (SIGABRT); the thread is joined at exit instead. The thread runs torch
+    operations from the moment it signals that it started until the interpreter is exiting
+    (an exit handler registered after the package's, so run before its join, stops it)."""
     import subprocess
     import sys
     script = tmp_path / "ends_mid_decision.py"
     script.write_text(
-        "import time, torch\n"
+        "import atexit, threading, torch\n"
         "import hvd_compress as hc\n"
         "from hvd_compress.comm.simulated import SimulatedWorld\n"
         "lgreco = hc.LGreCo(hc.PowerSGD(rank=4, min_numel=0), warmup_steps=1, decide_every=100,\n"
         "                   transport='local')\n"
         "errors = lgreco.inner.errors\n"
+        "started, exiting = threading.Event(), threading.Event()\n"
         "def busy(*args):\n"
+        "    started.set()\n"
         "    x = torch.randn(256, 256)\n"
-        "    deadline = time.monotonic() + 0.5\n"
-        "    while time.monotonic() < deadline:\n"
+        "    while not exiting.is_set():\n"
         "        x = torch.tanh(x @ x)\n"
         "    return errors(*args)\n"
         "lgreco.inner.errors = busy\n"
         "SimulatedWorld([lgreco]).step([{'w': torch.randn(64, 64)}])\n"
-        "time.sleep(0.1)\n"
-        "assert lgreco.service.running()\n")
+        "assert started.wait(60)\n"
+        "assert lgreco.service.running()\n"
+        "atexit.register(exiting.set)\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
 

@@ -9,6 +9,7 @@ import torch
 
 import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
+from hvd_compress.registry import controllable
 
 SHAPES = {"conv.weight": (32, 16, 3, 3), "fc.weight": (64, 128), "fc.bias": (64,)}
 STEPS, BAD_STEP = 8, 3
@@ -69,24 +70,23 @@ def assert_state_finite(compression):
     walk(compression.state_dict())
 
 
-# Every registered controller (a new one needs its entry), over compressors it can wrap:
-# (id, compressor, its settings, the controller's settings beyond its small ones).
-CONTROLLED = {"lgreco": [("lgreco-powersgd", "powersgd", {"rank": 2}, {}),
-                         ("lgreco-topk", "topk", {"density": 0.05}, {})],
-              "gravac": [("gravac-acpsgd", "acpsgd", {"rank": 4}, {}),
-                         ("gravac-topk-dense", "topk", {"density": 0.1}, {"scale_down_to": "dense", "epsilon": 0.99})]}
+# Beyond every controller over every compressor it can wrap: GraVAC sending dense when even
+# theta_min loses too much.
+SENDING_DENSE = ("gravac", "topk", {"scale_down_to": "dense", "epsilon": 0.99})
 
 
 def methods():
-    """Every registered compressor, and every registered controller. L-GreCo's rank 0 decides
-    for everyone through a transport, which the simulated world lacks: it runs alone here
-    (tests/ddp poisons one of its ranks under torchrun)."""
+    """Every registered compressor, and every registered controller over every compressor it
+    can wrap (and ``SENDING_DENSE``), in the largest simulated world it runs in: L-GreCo's rank
+    0 decides for everyone through a transport, which the simulated world lacks, so it runs
+    alone here (tests/ddp poisons one of its ranks under torchrun)."""
     compressors = [pytest.param(lambda name=name: hc.COMPRESSORS[name].build(small=True, min_numel=0), 2, id=name)
                    for name in sorted(hc.COMPRESSORS)]
-    controllers = [pytest.param(lambda c=c, n=n, s=s, o=o: hc.CONTROLLERS[c].build(
-                       hc.COMPRESSORS[n].build(min_numel=0, **s), small=True, **o),
-                       1 if c == "lgreco" else 2, id=label)
-                   for c in sorted(hc.CONTROLLERS) for label, n, s, o in CONTROLLED[c]]
+    cases = [(c, n, {}) for c in sorted(hc.CONTROLLERS) for n in controllable()] + [SENDING_DENSE]
+    controllers = [pytest.param(lambda c=c, n=n, o=o: hc.CONTROLLERS[c].build(
+                       hc.COMPRESSORS[n].build(small=True, min_numel=0), small=True, **o),
+                       hc.CONTROLLERS[c].simulated_ranks, id=f"{c}-{n}" + ("-dense" if o else ""))
+                   for c, n, o in cases]
     return compressors + controllers
 
 
