@@ -101,7 +101,8 @@ PER_LAYER_WAITS = {
     # audit, tests/unit/test_device_audit.py, shows it), not rerun on a GPU: lgreco-topk is
     # expected to pass; lgreco-powersgd keeps one svdvals per layer.
     "lgreco-powersgd": "50 vs 19: the decision's error tables came back per layer (.tolist()); what "
-                       "may remain is maths/errors.py's svdvals per layer, on rank 0's decision thread"}
+                       "may remain is maths/errors.py's svdvals per layer, on rank 0's decision thread",
+    "lgreco-acpsgd": "not run on a GPU yet; the same svdvals per layer as lgreco-powersgd (CPU audit)"}
 
 
 @pytest.mark.parametrize("make", [pytest.param(*p.values, id=p.id, marks=[pytest.mark.xfail(

@@ -122,7 +122,8 @@ def audited_decisions(make, layers, steps=6):
 
 # The audit counts svdvals as a wait (WAITS): lowrank_errors takes one per layer. Whether it
 # waits on a GPU is for the CUDA tier (tests/unit/test_cuda.py) to say.
-PER_LAYER_DECISION_WAITS = {"lgreco-powersgd": "torch.linalg.svdvals per layer (maths/errors.py)"}
+PER_LAYER_DECISION_WAITS = {f"lgreco-{low_rank}": "torch.linalg.svdvals per layer (maths/errors.py)"
+                            for low_rank in ("powersgd", "acpsgd")}
 
 
 @pytest.mark.parametrize("make", [pytest.param(*p.values, id=p.id, marks=[pytest.mark.xfail(
