@@ -45,7 +45,7 @@ GRAVAC = "GraVAC (Top-K)"
 REGISTERED = {"FP16": "fp16", "PowerSGD": "powersgd", "ACP-SGD": "acpsgd", "ScaleCom": "scalecom",
               "QSGD": "qsgd", "Top-K": "topk"}
 METHODS = [UNCOMPRESSED, "FP16", "PowerSGD", "ACP-SGD", LGRECO, GRAVAC, "ScaleCom", "QSGD", "Top-K"]
-# GraVAC as the multi-rank test and the README run it on the digits CNN: at epsilon 0.7 it
+# GraVAC as the multi-rank test runs it on the digits CNN (docs/methods.md): at epsilon 0.7 it
 # never leaves 10x there (Top-K keeps too little of this small CNN's gradient energy above).
 GRAVAC_SETTINGS = {"theta_min": 10, "theta_max": 100, "epsilon": 0.5}
 
@@ -313,7 +313,7 @@ def markdown(results, figure):
              "512). L-GreCo and GraVAC adapt within the run: L-GreCo decides at a third and two "
              "thirds of it, over ACP-SGD's ranks (candidates: half to twice the default); GraVAC "
              "over Top-K with a window of a sixth of the run, theta 10-100x and epsilon 0.5 (at "
-             "the documented 0.7 it stays at 10x on the digits CNN, see the README).", ""]
+             "the documented 0.7 it stays at 10x on the digits CNN, see docs/methods.md).", ""]
     if digits is not None:
         spec = digits["spec"]
         lines += [f"**{WORKLOADS['digits']}** (`benchmarks/workloads/digits.py`): SGD with momentum, "

@@ -13,7 +13,7 @@
 #                             (tests/test_fsdp.py), minus the launches in SKIPPED
 #                             (tests/test_multirank.py), and the elastic/fault runs
 #                             (tests/test_elastic.py).
-# How long each tier takes, measured: DEVELOPERS.md, "Tests" (the one place that says).
+# How long each tier takes, measured: docs/tests.md (the one place that says).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 selection=()

@@ -5,7 +5,8 @@
 # and DiLoCo, tests/ddp/test_ddp_outer.py), tests/fsdp at np 4 (FSDP2/HSDP), and the
 # no-Horovod unit tests. The tests run from a copy outside the checkout, so that the ranks
 # import the installed package and not the source tree (tests/conftest.py puts the folder
-# above tests/ first on the path). A few minutes; DEVELOPERS.md, "Tests", has the times.
+# above tests/ first on the path). Last, the README's torchrun examples (examples/quickstart_*.py)
+# run as written there. A few minutes; docs/tests.md has the times.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
@@ -31,7 +32,7 @@ log "pip install hvd_compress (from a copy of $(pwd))"
 "$venv_python" -m pip install -q "$work/src"
 
 mkdir -p "$work/run"
-cp -r pytest.ini tests "$work/run/"
+cp -r pytest.ini tests examples "$work/run/"
 cd "$work/run"
 "$venv_python" - <<'PY'
 import importlib.util, os, sys
@@ -43,4 +44,11 @@ PY
 log "ready after $((SECONDS - started)) s"
 PATH="$work/venv/bin:$PATH" "$venv_python" -m pytest -v -rs --durations=10 \
     tests/unit/test_torch_only.py tests/test_ddp.py tests/test_fsdp.py -k "not torchrun-4"
+run_example() {  # script, ranks: as the README gives the command
+    log "README example: torchrun --standalone --nproc_per_node $2 examples/$1"
+    OMP_NUM_THREADS=1 timeout 300 "$work/venv/bin/torchrun" --standalone --nproc_per_node "$2" "examples/$1"
+}
+run_example quickstart_ddp.py 2
+run_example quickstart_fsdp.py 4
+run_example quickstart_diloco.py 2
 log "done in $((SECONDS - started)) s"

@@ -3,7 +3,7 @@
 The examples, the tests' parametrisation and the benchmarks all read it. A compressor added to
 ``COMPRESSORS`` (or a controller to ``CONTROLLERS``) is exported as ``hvd_compress.<ClassName>``
 (with Horovod's Compression API where Horovod is installed), tested by the generic tests, and offered by the examples and
-benchmarks; README "Layout and contracts" says what else a new one needs.
+benchmarks; docs/layout.md ("Layout and contracts") says what else a new one needs.
 
 Each compressor entry has:
   * ``defaults``: the documented default settings, as constructor keywords;

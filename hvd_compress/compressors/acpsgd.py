@@ -16,8 +16,8 @@ class ACPSGD(LowRankCompressor):
     Tuning guide: as for :class:`PowerSGD`. The paper uses rank 4 for CNNs and 32-256 for
     BERT; both reuse and error feedback are needed for accuracy (its Fig. 7). Compare it with
     PowerSGD at equal bytes, i.e. at twice PowerSGD's rank: ACP-SGD rank 2r sends what
-    PowerSGD rank r sends. How the two compared at equal bytes on a character LM: README
-    "Choosing a method and its setting" and docs/benchmarks.md "Quality against bytes"
+    PowerSGD rank r sends. How the two compared at equal bytes on a character LM: docs/choosing.md
+    and docs/benchmarks.md "Quality against bytes"
     (``python -m benchmarks quality``).
     """
 

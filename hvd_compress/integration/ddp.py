@@ -217,7 +217,7 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, compressor: A
 
 def scaled_bucket_cap_mb(model: torch.nn.Module, compressor: GradientCompression,
                          dense_mb: float = DEFAULT_DENSE_THRESHOLD / MIB) -> float:
-    """DDP's ``bucket_cap_mb`` under ACP-SGD's scaled fusion rule (README, "With PyTorch DDP").
+    """DDP's ``bucket_cap_mb`` under ACP-SGD's scaled fusion rule (docs/ddp.md).
 
     The rule sizes a buffer of *compressed* payloads at ``dense_mb`` times the compression rate
     (payload bytes / float32 gradient bytes), so that it holds about as many layers as a dense
