@@ -17,4 +17,5 @@ optimizer = hvd_compress.DiLoCo(inner, model.named_parameters(), hvd_compress.QS
 loss = train(model, optimizer, steps=40)  # every 10th step() is also the outer step
 if dist.get_rank() == 0:
     print(f"loss {loss:.3f}; per outer step: {optimizer.compression.traffic.summary()}")
+dist.barrier()  # every rank done before the group is torn down
 dist.destroy_process_group()

@@ -25,4 +25,5 @@ state = hvd_compress.fsdp.register(model, hvd_compress.PowerSGD(rank=4))  # the 
 loss = train(model, torch.optim.SGD(model.parameters(), lr=0.1))
 if dist.get_rank() == 0:
     print(f"loss {loss:.3f}; per step: {state.compressor.traffic.summary()}")
+dist.barrier()  # every rank done before the group is torn down
 dist.destroy_process_group()
