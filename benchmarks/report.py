@@ -167,6 +167,9 @@ class CodecClock(Exporter):
     def write(self, step, numbers):
         self.seconds.append(numbers["codec_seconds"])
 
+    def write_decision(self, step, record):
+        """A controller's decisions are not codec time."""
+
 
 def summarise(seconds):
     """Median, quartiles and extremes, in ms, of a list of seconds."""

@@ -465,3 +465,19 @@ def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(t
     assert text.count("## Time to quality") == 1 and "| method | seeds | reached |" in text
     assert (tmp_path / "benchmarks" / "time_to_quality.png").stat().st_size > 0
     benchmark_runs.resumes(options, path)
+
+
+def test_the_codec_clock_times_steps_and_skips_controllers_decisions():
+    """An L-GreCo decision reaches exporters too; the clock keeps one entry per step."""
+    import torch
+
+    import hvd_compress as hc
+    from benchmarks.report import CodecClock
+    from hvd_compress.comm.simulated import SimulatedWorld
+    lgreco = hc.LGreCo(hc.PowerSGD(rank=2), warmup_steps=1, decide_every=2, apply_delay=1, transport="local")
+    clock = CodecClock(lgreco)
+    world = SimulatedWorld([lgreco])
+    for step in range(6):
+        g = torch.Generator().manual_seed(step)
+        world.step([{"fc.weight": torch.randn(64, 48, generator=g), "fc.bias": torch.randn(64, generator=g)}])
+    assert lgreco.decisions and len(clock.seconds) == 6
