@@ -407,23 +407,22 @@ class LGreCo(Controller):
         names = sorted(name for name in sums
                        if self.config.dense_candidates or self.inner.compresses(shapes[name], defaults[name]))
         weights = self._time_weights(names, shapes, samples, notes) if self.config.objective == "time" else None
-        width = 0
-        rows = []
-        computed = {}
+        candidates, computed = {}, {}
         for name in names:
-            shape, default = shapes[name], defaults[name]
-            options = self.inner.candidates(shape, default, self.config.candidates)
+            options = self.inner.candidates(shapes[name], defaults[name], self.config.candidates)
             if not self.config.dense_candidates:
-                options = [o for o in options if self.inner.compresses(shape, o)]
+                options = [o for o in options if self.inner.compresses(shapes[name], o)]
+            candidates[name] = options
             computed[name] = self.inner.errors(sums[name], options)
-            sizes = [self.inner.payload_bytes(shape, o) for o in options]
-            rows.append((options, sizes, None, options.index(self.inner.resolve(shape, default))))
-            width = max(width, len(options))
         # One device-to-host transfer for the whole table and the window's norms.
         read = read_rows({**computed, **norms})
-        rows = [(options, sizes, [0.0 if not self.inner.compresses(shapes[name], o) else e
-                                  for o, e in zip(options, read[name])], default_at)
-                for name, (options, sizes, _, default_at) in zip(names, rows)]
+        rows = []
+        for name in names:
+            shape, options = shapes[name], candidates[name]
+            errors = [0.0 if not self.inner.compresses(shape, o) else e for o, e in zip(options, read[name])]
+            sizes = [self.inner.payload_bytes(shape, o) for o in options]
+            rows.append((options, sizes, errors, options.index(self.inner.resolve(shape, defaults[name]))))
+        width = max((len(options) for options in candidates.values()), default=0)
         size_table = np.full((len(names), width), np.inf)
         error_table = np.full((len(names), width), np.inf)
         for i, (options, sizes, errors, _) in enumerate(rows):
