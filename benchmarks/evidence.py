@@ -1,12 +1,20 @@
-"""The quality evidence that ``hvd_compress.advise`` prints: the "Quality against bytes" tables of
-``docs/benchmarks.md``, read into the package's data file.
+"""The evidence that ``hvd_compress.advise`` prints: the "Quality against bytes" tables of
+``docs/benchmarks.md``, and the steps each method needs to reach the uncompressed run's quality
+(``docs/benchmarks/time_to_quality.json``), read into the package's data file.
 
-    python -m benchmarks evidence [--from docs/benchmarks.md] [--to hvd_compress/data/quality_evidence.json]
+    python -m benchmarks evidence [--from docs/benchmarks.md] [--steps docs/benchmarks/time_to_quality.json]
+        [--to hvd_compress/data/quality_evidence.json]
 
-Rerun it after ``python -m benchmarks quality`` rewrites that section. Each row becomes a record
-under the registry's name of its method (``powersgd``; a controller as ``lgreco/acpsgd``) and
-its setting as advise names it (``rank=8``, ``density=0.01``, ``bits=4``; ``""`` for none).
-Rows whose method is not a registered one as it is (a variant of a schedule) are left out.
+Rerun it after ``python -m benchmarks quality`` rewrites that section, or after
+``python -m benchmarks time_to_quality`` adds points. Each row becomes a record under the
+registry's name of its method (``powersgd``; a controller as ``lgreco/acpsgd``) and its setting
+as advise names it (``rank=8``, ``density=0.01``, ``bits=4``; ``""`` for none). Rows whose
+method is not a registered one as it is (a variant of a schedule) are left out.
+
+Steps to target (``"steps_to_target"``, once the uncompressed seeds have set the target): per
+method and setting, its median steps to target over its seeds divided by uncompressed's
+(``factor``; null where the median run did not reach it), with the seeds that ran and reached
+it. DiLoCo's points are left out: advise does not project outer steps.
 """
 import argparse
 import json
@@ -68,17 +76,59 @@ def parse(markdown):
     return evidence
 
 
+def steps_to_target(results):
+    """The ``"steps_to_target"`` part from the time-to-quality results, or None until their target
+    is set."""
+    from benchmarks import time_to_quality as ttq  # needs Horovod, as that benchmark does
+
+    plan = results["plan"]
+    goal = ttq.target_of(results, plan["base_seeds"], plan["knee_gain"])
+    if goal is None:
+        return None
+    base = ttq.score(ttq.records_of(results, ttq.UNCOMPRESSED), goal["target"])["median"]
+    methods = {}
+    for label in ttq.labels_in_order(results):
+        spec = next(entry["spec"] for entry in results["points"].values() if entry["spec"]["label"] == label)
+        controller = (spec["controller"] or {}).get("kind")
+        if controller == "diloco":
+            continue
+        method = spec["compressor"] or "none"
+        if controller in ("lgreco", "gravac"):
+            method = f"{controller}/{method}"
+        setting = ",".join(f"{key}={value}" for key, value in spec["settings"].items())
+        outcome = ttq.score(ttq.records_of(results, label), goal["target"])
+        methods.setdefault(method, {})[setting] = {
+            "factor": None if outcome["median"] is None else round(outcome["median"] / base, 3),
+            "seeds": outcome["seeds"], "reached": outcome["reached"]}
+    return {"source": "docs/benchmarks.md, 'Time to quality' (python -m benchmarks time_to_quality)",
+            "workload": f"Character LM, {results['np']} ranks, validation loss {goal['target']:.4f} "
+                        f"(uncompressed: {base:,.0f} steps)",
+            "methods": methods}
+
+
+def gather(markdown: Path, steps: Path):
+    """The whole data file: the quality tables of ``markdown``, and the steps to target of the
+    time-to-quality results at ``steps`` (where they exist and set a target)."""
+    evidence = parse(markdown.read_text())
+    measured = steps_to_target(json.loads(steps.read_text())) if steps.exists() else None
+    if measured is not None:
+        evidence["steps_to_target"] = measured
+    return evidence
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks evidence", description=__doc__.splitlines()[0])
     parser.add_argument("--from", dest="source", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    parser.add_argument("--steps", type=Path, default=ROOT / "docs" / "benchmarks" / "time_to_quality.json")
     parser.add_argument("--to", type=Path, default=ROOT / "hvd_compress" / "data" / "quality_evidence.json")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    evidence = parse(args.source.read_text())
+    evidence = gather(args.source, args.steps)
+    steps = evidence.get("steps_to_target")
     args.to.parent.mkdir(parents=True, exist_ok=True)
     args.to.write_text(json.dumps(evidence, indent=1, sort_keys=True) + "\n")
     count = sum(len(records) for settings in evidence["methods"].values() for records in settings.values())
     print(f"{count} records of {len(evidence['methods'])} methods on {len(evidence['workloads'])} "
-          f"workloads written to {args.to}")
+          f"workloads, steps to target of {len((steps or {}).get('methods', {}))} methods, written to {args.to}")
 
 
 if __name__ == "__main__":

@@ -26,4 +26,4 @@ for argument in "$@"; do
     fi
 done
 bash ci/setup.sh
-python3 -m pytest -v -rs --durations=10 "${selection[@]}" "${arguments[@]}"
+python3 -m pytest -v -rs --durations=40 "${selection[@]}" "${arguments[@]}"

@@ -29,7 +29,7 @@ trap 'hosts_down; rm -rf "$work"' EXIT
 mkdir -p "$logs"
 hosts_up "$work"
 for host in c1 c2; do
-    for probe in gloo_shapes mpi_threads; do docker cp "docker/$probe.py" "$host:/tmp/$probe.py"; done
+    for probe in gloo_shapes gloo_start mpi_threads; do docker cp "docker/$probe.py" "$host:/tmp/$probe.py"; done
 done
 failed=0
 for method in "${methods[@]}"; do
@@ -40,14 +40,15 @@ for method in "${methods[@]}"; do
         none) args=(--compression none) ;;
         shapes) script=(/tmp/gloo_shapes.py 200); args=(alternate) ;;
         fixed-shapes) script=(/tmp/gloo_shapes.py 200); args=(fixed) ;;
+        start) script=(/tmp/gloo_start.py 20); args=() ;;
         mpi-threads) script=(/tmp/mpi_threads.py 1000); args=() ;;
-        *) echo "docker/soak.sh: unknown method '$method': powersgd, lgreco, none, shapes, fixed-shapes or mpi-threads" >&2; exit 2 ;;
+        *) echo "docker/soak.sh: unknown method '$method': powersgd, lgreco, none, shapes, fixed-shapes, start or mpi-threads" >&2; exit 2 ;;
     esac
     passed=0
     for run in $(seq "$runs"); do
         start=$(date +%s)
         out="$logs/$controller-$method-$run.log"
-        if docker exec -e OMP_NUM_THREADS=1 c1 timeout 600 horovodrun --$controller -np 4 -H c1:2,c2:2 \
+        if docker exec -e OMP_NUM_THREADS=1 ${SOAK_LOG_LEVEL:+-e HOROVOD_LOG_LEVEL=$SOAK_LOG_LEVEL} c1 timeout 600 horovodrun --$controller -np 4 -H c1:2,c2:2 \
                 python "${script[@]}" "${args[@]}" > "$out" 2>&1 && grep -q "final" "$out"; then
             passed=$((passed + 1)); verdict=passed
         else

@@ -32,13 +32,22 @@ What it does, on every rank together:
    that follows another (PowerSGD's Q after P, ScaleCom's all-reduce after its broadcast) runs
    gradient after gradient once the step synchronises, one message each, all exposed.
 
+5. **Time to target**: a user trains to a quality, not for a number of steps. Where this
+   project measured how many steps a setting needs to reach the uncompressed run's quality
+   (``python -m benchmarks time_to_quality``), its projected time to target is its projected
+   step times that factor (uncompressed: 1), relative to uncompressed's.
+
 It prints one table (method, setting, bytes one rank sends per step, codec and communication
-time, projected step, speed-up over uncompressed, and the quality this project measured for
-that setting: ``hvd_compress/data/quality_evidence.json``, from ``docs/benchmarks.md``) and one
-line of advice: the fastest setting whose measured quality loss stays within
-``QUALITY_LIMITS``, or "do not compress: the link is fast enough" when nothing beats
-uncompressed by ``WORTH_IT``. Controllers (L-GreCo, GraVAC) are not projected: their settings
-change during training; their quality evidence is in ``docs/benchmarks.md``.
+time, projected step, speed-up over uncompressed, the steps-to-target factor and projected time
+to target where measured, and the quality this project measured for that setting:
+``hvd_compress/data/quality_evidence.json``, from ``docs/benchmarks.md``) and one line of
+advice. Where any compressed setting has a steps-to-target factor, the advice is the setting
+(or uncompressed) with the shortest projected time to target, among those measured, if it beats
+uncompressed by ``WORTH_IT``. Otherwise, it is the fastest setting per step whose measured
+quality loss stays within ``QUALITY_LIMITS``, said to rest on step time alone; or "do not
+compress: the link is fast enough" when nothing beats uncompressed by ``WORTH_IT``.
+Controllers (L-GreCo, GraVAC) are not projected: their settings change during training; their
+evidence is in ``docs/benchmarks.md``.
 """
 import argparse
 import importlib
@@ -106,6 +115,12 @@ class Candidate:
     speedup: float = 1.0
     evidence: str = ""
     quality_ok: Optional[bool] = None  # None: no evidence held
+    # Measured steps to the uncompressed run's quality over uncompressed's: None where not
+    # measured, inf where the setting did not reach it; to_target: projected time to target
+    # over uncompressed's (step time x steps).
+    steps_factor: Optional[float] = None
+    steps_evidence: str = ""
+    to_target: Optional[float] = None
     # Rounds that follow another, one gradient after another: collective -> (messages, bytes each)
     serial_messages: Dict[str, Tuple[int, float]] = field(default_factory=dict)
     codec_step_ms: List[float] = field(default_factory=list)  # per timed step
@@ -411,9 +426,39 @@ def evidence_for(method: str, setting: str, evidence: Dict[str, Any]) -> Tuple[s
     return "; ".join(texts), ok
 
 
+def steps_for(method: str, setting: str, evidence: Dict[str, Any]) -> Tuple[str, Optional[float]]:
+    """(what this project measured of the setting's steps to target, the factor: its steps over
+    uncompressed's, inf if it did not reach the target, None if not measured)."""
+    steps = evidence.get("steps_to_target")
+    if method == "none":
+        return ("the target is its quality", 1.0) if steps else ("", None)
+    record = (steps or {}).get("methods", {}).get(method, {}).get(setting)
+    if not record:
+        return "", None
+    seeds = f"{record['reached']} of {record['seeds']} seeds reached it"
+    if record["factor"] is None:
+        return f"not reached ({seeds}; {steps['workload']})", math.inf
+    return f"{record['factor']:.2f}x the steps ({seeds}; {steps['workload']})", record["factor"]
+
+
 def recommend(candidates: Sequence[Candidate]) -> str:
     """The one line of advice (the module docstring's rule)."""
     baseline = next(c for c in candidates if c.method == "none")
+    measured = [c for c in candidates if c.to_target is not None and c.method != "none"]
+    if measured:
+        best = min(measured, key=lambda c: c.to_target)
+        if best.to_target > 1 / WORTH_IT:
+            return (f"do not compress: no measured setting is projected to reach uncompressed's quality "
+                    f"{WORTH_IT:.2f}x sooner (the best, {describe(best)}: {_factor_text(best.to_target)} "
+                    f"its time)")
+        return (f"compress with {describe(best)}: projected to reach uncompressed's quality in "
+                f"{best.to_target:.2f}x its time ({best.speedup:.2f}x faster a step, {best.steps_evidence})")
+    line = recommend_by_step(candidates, baseline)
+    return line + "; steps to target not measured for any setting here, so this rests on step time alone"
+
+
+def recommend_by_step(candidates: Sequence[Candidate], baseline: Candidate) -> str:
+    """The advice by projected step time and the quality limits."""
     fastest = min(candidates, key=lambda c: c.step_ms)
     safe = [c for c in candidates if c.method != "none" and c.quality_ok]
     best = min(safe, key=lambda c: c.step_ms) if safe else None
@@ -491,6 +536,9 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
     baseline = next(c for c in candidates if c.method == "none")
     for candidate in candidates:
         candidate.speedup = baseline.step_ms / candidate.step_ms
+        candidate.steps_evidence, candidate.steps_factor = steps_for(candidate.method, candidate.setting, evidence)
+        if candidate.steps_factor is not None:
+            candidate.to_target = candidate.steps_factor / candidate.speedup
     baseline.quality_ok = True
     return Advice(ranks.size, sum(g.numel() for g in grads.values()), 1e3 * (forward_s + backward_s),
                   1e3 * backward_s, links, candidates, recommend(candidates))
@@ -504,15 +552,27 @@ def format_advice(advice: Advice) -> str:
     for collective, link in advice.links.items():
         bandwidth = "-" if math.isinf(link.bytes_per_s) else f"{8 * link.bytes_per_s / 1e9:.2f} Gbit/s"
         lines.append(f"  {collective:9} {1e6 * link.latency_s:8.0f} us  {bandwidth}")
-    header = ("method", "setting", "MB/step", "codec ms", "comm ms", "step ms", "speed-up", "quality evidence")
+    header = ("method", "setting", "MB/step", "codec ms", "comm ms", "step ms", "speed-up", "steps",
+              "time to target", "quality evidence")
     rows = [(c.method, c.setting or "-", f"{c.wire_bytes / 1e6:.2f}", f"{c.codec_ms:.1f}",
-             f"{c.communication_ms:.1f}", f"{c.step_ms:.1f}", f"{c.speedup:.2f}x", c.evidence)
+             f"{c.communication_ms:.1f}", f"{c.step_ms:.1f}", f"{c.speedup:.2f}x", _factor_text(c.steps_factor),
+             _factor_text(c.to_target), c.evidence)
             for c in sorted(advice.candidates, key=lambda c: c.step_ms)]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    steps = sorted({c.steps_evidence.split("; ", 1)[-1].rstrip(")") for c in advice.candidates
+                    if c.method != "none" and c.steps_evidence})
+    if steps:
+        lines.append("steps and time to target (relative to uncompressed) measured on: " + "; ".join(steps))
     lines.append(f"advice: {advice.recommendation}")
     return "\n".join(lines)
+
+
+def _factor_text(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    return "not reached" if math.isinf(value) else f"{value:.2f}x"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -3,6 +3,7 @@ and (slow) a 2-rank ``mpirun`` run that prints the table; the shipped quality ev
 one docs/benchmarks.md holds."""
 import json
 import os
+import math
 import sys
 from pathlib import Path
 
@@ -18,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_shipped_evidence_is_what_docs_benchmarks_md_holds():
-    """Rerun ``python -m benchmarks evidence`` after the quality benchmark rewrites its tables."""
-    parsed = evidence_script.parse((ROOT / "docs" / "benchmarks.md").read_text())
+    """Rerun ``python -m benchmarks evidence`` after the quality or time-to-quality benchmark
+    adds results."""
+    parsed = evidence_script.gather(ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "benchmarks" / "time_to_quality.json")
     assert json.loads(adv.EVIDENCE.read_text()) == json.loads(json.dumps(parsed))
     assert parsed["workloads"] == {"Digits CNN": "test accuracy", "Character LM": "validation perplexity"}
     assert {"none", "powersgd", "topk", "qsgd", "lgreco/powersgd"} <= set(parsed["methods"])
@@ -144,6 +146,63 @@ def test_advice_is_the_fastest_safe_setting_or_not_to_compress():
     assert line.startswith("compress with powersgd rank=4") and "topk density=0.001" in line
     fast_link = projected(1 / 1e12)
     assert adv.recommend(fast_link).startswith("do not compress: the link is fast enough")
+
+
+STEPS = {"steps_to_target": {"workload": "LM, loss 1.4", "methods": {
+    "powersgd": {"rank=4": {"factor": 1.5, "seeds": 3, "reached": 3}},
+    "topk": {"density=0.001": {"factor": None, "seeds": 3, "reached": 1}}}}}
+
+
+def test_steps_to_target_evidence_gives_the_factor_or_says_it_was_not_reached():
+    assert adv.steps_for("powersgd", "rank=4", STEPS) == ("1.50x the steps (3 of 3 seeds reached it; LM, loss 1.4)", 1.5)
+    assert adv.steps_for("topk", "density=0.001", STEPS)[1] == math.inf
+    assert adv.steps_for("powersgd", "rank=8", STEPS) == ("", None)
+    assert adv.steps_for("none", "", STEPS)[1] == 1.0
+    assert adv.steps_for("none", "", {}) == ("", None)
+
+
+def with_steps(candidates, factors):
+    for c in candidates:
+        c.steps_evidence, c.steps_factor = "measured", factors.get(c.method, 1.0 if c.method == "none" else None)
+        if c.steps_factor is not None:
+            c.to_target = c.steps_factor / c.speedup
+    return candidates
+
+
+def test_advice_picks_the_shortest_time_to_target_not_the_fastest_step():
+    dense, compressed, risky = with_steps(projected(1 / 1e8), {"powersgd": 1.5, "topk": 1.2})
+    risky.quality_ok = True  # the faster step: chosen by step time alone
+    assert adv.recommend([dense, compressed, risky]).startswith("compress with topk")
+    risky.steps_factor, risky.to_target = math.inf, math.inf  # but it never reaches the target
+    line = adv.recommend([dense, compressed, risky])
+    assert line.startswith("compress with powersgd rank=4: projected to reach uncompressed's quality in")
+    assert f"{compressed.to_target:.2f}x its time" in line
+    compressed.to_target = 1.0  # as slow to the target as uncompressed
+    assert adv.recommend([dense, compressed, risky]).startswith("do not compress: no measured setting")
+
+
+def test_advice_without_steps_evidence_says_it_rests_on_step_time():
+    assert adv.recommend(projected(1 / 1e8)).endswith("rests on step time alone")
+
+
+def test_steps_to_target_is_read_from_the_time_to_quality_results():
+    def record(losses):
+        return {"points": [{"length": n, "loss": loss} for n, loss in zip([1000, 2000, 4000], losses)]}
+
+    def entry(label, compressor, settings, seed, losses, controller=None):
+        spec = {"label": label, "compressor": compressor, "settings": settings, "controller": controller}
+        return f"{label}/{seed}", {"spec": spec, "record": record(losses)}
+
+    points = dict([entry("uncompressed", None, {}, seed, [2.0, 1.6, 1.5]) for seed in range(5)] +
+                  [entry("PowerSGD rank 8", "powersgd", {"rank": 8}, seed, [2.1, 1.7, 1.65]) for seed in range(3)] +
+                  [entry("L-GreCo", "topk", {"density": 0.1}, 0, [2.0, 1.6, 1.5], {"kind": "lgreco"}),
+                   entry("DiLoCo", "qsgd", {"bits": 4}, 0, [2.0, 1.6, 1.5], {"kind": "diloco"})])
+    results = {"points": points, "np": 4, "plan": {"base_seeds": 5, "knee_gain": 0.1}}  # knee 2,000: 1.6
+    steps = evidence_script.steps_to_target(results)
+    assert set(steps["methods"]) == {"none", "powersgd", "lgreco/topk"}  # DiLoCo is not projected
+    assert steps["methods"]["none"][""]["factor"] == 1.0
+    assert steps["methods"]["powersgd"]["rank=8"] == {"factor": None, "seeds": 3, "reached": 0}
+    assert steps["methods"]["lgreco/topk"]["density=0.1"]["factor"] == 1.0
 
 
 class OneRank:
