@@ -11,7 +11,10 @@
 # without hvd_compress (docker/gloo_shapes.py, 200 steps): shapes (tensor names whose shapes
 # alternate between steps) or fixed-shapes. HOROVOD_GLOO_TIMEOUT_SECONDS stays at its default
 # (30). Or mpi-threads (docker/mpi_threads.py, 1000 rounds, SOAK_CONTROLLER=mpi): mpi4py messages
-# beside Horovod's MPI thread, without hvd_compress. SOAK_EPOCHS: epochs of the digits runs (3). Logs: docker/soak-logs/ (or SOAK_LOGS).
+# beside Horovod's MPI thread, without hvd_compress. Or start (docker/gloo_start.py): Horovod's
+# start-up alone, as examples/train_digits.py begins (init, broadcast_parameters, 20 steps).
+# SOAK_EPOCHS: epochs of the digits runs (3, as docker/test.sh). SOAK_LOG_LEVEL: Horovod's log
+# level in every rank (trace logs each enqueued request). Logs: docker/soak-logs/ (or SOAK_LOGS).
 # Exits non-zero unless every job passed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
