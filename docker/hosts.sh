@@ -3,6 +3,8 @@
 # docker/soak.sh (needs "set -euo pipefail" and a log function in the caller).
 #   hosts_up WORKDIR    start them (replacing any left from an earlier run)
 #   hosts_down          remove them and the network
+# HOSTS_CPU_SHARES: the containers' CPU weight (docker run --cpu-shares; Docker's default 1024,
+# the weight of one busy process of the host).
 HOSTS_NETWORK=hvd_compress-test
 
 hosts_down() {
@@ -23,6 +25,7 @@ hosts_up() {
     local host attempt
     for host in c1 c2; do
         docker run -d --name "$host" --hostname "$host" --network "$HOSTS_NETWORK" \
+            --cpu-shares "${HOSTS_CPU_SHARES:-1024}" \
             -v "$work/ssh:/root/.ssh:ro" hvd_compress:cpu bash -c "ssh-keygen -A >/dev/null && exec /usr/sbin/sshd -D" >/dev/null
     done
     for attempt in $(seq 30); do

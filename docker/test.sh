@@ -32,6 +32,8 @@ if [[ " ${targets[*]} " == *" cpu "* ]]; then
             adapt=(); [ $method = lgreco ] && adapt=(--compression acpsgd --adapt lgreco)
             [ $method = powersgd ] && adapt=(--compression powersgd)
             for attempt in 1 2; do
+                # What else runs on the host: issue 31's Gloo timeouts came with host CPU contention.
+                log "host: $(uptime | sed 's/.*load/load/'); busiest: $(ps -eo pcpu,comm --sort=-pcpu | sed -n 2,4p | awk '{printf "%s %s%%; ", $2, $1}')"
                 log "horovodrun --$controller -np 4 -H c1:2,c2:2 python examples/train_digits.py ${adapt[*]} --epochs 3"
                 # 3 epochs, as docker/soak.sh repeats them: the images and the multi-host wiring,
                 # L-GreCo's decisions included (one per epoch after a warm-up epoch); convergence
