@@ -378,12 +378,18 @@ def budget(plan: Dict[str, Any], cap: Optional[int]) -> List[str]:
     base = job_steps([n for n in plan["lengths"] if n <= plan["longest"]])
     capped = job_steps([n for n in plan["lengths"] if n <= (cap or plan["longest"])])
     jobs = plan["base_seeds"] + len(METHODS) * plan["other_seeds"] + plan["base_seeds"] - plan["other_seeds"]
+    # Every job to the cap, at 55 ms a step, or 110 ms with a CPU codec: the bound, before jobs
+    # stop at the target.
+    hours = [jobs * capped * step_s / 3600 for step_s in (0.055, 0.110)]
+    whole = (f"With every job run to the cap, the {jobs} jobs would take {hours[0]:.0f}-{hours[1]:.0f} h of idle "
+             "cores; a job stops at the first length that reaches the target, so the plan fits the issue's 12 h "
+             "only if most compressed jobs stop well before the cap.") if cap else ""
     return [f"**Budget.** An uncompressed job trains {base:,} steps; a compressed one at most {capped:,} "
             f"({'at the cap of ' + format(cap, ',') + ' steps' if cap else 'the cap is not set yet'}), fewer "
             "when it reaches the target sooner. A step on idle cores is about 55 ms uncompressed (issue 33's "
             "hand-run: 3,000 steps in 164 s) and up to about twice that with a CPU codec; the first "
-            "uncompressed seed took 37 min (194 ms a step) beside two other people's work. At a cap of 6,000 "
-            f"steps the {jobs} jobs take about 9 h of idle cores, inside the issue's 12. Traded to fit: one or two "
+            f"uncompressed seed took 37 min (194 ms a step) beside two other people's work. {whole} "
+            "Traded to fit: one or two "
             "settings per method (those \"Quality against bytes\" found closest to uncompressed, then one "
             "cheaper), 3 seeds for every compressed point but FP16 (the other points a target rests on, the "
             "fastest method and advise's pick, follow from the step times: their last 2 seeds are not planned "
