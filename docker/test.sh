@@ -41,13 +41,15 @@ if [[ " ${targets[*]} " == *" cpu "* ]]; then
                 docker exec -e OMP_NUM_THREADS=1 c1 timeout 900 horovodrun --$controller -np 4 -H c1:2,c2:2 \
                     python examples/train_digits.py "${adapt[@]}" --epochs 3 2>&1 | tee "$work/$controller-$method.log" || true
                 grep -q "final test accuracy" "$work/$controller-$method.log" && break
-                # Retried once, and only this: Horovod's Gloo controller dying in the first
-                # collective, hvd.broadcast_parameters, before any hvd_compress object exists
-                # (seen with Horovod alone too: DEVELOPERS.md, issue 31).
-                if [ $attempt = 1 ] && grep -q "Horovod background loop uncaught exception" "$work/$controller-$method.log" \
-                        && ! grep -q "hvd_compress/hvd_compress/" "$work/$controller-$method.log" \
-                        && grep -q "in broadcast_parameters" "$work/$controller-$method.log"; then
-                    log "Horovod's $controller controller failed in broadcast_parameters, before any hvd_compress code ran: once more"
+                # Retried once, and only this: a job whose first error is Horovod's background
+                # loop dying of Gloo's 30 s timeout. Under host CPU contention an uncompressed
+                # job dies that way too (DEVELOPERS.md, issue 31), so it says nothing of ours;
+                # docker/soak.sh counts these. Any other first error fails the stage.
+                first_error=$(grep -m1 -i "error\|exception" "$work/$controller-$method.log" || true)
+                if [ $attempt = 1 ] && [[ "$first_error" == *"Horovod background loop uncaught exception"* ]] \
+                        && grep -q "Horovod background loop uncaught exception: .*\(Timed out waiting\|timeout caused pair closure\)" \
+                            "$work/$controller-$method.log"; then
+                    log "Horovod's $controller controller died of Gloo's timeout: once more"
                     continue
                 fi
                 echo "docker/test.sh: horovodrun --$controller, $method failed (log above)" >&2
