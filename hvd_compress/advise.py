@@ -448,11 +448,20 @@ def recommend(candidates: Sequence[Candidate]) -> str:
     if measured:
         best = min(measured, key=lambda c: c.to_target)
         if best.to_target > 1 / WORTH_IT:
-            return (f"do not compress: no measured setting is projected to reach uncompressed's quality "
+            line = (f"do not compress: no measured setting is projected to reach uncompressed's quality "
                     f"{WORTH_IT:.2f}x sooner (the best, {describe(best)}: {_factor_text(best.to_target)} "
                     f"its time)")
-        return (f"compress with {describe(best)}: projected to reach uncompressed's quality in "
-                f"{best.to_target:.2f}x its time ({best.speedup:.2f}x faster a step, {best.steps_evidence})")
+        else:
+            line = (f"compress with {describe(best)}: projected to reach uncompressed's quality in "
+                    f"{best.to_target:.2f}x its time ({best.speedup:.2f}x faster a step, {best.steps_evidence})")
+        # A setting whose steps to target were never measured may still be the one to try.
+        unmeasured = [c for c in candidates if c.steps_factor is None and c.quality_ok is not False
+                      and c.speedup * min(best.to_target, 1.0) > WORTH_IT]
+        if unmeasured:
+            fastest = max(unmeasured, key=lambda c: c.speedup)
+            line += (f". Not measured to target but {fastest.speedup:.2f}x faster a step: {describe(fastest)}, "
+                     f"which pays if it needs under {fastest.speedup * min(best.to_target, 1.0):.2f}x the steps")
+        return line
     line = recommend_by_step(candidates, baseline)
     return line + "; steps to target not measured for any setting here, so this rests on step time alone"
 
@@ -561,7 +570,8 @@ def format_advice(advice: Advice) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
-    steps = sorted({c.steps_evidence.split("; ", 1)[-1].rstrip(")") for c in advice.candidates
+    # steps_evidence: "... (<seeds>; <workload>)"
+    steps = sorted({c.steps_evidence.split("; ", 1)[-1][:-1] for c in advice.candidates
                     if c.method != "none" and c.steps_evidence})
     if steps:
         lines.append("steps and time to target (relative to uncompressed) measured on: " + "; ".join(steps))

@@ -181,6 +181,16 @@ def test_advice_picks_the_shortest_time_to_target_not_the_fastest_step():
     assert adv.recommend([dense, compressed, risky]).startswith("do not compress: no measured setting")
 
 
+def test_advice_names_a_faster_setting_whose_steps_to_target_were_not_measured():
+    dense, compressed, risky = with_steps(projected(1 / 1e8), {"powersgd": 1.5})
+    risky.quality_ok = None  # no quality evidence either: not known to be worse
+    line = adv.recommend([dense, compressed, risky])
+    assert line.startswith("compress with powersgd rank=4")
+    bound = risky.speedup * compressed.to_target
+    assert line.endswith(f"Not measured to target but {risky.speedup:.2f}x faster a step: topk density=0.001, "
+                         f"which pays if it needs under {bound:.2f}x the steps")
+
+
 def test_advice_without_steps_evidence_says_it_rests_on_step_time():
     assert adv.recommend(projected(1 / 1e8)).endswith("rests on step time alone")
 
@@ -241,6 +251,9 @@ def test_advise_in_one_process_measures_every_asked_method_at_its_settings():
     assert set(advice.links) == {"allreduce", "allgather"}
     text = adv.format_advice(advice)
     assert "speed-up" in text and text.splitlines()[-1].startswith("advice: ")
+    steps = json.loads(adv.EVIDENCE.read_text()).get("steps_to_target")
+    if steps and "fp16" in steps["methods"]:  # the shipped evidence names its workload whole
+        assert f"time to target (relative to uncompressed) measured on: {steps['workload']}" in text
 
 
 def test_advise_refuses_bad_input_naming_it():
