@@ -65,7 +65,11 @@ def exchange_alone(compressor, name, grad):
     """Runs every round of one gradient's exchange in a world of one: each collective returns
     the rank's own payload (an all-gather stacks it as the only row). What the codec costs
     without communication."""
-    round_ = compressor.begin(name, grad)
+    return run_alone(compressor.begin(name, grad))
+
+
+def run_alone(round_):
+    """``exchange_alone`` of an exchange already begun: its rounds in a world of one."""
     while isinstance(round_, Round):
         received = round_.payload.unsqueeze(0) if round_.collective is Collective.ALLGATHER else round_.payload
         round_ = round_.then(received)

@@ -24,6 +24,8 @@ look inside a compressor:
 ``payload_bytes(shape, setting)``              bytes handed to collectives per step
 ``setting_for_factor(shape, factor)``          the setting that compresses about ``factor``-fold
 ``kept_energies(name, x, settings, memo)``    ||C(x)||^2 for nested settings (GraVAC's gains)
+``begin_measured(name, grad, settings, memo,   ``begin`` (or ``begin_uncompressed``) and, from the
+uncompressed)``                                same work where it can, ||x||^2 and ``kept_energies``
 ``residual(name)`` / ``clear_residual(name)``  the error feedback waiting for ``name``
 ``begin_uncompressed(name, grad)``             send gradient plus residual whole, clear it
 ``last_step_finite``                           whether the last step was kept (see below)
@@ -63,6 +65,7 @@ from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round, Traffic, carrying, on_result
 from hvd_compress.compressors.config import CompressorConfig, check_checkpoint, checkpoint_header
 from hvd_compress.compressors.feedback import ErrorFeedback
+from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths.finite import all_finite, extremes, nonfinite_marker
 
 logger = logging.getLogger(__name__)
@@ -267,6 +270,10 @@ class Compressor(GradientCompression):
             self._expected_world = None
 
     def begin(self, name: str, grad: torch.Tensor) -> Round:
+        return self._begin_with(name, grad, self._begin)
+
+    def _begin_with(self, name, grad, compress):
+        """``begin``, with ``compress`` (``_begin`` or a measuring one) making compressed rounds."""
         if not grad.dtype.is_floating_point:
             raise TypeError(f"{type(self).__name__}: parameter {name!r}: gradient has dtype "
                             f"{grad.dtype}; only floating-point gradients can be compressed")
@@ -285,13 +292,48 @@ class Compressor(GradientCompression):
             round_ = self._dense_round_with_residual(name, grad)
         else:
             self._check_setting(name, setting, grad.numel())
-            round_ = self._begin(name, grad)
+            round_ = compress(name, grad)
             if not self.payload_carries_input:
                 round_ = _marking_non_finite_input(round_, grad)
         return on_result(round_, self._watch_finite)
 
     def _begin(self, name, grad):
         raise NotImplementedError
+
+    def begin_measured(self, name: str, grad: torch.Tensor, settings: Sequence[Any], memo: Dict[str, Any],
+                       uncompressed: bool = False) -> Tuple[Round, torch.Tensor]:
+        """``begin(name, grad)`` (``begin_uncompressed`` if ``uncompressed``) and GraVAC's
+        energies of x = gradient plus residual: a float64 tensor on the gradient's device,
+        [||x||^2, then ``kept_energies(name, x, settings, memo)``], made without waiting for the
+        device. A compressor whose compression already selects or projects x at one of
+        ``settings`` derives them from that work (``_begin_measured``); otherwise, and for
+        gradients sent dense, they are measured apart (``measured_energies``)."""
+        if uncompressed or not self.compresses(grad.shape, self.setting(name)):
+            energies = self.measured_energies(name, grad, settings, memo)
+            return (self.begin_uncompressed(name, grad) if uncompressed else self.begin(name, grad)), energies
+        found = []
+
+        def compress(name, grad):
+            round_, energies = self._begin_measured(name, grad, settings, memo)
+            found.append(energies)
+            return round_
+
+        return self._begin_with(name, grad, compress), found[0]
+
+    def _begin_measured(self, name, grad, settings, memo):
+        """(``_begin``'s round, ``begin_measured``'s energies); by default measured apart."""
+        return self._begin(name, grad), self.measured_energies(name, grad, settings, memo)
+
+    def measured_energies(self, name: str, grad: torch.Tensor, settings: Sequence[Any],
+                          memo: Dict[str, Any]) -> torch.Tensor:
+        """``begin_measured``'s energies measured on their own: x is built apart from the
+        compression's, in float32 whatever the gradient's dtype (float16 energies overflow),
+        with the residual in the gradient's units (``track``)."""
+        x = grad.detach().float()
+        residual = self.residual(name, grad.device)
+        if residual is not None:
+            x = torch.add(x, residual.view(grad.shape), alpha=self.loss_scale())
+        return torch.cat([error_maths.squared_norm(x.reshape(-1)), self.kept_energies(name, x, settings, memo)])
 
     def begin_uncompressed(self, name: str, grad: torch.Tensor) -> Round:
         """Sends ``grad`` plus its residual whole, in one all-reduce, and the residual becomes

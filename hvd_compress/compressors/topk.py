@@ -106,14 +106,36 @@ class TopK(KSparse):
         super().__init__(named_parameters, config)
 
     def _begin(self, name, grad):
+        return self._compress(name, grad, None)[0]
+
+    def _begin_measured(self, name, grad, settings, memo):
+        return self._compress(name, grad, [min(settings[0], k) for k in settings])
+
+    def _compress(self, name, grad, nested):
+        """(the round, GraVAC's energies at the k's ``nested``, or None without them). The
+        energies come from this compression's own work: x is the accumulator it selects from,
+        and its selection holds the energy of the k it sends and, when that is nested[0]
+        (theta_min), of every nested k (top-k within it); the others are measured on the
+        accumulator, and its magnitudes, before the selection is zeroed."""
         shape, dtype, n = grad.shape, grad.dtype, grad.numel()
         k = self.k_for(self.setting(name), n)
         check_positive_int(self, name, "k", k, upper=n)
         # Gradient plus residual, built in the residual's buffer; zeroing what is sent leaves
         # the next residual there.
         acc = self.feedback.compensated(name, grad.reshape(-1))
-        indices = topk_indices(acc.abs(), k)
+        magnitudes = acc.abs()
+        indices = topk_indices(magnitudes, k)
         values = acc.index_select(0, indices)
+        energies = None
+        if nested is not None:
+            if k == nested[0]:
+                kept = error_maths.kept_within_selection(values, nested)
+            elif k == nested[-1]:  # the selection holds the last k's energy; the others are measured
+                kept = torch.cat([error_maths.topk_kept_energies(acc, nested[:-1], magnitudes),
+                                  values.double().square().sum().reshape(1)])
+            else:
+                kept = error_maths.topk_kept_energies(acc, nested, magnitudes)
+            energies = torch.cat([error_maths.squared_norm(acc), kept])
         acc.index_fill_(0, indices, 0)
         payload = torch.cat([values.view(torch.uint8), indices.to(torch.int32).view(torch.uint8)])
 
@@ -125,4 +147,4 @@ class TopK(KSparse):
                 total.div_(rows.shape[0])
             return total.view(shape).to(dtype)
 
-        return Round(payload, Collective.ALLGATHER, after_gather)
+        return Round(payload, Collective.ALLGATHER, after_gather), energies

@@ -238,25 +238,17 @@ class GraVAC(Controller):
         if name not in self._shapes:
             self._shapes[name] = shape
             self._apply_factor(name)
-        # float32 whatever the gradient's dtype; the residual is unscaled (Compressor.track).
-        x = grad.detach().float()
-        residual = self.inner.residual(name, grad.device)
-        if residual is not None:
-            x = torch.add(x, residual.view(shape), alpha=self.inner.loss_scale())
         # The candidate compresses further than theta_min: nested settings, multi-level gains.
         settings = [self.inner.setting_for_factor(shape, cf)
                     for cf in (self.policy.theta_min, self.policy.candidate)]
         # Warm starts are updated in a copy, kept only if the step turns out finite.
         memo = self._step_memos[name] = dict(self._memos.get(name, {}))
-        kept = self.inner.kept_energies(name, x, settings, memo)
+        # The energies come from the compression's own work where the compressor can (they
+        # then cost no second pass over the gradient), and on dense steps are measured apart.
+        round_, energies = self.inner.begin_measured(name, grad, settings, memo, uncompressed=self.cf == DENSE)
         # float32, on the gradient's device, made there without waiting for it: the stats
         # travel appended to the payload, and reach the host once per step (end_step).
-        stats = torch.cat([x.square().sum().double().reshape(1), kept,
-                           kept.new_full((1,), self._last_seconds)]).float()
-        if self.cf == DENSE:
-            round_ = self.inner.begin_uncompressed(name, grad)
-        else:
-            round_ = self.inner.begin(name, grad)
+        stats = torch.cat([energies, energies.new_full((1,), self._last_seconds)]).float()
         return self._carrying(name, round_, stats)
 
     def _carrying(self, name, round_, stats):

@@ -50,6 +50,15 @@ def topk_indices(magnitudes, k):
     return candidates.index_select(0, chosen)
 
 
+def sampled_kth_largest(magnitudes, k):
+    """The fixed sample's estimate of the k-th largest of ``magnitudes`` (1-D, >= 0): its
+    quantile at density k / n, as a 0-d tensor."""
+    n = magnitudes.numel()
+    sample = magnitudes.index_select(0, _sample_positions(n, magnitudes.device))
+    above = min(sample.numel(), max(1, math.ceil(k / n * sample.numel())))
+    return sample.topk(above, sorted=False).values.min()
+
+
 @functools.lru_cache(maxsize=256)
 def _sample_positions(n, device):
     """Random positions to estimate the threshold from, fixed per size (so selection is

@@ -233,3 +233,32 @@ def test_gains_under_loss_scaling_are_those_of_the_unscaled_gradients():
         return [h[:3] for h in gravac.history]
 
     assert run(1024.0) == run(1)
+
+
+@pytest.mark.parametrize("inner", [lambda: hc.TopK(density=0.1), lambda: hc.PowerSGD(rank=4),
+                                   lambda: hc.ACPSGD(rank=4), lambda: hc.QSGD(bits=4)])
+@pytest.mark.parametrize("shape", [(64, 96), (256, 512)])  # the second past the Top-K histogram's size
+@pytest.mark.parametrize("sent", [0, 1])  # theta_min's setting, or the candidate's
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_measuring_begin_gives_the_gains_of_a_separate_measurement(inner, shape, sent, with_residual):
+    """``begin_measured`` derives the energies from the compression's work; they are those of
+    ``kept_energies`` on gradient plus residual, measured apart: to float32 rounding where the
+    selection itself is used, to the histogram's accuracy where the separate measurement used it."""
+    compressor = inner()
+    settings = [compressor.setting_for_factor(shape, factor) for factor in (4, 8)]
+    compressor.set_setting("w", settings[sent])
+    world = SimulatedWorld([compressor])
+    if with_residual:
+        world.step([{"w": structured_gradient(0, *shape)}])
+    grad = structured_gradient(1, *shape)
+    x = grad.clone()
+    if compressor.residual("w") is not None:
+        x += compressor.residual("w").view(shape)
+    memo, separate_memo = {}, {}
+    expected = torch.cat([x.double().square().sum().reshape(1),
+                          compressor.kept_energies("w", x, settings, separate_memo)])
+    _, energies = compressor.begin_measured("w", grad, settings, memo)
+    assert energies.dtype == torch.float64 and energies.shape == (3,)
+    histogram = isinstance(compressor, hc.TopK) and x.numel() >= 1 << 16
+    torch.testing.assert_close(energies, expected, rtol=1e-2 if histogram else 1e-6, atol=0)
+    assert memo.keys() == separate_memo.keys()
