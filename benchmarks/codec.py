@@ -15,6 +15,12 @@ Besides the per-step table the run measures Top-K selection alone (``topk_indice
 ``sum`` of every gradient), the yardstick for QSGD. Writes ``codec.json`` (raw numbers) and
 PNGs under ``<out>/benchmarks/`` and the "## Codec cost" section of ``<out>/benchmarks.md``.
 
+``--operators`` measures instead, and alone, the aten operators a step dispatches (counted under
+a ``TorchDispatchMode``) for every compressor, and those of L-GreCo's low-rank error rows one
+layer at a time against batched by shape, on each shape set (layers against distinct shapes):
+issue 36, operators should grow with distinct shapes. Writes ``codec-operators.json`` and the
+"## Codec operators per step" section.
+
 ``--device cuda`` runs the same on the GPU (gradients, buckets and selection there; every timing
 between two device synchronisations; the hook in an NCCL group of one) against the GPU's
 targets, and writes ``codec-cuda.json``, its own PNGs and the "## Codec cost on a GPU" section,
@@ -23,6 +29,7 @@ which names the GPU.
 import argparse
 import functools
 import json
+import logging
 import math
 import multiprocessing
 import os
@@ -35,12 +42,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import hvd_compress as hc
 from benchmarks.report import DOCS, OthersShare, describe_machine, machine, method_bars, panels, write_section
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import exchange_alone
 from hvd_compress.maths.sparsify import topk_indices
+
+logger = logging.getLogger(__name__)
 
 HOOK = "torch powerSGD_hook"
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
@@ -259,6 +269,82 @@ def _measure_and_exit(sender, task):
     os._exit(0)
 
 
+class OperatorCount(TorchDispatchMode):
+    """Counts every aten operator dispatched while it is entered (dispatcher overhead on any
+    device) and, apart, the views among them (metadata only: no kernel launch on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+        self.views = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        self.views += func.is_view
+        return func(*args, **(kwargs or {}))
+
+    def counts(self, per=1):
+        return {"all": self.count / per, "not_views": (self.count - self.views) / per}
+
+
+def operators_per_step(make, grads, steps=STEPS_PER_CYCLE):
+    """Aten operators per step of one compressor, after the warm-up steps (ACP-SGD alternates
+    its P and Q steps: the mean of a cycle)."""
+    compressor = make()
+
+    def step():
+        for name, grad in grads.items():
+            exchange_alone(compressor, name, grad)
+
+    for _ in range(WARMUP_STEPS):
+        step()
+    with OperatorCount() as counter:
+        for _ in range(steps):
+            step()
+    return counter.counts(steps)
+
+
+def error_row_operators(make, grads):
+    """Aten operators of L-GreCo's low-rank error rows for every layer it would decide at the
+    compressor's default rank: one layer at a time (``errors``) and batched by shape
+    (``errors_of_layers``, what the decision calls)."""
+    compressor = make()
+    layers = {}
+    for name, grad in grads.items():
+        options = [o for o in compressor.candidates(grad.shape, compressor.config.default)
+                   if compressor.compresses(grad.shape, o)]
+        if options:
+            layers[name] = (grad, options)
+    with OperatorCount() as one_at_a_time:
+        for gradient, options in layers.values():
+            compressor.errors(gradient, options)
+    with OperatorCount() as batched:
+        compressor.errors_of_layers(layers)
+    return {"layers": len(layers), "distinct_shapes": len({tuple(g.shape) for g, _ in layers.values()}),
+            "one_at_a_time": one_at_a_time.counts(), "batched": batched.counts()}
+
+
+def run_operators(args):
+    """The operator counts of ``--operators``, per shape set, in this process (counts, not times)."""
+    started = time.perf_counter()
+    results = {"command": command_line(), "machine": machine(), "torch": torch.__version__,
+               "options": {"shapes": args.shapes, "rank": args.rank, "density": args.density,
+                           "bits": args.bits}, "operators": {}}
+    for set_name in args.shapes:
+        shapes = shape_set(set_name)
+        grads = gradients(shapes)
+        entry = {"layers": len(shapes), "distinct_shapes": len({shape for _, shape in shapes}),
+                 "per_step": {}, "error_rows": {}}
+        for label, make in compressors(args):
+            entry["per_step"][label] = operators_per_step(make, grads)
+            logger.info("%s %s: %s operators per step", set_name, label, entry["per_step"][label])
+        for label in ("PowerSGD", "ACP-SGD"):
+            entry["error_rows"][label] = error_row_operators(dict(compressors(args))[label], grads)
+        results["operators"][set_name] = entry
+    results["minutes"] = (time.perf_counter() - started) / 60
+    return results
+
+
 def run(args):
     """Every measurement. Each method runs in a fresh process: what one method allocated
     (and the allocator's state it leaves) would otherwise change the next one's page faults
@@ -426,6 +512,36 @@ def draw_figures(results, out):
     return [codec_png, topk_png]
 
 
+def operators_markdown(results):
+    """The ``--operators`` section: every count as a table, with the command that made it."""
+    lines = [f"Command: `{results['command']}` ({results['minutes']:.1f} min, torch {results['torch']})", "",
+             "Aten operators dispatched per step (counted under a `TorchDispatchMode`, after "
+             f"{WARMUP_STEPS} warm-up steps, mean of {STEPS_PER_CYCLE}), one rank, communication "
+             "left out, as all (not views: on a GPU, those that may launch a kernel). Issue 36: they "
+             "should grow with distinct shapes, not layers.", ""]
+    sets = list(results["operators"])
+    lines += ["| | " + " | ".join(sets) + " |", "|---" * (len(sets) + 1) + "|"]
+    entries = [results["operators"][name] for name in sets]
+    lines.append("| layers | " + " | ".join(str(e["layers"]) for e in entries) + " |")
+    lines.append("| distinct shapes | " + " | ".join(str(e["distinct_shapes"]) for e in entries) + " |")
+    for label in entries[0]["per_step"]:
+        lines.append(f"| {label} | " + " | ".join(_operators(e["per_step"][label]) for e in entries) + " |")
+    lines += ["", "L-GreCo's low-rank error rows for one decision (every layer the compressor compresses, "
+              "candidates around its default rank): operators one layer at a time against batched by "
+              "shape (`errors_of_layers`, what the decision calls).", "",
+              "| shape set | method | layers decided | distinct shapes | one at a time | batched |",
+              "|---|---|---|---|---|---|"]
+    for name, entry in zip(sets, entries):
+        for label, row in entry["error_rows"].items():
+            lines.append(f"| {name} | {label} | {row['layers']} | {row['distinct_shapes']} | "
+                         f"{_operators(row['one_at_a_time'])} | {_operators(row['batched'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def _operators(counts):
+    return f"{counts['all']:,.0f} ({counts['not_views']:,.0f})"
+
+
 def command_line():
     return " ".join(["python -m benchmarks codec"] + sys.argv[1:])
 
@@ -443,6 +559,8 @@ def parse_args(argv):
                         help="where gradients live and the codecs run")
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="tiny shapes, one cycle: a smoke test")
+    parser.add_argument("--operators", action="store_true",
+                        help="only count aten operators per step (CPU), not time anything")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here")
@@ -456,9 +574,16 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    results = run(args)
     out = args.out / "benchmarks"
     out.mkdir(parents=True, exist_ok=True)
+    if args.operators:
+        if args.quick:
+            args.shapes = ["tiny"]
+        results = run_operators(args)
+        (out / "codec-operators.json").write_text(json.dumps(results, indent=1) + "\n")
+        write_section(args.out / "benchmarks.md", "Codec operators per step", operators_markdown(results))
+        return
+    results = run(args)
     (out / f"codec{SUFFIX[args.device]}.json").write_text(json.dumps(results, indent=1) + "\n")
     figures = [path.relative_to(args.out) for path in draw_figures(results, out)]
     write_section(args.out / "benchmarks.md", SECTION[args.device], markdown(results, figures))

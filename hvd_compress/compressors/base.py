@@ -468,6 +468,12 @@ class Compressor(GradientCompression):
         ``settings``, as a float64 tensor on its device, read by nothing on the host."""
         raise self._not_controllable()
 
+    def errors_of_layers(self, layers: Dict[str, Tuple[torch.Tensor, Sequence[Any]]]
+                         ) -> Dict[str, torch.Tensor]:
+        """``errors`` of every layer of a decision, {name: (gradient, settings)}: one call per
+        layer here; compressors whose rows batch over layers of one shape override it."""
+        return {name: self.errors(gradient, settings) for name, (gradient, settings) in layers.items()}
+
     def setting_for_factor(self, shape: Sequence[int], factor: float) -> Any:
         raise self._not_controllable()
 

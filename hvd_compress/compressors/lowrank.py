@@ -76,6 +76,20 @@ class LowRankCompressor(Compressor):
     def errors(self, gradient, settings):
         return error_maths.lowrank_errors(gradient.reshape(lowrank.matrix_shape(gradient.shape)), settings)
 
+    def errors_of_layers(self, layers):
+        """Layers of one matrix shape and one candidate list share a batched call: a decision's
+        svdvals (a device wait on a GPU) and operators grow with distinct shapes, not layers."""
+        groups = {}
+        for name, (gradient, settings) in layers.items():
+            matrix = gradient.reshape(lowrank.matrix_shape(gradient.shape))
+            groups.setdefault((tuple(matrix.shape), tuple(settings)), []).append((name, matrix))
+        rows = {}
+        for (_, settings), members in groups.items():
+            stacked = torch.stack([matrix for _, matrix in members])
+            batch = error_maths.lowrank_errors_of_batch(stacked, list(settings))
+            rows.update(zip((name for name, _ in members), batch.unbind(0)))
+        return rows
+
     def setting_for_factor(self, shape, factor):
         return lowrank.rank_for_factor(shape, factor)
 

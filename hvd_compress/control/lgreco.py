@@ -407,13 +407,14 @@ class LGreCo(Controller):
         names = sorted(name for name in sums
                        if self.config.dense_candidates or self.inner.compresses(shapes[name], defaults[name]))
         weights = self._time_weights(names, shapes, samples, notes) if self.config.objective == "time" else None
-        candidates, computed = {}, {}
+        candidates = {}
         for name in names:
             options = self.inner.candidates(shapes[name], defaults[name], self.config.candidates)
             if not self.config.dense_candidates:
                 options = [o for o in options if self.inner.compresses(shapes[name], o)]
             candidates[name] = options
-            computed[name] = self.inner.errors(sums[name], options)
+        # All layers at once: the compressor batches layers of one shape (low-rank's svdvals).
+        computed = self.inner.errors_of_layers({name: (sums[name], candidates[name]) for name in names})
         # One device-to-host transfer for the whole table and the window's norms.
         read = read_rows({**computed, **norms})
         rows = []

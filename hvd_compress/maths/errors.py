@@ -29,22 +29,30 @@ def lowrank_errors(matrix, ranks, exact=False):
     the total energy are needed. A randomized range finder gets them in O(nm k) for
     k = max(ranks) + OVERSAMPLING, against O(nm min(n, m)) for a full SVD, on the matrix's own
     device; small matrices, and ``exact=True``, take the exact SVD."""
-    n, m = matrix.shape
+    return lowrank_errors_of_batch(matrix[None], ranks, exact)[0]
+
+
+def lowrank_errors_of_batch(matrices, ranks, exact=False):
+    """``lowrank_errors`` of every matrix of a (batch, n, m) stack at once, as a (batch,
+    len(ranks)) float64 tensor: one call per operator for the whole stack, so a decision's
+    operators and device waits (svdvals) grow with its distinct shapes, not its layers. Every
+    matrix gets the same sketch (seeded by k) whatever the batch."""
+    _, n, m = matrices.shape
     ranks = [min(r, n, m) for r in ranks]
     k = max(ranks) + OVERSAMPLING
     if exact or 2 * k >= min(n, m):
-        squared = torch.linalg.svdvals(matrix.double()).square()
+        squared = torch.linalg.svdvals(matrices.double()).square()
     else:
-        generator = torch.Generator(device=matrix.device).manual_seed(k)
-        x = matrix.float()
+        generator = torch.Generator(device=matrices.device).manual_seed(k)
+        x = matrices.float()
         sketch = x @ torch.randn(m, k, generator=generator, device=x.device)
         for _ in range(POWER_STEPS):
-            sketch = x @ (x.t() @ torch.linalg.qr(sketch).Q)
+            sketch = x @ (x.transpose(1, 2) @ torch.linalg.qr(sketch).Q)
         basis = torch.linalg.qr(sketch).Q
-        squared = torch.linalg.svdvals((basis.t() @ x).double()).square()
-    total = matrix.double().square().sum()
-    kept = torch.cat([squared.new_zeros(1), squared.cumsum(0)])
-    return (total - kept[ranks]).clamp_min(0).sqrt()
+        squared = torch.linalg.svdvals((basis.transpose(1, 2) @ x).double()).square()
+    total = matrices.double().square().sum(dim=(1, 2))
+    kept = torch.cat([squared.new_zeros(squared.shape[0], 1), squared.cumsum(1)], dim=1)
+    return (total[:, None] - kept[:, ranks]).clamp_min(0).sqrt()
 
 
 # Top-K rows of layers of HISTOGRAM_MIN_NUMEL entries or more come from a histogram of the

@@ -36,6 +36,18 @@ def test_codec_quick_writes_json_figures_and_its_section(tmp_path, monkeypatch):
     assert (tmp_path / "benchmarks.md").read_text().count("## Codec cost") == 1
 
 
+def test_codec_operators_counts_every_compressor_alone(tmp_path, monkeypatch):
+    """``--operators`` runs only the operator counts (no timings) and writes its own section."""
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert bench.main(["codec", "--operators", "--quick", "--out", str(tmp_path)]) == 0
+    entry = json.loads((tmp_path / "benchmarks" / "codec-operators.json").read_text())["operators"]["tiny"]
+    assert {"PowerSGD", "ACP-SGD", "TopK", "QSGD"} <= set(entry["per_step"])
+    assert all(counts["all"] >= counts["not_views"] > 0 for counts in entry["per_step"].values())
+    assert entry["error_rows"]["PowerSGD"]["layers"] > 0
+    assert not (tmp_path / "benchmarks" / "codec.json").exists()
+    assert "## Codec operators per step" in (tmp_path / "benchmarks.md").read_text()
+
+
 def test_controller_overhead_quick_measures_every_controller_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     assert bench.main(["controller_overhead", "--quick", "--out", str(tmp_path)]) == 0

@@ -97,12 +97,13 @@ def count_waits(make, layers):
 PER_LAYER_WAITS = {
     "scalecom": "42 vs 18: the leader's threshold selection reads the device per layer "
                 "(maths/sparsify.py: .item() of the threshold, nonzero)",
-    # Since then the decision reads its table back once (control/lgreco.py read_rows; the CPU
-    # audit, tests/unit/test_device_audit.py, shows it), not rerun on a GPU: lgreco-topk is
-    # expected to pass; lgreco-powersgd keeps one svdvals per layer.
-    "lgreco-powersgd": "50 vs 19: the decision's error tables came back per layer (.tolist()); what "
-                       "may remain is maths/errors.py's svdvals per layer, on rank 0's decision thread",
-    "lgreco-acpsgd": "not run on a GPU yet; the same svdvals per layer as lgreco-powersgd (CPU audit)"}
+    # Since then the decision reads its table back once (control/lgreco.py read_rows) and takes
+    # svdvals once per distinct shape (errors_of_layers); the CPU audit,
+    # tests/unit/test_device_audit.py, shows both. Not rerun on a GPU: lgreco-topk and
+    # lgreco-acpsgd (whose only known cause was that svdvals) are expected to pass, and
+    # lgreco-powersgd too; it stays strict until a GPU run confirms it.
+    "lgreco-powersgd": "50 vs 19: the decision's error tables came back per layer (.tolist()) and "
+                       "maths/errors.py took svdvals per layer; both fixed since, not rerun on a GPU"}
 
 
 @pytest.mark.parametrize("make", [pytest.param(*p.values, id=p.id, marks=[pytest.mark.xfail(

@@ -219,12 +219,12 @@ def test_auto_delay_postpones_instead_of_waiting_for_a_slow_decision():
     The next delay follows from the measured time."""
     lgreco = make(hc.PowerSGD(rank=4, min_numel=0), apply_delay="auto", decide_every=80)
     released, held_until_released = threading.Event(), []
-    errors = lgreco.inner.errors
+    errors = lgreco.inner.errors_of_layers  # the decision's one call for its error rows
 
     def held(*args):
         held_until_released.append(released.wait(20))
         return errors(*args)
-    lgreco.inner.errors = held
+    lgreco.inner.errors_of_layers = held
     sim, submitted = SimulatedWorld([lgreco]), None
     for step in range(5000):
         sim.step([layered_gradients(step, DECAY)])
@@ -360,7 +360,7 @@ def test_a_run_ending_while_a_decision_computes_exits_cleanly(tmp_path):
         "from hvd_compress.comm.simulated import SimulatedWorld\n"
         "lgreco = hc.LGreCo(hc.PowerSGD(rank=4, min_numel=0), warmup_steps=1, decide_every=100,\n"
         "                   transport='local')\n"
-        "errors = lgreco.inner.errors\n"
+        "errors = lgreco.inner.errors_of_layers\n"
         "started, exiting = threading.Event(), threading.Event()\n"
         "def busy(*args):\n"
         "    started.set()\n"
@@ -368,7 +368,7 @@ def test_a_run_ending_while_a_decision_computes_exits_cleanly(tmp_path):
         "    while not exiting.is_set():\n"
         "        x = torch.tanh(x @ x)\n"
         "    return errors(*args)\n"
-        "lgreco.inner.errors = busy\n"
+        "lgreco.inner.errors_of_layers = busy\n"
         "SimulatedWorld([lgreco]).step([{'w': torch.randn(64, 64)}])\n"
         "assert started.wait(60)\n"
         "assert lgreco.service.running()\n"

@@ -70,6 +70,35 @@ def test_topk_indices_with_many_ties():
     assert ours.numel() == 100 and set(range(5)) <= set(ours.tolist())
 
 
+def one_matrix_lowrank_errors(matrix, ranks):
+    """maths/errors.py's rows as computed one matrix at a time before they were batched (2-D
+    products and factorizations), the reference for the batched ones."""
+    from hvd_compress.maths.errors import OVERSAMPLING, POWER_STEPS
+    n, m = matrix.shape
+    ranks = [min(r, n, m) for r in ranks]
+    k = max(ranks) + OVERSAMPLING
+    if 2 * k >= min(n, m):
+        squared = torch.linalg.svdvals(matrix.double()).square()
+    else:
+        x = matrix.float()
+        sketch = x @ torch.randn(m, k, generator=torch.Generator().manual_seed(k))
+        for _ in range(POWER_STEPS):
+            sketch = x @ (x.t() @ torch.linalg.qr(sketch).Q)
+        squared = torch.linalg.svdvals((torch.linalg.qr(sketch).Q.t() @ x).double()).square()
+    kept = torch.cat([squared.new_zeros(1), squared.cumsum(0)])
+    return (matrix.double().square().sum() - kept[ranks]).clamp_min(0).sqrt()
+
+
+@pytest.mark.parametrize("shape, ranks", [((32, 48), [2, 3, 4, 8]), ((256, 300), [2, 4, 8])])  # SVD, sketch
+def test_batched_lowrank_errors_are_bit_identical_to_one_matrix_at_a_time_on_the_cpu(shape, ranks):
+    """L-GreCo's decision batches layers of one shape: its rows, so its choices, stay the same."""
+    from hvd_compress.maths.errors import lowrank_errors, lowrank_errors_of_batch
+    matrices = torch.randn(3, *shape, generator=torch.Generator().manual_seed(0))
+    reference = torch.stack([one_matrix_lowrank_errors(m, ranks) for m in matrices])
+    assert torch.equal(lowrank_errors_of_batch(matrices, ranks), reference)
+    assert torch.equal(torch.stack([lowrank_errors(m, ranks) for m in matrices]), reference)
+
+
 def test_lowrank_errors_match_truncated_svd_both_ways():
     from hvd_compress.maths.errors import lowrank_errors
     # Seeded: five power steps are an approximation, within 1% for this draw but not for every one.
