@@ -135,6 +135,7 @@ class Advice:
     links: Dict[str, Link]
     candidates: List[Candidate]
     recommendation: str
+    steps_workload: str = ""  # where the steps-to-target factors shown were measured
 
 
 # ----- the ranks ------------------------------------------------------------------------------
@@ -550,7 +551,9 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
             candidate.to_target = candidate.steps_factor / candidate.speedup
     baseline.quality_ok = True
     return Advice(ranks.size, sum(g.numel() for g in grads.values()), 1e3 * (forward_s + backward_s),
-                  1e3 * backward_s, links, candidates, recommend(candidates))
+                  1e3 * backward_s, links, candidates, recommend(candidates),
+                  steps_workload=evidence.get("steps_to_target", {}).get("workload", "")
+                  if any(c.steps_factor is not None for c in candidates if c.method != "none") else "")
 
 
 def format_advice(advice: Advice) -> str:
@@ -570,11 +573,8 @@ def format_advice(advice: Advice) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
-    # steps_evidence: "... (<seeds>; <workload>)"
-    steps = sorted({c.steps_evidence.split("; ", 1)[-1][:-1] for c in advice.candidates
-                    if c.method != "none" and c.steps_evidence})
-    if steps:
-        lines.append("steps and time to target (relative to uncompressed) measured on: " + "; ".join(steps))
+    if advice.steps_workload:
+        lines.append(f"steps and time to target (relative to uncompressed) measured on: {advice.steps_workload}")
     lines.append(f"advice: {advice.recommendation}")
     return "\n".join(lines)
 

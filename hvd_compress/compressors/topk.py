@@ -77,7 +77,13 @@ class KSparse(Compressor):
         return max(1, math.ceil(math.prod(shape) / factor))
 
     def kept_energies(self, name, x, settings, memo):
-        return error_maths.topk_kept_energies(x.reshape(-1), [min(settings[0], k) for k in settings])
+        return error_maths.topk_kept_energies(x.reshape(-1), nested_ks(settings))
+
+
+def nested_ks(settings):
+    """GraVAC's k's, each within the first (theta_min's): multi-level, the candidate selects
+    from theta_min's selection."""
+    return [min(settings[0], k) for k in settings]
 
 
 class TopK(KSparse):
@@ -109,7 +115,7 @@ class TopK(KSparse):
         return self._compress(name, grad, None)[0]
 
     def _begin_measured(self, name, grad, settings, memo):
-        return self._compress(name, grad, [min(settings[0], k) for k in settings])
+        return self._compress(name, grad, nested_ks(settings))
 
     def _compress(self, name, grad, nested):
         """(the round, GraVAC's energies at the k's ``nested``, or None without them). The
