@@ -227,8 +227,11 @@ class TorchTests(unittest.TestCase):
         model = torch.nn.Linear(64, 64, bias=False)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                        named_parameters=model.named_parameters())
-        (model(torch.randn(2, 64, generator=torch.Generator().manual_seed(hvd.rank()))) ** 2).sum().backward()
-        raw = model.weight.grad.clone()
+        loss = (model(torch.randn(2, 64, generator=torch.Generator().manual_seed(hvd.rank()))) ** 2).sum()
+        # Not model.weight.grad after backward(): Horovod reduces it in place, asynchronously,
+        # so a clone there races the reduction. autograd.grad runs no accumulation hook.
+        raw, = torch.autograd.grad(loss, model.weight, retain_graph=True)
+        loss.backward()
         opt.synchronize()
         assert torch.allclose(model.weight.grad, hvd.allreduce(raw, name="raw"), atol=1e-6)
 
