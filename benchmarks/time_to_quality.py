@@ -38,7 +38,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional
 
 import horovod.torch as hvd
 import torch
@@ -110,11 +111,23 @@ def cooldown_steps(length: int) -> int:
     return max(1, round(COOLDOWN_FRACTION * length))
 
 
-def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
-    """Trains the stable run with a cool-down branched at each length of ``spec["lengths"]``,
-    stopping after the first length at or under ``spec["target"]`` (when given); rank 0's record."""
-    lm, lengths, target = spec["lm"], sorted(spec["lengths"]), spec.get("target")
-    rank, size = hvd.rank(), hvd.size()
+@dataclass
+class Training:
+    """One rank's run of a point, built as every job of this benchmark (and of ``time_to_target``,
+    which times its steps) builds it."""
+    model: Any
+    optimizer: Any  # hvd.DistributedOptimizer, or hc.DiLoCo over the local AdamW
+    compression: Any  # None: uncompressed
+    stateful: Dict[str, Any]  # what a branch saves and restores
+    generator: torch.Generator  # the data stream's
+    data: Iterator
+    val_ids: torch.Tensor
+
+
+def build_training(spec: Dict[str, Any], schedule_steps: int) -> Training:
+    """The model, optimizer, compression and data of ``spec`` on this rank. Schedules inside a
+    method (L-GreCo's decisions, ScaleCom's warm-up) follow ``schedule_steps``."""
+    lm = spec["lm"]
     torch.manual_seed(spec["seed"])  # as charlm.train: the model's initialisation follows the seed
     train_ids, val_ids = charlm.load_corpus(lm["max_chars"])
     model = charlm.CharTransformer(**lm["model"])
@@ -130,31 +143,44 @@ def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
         compression = optimizer.compression
         stateful.update(optimizer=inner, outer=optimizer)  # DiLoCo's state holds its codec's
     else:
-        # Schedules inside a method (L-GreCo's decisions, ScaleCom's warm-up) follow the longest run.
-        compression = quality.build_compression(spec, model, named, lengths[-1], tokens)
+        compression = quality.build_compression(spec, model, named, schedule_steps, tokens)
         extra = {} if compression is None else {"compression": compression}
         optimizer = hvd.DistributedOptimizer(inner, named_parameters=named, **extra)
         stateful.update(optimizer=optimizer, **extra)
-    generator = torch.Generator().manual_seed(size * spec["seed"] + rank)  # as charlm.fit
+    generator = torch.Generator().manual_seed(hvd.size() * spec["seed"] + hvd.rank())  # as charlm.fit
     data = charlm.batches(train_ids, lm["batch_size"], model.context, generator)
+    return Training(model, optimizer, compression, stateful, generator, data, val_ids)
+
+
+def take_step(run: Training, lr: float) -> None:
+    """One optimizer step of ``run`` at learning rate ``lr``."""
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    x, y = next(run.data)
+    run.optimizer.zero_grad()
+    charlm.cross_entropy(run.model, x, y).backward()
+    run.optimizer.step()
+
+
+def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """Trains the stable run with a cool-down branched at each length of ``spec["lengths"]``,
+    stopping after the first length at or under ``spec["target"]`` (when given); rank 0's record."""
+    lengths, target = sorted(spec["lengths"]), spec.get("target")
+    rank, size = hvd.rank(), hvd.size()
+    run = build_training(spec, lengths[-1])
 
     def train(first: int, last: int, length: int) -> None:
         for step in range(first, last):
-            for group in optimizer.param_groups:
-                group["lr"] = PEAK_LR * lr_factor(step, length, spec["warmup"])
-            x, y = next(data)
-            optimizer.zero_grad()
-            charlm.cross_entropy(model, x, y).backward()
-            optimizer.step()
+            take_step(run, PEAK_LR * lr_factor(step, length, spec["warmup"]))
 
     def state() -> Dict[str, Any]:
-        return copy.deepcopy({**{name: obj.state_dict() for name, obj in stateful.items()},
-                              "data": generator.get_state()})
+        return copy.deepcopy({**{name: obj.state_dict() for name, obj in run.stateful.items()},
+                              "data": run.generator.get_state()})
 
     def restore(saved: Dict[str, Any]) -> None:
-        for name, obj in stateful.items():
+        for name, obj in run.stateful.items():
             obj.load_state_dict(saved[name])
-        generator.set_state(saved["data"])
+        run.generator.set_state(saved["data"])
 
     started, done, steps_taken, points = time.perf_counter(), 0, 0, []
     for length in lengths:
@@ -166,9 +192,10 @@ def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
         steps_taken += length - branch
         # Rank 0's loss decides for all: every rank must stop at the same length. Named: the
         # default name is the object's type, None on the other ranks, and mismatched names hang.
-        loss = None if rank else math.log(charlm.evaluate(model, val_ids, model.context, spec["eval_windows"]))
+        loss = None if rank else math.log(charlm.evaluate(run.model, run.val_ids, run.model.context,
+                                                          spec["eval_windows"]))
         loss = hvd.broadcast_object(loss, root_rank=0, name="time_to_quality.loss")
-        points.append({"length": length, "samples": length * size * lm["batch_size"], "loss": loss})
+        points.append({"length": length, "samples": length * size * spec["lm"]["batch_size"], "loss": loss})
         if rank == 0 and spec.get("progress"):
             with open(spec["progress"], "a") as log:
                 log.write(f"{spec['key']}: length {length}, loss {loss:.4f}, {time.perf_counter() - started:.0f} s\n")
@@ -177,8 +204,8 @@ def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
         restore(saved)
     record = {"key": spec["key"], "points": points, "steps_taken": steps_taken, "world_size": size,
               "train_seconds": time.perf_counter() - started}
-    if compression is not None:
-        record["wire_bytes_per_step"] = compression.traffic.wire_bytes / steps_taken
+    if run.compression is not None:
+        record["wire_bytes_per_step"] = run.compression.traffic.wire_bytes / steps_taken
     return record
 
 

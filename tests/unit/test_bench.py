@@ -452,6 +452,59 @@ def test_time_to_quality_schedule_target_and_scores():
     assert [p["key"] for p in points[-2:]] == ["charlm/FP16/seed 3", "charlm/FP16/seed 4"]
 
 
+def test_time_to_target_fits_the_rate_for_a_ratio_and_waits_out_late_schedules():
+    from benchmarks import time_to_target as ttt
+    # T(R) = 2 ms + 10 ms Gbit/s / R, compute 10 ms: r = 3 wants 30 ms, so R = 10 / 28 Gbit/s.
+    probes = [{"rate_gbit": rate, "allreduce_s": 0.002 + 0.010 / rate, "compute_s": 0.010} for rate in (0.05, 1.0)]
+    rate, alpha, c = ttt.fitted_rate(probes, 3.0)
+    assert rate == pytest.approx(10 / 28) and alpha == pytest.approx(0.002) and c == pytest.approx(0.010)
+    assert ttt.fitted_rate(probes, 0.1)[0] is None  # 1 ms wanted, under the 2 ms latency floor
+    plain = {"controller": None}
+    assert ttt.untimed_steps(plain, 8000, 20) == 20
+    assert ttt.untimed_steps({"controller": {"kind": "lgreco"}}, 8000, 20) == 810
+    assert ttt.untimed_steps({"controller": {"warmup": True}}, 8000, 20) == 810
+    assert ttt.untimed_steps({"controller": {"kind": "diloco", "inner_steps": 10}}, 8000, 20) == 20
+
+
+@pytest.mark.slow
+def test_time_to_target_quick_prices_steps_on_the_testbed_and_resumes(tmp_path, benchmark_runs, monkeypatch):
+    from benchmarks import time_to_quality as ttq
+    from benchmarks import time_to_target as ttt
+    from benchmarks.testbed import NetworkNamespacesUnavailable
+    plan = dict(ttq.QUICK, quick=True)
+    lengths = [8, 12, 16]
+
+    def point(family, compressor, seed, losses):
+        spec = dict(ttq.spec_for(family, compressor, {}, None, seed), lengths=lengths, target=None)
+        return spec["key"], {"spec": spec, "record": {"points": [
+            {"length": n, "loss": loss} for n, loss in zip(lengths, losses)]}}
+
+    steps = {"plan": plan, "np": 2, "points": dict([
+        point(ttq.UNCOMPRESSED, None, 0, [3.0, 2.5, 2.4]), point(ttq.UNCOMPRESSED, None, 1, [3.0, 2.6, 2.5]),
+        point("FP16", "fp16", 0, [2.9, 2.4, 2.3])])}
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "time_to_quality.json").write_text(json.dumps(steps))
+    options = ["time_to_target", "--quick", "--max-other-cpu", "1", "--job-timeout", "300", "--out", str(tmp_path)]
+    try:
+        benchmark_runs.run(options)
+    except NetworkNamespacesUnavailable as error:
+        pytest.skip(f"no network namespaces here: {error}")
+    results = json.loads((tmp_path / "benchmarks" / "time_to_target.json").read_text())
+    setting = results["settings"]["3"]
+    # Probed until one lands within 10% of r = 3 (or the probes run out), and priced there.
+    measured = ttt.ratio_of(setting["at_rate"])
+    assert abs(measured / 3 - 1) <= ttt.RATIO_TOLERANCE or len(setting["probes"]) == ttt.MAX_PROBES
+    assert setting["at_rate"] in setting["probes"] and setting["rate_gbit"] == setting["at_rate"]["rate_gbit"]
+    assert set(setting["methods"]) == {"uncompressed", "FP16"}
+    assert all(m["steps"] == 10 and m["mean_step_ms"] > 0 for m in setting["methods"].values())
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## Time to target" in text and "| FP16 |" in text and "measured there r =" in text
+    # Resumed: nothing left to run, so no testbed is built.
+    monkeypatch.setattr("benchmarks.testbed.emulated_cluster", lambda *_: pytest.fail("a finished job ran again"))
+    benchmark_runs.run(options)
+    assert json.loads((tmp_path / "benchmarks" / "time_to_target.json").read_text())["settings"] == results["settings"]
+
+
 @pytest.mark.slow
 def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(tmp_path, benchmark_runs):
     from benchmarks import time_to_quality as ttq

@@ -1,0 +1,360 @@
+"""Time to target on the emulated cluster: each method's median steps to the uncompressed run's
+quality (from ``time_to_quality``) times its mean step time on an emulated cluster, at the two
+link settings of issue 33, chosen by r, the ratio of communication to compute.
+
+    python -m benchmarks time_to_target [--ratios 3,0.3] [--np 4] [--warmup 20] [--steps 100]
+        [--job-timeout 900] [--max-other-cpu 0.05] [--out docs/] [--quick] [--report-only]
+
+r is the ring bound of the uncompressed all-reduce, 2(W-1)/W x M / B, over a step's compute,
+with B the all-reduce bandwidth measured at the gradient's own size M: so r is the measured time
+of one fused all-reduce of the whole fp32 gradient over the measured compute of a step (forward,
+backward and AdamW on every rank at once, as in training), both from a probe job on the testbed.
+The rate for a setting: probes at two tbf rates fit T(R) = alpha + c / R to the all-reduce time;
+the rate is c / (r x compute - alpha); a probe there, and again through the two probes nearest
+the wanted r, until one measures r within 10% (at most 6 probes): the methods run at that
+probe's rate, and its r is the one reported. Where alpha alone (latency and the software's own
+cost) exceeds r x compute, the setting is out of the testbed's reach, and the section says so.
+
+A method's step time: one job per method and setting, on the emulated cluster, running the
+method's ``time_to_quality`` job (``build_training`` of its seed-0 spec, with the schedule of its
+longest run) at the peak learning rate: ``--warmup`` untimed steps, more where a schedule inside
+the method begins later (ScaleCom's dense warm-up, L-GreCo's first decision, GraVAC's first window:
+a tenth of the run), then ``--steps`` steps, each timed on rank 0 from ``zero_grad`` to the end of
+``step()``. The mean, not the median: DiLoCo's outer step comes once every H steps, and its cost
+belongs in the step time (``--steps`` is a multiple of every H run). A job during which other
+processes took more than ``--max-other-cpu`` of the cores runs again (``report.undisturbed``).
+
+Time to target: median steps to target (``time_to_quality.score``) x mean step time; methods
+whose median run did not reach the target are listed without one. The CPU codec's share of a
+step is far larger here than on a GPU (see "Time to quality"), so these times are biased against
+compression.
+
+Resumes job by job from ``<out>/benchmarks/time_to_target.json``; writes the "Time to target"
+section of ``<out>/benchmarks.md``. ``--quick``: 2 ranks, the tiny LM, r = 3 only, a few steps,
+from a ``time_to_quality --quick`` JSON: a smoke test.
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from benchmarks import quality
+from benchmarks import time_to_quality as ttq
+from benchmarks.report import (DOCS, Progress, checkout_pythonpath, cluster_job, describe_machine, machine,
+                               undisturbed, write_section)
+
+RESULT_PREFIX = "TTT_RESULT "
+SECTION = "Time to target"
+PROBE_RATES_GBIT = (0.05, 1.0)  # far apart, so that the fit separates latency from bandwidth
+PROBE_REPEATS = 12
+RATIO_TOLERANCE, MAX_PROBES = 0.1, 6  # a setting's measured r within 10% of the wanted one
+SLOWEST_RATE_GBIT, FASTEST_RATE_GBIT = 0.001, 40.0  # what tbf is asked for at most
+
+
+# ----- one rank of a job ------------------------------------------------------------------------
+def probe(spec: Dict[str, Any]) -> None:
+    """Rank 0 prints the median seconds of a step's compute (every rank at once) and of one
+    all-reduce of the whole gradient's bytes."""
+    import horovod.torch as hvd
+
+    from benchmarks.workloads import charlm
+    lm = spec["lm"]
+    model = charlm.CharTransformer(**lm["model"])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=ttq.PEAK_LR)
+    train_ids, _ = charlm.load_corpus(lm["max_chars"])
+    data = charlm.batches(train_ids, lm["batch_size"], model.context, torch.Generator().manual_seed(hvd.rank()))
+    compute = []
+    for _ in range(spec["warmup"] + PROBE_REPEATS):
+        hvd.allreduce(torch.zeros(1), name="time_to_target.barrier")  # every rank computes at once
+        started = time.perf_counter()
+        x, y = next(data)
+        optimizer.zero_grad()
+        charlm.cross_entropy(model, x, y).backward()
+        optimizer.step()
+        compute.append(time.perf_counter() - started)
+    gradient = torch.ones(sum(p.numel() for p in model.parameters()))
+    allreduce = []
+    for repeat in range(spec["warmup"] + PROBE_REPEATS):
+        hvd.allreduce(torch.zeros(1), name="time_to_target.barrier")
+        started = time.perf_counter()
+        hvd.allreduce(gradient, name="time_to_target.gradient")
+        allreduce.append(time.perf_counter() - started)
+    if hvd.rank() == 0:
+        print(RESULT_PREFIX + json.dumps({
+            "compute_s": statistics.median(compute[spec["warmup"]:]),
+            "allreduce_s": statistics.median(allreduce[spec["warmup"]:]),
+            "gradient_bytes": 4 * gradient.numel()}), flush=True)
+
+
+def time_steps(spec: Dict[str, Any]) -> None:
+    """Rank 0 prints the seconds of each timed step of the method's training run."""
+    import horovod.torch as hvd
+    run = ttq.build_training(spec, spec["schedule_steps"])
+    seconds = []
+    for step in range(spec["untimed"] + spec["steps"]):
+        started = time.perf_counter()
+        ttq.take_step(run, ttq.PEAK_LR)
+        seconds.append(time.perf_counter() - started)
+    if hvd.rank() == 0:
+        print(RESULT_PREFIX + json.dumps({"step_s": seconds[spec["untimed"]:]}), flush=True)
+
+
+def work(spec: Dict[str, Any]) -> None:
+    import horovod.torch as hvd
+    torch.set_num_threads(1)  # the ranks share the machine's cores
+    hvd.init()
+    (probe if spec["kind"] == "probe" else time_steps)(spec)
+
+
+# ----- the driver -------------------------------------------------------------------------------
+def fitted_rate(probes: List[Dict[str, Any]], ratio: float) -> Tuple[Optional[float], float, float]:
+    """(the tbf rate in Gbit/s at which the all-reduce takes ``ratio`` x compute, or None where
+    out of reach; alpha; c) from probes at two or more rates, T(R) = alpha + c / R fitted by least
+    squares in 1 / R. ``compute`` is the probes' median."""
+    xs = [1 / p["rate_gbit"] for p in probes]
+    ys = [p["allreduce_s"] for p in probes]
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    c = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sum((x - mean_x) ** 2 for x in xs)
+    alpha = mean_y - c * mean_x
+    wanted = ratio * statistics.median(p["compute_s"] for p in probes)
+    if c <= 0 or wanted <= alpha:
+        return None, alpha, c
+    return min(FASTEST_RATE_GBIT, max(SLOWEST_RATE_GBIT, c / (wanted - alpha))), alpha, c
+
+
+def ratio_of(probe_result: Dict[str, Any]) -> float:
+    return probe_result["allreduce_s"] / probe_result["compute_s"]
+
+
+def untimed_steps(spec: Dict[str, Any], schedule_steps: int, warmup: int) -> int:
+    """Steps before timing: ``warmup``, or past the first tenth of the run where a schedule inside
+    the method starts there (ScaleCom's dense warm-up, L-GreCo's first decision, GraVAC's window)."""
+    controller = spec["controller"] or {}
+    late = controller.get("warmup") or controller.get("kind") in ("lgreco", "gravac")
+    return max(warmup, schedule_steps // 10 + 10) if late else warmup
+
+
+def priced_methods(steps: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """label -> {"spec": seed 0's spec, "score"}, for every method of the time-to-quality results."""
+    goal = ttq.target_of(steps, steps["plan"]["base_seeds"], steps["plan"]["knee_gain"])
+    if goal is None:
+        raise SystemExit("time_to_target: the time-to-quality results have no target yet (run python -m "
+                         "benchmarks time_to_quality first)")
+    methods = {}
+    for label in ttq.labels_in_order(steps):
+        spec = next(e["spec"] for e in steps["points"].values() if e["spec"]["label"] == label)
+        methods[label] = {"spec": spec, "score": ttq.score(ttq.records_of(steps, label), goal["target"])}
+    return methods
+
+
+def run(args) -> Dict[str, Any]:
+    from benchmarks.testbed import emulated_cluster
+    path = args.out / "benchmarks" / "time_to_target.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.update(machine=machine(), np=args.np, steps=args.steps, warmup=args.warmup,
+                   command=quality.command_line("time_to_target"))
+    results.setdefault("settings", {})
+    steps = json.loads(args.ttq.read_text())
+    methods = priced_methods(steps)
+    progress = Progress(0, "time_to_target")
+
+    def save():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=1) + "\n")
+
+    def job(cluster, spec, what):
+        argv = [sys.executable, "-m", "benchmarks.time_to_target", "--worker", json.dumps(spec)]
+        env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
+        return undisturbed(lambda: cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX),
+                           args.max_other_cpu, lambda r: f"{what}: {json.dumps(summary_of(r))}", show=progress.line)
+
+    def probed(rate):
+        with emulated_cluster(args.np, rate) as cluster:
+            result = job(cluster, {"kind": "probe", "lm": args.lm, "warmup": 2}, f"probe at {rate:g} Gbit/s")
+        return dict(result, rate_gbit=rate)
+
+    for ratio in args.ratios:
+        entry = results["settings"].setdefault(f"{ratio:g}", {"ratio_wanted": ratio, "probes": [], "methods": {}})
+        for rate in PROBE_RATES_GBIT[len(entry["probes"]):]:
+            entry["probes"].append(probed(rate))
+            save()
+        while "rate_gbit" not in entry:
+            # The secant through the two probes nearest the wanted r, until one lands within RATIO_TOLERANCE.
+            nearest = sorted(entry["probes"], key=lambda p: abs(math.log(ratio_of(p) / ratio)))
+            rate, alpha, c = fitted_rate(nearest[:2], ratio)
+            entry.update(alpha_s=alpha, c_s_gbit=c)
+            if rate is None:
+                entry["rate_gbit"] = None
+            elif abs(ratio_of(nearest[0]) / ratio - 1) <= RATIO_TOLERANCE or len(entry["probes"]) >= MAX_PROBES:
+                entry.update(rate_gbit=nearest[0]["rate_gbit"], at_rate=nearest[0])
+            else:
+                entry["probes"].append(probed(rate))
+            save()
+        if entry["rate_gbit"] is None:
+            progress.line(f"r = {ratio:g}: out of the testbed's reach (latency floor {1e3 * entry['alpha_s']:.1f} ms)")
+            continue
+        wanted = [label for label, m in methods.items() if label not in entry["methods"]
+                  and (m["score"]["median"] is not None or label == ttq.UNCOMPRESSED)]
+        if not wanted:
+            continue
+        progress.add(len(wanted))
+        with emulated_cluster(args.np, entry["rate_gbit"]) as cluster:
+            for label in wanted:
+                spec = methods[label]["spec"]
+                schedule = max(spec["lengths"])
+                progress.starting(f"r = {ratio:g}, {label}")
+                job_spec = dict(spec, kind="steps", lm=args.lm, schedule_steps=schedule, steps=args.steps,
+                                untimed=untimed_steps(spec, schedule, args.warmup))
+                result = job(cluster, job_spec, f"r = {ratio:g}, {label}")
+                entry["methods"][label] = summary_of(result)
+                progress.finished()
+                save()
+    write_report(results, steps, args.out)
+    return results
+
+
+def summary_of(result: Dict[str, Any]) -> Dict[str, Any]:
+    """A job's result as kept: a probe's medians, or a method's mean step and its spread."""
+    if "step_s" not in result:
+        return {k: v for k, v in result.items() if k not in ("disturbed_attempts",)}
+    step_ms = [1e3 * s for s in result["step_s"]]
+    return {"mean_step_ms": statistics.fmean(step_ms), "median_step_ms": statistics.median(step_ms),
+            "steps": len(step_ms), "wall_seconds": round(result["wall_seconds"], 1),
+            "other_cpu_seconds": round(result["other_cpu_seconds"], 1),
+            "disturbed_attempts": result.get("disturbed_attempts", 0)}
+
+
+# ----- the report -------------------------------------------------------------------------------
+def times_to_target(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]]) -> Dict[str, Optional[float]]:
+    """label -> seconds to target (median steps x mean step), None where not reached."""
+    out = {}
+    for label, priced in entry["methods"].items():
+        median = methods[label]["score"]["median"] if label in methods else None
+        out[label] = None if median is None else median * priced["mean_step_ms"] / 1e3
+    return out
+
+
+def setting_table(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]]) -> List[str]:
+    seconds = times_to_target(entry, methods)
+    base = seconds.get(ttq.UNCOMPRESSED)
+    lines = ["| method | median steps to target (seeds) | mean step ms (median) | time to target s | "
+             "x uncompressed (lower is sooner) |", "|---|---|---|---|---|"]
+    for label, priced in entry["methods"].items():
+        score = methods[label]["score"]
+        value = seconds[label]
+        factor = "-" if value is None or not base else f"{value / base:.2f}"
+        lines.append(f"| {label} | {ttq.steps_text(score['median'])} ({score['seeds']}) | "
+                     f"{priced['mean_step_ms']:.1f} ({priced['median_step_ms']:.1f}) | "
+                     f"{'-' if value is None else format(value, '.0f')} | {factor} |")
+    return lines + [""]
+
+
+def targets(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], ratio: float) -> List[str]:
+    """Issue 33's targets that the measured settings decide."""
+    seconds = {k: v for k, v in times_to_target(entry, methods).items() if v is not None}
+    if ttq.UNCOMPRESSED not in seconds or len(seconds) < 2:
+        return ["Targets: not decided yet (uncompressed and at least one method needed)."]
+    fastest = min(seconds, key=seconds.get)
+    base = seconds[ttq.UNCOMPRESSED]
+    lines = [f"Fastest to target: {fastest}, {seconds[fastest]:.0f} s ({base / seconds[fastest]:.2f}x sooner "
+             f"than uncompressed, {base:.0f} s)."]
+    if ratio >= 1:
+        lines.append(f"Target, r = 3: the fastest method reaches the target >= 2x sooner than Horovod's plain "
+                     f"all-reduce: {'met' if base >= 2 * seconds[fastest] else 'missed'} "
+                     f"({base / seconds[fastest]:.2f}x).")
+        if "FP16" in seconds:
+            lines.append(f"Target, r = 3: sooner than FP16 ({seconds['FP16']:.0f} s): "
+                         f"{'met' if seconds[fastest] < seconds['FP16'] or fastest == 'FP16' else 'missed'}"
+                         f"{' (FP16 is the fastest)' if fastest == 'FP16' else ''}.")
+    lines.append("Seeds behind each median are in the table; step times are of seed 0's run. advise's pick "
+                 "at this setting: not validated yet.")
+    return lines
+
+
+def markdown(results: Dict[str, Any], steps: Dict[str, Any]) -> str:
+    methods = priced_methods(steps)
+    lines = [f"Command: `{results['command']}` (resumable job by job)", "",
+             f"Machine: {describe_machine(results['machine'])}", "",
+             f"Each method's median steps to target from \"Time to quality\", times its mean step time "
+             f"on the emulated cluster ({results['np']} ranks, one network namespace each, tc tbf both ways; "
+             f"{results['warmup']} untimed steps, a tenth of the run for schedules that start later, then "
+             f"{results['steps']} timed), at two link settings chosen by r: one fused all-reduce of the whole "
+             "fp32 gradient over a step's compute, both measured by a probe job on the testbed (see "
+             "\"Time to quality\" for the GPU clusters at each r). Step times are from a CPU codec, "
+             "costlier against compute than on a GPU: biased against compression.", ""]
+    for key, entry in results["settings"].items():
+        probes = entry["probes"]
+        probe_text = "; ".join(f"{p['rate_gbit']:.3g} Gbit/s: all-reduce {1e3 * p['allreduce_s']:.1f} ms, "
+                               f"compute {1e3 * p['compute_s']:.1f} ms, r = {ratio_of(p):.2f}" for p in probes)
+        title = f"**r = {key} wanted**"
+        if entry.get("rate_gbit") is None and "alpha_s" in entry:
+            lines += [f"{title}: out of the testbed's reach: the all-reduce's latency floor alone is "
+                      f"{1e3 * entry['alpha_s']:.1f} ms. Probes: {probe_text}.", ""]
+            continue
+        if "at_rate" not in entry:
+            lines += [f"{title}: not measured yet.", ""]
+            continue
+        lines += [f"{title}: tbf rate {entry['rate_gbit']:.3g} Gbit/s (fit T = {1e3 * entry['alpha_s']:.1f} ms + "
+                  f"{1e3 * entry['c_s_gbit']:.2f} ms Gbit/s / R), measured there r = {ratio_of(entry['at_rate']):.2f}. "
+                  f"Probes: {probe_text}.", ""]
+        lines += setting_table(entry, methods) if entry["methods"] else ["No method timed yet.", ""]
+        lines += targets(entry, methods, float(key)) + [""]
+    return "\n".join(lines)
+
+
+def write_report(results: Dict[str, Any], steps: Dict[str, Any], out: Path) -> None:
+    write_section(out / "benchmarks.md", SECTION, markdown(results, steps))
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks time_to_target", description=__doc__.splitlines()[0])
+    parser.add_argument("--ratios", type=lambda text: [float(v) for v in text.split(",")], default=[3.0, 0.3])
+    parser.add_argument("--np", type=int, default=4, help="ranks per job")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps before the timed ones")
+    parser.add_argument("--steps", type=int, default=100, help="timed steps (a multiple of DiLoCo's H)")
+    parser.add_argument("--job-timeout", type=int, default=900)
+    parser.add_argument("--max-other-cpu", type=float, default=0.05,
+                        help="share of the cores other processes may take during a job before it runs again")
+    parser.add_argument("--ttq", type=Path, help="the time-to-quality JSON (default: <out>/benchmarks/"
+                        "time_to_quality.json)")
+    parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--quick", action="store_true", help="2 ranks, the tiny LM, r = 3, a few steps")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the section from the JSON")
+    parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("np", "steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be at least 0, got {args.warmup}")
+    if any(r <= 0 for r in args.ratios):
+        parser.error(f"--ratios must be positive, got {args.ratios}")
+    args.ttq = args.ttq or args.out / "benchmarks" / "time_to_quality.json"
+    if args.quick:
+        args.np, args.lm, args.ratios, args.warmup, args.steps = 2, ttq.QUICK_LM, [3.0], 2, 10
+    else:
+        args.lm = quality.LM
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.worker is not None:
+        work(json.loads(args.worker))
+    elif args.report_only:
+        path = args.out / "benchmarks" / "time_to_target.json"
+        if not path.exists():
+            raise SystemExit(f"time_to_target --report-only: no results at {path} (run without --report-only first)")
+        write_report(json.loads(path.read_text()), json.loads(args.ttq.read_text()), args.out)
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    main()
