@@ -37,15 +37,27 @@ def cnn():
     return _with_loss(WORKLOADS["cnn"])
 
 
-def charlm_small():
-    """A two-layer character transformer (d_model 128): quick to advise on, for tests."""
+def _character_lm(model_options, sequences, max_chars):
+    """A character transformer on the standard library's source, ``sequences`` per rank and step."""
     from benchmarks.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
-    model = CharTransformer(d_model=128, layers=2, heads=4, context=64)
-    train_ids, _ = load_corpus(max_chars=100_000)
-    data = batches(train_ids, 4, 64, torch.Generator().manual_seed(0))
+    model = CharTransformer(**model_options)
+    train_ids, _ = load_corpus(max_chars=max_chars)
+    data = batches(train_ids, sequences, model.context, torch.Generator().manual_seed(0))
 
     def loss_of(model):
         x, y = next(data)
         return cross_entropy(model, x, y)
 
     return model, loss_of
+
+
+def charlm_small():
+    """A two-layer character transformer (d_model 128): quick to advise on, for tests."""
+    return _character_lm({"d_model": 128, "layers": 2, "heads": 4, "context": 64}, 4, 100_000)
+
+
+def charlm_ttq():
+    """The character LM of "Time to quality" (``benchmarks.quality.LM``: d_model 64, 2 layers,
+    135,168 parameters), 16 sequences of 32 bytes per rank and step."""
+    from benchmarks.quality import LM
+    return _character_lm(LM["model"], LM["batch_size"], LM["max_chars"])

@@ -496,6 +496,11 @@ def test_time_to_target_quick_prices_steps_on_the_testbed_and_resumes(tmp_path, 
     assert abs(measured / 3 - 1) <= ttt.RATIO_TOLERANCE or len(setting["probes"]) == ttt.MAX_PROBES
     assert setting["at_rate"] in setting["probes"] and setting["rate_gbit"] == setting["at_rate"]["rate_gbit"]
     assert set(setting["methods"]) == {"uncompressed", "FP16"}
+    # advise ran on the same cluster, as a user runs it, and its pick is judged (or said not to be).
+    assert setting["advise"]["recommendation"] and {c["method"] for c in setting["advise"]["candidates"]} == {
+        "none", "fp16"}
+    assert ttt.pick_of("compress with powersgd rank=8: projected ...") == ("powersgd", "rank=8")
+    assert ttt.pick_of("compress with fp16: 1.2 -> 1.0 ms") == ("fp16", "") and ttt.pick_of("do not compress: x")[0] == "none"
     assert all(m["steps"] == 10 and m["mean_step_ms"] > 0 for m in setting["methods"].values())
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## Time to target" in text and "| FP16 |" in text and "measured there r =" in text
