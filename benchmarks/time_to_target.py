@@ -55,7 +55,7 @@ import torch
 from benchmarks import quality
 from benchmarks import time_to_quality as ttq
 from benchmarks.report import (DOCS, Progress, checkout_pythonpath, cluster_job, describe_machine, machine,
-                               undisturbed, write_section)
+                               method_bars, panels, save_figure, undisturbed, write_section)
 
 RESULT_PREFIX = "TTT_RESULT "
 SECTION = "Time to target"
@@ -383,8 +383,39 @@ def markdown(results: Dict[str, Any], steps: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def draw_figure(results: Dict[str, Any], steps: Dict[str, Any], path: Path) -> None:
+    """Per measured setting: the median validation loss against wall-clock (steps x the method's
+    mean step there), the target dashed; and the times to target as bars."""
+    methods = priced_methods(steps)
+    goal = ttq.target_of(steps, steps["plan"]["base_seeds"], steps["plan"]["knee_gain"])
+    settings = {key: entry for key, entry in results["settings"].items() if entry.get("methods")}
+    plt, figure, axes = panels(2, 6, 4.2, rows=len(settings))
+    for row, (key, entry) in enumerate(settings.items()):
+        curves, bars = axes[2 * row], axes[2 * row + 1]
+        for label, priced in entry["methods"].items():
+            curve = ttq.median_curve(ttq.records_of(steps, label))
+            seconds = [length * priced["mean_step_ms"] / 1e3 for length in curve]
+            curves.plot(seconds, list(curve.values()), marker="o", markersize=3, label=label)
+        curves.axhline(goal["target"], color="black", linestyle="--", linewidth=0.8, label="target")
+        curves.set_xscale("log")
+        curves.set_xlabel(f"seconds on the testbed at r = {key} (log)", fontsize=8)
+        curves.set_ylabel("validation loss (median over seeds)", fontsize=8)
+        curves.legend(fontsize=6)
+        reached = {label: value for label, value in times_to_target(entry, methods).items() if value is not None}
+        method_bars(bars, reached, ttq.UNCOMPRESSED)
+        bars.set_xlabel(f"seconds to target at r = {key}", fontsize=8)
+        for axis in (curves, bars):
+            axis.tick_params(labelsize=7)
+    save_figure(figure, path)
+
+
 def write_report(results: Dict[str, Any], steps: Dict[str, Any], out: Path) -> None:
-    write_section(out / "benchmarks.md", SECTION, markdown(results, steps))
+    figure = out / "benchmarks" / "time_to_target.png"
+    text = markdown(results, steps)
+    if any(entry.get("methods") for entry in results["settings"].values()):
+        draw_figure(results, steps, figure)
+        text += f"\n![time to target]({figure.relative_to(out)})\n"
+    write_section(out / "benchmarks.md", SECTION, text)
 
 
 def parse_args(argv):

@@ -504,6 +504,7 @@ def test_time_to_target_quick_prices_steps_on_the_testbed_and_resumes(tmp_path, 
     assert all(m["steps"] == 10 and m["mean_step_ms"] > 0 for m in setting["methods"].values())
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## Time to target" in text and "| FP16 |" in text and "measured there r =" in text
+    assert (tmp_path / "benchmarks" / "time_to_target.png").stat().st_size > 0
     # Resumed: nothing left to run, so no testbed is built.
     monkeypatch.setattr("benchmarks.testbed.emulated_cluster", lambda *_: pytest.fail("a finished job ran again"))
     benchmark_runs.run(options)
