@@ -17,7 +17,8 @@ PNGs under ``<out>/benchmarks/`` and the "## Codec cost" section of ``<out>/benc
 
 Floor (issue 36): each codec's step against the least its algorithm must cost on this machine,
 ``max(bytes / bandwidth, flops / GEMM throughput)``, both measured in the same run, in a fresh
-process with the codec processes' torch threads (torch's default). ``floor_model`` counts, per
+process with the codec processes' torch threads (torch's default, not the issue's one thread:
+a floor at fewer threads than the codecs had would be too lenient). ``floor_model`` counts, per
 tensor it compresses, the gradient read and the result written once (4 bytes an entry each),
 the residual read and written once where error feedback is on, and the payload written once and
 read back once (``payload_bytes``: factors, values and indices, codes and norms); a tensor sent
@@ -26,8 +27,8 @@ decompression ``P Q^T`` (2 n m r each), ACP-SGD's one projection a step and its 
 orthogonalisation, ``O((n + m) r^2)``, and the element-wise work are left out (memory-bound,
 counted as bytes). Bandwidth: the best of several copies of a 256 MiB buffer into another (read
 + write counted, STREAM's copy); GEMM throughput: the best of several runs of the three skinny
-products above on a 2048 x 2048 matrix at the run's rank. Target: PowerSGD, ACP-SGD, Top-K and
-QSGD within 1.5x of their floor.
+products above on a 2048 x 2048 matrix at the run's rank. With ``--device cuda`` both are
+measured on the GPU. Target: PowerSGD, ACP-SGD, Top-K and QSGD within 1.5x of their floor.
 
 ``--operators`` measures instead, and alone, the aten operators a step dispatches (counted under
 a ``TorchDispatchMode``) for every compressor, and those of L-GreCo's low-rank error rows one
