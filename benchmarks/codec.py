@@ -15,6 +15,21 @@ Besides the per-step table the run measures Top-K selection alone (``topk_indice
 ``sum`` of every gradient), the yardstick for QSGD. Writes ``codec.json`` (raw numbers) and
 PNGs under ``<out>/benchmarks/`` and the "## Codec cost" section of ``<out>/benchmarks.md``.
 
+Floor (issue 36): each codec's step against the least its algorithm must cost on this machine,
+``max(bytes / bandwidth, flops / GEMM throughput)``, both measured in the same run, in a fresh
+process with the codec processes' torch threads (torch's default, not the issue's one thread:
+a floor at fewer threads than the codecs had would be too lenient). ``floor_model`` counts, per
+tensor it compresses, the gradient read and the result written once (4 bytes an entry each),
+the residual read and written once where error feedback is on, and the payload written once and
+read back once (``payload_bytes``: factors, values and indices, codes and norms); a tensor sent
+whole is read once and written once. Flops: PowerSGD's ``P = M Q``, ``Q = M^T P`` and
+decompression ``P Q^T`` (2 n m r each), ACP-SGD's one projection a step and its decompression;
+orthogonalisation, ``O((n + m) r^2)``, and the element-wise work are left out (memory-bound,
+counted as bytes). Bandwidth: the best of several copies of a 256 MiB buffer into another (read
++ write counted, STREAM's copy); GEMM throughput: the best of several runs of the three skinny
+products above on a 2048 x 2048 matrix at the run's rank. With ``--device cuda`` both are
+measured on the GPU. Target: PowerSGD, ACP-SGD, Top-K and QSGD within 1.5x of their floor.
+
 ``--operators`` measures instead, and alone, the aten operators a step dispatches (counted under
 a ``TorchDispatchMode``) for every compressor, and those of L-GreCo's low-rank error rows one
 layer at a time against batched by shape, on each shape set (layers against distinct shapes):
@@ -48,6 +63,8 @@ import hvd_compress as hc
 from benchmarks.report import DOCS, OthersShare, describe_machine, machine, method_bars, panels, write_section
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import exchange_alone
+from hvd_compress.compressors.base import Compressor
+from hvd_compress.maths.lowrank import factor_shapes
 from hvd_compress.maths.sparsify import topk_indices
 
 logger = logging.getLogger(__name__)
@@ -65,6 +82,17 @@ RATIO_TARGETS = [("ACP-SGD / torch hook", "ACP-SGD", HOOK, 0.5),
 # Per device: QSGD's step within this many memory passes, Top-K selection this much faster.
 QSGD_LIMIT = {"cpu": 10.0, "cuda": 5.0}
 TOPK_SPEEDUP = {"cpu": 10.0, "cuda": 3.0}
+# The floor's measurements: a copy far beyond any cache (``--quick``: an eighth), and PowerSGD's
+# skinny products on a matrix of this side; the best of this many runs (the machine's best).
+COPY_BYTES = 256 << 20
+GEMM_SIDE = 2048
+THROUGHPUT_REPEATS = 5
+FLOOR = "floor throughput"  # measure()'s label for the floor's measurements
+# Flops per step of a compressed n x m matrix at rank r, in units of n m r: PowerSGD's two
+# projections and decompression, ACP-SGD's one projection a step and decompression (2 n m r each).
+LOWRANK_FLOPS = {"PowerSGD": 6, "ACP-SGD": 4}
+FLOOR_TARGETS = ["PowerSGD", "ACP-SGD", "TopK", "QSGD"]
+FLOOR_LIMIT = 1.5
 SECTION = {"cpu": "Codec cost", "cuda": "Codec cost on a GPU"}
 SUFFIX = {"cpu": "", "cuda": "-cuda"}  # of the JSON and PNG files
 
@@ -219,6 +247,56 @@ def median_seconds(fn, repeats, device):
     return statistics.median(seconds_of(fn, device) for _ in range(repeats))
 
 
+def floor_model(label: str, compressor: Compressor, shapes: list) -> dict:
+    """The least bytes moved and flops per step of ``compressor`` (labelled as in ``LABELS``)
+    on ``shapes`` ([(name, shape)]), at its settings; see the module docstring."""
+    feedback = getattr(compressor, "feedback", None)
+    per_entry = 16 if feedback is not None and feedback.enabled else 8
+    moved = flops = 0
+    for name, shape in shapes:
+        numel, setting = math.prod(shape), compressor.setting(name)
+        if not compressor.compresses(shape, setting):
+            moved += 8 * numel
+            continue
+        moved += per_entry * numel + 2 * compressor.payload_bytes(shape, setting)
+        if label in LOWRANK_FLOPS:
+            n, m, r = factor_shapes(shape, setting)
+            flops += LOWRANK_FLOPS[label] * n * m * r
+    return {"bytes": moved, "flops": flops}
+
+
+def floor_ms(model: dict, throughput: dict) -> float:
+    """The floor in milliseconds: moving the bytes or doing the flops, whichever takes longer."""
+    return 1e3 * max(model["bytes"] / throughput["bandwidth_bytes_per_s"],
+                     model["flops"] / throughput["gemm_flops_per_s"])
+
+
+def machine_throughput(rank: int, device: str, quick: bool = False) -> dict:
+    """Memory bandwidth and skinny-GEMM throughput on ``device`` at this process's threads."""
+    numel = (COPY_BYTES // 8 if quick else COPY_BYTES) // 4
+    source = torch.ones(numel, device=device)
+    target = torch.empty_like(source)
+    copy_seconds = _best_seconds(lambda: target.copy_(source), device)
+    generator = torch.Generator().manual_seed(0)
+    matrix = torch.randn(GEMM_SIDE, GEMM_SIDE, generator=generator).to(device)
+    q = torch.randn(GEMM_SIDE, rank, generator=generator).to(device)
+    p = matrix @ q
+
+    def products():
+        return matrix @ q, matrix.T @ p, p @ q.T
+
+    gemm_seconds = _best_seconds(products, device)
+    return {"threads": torch.get_num_threads(), "copy_bytes": 4 * numel,
+            "bandwidth_bytes_per_s": 2 * 4 * numel / copy_seconds,
+            "gemm_shape": [GEMM_SIDE, GEMM_SIDE, rank],
+            "gemm_flops_per_s": 3 * 2 * GEMM_SIDE * GEMM_SIDE * rank / gemm_seconds}
+
+
+def _best_seconds(fn, device):
+    fn()  # first touch of fresh memory is not part of the machine's speed
+    return min(seconds_of(fn, device) for _ in range(THROUGHPUT_REPEATS))
+
+
 def world_of_one(device):
     """A process group of one for the torch hook (gloo; NCCL on a GPU); returns whether this
     call created it."""
@@ -230,7 +308,10 @@ def world_of_one(device):
 
 
 def measure(set_name, label, options):
-    """Seconds per step, one value per cycle, of method ``label`` on shape set ``set_name``."""
+    """Seconds per step, one value per cycle, of method ``label`` on shape set ``set_name``;
+    for ``FLOOR``, ``machine_throughput`` (no shape set)."""
+    if label == FLOOR:
+        return machine_throughput(options.rank, options.device, options.quick)
     grads = gradients(shape_set(set_name), options.device)
     if label == HOOK:
         created = world_of_one(options.device)
@@ -360,6 +441,10 @@ def run(args):
     if args.device == "cuda":
         gpu = torch.cuda.get_device_properties(0)
         results["machine"]["gpu"] = f"{gpu.name}, {gpu.total_memory / 2 ** 30:.0f} GiB, CUDA {torch.version.cuda}"
+    # Measured like the codecs (a fresh process, except with --quick), before them.
+    throughput = (measure if args.quick else measure_in_fresh_process)(None, FLOOR, args)
+    results["throughput"] = throughput
+    makers = dict(compressors(args))
     for set_name in args.shapes:
         shapes = shape_set(set_name)
         entry = {"parameters": parameter_count(shapes), "tensors": len(shapes),
@@ -371,7 +456,14 @@ def run(args):
             entry["methods"][label] = {"step_ms": 1e3 * seconds,
                                        "gb_per_s": entry["gradient_bytes"] / seconds / 1e9,
                                        "step_ms_each_cycle": [1e3 * s for s in per_step]}
-            print(f"{set_name:>15} {label:>20}: {1e3 * seconds:9.2f} ms/step", flush=True)
+            floor = ""
+            if label in makers:
+                model = floor_model(label, makers[label](), shapes)
+                model["floor_ms"] = floor_ms(model, throughput)
+                model["x_floor"] = 1e3 * seconds / model["floor_ms"]
+                entry["methods"][label]["floor"] = model
+                floor = f", floor {model['floor_ms']:.2f} ms ({model['x_floor']:.2f}x)"
+            print(f"{set_name:>15} {label:>20}: {1e3 * seconds:9.2f} ms/step{floor}", flush=True)
         results["codec"][set_name] = entry
         results["memory_pass"][set_name] = time_memory_pass(gradients(shapes, args.device),
                                                             max(args.repeats, 3), args.device)
@@ -399,6 +491,10 @@ def targets(results):
         value = methods["QSGD"]["step_ms"] / results["memory_pass"][set_name]["clone_ms"]
         rows.append({"target": f"QSGD / memory pass ({set_name})", "value": value,
                      "limit": f"<= {qsgd_limit}", "met": value <= qsgd_limit})
+        for label in FLOOR_TARGETS:
+            value = methods[label]["floor"]["x_floor"]
+            rows.append({"target": f"{label} / its floor ({set_name})", "value": value,
+                         "limit": f"<= {FLOOR_LIMIT}", "met": value <= FLOOR_LIMIT})
     for row in results["topk_selection"]:
         rows.append({"target": f"Top-K selection speed-up over torch.topk (n = {row['numel']:,})",
                      "value": row["speedup"], "limit": f">= {topk_speedup}",
@@ -441,6 +537,7 @@ def markdown(results, figures):
             cells.append(f"{_ms(entry['step_ms'])}, {entry['gb_per_s']:.2f} GB/s, "
                          f"{entry['step_ms'] / methods[HOOK]['step_ms']:.2f}x")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    lines += floor_lines(results)
     lines += ["", "Top-K selection alone: `topk_indices(m, k)` against `torch.topk(m, k)` on the same "
               "magnitudes `m = x.abs()` of a standard-normal `x` (median of repeats).", "",
               "| entries | k | torch.topk | torch.topk(sorted=False) | topk_indices | speed-up "
@@ -462,6 +559,36 @@ def markdown(results, figures):
               for row in results["targets"]]
     lines += [""] + [f"![{path.stem}]({path.as_posix()})" for path in figures]
     return "\n".join(lines) + "\n"
+
+
+def floor_lines(results):
+    """The floor's measurements and a table of each method's floor against its step."""
+    machine_speed, rank = results["throughput"], results["options"]["rank"]
+    lines = ["", f"Floor (issue 36; the model is in `benchmarks/codec.py`'s docstring): memory bandwidth "
+             f"{machine_speed['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s (best of {THROUGHPUT_REPEATS} "
+             f"copies of a {machine_speed['copy_bytes'] >> 20} MiB float32 buffer into another, read + "
+             f"write counted), GEMM {machine_speed['gemm_flops_per_s'] / 1e9:.2f} GFLOP/s (`M Q`, "
+             f"`M^T P` and `P Q^T` of a {GEMM_SIDE} x {GEMM_SIDE} `M` at rank {rank}, best of "
+             f"{THROUGHPUT_REPEATS}), measured in this run with {machine_speed['threads']} torch "
+             f"threads, as the codecs ran. Floor = max(bytes / bandwidth, flops / GEMM throughput); "
+             f"target: PowerSGD, ACP-SGD, Top-K and QSGD within {FLOOR_LIMIT}x of it.", "",
+             "| shape set | method | step | least bytes | least GFLOP | floor | x floor | target |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, entry in results["codec"].items():
+        for label, method in entry["methods"].items():
+            if "floor" not in method:
+                continue
+            floor = method["floor"]
+            verdict = ("—" if label not in FLOOR_TARGETS
+                       else "met" if floor["x_floor"] <= FLOOR_LIMIT else "missed")
+            lines.append(f"| {name} | {label} | {_ms(method['step_ms'])} | {floor['bytes'] / 1e6:.1f} MB | "
+                         f"{floor['flops'] / 1e9:.2f} | {_ms(floor['floor_ms'])} | "
+                         f"{floor['x_floor']:.2f}x | {verdict} |")
+    # On one rank a collective hands a dense gradient back untouched, so its read + write bounds
+    # from above what NoCompression must do: it can run under its "floor".
+    return lines + ["", "A tensor sent whole counts as read and written once, what a real all-reduce "
+                    "does; on one rank NoCompression hands the gradient back as it is and can run "
+                    "under that."]
 
 
 def _percent(value):

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import __main__ as bench
-from benchmarks.codec import HOOK, measure_in_fresh_process
+import hvd_compress as hc
+from benchmarks.codec import HOOK, floor_ms, floor_model, measure_in_fresh_process
 from benchmarks.shapes import parameter_count, shape_set
 
 
@@ -26,14 +27,39 @@ def test_codec_quick_writes_json_figures_and_its_section(tmp_path, monkeypatch):
     methods = results["codec"]["tiny"]["methods"]
     assert {"torch powerSGD_hook", "PowerSGD", "ACP-SGD", "TopK", "QSGD"} <= set(methods)
     assert all(entry["step_ms"] > 0 for entry in methods.values())
+    assert results["throughput"]["bandwidth_bytes_per_s"] > 0 and results["throughput"]["gemm_flops_per_s"] > 0
+    assert all(methods[label]["floor"]["floor_ms"] > 0 for label in ["PowerSGD", "ACP-SGD", "TopK", "QSGD"])
     for png in ["codec_cost.png", "topk_selection.png"]:
         assert (tmp_path / "benchmarks" / png).stat().st_size > 0
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## Other\n\nkept\n" in text and text.count("## Codec cost") == 1
-    assert "python -m benchmarks codec --quick" in text
+    assert "python -m benchmarks codec --quick" in text and "| x floor |" in text
     # A second run replaces the section instead of appending another.
     assert bench.main(["codec", "--quick", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "benchmarks.md").read_text().count("## Codec cost") == 1
+
+
+def test_codec_floor_counts_each_methods_least_bytes_and_flops():
+    """By hand: a 32 x 64 matrix (2,048 entries, compressed) and a 16-entry bias (sent whole:
+    read and written once, 128 bytes). Error feedback reads and writes the residual too (16
+    bytes an entry); the payload (plus a 4-byte marker) is written once and read once."""
+    shapes = [("w", (32, 64)), ("b", (16,))]
+
+    def model(name, label, **settings):
+        return floor_model(label, hc.COMPRESSORS[name].build(**settings), shapes)
+
+    # Rank 2: P 32 x 2 and Q 64 x 2 are 768 bytes; P = M Q, Q = M^T P, P Q^T: 3 x 2 x 32 x 64 x 2.
+    assert model("powersgd", "PowerSGD", rank=2) == {"bytes": 16 * 2048 + 2 * 772 + 128, "flops": 24_576}
+    # ACP-SGD sends P or Q (half of both on average) and does one projection and decompression.
+    assert model("acpsgd", "ACP-SGD", rank=2) == {"bytes": 16 * 2048 + 2 * 388 + 128, "flops": 16_384}
+    # k = 512 float32 values and int32 indices.
+    assert model("topk", "TopK", density=0.25) == {"bytes": 16 * 2048 + 2 * 4100 + 128, "flops": 0}
+    # No error feedback; 4-bit codes (1,024 bytes) and 4 bucket norms (16 bytes).
+    assert model("qsgd", "QSGD", bits=4) == {"bytes": 8 * 2048 + 2 * 1044 + 128, "flops": 0}
+    # The larger of moving the bytes and doing the flops.
+    speed = {"bandwidth_bytes_per_s": 1e9, "gemm_flops_per_s": 1e6}
+    assert floor_ms({"bytes": 2e6, "flops": 1e3}, speed) == pytest.approx(2.0)
+    assert floor_ms({"bytes": 2e6, "flops": 1e4}, speed) == pytest.approx(10.0)
 
 
 def test_codec_operators_counts_every_compressor_alone(tmp_path, monkeypatch):
