@@ -21,14 +21,13 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import horovod.torch as hvd
 
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM
 from benchmarks.quality import LM, LM_STEPS
-from benchmarks.report import (DOCS, describe_machine, machine, mpirun_job, panels, run_points, save_figure,
+from benchmarks.report import (add_job_options, describe_machine, machine, mpirun_job, panels, run_points, save_figure,
                                train_one_point, write_section)
 from benchmarks.workloads import charlm
 from hvd_compress.comm.rounds import Collective
@@ -194,10 +193,7 @@ def parse_args(argv):
     parser.add_argument("--lm-steps", type=int, default=LM_STEPS)
     parser.add_argument("--inner-steps", type=lambda s: [int(h) for h in s.split(",")], default=INNER_STEPS)
     parser.add_argument("--max-minutes", type=float, default=600.0)
-    parser.add_argument("--job-timeout", type=float, default=1800.0)
-    parser.add_argument("--out", type=Path, default=DOCS)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    add_job_options(parser, 1800.0, "2 ranks, 20 LM steps, H = 5")
     args = parser.parse_args(argv)
     if args.quick:
         args.np, args.lm_steps, args.inner_steps = 2, 20, [5]

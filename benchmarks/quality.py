@@ -35,14 +35,13 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM, StepCounter
-from benchmarks.report import (DOCS, RUN_LIMITS, Progress, describe_machine, machine, mpirun_job, panels, run_points,
-                               save_figure, train_one_point, write_section)
+from benchmarks.report import (RUN_LIMITS, Progress, add_job_options, describe_machine, machine, mpirun_job, panels,
+                               run_points, save_figure, train_one_point, write_section)
 from benchmarks.report import command_line as report_command_line
 from benchmarks.workloads import charlm, digits
 from hvd_compress.comm.rounds import Collective
@@ -481,10 +480,7 @@ def parse_args(argv):
     parser.add_argument("--lm-steps", type=int, default=LM_STEPS, help="LM optimizer steps")
     parser.add_argument("--max-minutes", type=float, default=120.0,
                         help="start no new point after this long; rerun to resume")
-    parser.add_argument("--job-timeout", type=int, default=900, help="seconds per mpirun job")
-    parser.add_argument("--out", type=Path, default=DOCS)
-    parser.add_argument("--quick", action="store_true", help="2 ranks, a few steps, one point per method")
-    parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
+    add_job_options(parser, 900, "2 ranks, a few steps, one point per method")
     args = parser.parse_args(argv)
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:
