@@ -52,7 +52,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
 from benchmarks.report import (CodecClock, add_job_options, checkout_pythonpath, cluster_job, command_line,
-                               describe_machine, machine, root_cause, run_or_work, summarise, torchrun_job,
+                               describe_machine, machine, resumed, root_cause, run_or_work, summarise, torchrun_job,
                                undisturbed, worker_argv, write_section)
 
 RESULT_PREFIX = "DDP_RESULT "
@@ -219,8 +219,7 @@ def run(args):
     from benchmarks.testbed import emulated_cluster
 
     path = args.out / "benchmarks" / "ddp.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    results = json.loads(path.read_text()) if path.exists() else {}
+    results = resumed(path)
     results.setdefault("timing", {})
     results.setdefault("digits", {})
     results.update(command=command_line("ddp"), machine=machine(), np=args.np, rank=args.rank,

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import DOCS, Progress, checkout_pythonpath, describe_machine, machine, write_section
+from benchmarks.report import DOCS, Progress, checkout_pythonpath, describe_machine, machine, resumed, write_section
 
 RESULT_FILE = "result.json"
 PROGRESS_FILE = "progress.jsonl"
@@ -287,8 +287,7 @@ def variants(args):
 
 def benchmark(args):
     path = args.out / "benchmarks" / "elastic.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    results = json.loads(path.read_text()) if path.exists() else {}
+    results = resumed(path)
     results.update(command=command_line(), machine=machine(), steps=args.steps,
                    kill_rank=args.kill_rank, kill_step=args.kill_step, rejoin_after=args.rejoin_after,
                    commit_every=args.commit_every)

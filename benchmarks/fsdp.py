@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.report import (CodecClock, add_job_options, checkout_pythonpath, cluster_job, command_line,
-                               describe_machine, machine, root_cause, run_or_work, summarise, torchrun_job,
+                               describe_machine, machine, resumed, root_cause, run_or_work, summarise, torchrun_job,
                                worker_argv, write_section)
 
 RESULT_PREFIX = "FSDP_RESULT "
@@ -190,8 +190,7 @@ def run(args):
     from benchmarks.testbed import emulated_cluster
 
     path = args.out / "benchmarks" / "fsdp.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    results = json.loads(path.read_text()) if path.exists() else {}
+    results = resumed(path)
     results.setdefault("timing", {})
     results.setdefault("quality", {})
     # Runs at another rank than the first are kept beside it, their label naming the rank.

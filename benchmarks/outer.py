@@ -27,8 +27,8 @@ import horovod.torch as hvd
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM
 from benchmarks.quality import LM, LM_STEPS
-from benchmarks.report import (add_job_options, describe_machine, machine, mpirun_job, panels, run_points, save_figure,
-                               train_one_point, write_section)
+from benchmarks.report import (add_job_options, describe_machine, machine, mpirun_job, panels, resumed, run_points,
+                               save_figure, train_one_point, write_section)
 from benchmarks.workloads import charlm
 from hvd_compress.comm.rounds import Collective
 
@@ -76,10 +76,8 @@ def train_point(spec):
 
 # ----- the driver -----------------------------------------------------------------------------
 def run(args):
-    out = args.out / "benchmarks"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "outer.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
+    path = args.out / "benchmarks" / "outer.json"
+    results = resumed(path)
     results.setdefault("points", {})
     lm = QUICK_LM if args.quick else LM
     results.update(machine=machine(), np=args.np, lm_steps=args.lm_steps, lm=lm, seed=0,

@@ -41,7 +41,7 @@ import torch
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM, StepCounter
 from benchmarks.report import (RUN_LIMITS, Progress, add_job_options, describe_machine, machine, mpirun_job, panels,
-                               run_points, save_figure, train_one_point, write_section)
+                               resumed, run_points, save_figure, train_one_point, write_section)
 from benchmarks.report import command_line as report_command_line
 from benchmarks.workloads import charlm, digits
 from hvd_compress.comm.rounds import Collective
@@ -284,10 +284,8 @@ def save(results, path):
 def run(args):
     """Every point not yet in the JSON: each workload's sweep, the LM's followed by the claims'
     seeds (which follow from it); starts no new point after ``--max-minutes``."""
-    out = args.out / "benchmarks"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "quality.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
+    path = args.out / "benchmarks" / "quality.json"
+    results = resumed(path)
     results.setdefault("points", {})
     results.update(machine=machine(), np=args.np, lm_steps=args.lm_steps)
     deadline = time.monotonic() + 60 * args.max_minutes

@@ -180,6 +180,13 @@ def summarise(seconds):
             "min": ms[0], "max": ms[-1]}
 
 
+def resumed(path: Path) -> Dict[str, Any]:
+    """The JSON record that earlier runs left at ``path`` (empty: none yet), its folder made for
+    this run's saves: a benchmark rerun goes on where the last one stopped."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def write_section(path, heading, body):
     """Replaces the "## heading" section of ``path`` (up to the next "## ") with ``body``,
     appending it if absent; other benchmarks' sections are left as they are."""
