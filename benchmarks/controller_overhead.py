@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 
 import hvd_compress as hc
-from benchmarks.report import DOCS, describe_machine, machine, resumed, write_section
+from benchmarks.report import DOCS, describe_machine, machine, resumed, save_record, write_section
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import SimulatedWorld, exchange_alone, run_alone
 from hvd_compress.compressors.feedback import StagedSums
@@ -316,7 +316,7 @@ def run(args):
                       else measure_lgreco(method, grads, args))
             results["points"][key] = record
             print(f"  {key}: {json.dumps(record)}", flush=True)
-            path.write_text(json.dumps(results, indent=1) + "\n")
+            save_record(path, results)
             write_section(args.out / "benchmarks.md", SECTION, markdown(results, args))
     # Also when every point was there: the section follows the current report.
     write_section(args.out / "benchmarks.md", SECTION, markdown(results, args))

@@ -52,8 +52,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
 from benchmarks.report import (CodecClock, add_job_options, checkout_pythonpath, cluster_job, command_line,
-                               describe_machine, machine, resumed, root_cause, run_or_work, summarise, torchrun_job,
-                               undisturbed, worker_argv, write_section)
+                               describe_machine, machine, resumed, root_cause, run_or_work, save_record, summarise,
+                               torchrun_job, undisturbed, worker_argv, write_section)
 
 RESULT_PREFIX = "DDP_RESULT "
 SECTION = "PyTorch DDP"
@@ -227,7 +227,7 @@ def run(args):
     timing = results["timing"]
 
     def save():
-        path.write_text(json.dumps(results, indent=1) + "\n")
+        save_record(path, results)
         write_section(args.out / "benchmarks.md", SECTION, markdown(results))
 
     # Round by round: every method's first job, then every method's second, ...

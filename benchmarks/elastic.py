@@ -40,7 +40,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import DOCS, Progress, checkout_pythonpath, describe_machine, machine, resumed, write_section
+from benchmarks.report import (DOCS, Progress, checkout_pythonpath, describe_machine, machine, resumed, save_record,
+                               write_section)
 
 RESULT_FILE = "result.json"
 PROGRESS_FILE = "progress.jsonl"
@@ -302,7 +303,7 @@ def benchmark(args):
         runs[key] = result
         progress.finished(f"{key}: perplexity {result['perplexity']:.3f}, steps lost "
                           f"{result['steps_lost']}, {result['wall_seconds']:.0f} s")
-        path.write_text(json.dumps(results, indent=1) + "\n")
+        save_record(path, results)
     write_section(args.out / "benchmarks.md", SECTION, markdown(results, args.seeds))
     return results
 

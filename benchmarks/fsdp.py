@@ -53,8 +53,8 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.report import (CodecClock, add_job_options, checkout_pythonpath, cluster_job, command_line,
-                               describe_machine, machine, resumed, root_cause, run_or_work, summarise, torchrun_job,
-                               worker_argv, write_section)
+                               describe_machine, machine, resumed, root_cause, run_or_work, save_record, summarise,
+                               torchrun_job, worker_argv, write_section)
 
 RESULT_PREFIX = "FSDP_RESULT "
 SECTION = "FSDP2 / HSDP on the emulated cluster"
@@ -204,7 +204,7 @@ def run(args):
         return method if method == PLAIN or args.rank == results["rank"] else f"{method}, rank {args.rank}"
 
     def save():
-        path.write_text(json.dumps(results, indent=1) + "\n")
+        save_record(path, results)
         write_section(args.out / "benchmarks.md", SECTION, markdown(results))
 
     wanted = [(model, method) for model in args.models for method in args.methods

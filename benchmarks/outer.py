@@ -28,7 +28,7 @@ import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM
 from benchmarks.quality import LM, LM_STEPS
 from benchmarks.report import (add_job_options, describe_machine, machine, mpirun_job, panels, resumed, run_points,
-                               save_figure, train_one_point, write_section)
+                               save_figure, save_record, train_one_point, write_section)
 from benchmarks.workloads import charlm
 from hvd_compress.comm.rounds import Collective
 
@@ -90,7 +90,7 @@ def run(args):
         [record] = mpirun_job("benchmarks.outer", job, args.np, args.job_timeout, RESULT_PREFIX,
                               spec["key"], expected=1)
         results["points"][spec["key"]] = {"spec": spec, "record": record}
-        path.write_text(json.dumps(results, indent=1) + "\n")
+        save_record(path, results)
         write_report(results, args.out)
         print(f"{spec['key']}: perplexity {record['metric']:.3f}, {record['wire_bytes'] / 1e6:,.1f} MB "
               f"sent, {record['job_seconds']:.0f} s", flush=True)

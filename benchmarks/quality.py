@@ -31,7 +31,6 @@ stops starting new points after that long (run the rest later with the same comm
 ``--quick``: 2 ranks, a tiny LM, a few steps, one point per method: a smoke test.
 """
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -41,7 +40,7 @@ import torch
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM, StepCounter
 from benchmarks.report import (RUN_LIMITS, Progress, add_job_options, describe_machine, machine, mpirun_job, panels,
-                               resumed, run_points, save_figure, train_one_point, write_section)
+                               resumed, run_points, save_figure, save_record, train_one_point, write_section)
 from benchmarks.report import command_line as report_command_line
 from benchmarks.workloads import charlm, digits
 from hvd_compress.comm.rounds import Collective
@@ -271,14 +270,10 @@ def run_point(spec, args, results, path, progress):
     results["points"][spec["key"]] = {"spec": spec, "record": record}
     results["command"] = command_line()
     results["minutes"] = results.get("minutes", 0.0) + (time.perf_counter() - started) / 60
-    save(results, path)
+    save_record(path, results)
     write_report(results, args.out)
     progress.finished(f"{spec['key']}: {METRICS[spec['workload']]} {record['metric']:.4f}, "
                       f"{record['wire_bytes'] / 1e6:,.1f} MB sent, {record['job_seconds']:.0f} s")
-
-
-def save(results, path):
-    path.write_text(json.dumps(results, indent=1) + "\n")
 
 
 def run(args):

@@ -187,6 +187,11 @@ def resumed(path: Path) -> Dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def save_record(path: Path, results: Dict[str, Any]) -> None:
+    """Writes ``results`` to ``path`` as ``resumed`` reads it back."""
+    path.write_text(json.dumps(results, indent=1) + "\n")
+
+
 def write_section(path, heading, body):
     """Replaces the "## heading" section of ``path`` (up to the next "## ") with ``body``,
     appending it if absent; other benchmarks' sections are left as they are."""
