@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 
 import hvd_compress as hc
-from benchmarks.report import DOCS, describe_machine, machine, write_section
+from benchmarks.report import DOCS, describe_machine, machine, resumed, save_record, write_section
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import SimulatedWorld, exchange_alone, run_alone
 from hvd_compress.compressors.feedback import StagedSums
@@ -298,8 +298,7 @@ def markdown(results, args):
 
 def run(args):
     path = args.out / "benchmarks" / "controller_overhead.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    results = json.loads(path.read_text()) if path.exists() else {}
+    results = resumed(path)
     results.setdefault("points", {})
     results.update(machine=machine(), command=command_line(args))
     for shapes in args.shapes:
@@ -317,7 +316,7 @@ def run(args):
                       else measure_lgreco(method, grads, args))
             results["points"][key] = record
             print(f"  {key}: {json.dumps(record)}", flush=True)
-            path.write_text(json.dumps(results, indent=1) + "\n")
+            save_record(path, results)
             write_section(args.out / "benchmarks.md", SECTION, markdown(results, args))
     # Also when every point was there: the section follows the current report.
     write_section(args.out / "benchmarks.md", SECTION, markdown(results, args))

@@ -26,13 +26,12 @@ import json
 import sys
 import time
 import types
-from pathlib import Path
 
 import torch
 
 import hvd_compress as hc
-from benchmarks.report import (DOCS, OthersShare, command_line, describe_machine, machine, method_bars, mpirun_job,
-                               panels, save_figure, write_section)
+from benchmarks.report import (OthersShare, add_job_options, command_line, describe_machine, machine, method_bars,
+                               mpirun_job, panels, save_figure, write_section)
 from benchmarks.workloads import charlm, digits
 from hvd_compress.comm.rounds import Collective
 
@@ -365,11 +364,7 @@ def parse_args(argv):
                         help=f"comma-separated, of: {', '.join(METHODS)}")
     parser.add_argument("--digits-seeds", type=int, default=3, help="digits runs per method (mean)")
     parser.add_argument("--lm-steps", type=int, default=300, help="LM optimizer steps")
-    parser.add_argument("--job-timeout", type=int, default=300, help="seconds per mpirun job")
-    parser.add_argument("--out", type=Path, default=DOCS)
-    parser.add_argument("--quick", action="store_true",
-                        help="2 ranks, a few steps of a tiny model: a smoke test")
-    parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
+    add_job_options(parser, 300, "2 ranks, a few steps of a tiny model: a smoke test")
     args = parser.parse_args(argv)
     unknown = [method for method in args.methods if method not in METHODS]
     if unknown:

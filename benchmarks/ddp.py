@@ -45,16 +45,15 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
-from benchmarks.report import (DOCS, CodecClock, checkout_pythonpath, cluster_job, command_line, describe_machine,
-                               machine, root_cause, run_or_work, summarise, torchrun_job, undisturbed,
-                               worker_argv, write_section)
+from benchmarks.report import (CodecClock, add_job_options, checkout_pythonpath, cluster_job, command_line,
+                               describe_machine, machine, resumed, root_cause, run_or_work, save_record, summarise,
+                               torchrun_job, undisturbed, worker_argv, write_section)
 
 RESULT_PREFIX = "DDP_RESULT "
 SECTION = "PyTorch DDP"
@@ -220,8 +219,7 @@ def run(args):
     from benchmarks.testbed import emulated_cluster
 
     path = args.out / "benchmarks" / "ddp.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    results = json.loads(path.read_text()) if path.exists() else {}
+    results = resumed(path)
     results.setdefault("timing", {})
     results.setdefault("digits", {})
     results.update(command=command_line("ddp"), machine=machine(), np=args.np, rank=args.rank,
@@ -229,7 +227,7 @@ def run(args):
     timing = results["timing"]
 
     def save():
-        path.write_text(json.dumps(results, indent=1) + "\n")
+        save_record(path, results)
         write_section(args.out / "benchmarks.md", SECTION, markdown(results))
 
     # Round by round: every method's first job, then every method's second, ...
@@ -349,12 +347,9 @@ def parse_args(argv):
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=1, help="timing jobs per method, in rounds over the methods")
-    parser.add_argument("--job-timeout", type=int, default=400)
     parser.add_argument("--max-other-cpu", type=float, default=0.05,
                         help="rerun a timing job when this share of the CPU went to other processes")
-    parser.add_argument("--out", type=Path, default=DOCS)
-    parser.add_argument("--quick", action="store_true", help="2 ranks, the CNN, few steps, no shaping")
-    parser.add_argument("--worker", choices=["timing", "digits"], help=argparse.SUPPRESS)
+    add_job_options(parser, 400, "2 ranks, the CNN, few steps, no shaping", ["timing", "digits"], None)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
     parser.add_argument("--master", help=argparse.SUPPRESS)

@@ -40,7 +40,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import DOCS, Progress, checkout_pythonpath, describe_machine, machine, write_section
+from benchmarks.report import (DOCS, Progress, checkout_pythonpath, describe_machine, machine, resumed, save_record,
+                               write_section)
 
 RESULT_FILE = "result.json"
 PROGRESS_FILE = "progress.jsonl"
@@ -287,8 +288,7 @@ def variants(args):
 
 def benchmark(args):
     path = args.out / "benchmarks" / "elastic.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    results = json.loads(path.read_text()) if path.exists() else {}
+    results = resumed(path)
     results.update(command=command_line(), machine=machine(), steps=args.steps,
                    kill_rank=args.kill_rank, kill_step=args.kill_step, rejoin_after=args.rejoin_after,
                    commit_every=args.commit_every)
@@ -303,7 +303,7 @@ def benchmark(args):
         runs[key] = result
         progress.finished(f"{key}: perplexity {result['perplexity']:.3f}, steps lost "
                           f"{result['steps_lost']}, {result['wall_seconds']:.0f} s")
-        path.write_text(json.dumps(results, indent=1) + "\n")
+        save_record(path, results)
     write_section(args.out / "benchmarks.md", SECTION, markdown(results, args.seeds))
     return results
 

@@ -48,14 +48,13 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from benchmarks.report import (DOCS, CodecClock, checkout_pythonpath, cluster_job, command_line, describe_machine,
-                               machine, root_cause, run_or_work, summarise, torchrun_job, worker_argv,
-                               write_section)
+from benchmarks.report import (CodecClock, add_job_options, checkout_pythonpath, cluster_job, command_line,
+                               describe_machine, machine, resumed, root_cause, run_or_work, save_record, summarise,
+                               torchrun_job, worker_argv, write_section)
 
 RESULT_PREFIX = "FSDP_RESULT "
 SECTION = "FSDP2 / HSDP on the emulated cluster"
@@ -191,8 +190,7 @@ def run(args):
     from benchmarks.testbed import emulated_cluster
 
     path = args.out / "benchmarks" / "fsdp.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    results = json.loads(path.read_text()) if path.exists() else {}
+    results = resumed(path)
     results.setdefault("timing", {})
     results.setdefault("quality", {})
     # Runs at another rank than the first are kept beside it, their label naming the rank.
@@ -206,7 +204,7 @@ def run(args):
         return method if method == PLAIN or args.rank == results["rank"] else f"{method}, rank {args.rank}"
 
     def save():
-        path.write_text(json.dumps(results, indent=1) + "\n")
+        save_record(path, results)
         write_section(args.out / "benchmarks.md", SECTION, markdown(results))
 
     wanted = [(model, method) for model in args.models for method in args.methods
@@ -335,10 +333,7 @@ def parse_args(argv):
     parser.add_argument("--quality-steps", type=int, default=200)
     parser.add_argument("--seeds", type=lambda text: [int(s) for s in text.split(",") if s], default=[0, 1],
                         help="seeds of the quality runs; empty: none")
-    parser.add_argument("--job-timeout", type=int, default=400)
-    parser.add_argument("--out", type=Path, default=DOCS)
-    parser.add_argument("--quick", action="store_true", help="the CNN, few steps, one seed, no shaping")
-    parser.add_argument("--worker", choices=["timing", "quality"], help=argparse.SUPPRESS)
+    add_job_options(parser, 400, "the CNN, few steps, one seed, no shaping", ["timing", "quality"], None)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)

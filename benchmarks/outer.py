@@ -21,15 +21,14 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import horovod.torch as hvd
 
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM
 from benchmarks.quality import LM, LM_STEPS
-from benchmarks.report import (DOCS, describe_machine, machine, mpirun_job, panels, run_points, save_figure,
-                               train_one_point, write_section)
+from benchmarks.report import (add_job_options, describe_machine, machine, mpirun_job, panels, resumed, run_points,
+                               save_figure, save_record, train_one_point, write_section)
 from benchmarks.workloads import charlm
 from hvd_compress.comm.rounds import Collective
 
@@ -77,10 +76,8 @@ def train_point(spec):
 
 # ----- the driver -----------------------------------------------------------------------------
 def run(args):
-    out = args.out / "benchmarks"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "outer.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
+    path = args.out / "benchmarks" / "outer.json"
+    results = resumed(path)
     results.setdefault("points", {})
     lm = QUICK_LM if args.quick else LM
     results.update(machine=machine(), np=args.np, lm_steps=args.lm_steps, lm=lm, seed=0,
@@ -93,7 +90,7 @@ def run(args):
         [record] = mpirun_job("benchmarks.outer", job, args.np, args.job_timeout, RESULT_PREFIX,
                               spec["key"], expected=1)
         results["points"][spec["key"]] = {"spec": spec, "record": record}
-        path.write_text(json.dumps(results, indent=1) + "\n")
+        save_record(path, results)
         write_report(results, args.out)
         print(f"{spec['key']}: perplexity {record['metric']:.3f}, {record['wire_bytes'] / 1e6:,.1f} MB "
               f"sent, {record['job_seconds']:.0f} s", flush=True)
@@ -194,10 +191,7 @@ def parse_args(argv):
     parser.add_argument("--lm-steps", type=int, default=LM_STEPS)
     parser.add_argument("--inner-steps", type=lambda s: [int(h) for h in s.split(",")], default=INNER_STEPS)
     parser.add_argument("--max-minutes", type=float, default=600.0)
-    parser.add_argument("--job-timeout", type=float, default=1800.0)
-    parser.add_argument("--out", type=Path, default=DOCS)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    add_job_options(parser, 1800.0, "2 ranks, 20 LM steps, H = 5")
     args = parser.parse_args(argv)
     if args.quick:
         args.np, args.lm_steps, args.inner_steps = 2, 20, [5]

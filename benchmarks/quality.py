@@ -31,18 +31,16 @@ stops starting new points after that long (run the rest later with the same comm
 ``--quick``: 2 ranks, a tiny LM, a few steps, one point per method: a smoke test.
 """
 import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM, StepCounter
-from benchmarks.report import (DOCS, RUN_LIMITS, Progress, describe_machine, machine, mpirun_job, panels, run_points,
-                               save_figure, train_one_point, write_section)
+from benchmarks.report import (RUN_LIMITS, Progress, add_job_options, describe_machine, machine, mpirun_job, panels,
+                               resumed, run_points, save_figure, save_record, train_one_point, write_section)
 from benchmarks.report import command_line as report_command_line
 from benchmarks.workloads import charlm, digits
 from hvd_compress.comm.rounds import Collective
@@ -272,23 +270,17 @@ def run_point(spec, args, results, path, progress):
     results["points"][spec["key"]] = {"spec": spec, "record": record}
     results["command"] = command_line()
     results["minutes"] = results.get("minutes", 0.0) + (time.perf_counter() - started) / 60
-    save(results, path)
+    save_record(path, results)
     write_report(results, args.out)
     progress.finished(f"{spec['key']}: {METRICS[spec['workload']]} {record['metric']:.4f}, "
                       f"{record['wire_bytes'] / 1e6:,.1f} MB sent, {record['job_seconds']:.0f} s")
 
 
-def save(results, path):
-    path.write_text(json.dumps(results, indent=1) + "\n")
-
-
 def run(args):
     """Every point not yet in the JSON: each workload's sweep, the LM's followed by the claims'
     seeds (which follow from it); starts no new point after ``--max-minutes``."""
-    out = args.out / "benchmarks"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "quality.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
+    path = args.out / "benchmarks" / "quality.json"
+    results = resumed(path)
     results.setdefault("points", {})
     results.update(machine=machine(), np=args.np, lm_steps=args.lm_steps)
     deadline = time.monotonic() + 60 * args.max_minutes
@@ -481,10 +473,7 @@ def parse_args(argv):
     parser.add_argument("--lm-steps", type=int, default=LM_STEPS, help="LM optimizer steps")
     parser.add_argument("--max-minutes", type=float, default=120.0,
                         help="start no new point after this long; rerun to resume")
-    parser.add_argument("--job-timeout", type=int, default=900, help="seconds per mpirun job")
-    parser.add_argument("--out", type=Path, default=DOCS)
-    parser.add_argument("--quick", action="store_true", help="2 ranks, a few steps, one point per method")
-    parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
+    add_job_options(parser, 900, "2 ranks, a few steps, one point per method")
     args = parser.parse_args(argv)
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:

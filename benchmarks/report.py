@@ -1,6 +1,7 @@
 """What every benchmark shares: a description of the machine, CPU accounting that tells
 whether a measurement had the cores to itself, step-time statistics, and the writer of one
 "## section" of ``docs/benchmarks.md``."""
+import argparse
 import datetime
 import json
 import os
@@ -179,6 +180,18 @@ def summarise(seconds):
             "min": ms[0], "max": ms[-1]}
 
 
+def resumed(path: Path) -> Dict[str, Any]:
+    """The JSON record that earlier runs left at ``path`` (empty: none yet), its folder made for
+    this run's saves: a benchmark rerun goes on where the last one stopped."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save_record(path: Path, results: Dict[str, Any]) -> None:
+    """Writes ``results`` to ``path`` as ``resumed`` reads it back."""
+    path.write_text(json.dumps(results, indent=1) + "\n")
+
+
 def write_section(path, heading, body):
     """Replaces the "## heading" section of ``path`` (up to the next "## ") with ``body``,
     appending it if absent; other benchmarks' sections are left as they are."""
@@ -331,6 +344,22 @@ def command_line(benchmark: str, dropped: Sequence[str] = ("--out",)) -> str:
 
 # The options of a sweep of jobs that say where to write and when to stop, not what to run.
 RUN_LIMITS = ("--out", "--max-minutes", "--job-timeout")
+
+
+def add_job_options(parser: Any, job_timeout: Union[int, float], quick: str,
+                    workers: Optional[Sequence[str]] = None,
+                    job_timeout_help: Optional[str] = "seconds per mpirun job") -> None:
+    """The options of a benchmark that runs its work as jobs: ``--job-timeout`` (``job_timeout``
+    by default, of its type), ``--out`` (the docs folder to write into), ``--quick`` (a smoke
+    test; ``quick`` says what it runs) and the hidden ``--worker`` (what a job runs: one of
+    ``workers``, or, without them, the JSON SPEC of a point)."""
+    parser.add_argument("--job-timeout", type=type(job_timeout), default=job_timeout, help=job_timeout_help)
+    parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--quick", action="store_true", help=quick)
+    if workers is None:
+        parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
+    else:
+        parser.add_argument("--worker", choices=list(workers), help=argparse.SUPPRESS)
 
 
 def worker_argv(module: str, args: Any, kind: str, **flags: Any) -> List[str]:

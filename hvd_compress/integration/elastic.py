@@ -18,7 +18,8 @@ handlers (``horovod.torch.elastic.state.set_handler_registry``, Horovod's extens
   next step. A reset that only removed workers skips ``sync()`` in Horovod; the integration
   sees the new size at the next step and rebinds then.
 
-``hvd_compress.DiLoCo`` has a handler of its own (:class:`DiLoCoStateHandler`).
+``hvd_compress.DiLoCo`` goes through the same handler (:class:`DiLoCoStateHandler` names where its
+compression's state sits).
 
 Elastic Horovod runs with the Gloo controller (``horovodrun --gloo`` is implied by
 ``--host-discovery-script``); the exchange runs among all ranks (``hvd.global_process_set``).
@@ -40,34 +41,58 @@ FEEDBACK_POLICIES = ("keep", "reset")
 
 
 class CompressionStateHandler(elastic_state.StateHandler):
-    def __init__(self, compression: GradientCompression):
-        super().__init__(compression)
-        self._saved = compression.elastic_state_dict()
+    """The one elastic handler: commit, restore and sync of a value whose ``elastic_state_dict``
+    holds a compression's state. For a ``GradientCompression`` that state is the whole of it;
+    :class:`DiLoCoStateHandler` names where it sits within DiLoCo's."""
+
+    sync_name = "hvd_compress.elastic.sync"
+
+    def __init__(self, value: Any):
+        super().__init__(value)
+        self._saved = value.elastic_state_dict()
+
+    def compression(self) -> GradientCompression:
+        return self.value
+
+    def part(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        """The compression's state within the value's ``state``."""
+        return state
+
+    def with_part(self, state: Dict[str, Any], part: Dict[str, Any]) -> Dict[str, Any]:
+        """``state`` with ``part`` as the compression's state."""
+        return part
+
+    def synced(self, rank: int, size: int, policy: str) -> None:
+        """After sync() loaded rank 0's state: the integration rebuilds what the world decides."""
+        next_generation()
+        if rank == 0:
+            logger.info("hvd_compress: %s synchronised in a world of %d ranks (error feedback: %s)",
+                        type(self.value).__name__, size, policy)
 
     def save(self) -> None:
         self._saved = self.value.elastic_state_dict()
 
     def restore(self) -> None:
-        own = self._saved
-        self.value.load_state_dict(rebased(own, own, self.value.rank, self.value.size))
+        compression, own = self.compression(), self.part(self._saved)
+        self.value.load_state_dict(self.with_part(self._saved, rebased(own, own, compression.rank,
+                                                                       compression.size)))
 
     def sync(self) -> None:
-        compression = self.value
+        compression = self.compression()
         policy = compression.feedback_on_world_change
         if policy not in FEEDBACK_POLICIES:
             raise ValueError(f"{type(compression).__name__}.feedback_on_world_change must be one of "
                              f"{', '.join(FEEDBACK_POLICIES)}, got {policy!r}")
-        mine = compression.elastic_state_dict() if policy == "keep" or hvd.rank() == 0 else None
-        own = mine if policy == "keep" else None
-        shared = hvd.broadcast_object(rebased(mine, None, 0, 1) if hvd.rank() == 0 else None,
-                                      root_rank=0, name="hvd_compress.elastic.sync")
+        mine = self.value.elastic_state_dict() if policy == "keep" or hvd.rank() == 0 else None
+        shared = None
+        if hvd.rank() == 0:  # the receivers take their rank, size and feedback from themselves
+            shared = self.with_part(mine, rebased(self.part(mine), None, 0, 1))
+        shared = hvd.broadcast_object(shared, root_rank=0, name=self.sync_name)
         rank, size = hvd.rank(), hvd.size()
         compression.bind_world(rank, size)
-        compression.load_state_dict(rebased(shared, own, rank, size))
-        next_generation()
-        if rank == 0:
-            logger.info("hvd_compress: %s synchronised in a world of %d ranks (error feedback: %s)",
-                        type(compression).__name__, size, policy)
+        own = self.part(mine) if policy == "keep" else None
+        self.value.load_state_dict(self.with_part(shared, rebased(self.part(shared), own, rank, size)))
+        self.synced(rank, size, policy)
 
 
 def rebased(state: Dict[str, Any], own: Optional[Dict[str, Any]], rank: int, size: int) -> Dict[str, Any]:
@@ -79,7 +104,7 @@ def rebased(state: Dict[str, Any], own: Optional[Dict[str, Any]], rank: int, siz
     return dict(state, rank=rank, world_size=size, residuals={} if own is None else own["residuals"])
 
 
-class DiLoCoStateHandler(elastic_state.StateHandler):
+class DiLoCoStateHandler(CompressionStateHandler):
     """``hvd.elastic.TorchState(model, inner, outer=diloco, ...)``: a commit saves DiLoCo's state,
     a failed worker's survivors restore it, and after every reset rank 0's state (anchors, outer
     optimizer, step within the period, codec settings) goes to every rank; error feedback follows
@@ -88,34 +113,19 @@ class DiLoCoStateHandler(elastic_state.StateHandler):
     binds to the new world at its next step. Ahead of Horovod's optimizer handler, which would
     take DiLoCo for a torch optimizer."""
 
-    def __init__(self, outer: DiLoCo):
-        super().__init__(outer)
-        self._saved = outer.elastic_state_dict()
+    sync_name = "hvd_compress.diloco.sync"
 
-    def save(self) -> None:
-        self._saved = self.value.elastic_state_dict()
+    def compression(self) -> GradientCompression:
+        return self.value.compression
 
-    def restore(self) -> None:
-        outer, own = self.value, self._saved["compression"]
-        outer.load_state_dict(dict(self._saved, compression=rebased(own, own, outer.compression.rank,
-                                                                    outer.compression.size)))
+    def part(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        return state["compression"]
 
-    def sync(self) -> None:
-        outer = self.value
-        policy = outer.compression.feedback_on_world_change
-        if policy not in FEEDBACK_POLICIES:
-            raise ValueError(f"{type(outer.compression).__name__}.feedback_on_world_change must be one "
-                             f"of {', '.join(FEEDBACK_POLICIES)}, got {policy!r}")
-        mine = outer.elastic_state_dict() if policy == "keep" or hvd.rank() == 0 else None
-        shared = None
-        if hvd.rank() == 0:
-            shared = dict(mine, compression=rebased(mine["compression"], None, 0, 1))
-        shared = hvd.broadcast_object(shared, root_rank=0, name="hvd_compress.diloco.sync")
-        rank, size = hvd.rank(), hvd.size()
-        outer.compression.bind_world(rank, size)
-        own = mine["compression"] if policy == "keep" else None
-        outer.load_state_dict(dict(shared, compression=rebased(shared["compression"], own, rank, size)))
-        outer._bound = False  # binds to the new world, checks and broadcasts at its next step
+    def with_part(self, state: Dict[str, Any], part: Dict[str, Any]) -> Dict[str, Any]:
+        return dict(state, compression=part)
+
+    def synced(self, rank: int, size: int, policy: str) -> None:
+        self.value._bound = False  # binds to the new world, checks and broadcasts at its next step
 
 
 # DiLoCo ahead of Horovod's optimizer handler, which would take it for a torch optimizer.

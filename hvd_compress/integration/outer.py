@@ -23,7 +23,8 @@ Why each rule is what it is:
   saved parameters and skips the outer optimizer). The inner optimizer's state is the user's
   and is left alone: copying it every period would cost another copy of its state.
 * Under elastic Horovod the wrapper is a ``TorchState`` keyword with a handler of its own
-  (``integration.elastic.DiLoCoStateHandler``), registered ahead of Horovod's optimizer handler.
+  (``integration.elastic.DiLoCoStateHandler``, the compressors' handler told where the
+  compression's state sits), registered ahead of Horovod's optimizer handler.
 * Nothing here imports Horovod: under ``torchrun`` torch alone is enough.
 """
 import logging
