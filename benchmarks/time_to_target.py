@@ -21,7 +21,9 @@ longest run) at the peak learning rate: ``--warmup`` untimed steps, more where a
 the method begins later (ScaleCom's dense warm-up, L-GreCo's first decision, GraVAC's first window:
 a tenth of the run), then ``--steps`` steps, each timed on rank 0 from ``zero_grad`` to the end of
 ``step()``. The mean, not the median: DiLoCo's outer step comes once every H steps, and its cost
-belongs in the step time (``--steps`` is a multiple of every H run). A job during which other
+belongs in the step time (``--steps`` is a multiple of every H run). ``--repeats`` jobs per
+method, one round of every method before the next: its step time is the median of the jobs'
+means (the means of one method's jobs differed by up to a third). A job during which other
 processes took more than ``--max-other-cpu`` of the cores runs again (``report.undisturbed``).
 
 Time to target: median steps to target (``time_to_quality.score``) x mean step time; methods
@@ -165,7 +167,7 @@ def run(args) -> Dict[str, Any]:
     from benchmarks.testbed import emulated_cluster
     path = args.out / "benchmarks" / "time_to_target.json"
     results = json.loads(path.read_text()) if path.exists() else {}
-    results.update(machine=machine(), np=args.np, steps=args.steps, warmup=args.warmup,
+    results.update(machine=machine(), np=args.np, steps=args.steps, warmup=args.warmup, repeats=args.repeats,
                    command=quality.command_line("time_to_target"))
     results.setdefault("settings", {})
     steps = json.loads(args.ttq.read_text())
@@ -207,7 +209,9 @@ def run(args) -> Dict[str, Any]:
         if entry["rate_gbit"] is None:
             progress.line(f"r = {ratio:g}: out of the testbed's reach (latency floor {1e3 * entry['alpha_s']:.1f} ms)")
             continue
-        wanted = [label for label, m in methods.items() if label not in entry["methods"]
+        # Job by job, each method's first job before any method's second.
+        wanted = [label for repeat in range(args.repeats) for label, m in methods.items()
+                  if jobs_of(entry["methods"].get(label)) <= repeat
                   and (m["score"]["median"] is not None or label == ttq.UNCOMPRESSED)]
         if not wanted and "advise" in entry:
             continue
@@ -225,7 +229,7 @@ def run(args) -> Dict[str, Any]:
                 job_spec = dict(spec, kind="steps", lm=args.lm, schedule_steps=schedule, steps=args.steps,
                                 untimed=untimed_steps(spec, schedule, args.warmup))
                 result = job(cluster, job_spec, f"r = {ratio:g}, {label}")
-                entry["methods"][label] = summary_of(result)
+                entry["methods"][label] = pooled(entry["methods"].get(label), summary_of(result))
                 progress.finished()
                 save()
     write_report(results, steps, args.out)
@@ -265,6 +269,24 @@ def label_of(spec: Dict[str, Any]) -> Tuple[str, str]:
     return spec["compressor"], ",".join(f"{key}={value}" for key, value in spec["settings"].items())
 
 
+def job_means(entry: Dict[str, Any]) -> List[float]:
+    return [j["mean_step_ms"] for j in entry.get("jobs", [entry])]
+
+
+def jobs_of(entry: Optional[Dict[str, Any]]) -> int:
+    return 0 if entry is None else len(entry.get("jobs", [entry]))
+
+
+def pooled(previous: Optional[Dict[str, Any]], job: Dict[str, Any]) -> Dict[str, Any]:
+    """A method's step time over its jobs: the median of the jobs' means (one job's threads land
+    on the cores differently from another's: means of one method's jobs differed by up to a
+    third), with every job kept."""
+    jobs = ([] if previous is None else previous.get("jobs", [previous])) + [job]
+    means = [j["mean_step_ms"] for j in jobs]
+    return {"jobs": jobs, "mean_step_ms": statistics.median(means),
+            "median_step_ms": statistics.median(j["median_step_ms"] for j in jobs)}
+
+
 def summary_of(result: Dict[str, Any]) -> Dict[str, Any]:
     """A job's result as kept: a probe's medians, or a method's mean step and its spread."""
     if "step_s" not in result:
@@ -289,14 +311,14 @@ def times_to_target(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]]) -
 def setting_table(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]]) -> List[str]:
     seconds = times_to_target(entry, methods)
     base = seconds.get(ttq.UNCOMPRESSED)
-    lines = ["| method | median steps to target (seeds) | mean step ms (median) | time to target s | "
-             "x uncompressed (lower is sooner) |", "|---|---|---|---|---|"]
+    lines = ["| method | median steps to target (seeds) | mean step ms: median over jobs (each job's) | "
+             "time to target s | x uncompressed (lower is sooner) |", "|---|---|---|---|---|"]
     for label, priced in entry["methods"].items():
         score = methods[label]["score"]
         value = seconds[label]
         factor = "-" if value is None or not base else f"{value / base:.2f}"
         lines.append(f"| {label} | {ttq.steps_text(score['median'])} ({score['seeds']}) | "
-                     f"{priced['mean_step_ms']:.1f} ({priced['median_step_ms']:.1f}) | "
+                     f"{priced['mean_step_ms']:.1f} ({', '.join(f'{m:.1f}' for m in job_means(priced))}) | "
                      f"{'-' if value is None else format(value, '.1f')} | {factor} |")
     return lines + [""]
 
@@ -359,7 +381,7 @@ def markdown(results: Dict[str, Any], steps: Dict[str, Any]) -> str:
              f"Each method's median steps to target from \"Time to quality\", times its mean step time "
              f"on the emulated cluster ({results['np']} ranks, one network namespace each, tc tbf both ways; "
              f"{results['warmup']} untimed steps, a tenth of the run for schedules that start later, then "
-             f"{results['steps']} timed), at two link settings chosen by r: one fused all-reduce of the whole "
+             f"{results['steps']} timed; each step time the median of {results.get('repeats', 1)} jobs' means), at two link settings chosen by r: one fused all-reduce of the whole "
              "fp32 gradient over a step's compute, both measured by a probe job on the testbed (see "
              "\"Time to quality\" for the GPU clusters at each r). Step times are from a CPU codec, "
              "costlier against compute than on a GPU: biased against compression.", ""]
@@ -424,6 +446,7 @@ def parse_args(argv):
     parser.add_argument("--np", type=int, default=4, help="ranks per job")
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps before the timed ones")
     parser.add_argument("--steps", type=int, default=100, help="timed steps (a multiple of DiLoCo's H)")
+    parser.add_argument("--repeats", type=int, default=3, help="jobs per method and setting, pooled")
     parser.add_argument("--job-timeout", type=int, default=900)
     parser.add_argument("--max-other-cpu", type=float, default=0.05,
                         help="share of the cores other processes may take during a job before it runs again")
@@ -436,7 +459,7 @@ def parse_args(argv):
                         help="advise's --model: this benchmark's LM, as a user would name it")
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for name in ("np", "steps"):
+    for name in ("np", "steps", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     if args.warmup < 0:
@@ -446,7 +469,7 @@ def parse_args(argv):
     args.advise_methods = None  # every registered method, as a user runs it
     args.ttq = args.ttq or args.out / "benchmarks" / "time_to_quality.json"
     if args.quick:
-        args.np, args.lm, args.ratios, args.warmup, args.steps = 2, ttq.QUICK_LM, [3.0], 2, 10
+        args.np, args.lm, args.ratios, args.warmup, args.steps, args.repeats = 2, ttq.QUICK_LM, [3.0], 2, 10, 1
         args.advise_model, args.advise_methods = "examples.models:charlm_small", "fp16"
     else:
         args.lm = quality.LM

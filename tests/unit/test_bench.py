@@ -490,6 +490,12 @@ def test_time_to_target_fits_the_rate_for_a_ratio_and_waits_out_late_schedules()
     assert ttt.untimed_steps({"controller": {"kind": "lgreco"}}, 8000, 20) == 810
     assert ttt.untimed_steps({"controller": {"warmup": True}}, 8000, 20) == 810
     assert ttt.untimed_steps({"controller": {"kind": "diloco", "inner_steps": 10}}, 8000, 20) == 20
+    # Jobs pooled by the median of their means; an entry of one job without "jobs" counts as one.
+    one = {"mean_step_ms": 70.0, "median_step_ms": 69.0}
+    two = ttt.pooled(one, {"mean_step_ms": 50.0, "median_step_ms": 49.0})
+    three = ttt.pooled(two, {"mean_step_ms": 55.0, "median_step_ms": 54.0})
+    assert ttt.jobs_of(None) == 0 and ttt.jobs_of(one) == 1 and ttt.jobs_of(three) == 3
+    assert three["mean_step_ms"] == 55.0 and three["median_step_ms"] == 54.0 and ttt.job_means(three) == [70.0, 50.0, 55.0]
 
 
 @pytest.mark.slow
@@ -527,7 +533,7 @@ def test_time_to_target_quick_prices_steps_on_the_testbed_and_resumes(tmp_path, 
         "none", "fp16"}
     assert ttt.pick_of("compress with powersgd rank=8: projected ...") == ("powersgd", "rank=8")
     assert ttt.pick_of("compress with fp16: 1.2 -> 1.0 ms") == ("fp16", "") and ttt.pick_of("do not compress: x")[0] == "none"
-    assert all(m["steps"] == 10 and m["mean_step_ms"] > 0 for m in setting["methods"].values())
+    assert all([j["steps"] for j in m["jobs"]] == [10] and m["mean_step_ms"] > 0 for m in setting["methods"].values())
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## Time to target" in text and "| FP16 |" in text and "measured there r =" in text
     assert (tmp_path / "benchmarks" / "time_to_target.png").stat().st_size > 0
