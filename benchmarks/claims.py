@@ -2,7 +2,7 @@
 its paper's regime, on the word-level GPT (``workloads/wordlm``), with paired seeds.
 
     python -m benchmarks claims [--quick] [--max-minutes 360] [--job-timeout 7200] [--out docs/]
-        [--report-only]
+        [--report-only] [--stage curve]
 
 The protocol (every point one ``mpirun -np 2`` job through the stock ``hvd.DistributedOptimizer``,
 seeds 0, 1 and 2):
@@ -23,7 +23,11 @@ seeds 0, 1 and 2):
 * ablations of L-GreCo over PowerSGD: the table on raw gradients summed over the whole period
   (this repository's earlier behaviour), the whole period with residuals, raw gradients over the
   last 10 steps (the two factors apart), no uncompressed warm-up; and the workload: the
-  character LM (``quality``'s) at the anchors ``quality`` found.
+  character LM (``quality``'s) at the anchors ``quality`` found;
+* the anchor-free verdict (issue 32), on the character LM (decisions every 150 steps): each
+  family's uniform curve (``CHAR_CURVE``, 3 seeds) and L-GreCo anchored at each of its settings;
+  per L-GreCo setting, the uniform curve's bytes per step at L-GreCo's 3-seed mean perplexity
+  (interpolated in log bytes between neighbouring settings, never extrapolated) over L-GreCo's.
 
 ``--scale gpu``: the same protocol at a larger scale on one CUDA GPU (``claims_gpu.json``, its own
 section): a word LM of 6 blocks, d_model 256, context 128, 8,192 tokens, every point one
@@ -33,6 +37,7 @@ Gloo (NCCL takes one GPU per rank), ``--parallel`` jobs at a time; no character-
 Resumes point by point from ``<out>/benchmarks/claims.json`` (rewritten after every point, with
 the section of ``<out>/benchmarks.md``), so it can run in pieces; ``--max-minutes`` starts no new
 point after that long. ``--report-only`` rewrites the section and the picture from the JSON.
+``--stage curve`` runs only the character-LM curves and L-GreCo over them.
 ``--quick``: a tiny model and a few steps, every stage once with one seed: a smoke test.
 """
 import argparse
@@ -78,6 +83,11 @@ QUICK_STEPS = 40
 # The character LM of ``quality`` and the anchors its sweep found (smallest within 2%).
 CHAR_STEPS = 3000
 CHAR_ANCHORS = {"PowerSGD": 8, "Top-K": 0.2}
+# The uniform curves of the anchor-free verdict, least aggressive first: the anchors and a
+# setting either side, so that L-GreCo's quality lies between two of them.
+CHAR_CURVE = {"PowerSGD": [16, 8, 4], "Top-K": [0.3, 0.2, 0.1]}
+# --quick: one family, two settings (the anchor and one more), enough to interpolate.
+QUICK_CURVE = {"PowerSGD": [8, 4]}
 # Where and how points run: backend (Horovod under mpirun, or DDP under torchrun), device, and
 # the word LM; the character-LM rows are the CPU protocol's alone.
 SCALES = {"cpu": {"backend": "horovod", "device": "cpu", "lm": WORD_LM, "steps": WORD_STEPS, "charlm": True,
@@ -356,10 +366,25 @@ def lgreco_setting(results, family, anchor, why):
     return candidates(results, family)[0]
 
 
-def plan(results, quick):
-    """Every point wanted, most important first, as far as the finished points determine it."""
+def curve_points(seeds, quick):
+    """The character LM's uniform curves, then L-GreCo anchored at each of their settings,
+    seed 0 of every setting first: a run cut short leaves whole curves (the verdict of the
+    L-GreCo runs already made needs only those) before partial L-GreCo rows."""
+    curve = QUICK_CURVE if quick else CHAR_CURVE
+    wanted = []
+    for label, extra in [("{}", {}), ("L-GreCo ({})", {"lgreco": {}})]:
+        wanted += [point("charlm", label.format(family), seed, FAMILIES[family][0], {FAMILIES[family][1]: value}, extra)
+                   for seed in seeds for family, values in curve.items() for value in values]
+    return wanted
+
+
+def plan(results, quick, stage="all"):
+    """Every point wanted, most important first, as far as the finished points determine it;
+    ``stage`` "curve": the anchor-free verdict's points alone."""
     scale = scale_of(results)
     seeds = SEEDS[:1] if quick else SEEDS
+    if stage == "curve":
+        return curve_points(seeds, quick)
     wanted = [point("wordlm", UNCOMPRESSED, seed) for seed in seeds]
     anchors = {}
     # Each family's search, then L-GreCo there; over PowerSGD, its ablations next: they say
@@ -390,7 +415,8 @@ def plan(results, quick):
         name, keyword, _ = FAMILIES[family]
         wanted += [point("charlm", label, seed, name, {keyword: value}, extra)
                    for label, extra in [(family, {}), (f"L-GreCo ({family})", {"lgreco": {}})] for seed in seeds]
-    return wanted
+    keys = {p["key"] for p in wanted}  # the anchors are on the curves too: each point once
+    return wanted + [p for p in curve_points(seeds, quick) if p["key"] not in keys]
 
 
 def workload_spec(workload, quick, scale=SCALES["cpu"]):
@@ -429,7 +455,7 @@ def run(args):
     with ThreadPoolExecutor(args.parallel) as pool:
         while True:
             busy = {spec["key"] for spec, _ in running.values()}
-            todo = [s for s in plan(results, args.quick) if s["key"] not in results["points"]
+            todo = [s for s in plan(results, args.quick, args.stage) if s["key"] not in results["points"]
                     and s["key"] not in failed and s["key"] not in busy]
             while todo and len(running) < args.parallel and time.monotonic() < deadline:
                 spec = todo.pop(0)
@@ -729,6 +755,8 @@ def parse_args(argv):
     parser.add_argument("--scale", choices=sorted(SCALES), default="cpu",
                         help="cpu: the protocol on this machine's cores (Horovod, mpirun); gpu: a larger word LM "
                              "on one CUDA GPU (DDP, torchrun)")
+    parser.add_argument("--stage", choices=["all", "curve"], default="all",
+                        help="curve: only the character-LM uniform curves and L-GreCo at each of their settings")
     parser.add_argument("--parallel", type=int, default=1, help="points run side by side")
     parser.add_argument("--device", help="torch device of the points (default: the scale's: cpu, or cuda)")
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
