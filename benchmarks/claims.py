@@ -153,6 +153,11 @@ class DenseWhere(GradientCompression):
     def next_payload_bytes(self, name, shape):
         return 4 * math.prod(shape) if self._dense(name) else self.inner.next_payload_bytes(name, shape)
 
+    def fixed_payload(self, shape):
+        # A shape the inner compressor never compresses is sent whole before the switch and
+        # after alike; any other changes payload at ``start_step`` (or is one of the names).
+        return self.inner.fixed_payload(shape) and not self.dense_names
+
     def describe(self):
         return {"compressor": "DenseWhere", "start_step": self.start_step,
                 "dense_names": sorted(self.dense_names), "inner": self.inner.describe()}
