@@ -84,9 +84,11 @@ QUICK_STEPS = 40
 # The character LM of ``quality`` and the anchors its sweep found (smallest within 2%).
 CHAR_STEPS = 3000
 CHAR_ANCHORS = {"PowerSGD": 8, "Top-K": 0.2}
-# The uniform curves of the anchor-free verdict, least aggressive first: the anchors and a
-# setting either side, so that L-GreCo's quality lies between two of them.
-CHAR_CURVE = {"PowerSGD": [16, 8, 4], "Top-K": [0.3, 0.2, 0.1]}
+# The uniform curves of the anchor-free verdict: the anchors and a setting either side, so that
+# L-GreCo's quality lies between two of them. Run in this order: after the anchor, the side
+# where L-GreCo at the anchor landed in the stored runs (worse than rank 8, better than density
+# 0.2), so that the verdict on those runs needs three more jobs per family.
+CHAR_CURVE = {"PowerSGD": [8, 4, 16], "Top-K": [0.2, 0.3, 0.1]}
 # --quick: one family, two settings (the anchor and one more), enough to interpolate.
 QUICK_CURVE = {"PowerSGD": [8, 4]}
 # Where and how points run: backend (Horovod under mpirun, or DDP under torchrun), device, and
@@ -373,14 +375,16 @@ def lgreco_setting(results, family, anchor, why):
 
 
 def curve_points(seeds: Sequence[int], quick: bool) -> List[Dict[str, Any]]:
-    """The character LM's uniform curves, then L-GreCo anchored at each of their settings,
-    seed 0 of every setting first: a run cut short leaves whole curves (the verdict of the
-    L-GreCo runs already made needs only those) before partial L-GreCo rows."""
+    """The character LM's uniform curves, then L-GreCo anchored at each of their settings; a
+    setting's seeds together, the families alternating: a run cut short leaves 3-seed curve
+    points (the verdict of the L-GreCo runs already made needs only those) before L-GreCo rows."""
     curve = QUICK_CURVE if quick else CHAR_CURVE
     wanted = []
     for label, extra in [("{}", {}), ("L-GreCo ({})", {"lgreco": {}})]:
-        wanted += [point("charlm", label.format(family), seed, FAMILIES[family][0], {FAMILIES[family][1]: value}, extra)
-                   for seed in seeds for family, values in curve.items() for value in values]
+        wanted += [point("charlm", label.format(family), seed, FAMILIES[family][0], {FAMILIES[family][1]: values[index]},
+                         extra)
+                   for index in range(max(map(len, curve.values()))) for family, values in curve.items()
+                   if index < len(values) for seed in seeds]
     return wanted
 
 
@@ -605,7 +609,7 @@ def curve_verdicts(results: Dict[str, Any], quick: bool) -> List[Tuple[str, Opti
                 continue
             a = summary(adaptive)
             points = "; ".join(f"{keyword} {v}: {s['metric']:.3f} ± {s['se']:.3f} at {s['per_step'] / 1e6:.4f} MB"
-                               for v, s in uniform.items())
+                               for v, s in sorted(uniform.items(), key=lambda item: item[1]["per_step"]))
             numbers = (f"L-GreCo {a['metric']:.3f} ± {a['se']:.3f} at {a['per_step'] / 1e6:.4f} MB/step after the "
                        f"first decision; uniform curve (perplexity mean ± s.e., MB/step): {points}")
             at_mean = uniform_bytes_at(curve, a["metric"])
