@@ -2,7 +2,7 @@
 its paper's regime, on the word-level GPT (``workloads/wordlm``), with paired seeds.
 
     python -m benchmarks claims [--quick] [--max-minutes 360] [--job-timeout 7200] [--out docs/]
-        [--report-only]
+        [--report-only] [--stage curve]
 
 The protocol (every point one ``mpirun -np 2`` job through the stock ``hvd.DistributedOptimizer``,
 seeds 0, 1 and 2):
@@ -23,7 +23,11 @@ seeds 0, 1 and 2):
 * ablations of L-GreCo over PowerSGD: the table on raw gradients summed over the whole period
   (this repository's earlier behaviour), the whole period with residuals, raw gradients over the
   last 10 steps (the two factors apart), no uncompressed warm-up; and the workload: the
-  character LM (``quality``'s) at the anchors ``quality`` found.
+  character LM (``quality``'s) at the anchors ``quality`` found;
+* the anchor-free verdict (issue 32), on the character LM (decisions every 150 steps): each
+  family's uniform curve (``CHAR_CURVE``, 3 seeds) and L-GreCo anchored at each of its settings;
+  per L-GreCo setting, the uniform curve's bytes per step at L-GreCo's 3-seed mean perplexity
+  (interpolated in log bytes between neighbouring settings, never extrapolated) over L-GreCo's.
 
 ``--scale gpu``: the same protocol at a larger scale on one CUDA GPU (``claims_gpu.json``, its own
 section): a word LM of 6 blocks, d_model 256, context 128, 8,192 tokens, every point one
@@ -33,6 +37,7 @@ Gloo (NCCL takes one GPU per rank), ``--parallel`` jobs at a time; no character-
 Resumes point by point from ``<out>/benchmarks/claims.json`` (rewritten after every point, with
 the section of ``<out>/benchmarks.md``), so it can run in pieces; ``--max-minutes`` starts no new
 point after that long. ``--report-only`` rewrites the section and the picture from the JSON.
+``--stage curve`` runs only the character-LM curves and L-GreCo over them.
 ``--quick``: a tiny model and a few steps, every stage once with one seed: a smoke test.
 """
 import argparse
@@ -44,6 +49,7 @@ import time
 import types
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -78,6 +84,13 @@ QUICK_STEPS = 40
 # The character LM of ``quality`` and the anchors its sweep found (smallest within 2%).
 CHAR_STEPS = 3000
 CHAR_ANCHORS = {"PowerSGD": 8, "Top-K": 0.2}
+# The uniform curves of the anchor-free verdict: the anchors and a setting either side, so that
+# L-GreCo's quality lies between two of them. Run in this order: after the anchor, the side
+# where L-GreCo at the anchor landed in the stored runs (worse than rank 8, better than density
+# 0.2), so that the verdict on those runs needs three more jobs per family.
+CHAR_CURVE = {"PowerSGD": [8, 4, 16], "Top-K": [0.2, 0.3, 0.1]}
+# --quick: one family, two settings (the anchor and one more), enough to interpolate.
+QUICK_CURVE = {"PowerSGD": [8, 4]}
 # Where and how points run: backend (Horovod under mpirun, or DDP under torchrun), device, and
 # the word LM; the character-LM rows are the CPU protocol's alone.
 SCALES = {"cpu": {"backend": "horovod", "device": "cpu", "lm": WORD_LM, "steps": WORD_STEPS, "charlm": True,
@@ -142,6 +155,11 @@ class DenseWhere(GradientCompression):
 
     def next_payload_bytes(self, name, shape):
         return 4 * math.prod(shape) if self._dense(name) else self.inner.next_payload_bytes(name, shape)
+
+    def fixed_payload(self, shape):
+        # A shape the inner compressor never compresses is sent whole before the switch and
+        # after alike; any other changes payload at ``start_step`` (or is one of the names).
+        return self.inner.fixed_payload(shape) and not self.dense_names
 
     def describe(self):
         return {"compressor": "DenseWhere", "start_step": self.start_step,
@@ -356,10 +374,27 @@ def lgreco_setting(results, family, anchor, why):
     return candidates(results, family)[0]
 
 
-def plan(results, quick):
-    """Every point wanted, most important first, as far as the finished points determine it."""
+def curve_points(seeds: Sequence[int], quick: bool) -> List[Dict[str, Any]]:
+    """The character LM's uniform curves, then L-GreCo anchored at each of their settings; a
+    setting's seeds together, the families alternating: a run cut short leaves 3-seed curve
+    points (the verdict of the L-GreCo runs already made needs only those) before L-GreCo rows."""
+    curve = QUICK_CURVE if quick else CHAR_CURVE
+    wanted = []
+    for label, extra in [("{}", {}), ("L-GreCo ({})", {"lgreco": {}})]:
+        wanted += [point("charlm", label.format(family), seed, FAMILIES[family][0], {FAMILIES[family][1]: values[index]},
+                         extra)
+                   for index in range(max(map(len, curve.values()))) for family, values in curve.items()
+                   if index < len(values) for seed in seeds]
+    return wanted
+
+
+def plan(results, quick, stage="all"):
+    """Every point wanted, most important first, as far as the finished points determine it;
+    ``stage`` "curve": the anchor-free verdict's points alone."""
     scale = scale_of(results)
     seeds = SEEDS[:1] if quick else SEEDS
+    if stage == "curve":
+        return curve_points(seeds, quick)
     wanted = [point("wordlm", UNCOMPRESSED, seed) for seed in seeds]
     anchors = {}
     # Each family's search, then L-GreCo there; over PowerSGD, its ablations next: they say
@@ -390,7 +425,8 @@ def plan(results, quick):
         name, keyword, _ = FAMILIES[family]
         wanted += [point("charlm", label, seed, name, {keyword: value}, extra)
                    for label, extra in [(family, {}), (f"L-GreCo ({family})", {"lgreco": {}})] for seed in seeds]
-    return wanted
+    keys = {p["key"] for p in wanted}  # the anchors are on the curves too: each point once
+    return wanted + [p for p in curve_points(seeds, quick) if p["key"] not in keys]
 
 
 def workload_spec(workload, quick, scale=SCALES["cpu"]):
@@ -429,7 +465,7 @@ def run(args):
     with ThreadPoolExecutor(args.parallel) as pool:
         while True:
             busy = {spec["key"] for spec, _ in running.values()}
-            todo = [s for s in plan(results, args.quick) if s["key"] not in results["points"]
+            todo = [s for s in plan(results, args.quick, args.stage) if s["key"] not in results["points"]
                     and s["key"] not in failed and s["key"] not in busy]
             while todo and len(running) < args.parallel and time.monotonic() < deadline:
                 spec = todo.pop(0)
@@ -536,6 +572,62 @@ def claims(results, quick):
     return outcomes
 
 
+def uniform_bytes_at(curve: Sequence[Tuple[float, float]], perplexity: float) -> Optional[float]:
+    """Bytes per step of a uniform curve at ``perplexity``: ``curve`` holds (bytes per step,
+    perplexity) per setting; linear in log bytes between the two settings, neighbours by bytes,
+    whose perplexities bracket it; None outside the curve (never extrapolated). Where noise
+    makes the curve non-monotone and several segments bracket it, the crossing with the fewest
+    bytes: the reading least favourable to a method that claims to send fewer."""
+    ordered = sorted(curve)
+    for (low_bytes, low_metric), (high_bytes, high_metric) in zip(ordered, ordered[1:]):
+        if min(low_metric, high_metric) <= perplexity <= max(low_metric, high_metric):
+            if low_metric == high_metric:
+                return low_bytes
+            share = (perplexity - low_metric) / (high_metric - low_metric)
+            return math.exp(math.log(low_bytes) + share * (math.log(high_bytes) - math.log(low_bytes)))
+    return None
+
+
+def curve_verdicts(results: Dict[str, Any], quick: bool) -> List[Tuple[str, Optional[bool], str]]:
+    """Issue 32's anchor-free verdict on the character LM, per L-GreCo setting: (claim text, met
+    or None, numbers), met where the uniform curve's bytes per step at L-GreCo's 3-seed mean
+    perplexity are at least the claimed multiple of L-GreCo's."""
+    seeds = SEEDS[:1] if quick else SEEDS
+    rows = []
+    for family, values in (QUICK_CURVE if quick else CHAR_CURVE).items():
+        keyword = FAMILIES[family][1]
+        done = {value: list(seeds_of(results, f"{family} {keyword} {value}", "charlm").values()) for value in values}
+        uniform = {value: summary(records) for value, records in done.items() if len(records) == len(seeds)}
+        curve = [(s["per_step"], s["metric"]) for s in uniform.values()]
+        for value in values:
+            text = (f"Char LM: L-GreCo over {family} {keyword} {value}: the uniform curve needs >= "
+                    f"{CLAIMED_RATIO[family]}x its bytes per step at its quality")
+            adaptive = list(seeds_of(results, f"L-GreCo ({family}) {keyword} {value}", "charlm").values())
+            if len(adaptive) < len(seeds) or len(uniform) < 2:
+                rows.append((text, None, f"not measured yet ({len(adaptive)} of {len(seeds)} L-GreCo seeds; "
+                                         f"{len(uniform)} of {len(values)} uniform settings at every seed)"))
+                continue
+            a = summary(adaptive)
+            points = "; ".join(f"{keyword} {v}: {s['metric']:.3f} ± {s['se']:.3f} at {s['per_step'] / 1e6:.4f} MB"
+                               for v, s in sorted(uniform.items(), key=lambda item: item[1]["per_step"]))
+            numbers = (f"L-GreCo {a['metric']:.3f} ± {a['se']:.3f} at {a['per_step'] / 1e6:.4f} MB/step after the "
+                       f"first decision; uniform curve (perplexity mean ± s.e., MB/step): {points}")
+            at_mean = uniform_bytes_at(curve, a["metric"])
+            if at_mean is None:
+                best = min(curve, key=lambda c: c[1])
+                side = "better than" if a["metric"] < best[1] else "worse than"
+                rows.append((text, None, f"outside the curve ({side} every uniform setting); " + numbers))
+                continue
+            ratio = at_mean / a["per_step"]
+            # The seed spread: the same reading at L-GreCo's mean ± one standard error.
+            spread = [uniform_bytes_at(curve, a["metric"] + sign * a["se"]) for sign in (-1, 1)]
+            spread_text = ", ".join("outside the curve" if b is None else f"{b / a['per_step']:.2f}x" for b in spread)
+            rows.append((text, ratio >= CLAIMED_RATIO[family],
+                         f"{ratio:.2f}x (uniform {at_mean / 1e6:.4f} MB/step at L-GreCo's mean; at mean "
+                         f"- / + 1 s.e.: {spread_text}); " + numbers))
+    return rows
+
+
 def ablation_rows(results, quick):
     """Each L-GreCo run against the uniform run at its anchor: paired quality, bytes ratios."""
     seeds = SEEDS[:1] if quick else SEEDS
@@ -629,6 +721,17 @@ def markdown(results, figure):
     lines += ["Claims:", "", "| claim | met | numbers |", "|---|---|---|"]
     for text, met, numbers in claims(results, quick):
         lines.append(f"| {text} | {'-' if met is None else 'yes' if met else 'NO'} | {numbers} |")
+    if scale["charlm"]:
+        warmup, period, first = schedule(CHAR_STEPS)
+        lines += ["", "The same claims without the 1% anchor (issue 32): each family's uniform curve on the "
+                  f"character LM ({CHAR_STEPS} steps, L-GreCo deciding every {period} steps from step {first}), "
+                  "3 seeds per setting, and L-GreCo anchored at each setting; the uniform curve's bytes per step "
+                  "at L-GreCo's mean perplexity (log bytes interpolated between the neighbouring settings, "
+                  "never extrapolated) over L-GreCo's. Above 1: L-GreCo sends fewer bytes for the same quality. "
+                  "The anchor rule's verdicts are the Char LM rows above.", "",
+                  "| claim (equal quality on the uniform curve) | met | numbers |", "|---|---|---|"]
+        for text, met, numbers in curve_verdicts(results, quick):
+            lines.append(f"| {text} | {'-' if met is None else 'yes' if met else 'NO'} | {numbers} |")
     ablations = ablation_rows(results, quick)
     if ablations:
         lines += ["", "L-GreCo and its ablations against the uniform anchor, seed by seed (the factor that "
@@ -729,6 +832,8 @@ def parse_args(argv):
     parser.add_argument("--scale", choices=sorted(SCALES), default="cpu",
                         help="cpu: the protocol on this machine's cores (Horovod, mpirun); gpu: a larger word LM "
                              "on one CUDA GPU (DDP, torchrun)")
+    parser.add_argument("--stage", choices=["all", "curve"], default="all",
+                        help="curve: only the character-LM uniform curves and L-GreCo at each of their settings")
     parser.add_argument("--parallel", type=int, default=1, help="points run side by side")
     parser.add_argument("--device", help="torch device of the points (default: the scale's: cpu, or cuda)")
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)

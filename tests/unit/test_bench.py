@@ -3,6 +3,7 @@ outputs (no timing assertions: timings belong in docs/benchmarks.md, not in test
 import argparse
 import collections
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -319,6 +320,8 @@ def test_claims_protocol_searches_anchors_then_plans_lgreco_and_resumes(tmp_path
         family, settings = job["family"], job["settings"]
         value = metric[family](*settings.values()) if family in ("PowerSGD", "Top-K") else 99.5
         value = metric["uncompressed"] if family == "uncompressed" else value
+        if job["workload"] == "charlm" and family.startswith("L-GreCo"):  # on its uniform curve, half the bytes
+            value = metric[family[len("L-GreCo ("):-1]](*settings.values())
         value += 0.1 * (job["seed"] - 1)
         sent = 1e6 / (2 if "L-GreCo" in family else 1)
         return [{"key": job["key"], "metric": value, "steps": job["steps"], "wire_bytes": 100 * sent,
@@ -341,6 +344,9 @@ def test_claims_protocol_searches_anchors_then_plans_lgreco_and_resumes(tmp_path
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## L-GreCo protocol on the word LM" in text and "Partial" not in text
     assert "| Word LM: L-GreCo over PowerSGD rank 4: equal quality at >= 1.5x fewer bytes per step | yes |" in text
+    # The anchor-free verdict: at equal quality the uniform curve sends twice L-GreCo's bytes.
+    verdict = "| Char LM: L-GreCo over {}: the uniform curve needs >= {}x its bytes per step at its quality | {} | 2.00x"
+    assert verdict.format("PowerSGD rank 4", 1.5, "yes") in text and verdict.format("Top-K density 0.1", 2.5, "NO") in text
     monkeypatch.setattr(claims, "draw_figure", draw)
     claims.main(["--out", str(tmp_path), "--report-only"])
     assert (tmp_path / "benchmarks" / "claims.png").stat().st_size > 0
@@ -348,6 +354,33 @@ def test_claims_protocol_searches_anchors_then_plans_lgreco_and_resumes(tmp_path
     ran.clear()
     claims.main(["--out", str(tmp_path)])
     assert ran == []
+
+
+def test_uniform_bytes_at_interpolates_in_log_bytes_and_never_extrapolates():
+    """The anchor-free verdict's reading of a uniform curve: log bytes linear in perplexity
+    between the neighbouring settings; None beyond either end; the fewest-bytes crossing where
+    noise makes the curve non-monotone."""
+    from benchmarks.claims import uniform_bytes_at
+    curve = [(2e5, 4.85), (4e4, 5.0), (1e5, 4.9)]  # any order
+    assert uniform_bytes_at(curve, 4.95) == pytest.approx(math.sqrt(4e4 * 1e5))
+    assert uniform_bytes_at(curve, 5.0) == pytest.approx(4e4)
+    assert uniform_bytes_at(curve, 4.85) == pytest.approx(2e5)
+    assert uniform_bytes_at(curve, 5.01) is None and uniform_bytes_at(curve, 4.84) is None
+    assert uniform_bytes_at([(1.0, 5.0), (2.0, 4.8), (4.0, 4.9)], 4.85) == pytest.approx(2 ** 0.75)
+    assert uniform_bytes_at([(1.0, 5.0), (2.0, 5.0)], 5.0) == 1.0
+
+
+def test_claims_dense_warm_up_rides_horovod_only_with_shapes_its_compressor_never_compresses():
+    """The stock path asks ``fixed_payload``: a bias is sent whole before and after the warm-up;
+    a matrix changes payload when compression starts; with names kept dense, nothing is fixed."""
+    import torch
+    import hvd_compress as hc
+    from benchmarks.claims import DenseWhere
+    named = list(torch.nn.Linear(64, 64).named_parameters())
+    inner = lambda: hc.COMPRESSORS["powersgd"].build(named, rank=2)
+    warm_up = DenseWhere(inner(), start_step=5)
+    assert warm_up.fixed_payload((64,)) and not warm_up.fixed_payload((64, 64))
+    assert not DenseWhere(inner(), dense_names=["weight"]).fixed_payload((64,))
 
 
 def test_claims_at_gpu_scale_asks_every_candidate_at_once_and_runs_lgreco_where_no_anchor_holds(tmp_path, monkeypatch):
