@@ -90,7 +90,7 @@ def probe(spec: Dict[str, Any]) -> None:
         compute.append(time.perf_counter() - started)
     gradient = torch.ones(sum(p.numel() for p in model.parameters()))
     allreduce = []
-    for repeat in range(spec["warmup"] + PROBE_REPEATS):
+    for _ in range(spec["warmup"] + PROBE_REPEATS):
         hvd.allreduce(torch.zeros(1), name="time_to_target.barrier")
         started = time.perf_counter()
         hvd.allreduce(gradient, name="time_to_target.gradient")
@@ -107,7 +107,7 @@ def time_steps(spec: Dict[str, Any]) -> None:
     import horovod.torch as hvd
     run = ttq.build_training(spec, spec["schedule_steps"])
     seconds = []
-    for step in range(spec["untimed"] + spec["steps"]):
+    for _ in range(spec["untimed"] + spec["steps"]):
         started = time.perf_counter()
         ttq.take_step(run, ttq.PEAK_LR)
         seconds.append(time.perf_counter() - started)
