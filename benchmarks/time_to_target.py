@@ -57,7 +57,8 @@ import torch
 from benchmarks import quality
 from benchmarks import time_to_quality as ttq
 from benchmarks.report import (DOCS, Progress, checkout_pythonpath, cluster_job, describe_machine, machine,
-                               method_bars, panels, save_figure, undisturbed, write_section)
+                               method_bars, panels, resumed, save_figure, save_record, undisturbed,
+                               write_section)
 
 RESULT_PREFIX = "TTT_RESULT "
 SECTION = "Time to target"
@@ -166,7 +167,7 @@ def priced_methods(steps: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
 def run(args) -> Dict[str, Any]:
     from benchmarks.testbed import emulated_cluster
     path = args.out / "benchmarks" / "time_to_target.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
+    results = resumed(path)
     results.update(machine=machine(), np=args.np, steps=args.steps, warmup=args.warmup, repeats=args.repeats,
                    command=quality.command_line("time_to_target"))
     results.setdefault("settings", {})
@@ -174,14 +175,9 @@ def run(args) -> Dict[str, Any]:
     methods = priced_methods(steps)
     progress = Progress(0, "time_to_target")
 
-    def save():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=1) + "\n")
-
     def job(cluster, spec, what):
         argv = [sys.executable, "-m", "benchmarks.time_to_target", "--worker", json.dumps(spec)]
-        env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
-        return undisturbed(lambda: cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX),
+        return undisturbed(lambda: cluster_job(cluster, argv, job_environment(), args.job_timeout, RESULT_PREFIX),
                            args.max_other_cpu, lambda r: f"{what}: {json.dumps(summary_of(r))}", show=progress.line)
 
     def probed(rate):
@@ -193,7 +189,7 @@ def run(args) -> Dict[str, Any]:
         entry = results["settings"].setdefault(f"{ratio:g}", {"ratio_wanted": ratio, "probes": [], "methods": {}})
         for rate in PROBE_RATES_GBIT[len(entry["probes"]):]:
             entry["probes"].append(probed(rate))
-            save()
+            save_record(path, results)
         while "rate_gbit" not in entry:
             # The secant through the two probes nearest the wanted r, until one lands within RATIO_TOLERANCE.
             nearest = sorted(entry["probes"], key=lambda p: abs(math.log(ratio_of(p) / ratio)))
@@ -205,7 +201,7 @@ def run(args) -> Dict[str, Any]:
                 entry.update(rate_gbit=nearest[0]["rate_gbit"], at_rate=nearest[0])
             else:
                 entry["probes"].append(probed(rate))
-            save()
+            save_record(path, results)
         if entry["rate_gbit"] is None:
             progress.line(f"r = {ratio:g}: out of the testbed's reach (latency floor {1e3 * entry['alpha_s']:.1f} ms)")
             continue
@@ -221,7 +217,7 @@ def run(args) -> Dict[str, Any]:
                 progress.starting(f"r = {ratio:g}, advise")
                 entry["advise"] = advised(cluster, args)
                 progress.finished(f"r = {ratio:g}, advise: {entry['advise']['recommendation']}")
-                save()
+                save_record(path, results)
             for label in wanted:
                 spec = methods[label]["spec"]
                 schedule = max(spec["lengths"])
@@ -231,9 +227,14 @@ def run(args) -> Dict[str, Any]:
                 result = job(cluster, job_spec, f"r = {ratio:g}, {label}")
                 entry["methods"][label] = pooled(entry["methods"].get(label), summary_of(result))
                 progress.finished()
-                save()
+                save_record(path, results)
     write_report(results, steps, args.out)
     return results
+
+
+def job_environment() -> Dict[str, str]:
+    """What every job's ranks get: one torch thread each (they share the cores), this checkout."""
+    return {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
 
 
 def advised(cluster, args) -> Dict[str, Any]:
@@ -243,15 +244,15 @@ def advised(cluster, args) -> Dict[str, Any]:
         out = Path(folder) / "advice.json"
         argv = [sys.executable, "-m", "hvd_compress.advise", "--model", args.advise_model, "--json", str(out),
                 *(["--methods", args.advise_methods] if args.advise_methods else [])]
-        env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
         started = time.perf_counter()
-        returncode, stdout, stderr = cluster.run(argv, timeout=args.job_timeout, env=env)
+        returncode, stdout, stderr = cluster.run(argv, timeout=args.job_timeout, env=job_environment())
         if returncode != 0 or not out.exists():
             raise RuntimeError(f"advise failed (exit {returncode}):\n{stdout[-2000:]}\n{stderr[-3000:]}")
         advice = json.loads(out.read_text())
     command = f"mpirun -np {args.np} python -m hvd_compress.advise " + " ".join(argv[3:5] + argv[7:])
-    return {"command": command, "recommendation": advice["recommendation"], "wall_seconds": round(time.perf_counter() - started, 1),
-            "compute_ms": advice["compute_ms"], "steps_workload": advice["steps_workload"],
+    return {"command": command, "recommendation": advice["recommendation"],
+            "wall_seconds": round(time.perf_counter() - started, 1), "compute_ms": advice["compute_ms"],
+            "steps_workload": advice["steps_workload"],
             "candidates": [{key: c[key] for key in ("method", "setting", "step_ms", "speedup", "steps_factor",
                                                    "to_target")} for c in advice["candidates"]]}
 
@@ -269,21 +270,25 @@ def label_of(spec: Dict[str, Any]) -> Tuple[str, str]:
     return spec["compressor"], ",".join(f"{key}={value}" for key, value in spec["settings"].items())
 
 
+def jobs_in(entry: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """A method's jobs at a setting (an entry of one job, without "jobs", is that job)."""
+    return [] if entry is None else entry.get("jobs", [entry])
+
+
 def job_means(entry: Dict[str, Any]) -> List[float]:
-    return [j["mean_step_ms"] for j in entry.get("jobs", [entry])]
+    return [j["mean_step_ms"] for j in jobs_in(entry)]
 
 
 def jobs_of(entry: Optional[Dict[str, Any]]) -> int:
-    return 0 if entry is None else len(entry.get("jobs", [entry]))
+    return len(jobs_in(entry))
 
 
 def pooled(previous: Optional[Dict[str, Any]], job: Dict[str, Any]) -> Dict[str, Any]:
     """A method's step time over its jobs: the median of the jobs' means (one job's threads land
     on the cores differently from another's: means of one method's jobs differed by up to a
     third), with every job kept."""
-    jobs = ([] if previous is None else previous.get("jobs", [previous])) + [job]
-    means = [j["mean_step_ms"] for j in jobs]
-    return {"jobs": jobs, "mean_step_ms": statistics.median(means),
+    jobs = jobs_in(previous) + [job]
+    return {"jobs": jobs, "mean_step_ms": statistics.median(j["mean_step_ms"] for j in jobs),
             "median_step_ms": statistics.median(j["median_step_ms"] for j in jobs)}
 
 
@@ -381,7 +386,8 @@ def markdown(results: Dict[str, Any], steps: Dict[str, Any]) -> str:
              f"Each method's median steps to target from \"Time to quality\", times its mean step time "
              f"on the emulated cluster ({results['np']} ranks, one network namespace each, tc tbf both ways; "
              f"{results['warmup']} untimed steps, a tenth of the run for schedules that start later, then "
-             f"{results['steps']} timed; each step time the median of {results.get('repeats', 1)} jobs' means), at two link settings chosen by r: one fused all-reduce of the whole "
+             f"{results['steps']} timed; each step time the median of {results.get('repeats', 1)} jobs' means), "
+             "at two link settings chosen by r: one fused all-reduce of the whole "
              "fp32 gradient over a step's compute, both measured by a probe job on the testbed (see "
              "\"Time to quality\" for the GPU clusters at each r). Step times are from a CPU codec, "
              "costlier against compute than on a GPU: biased against compression.", ""]
