@@ -73,6 +73,10 @@ BASE_SEEDS, OTHER_SEEDS = 5, 3
 QUICK = {"lengths": [8, 12, 16, 24], "warmup": 2, "longest": 16, "base_seeds": 2, "other_seeds": 1,
          "knee_gain": 1.0, "eval_windows": 64}
 
+# The points issue 33's targets rest on, as "Time to target" measured them (2026-11-27): FP16 (the
+# strong baseline), ACP-SGD rank 16 (soonest to target at r = 3) and PowerSGD rank 8 (advise's
+# pick there). MLPerf/AlgoPerf: as many seeds as the target's own, and run first.
+DECIDING = ("FP16", "ACP-SGD rank 16", "PowerSGD rank 8")
 QUICK_FAMILIES = ("FP16", "L-GreCo (PowerSGD)", "DiLoCo H=10 (QSGD)")  # each kind of state, branched
 # Compressed points, in the order their seed 0 runs: the settings "Quality against bytes" found
 # closest to uncompressed first (the low-rank anchor, rank 8, and ACP-SGD at twice it), then
@@ -279,12 +283,13 @@ def base_points(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 def method_points(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Every compressed point, seed by seed (seed 0 of every method first); then FP16's last seeds:
-    a target (sooner than FP16 at r = 3) rests on it, so it gets as many seeds as uncompressed."""
+    """Every compressed point: the points of ``DECIDING`` first, with as many seeds as
+    uncompressed; then every other method seed by seed (seed 0 of every method first)."""
     methods = [m for m in METHODS if m[0] in QUICK_FAMILIES] if plan["quick"] else METHODS
-    return ([spec_for(*method, seed) for seed in range(plan["other_seeds"]) for method in methods] +
-            [spec_for(*method, seed) for seed in range(plan["other_seeds"], plan["base_seeds"])
-             for method in methods if method[0] == "FP16"])
+    deciding = [m for m in methods if spec_for(*m, 0)["label"] in DECIDING]
+    return ([spec_for(*method, seed) for seed in range(plan["base_seeds"]) for method in deciding] +
+            [spec_for(*method, seed) for seed in range(plan["other_seeds"])
+             for method in methods if method not in deciding])
 
 
 def run_point(spec, lengths, target, args, results, path, progress) -> None:
@@ -404,7 +409,7 @@ def budget(plan: Dict[str, Any], cap: Optional[int]) -> List[str]:
     """What the plan costs in steps, and what was left out to fit it."""
     base = job_steps([n for n in plan["lengths"] if n <= plan["longest"]])
     capped = job_steps([n for n in plan["lengths"] if n <= (cap or plan["longest"])])
-    jobs = plan["base_seeds"] + len(METHODS) * plan["other_seeds"] + plan["base_seeds"] - plan["other_seeds"]
+    jobs = plan["base_seeds"] * (1 + len(DECIDING)) + (len(METHODS) - len(DECIDING)) * plan["other_seeds"]
     # Every job to the cap, at 55 ms a step, or 110 ms with a CPU codec: the bound, before jobs
     # stop at the target.
     hours = [jobs * capped * step_s / 3600 for step_s in (0.055, 0.110)]
@@ -418,9 +423,8 @@ def budget(plan: Dict[str, Any], cap: Optional[int]) -> List[str]:
             f"uncompressed seed took 37 min (194 ms a step) beside two other people's work. {whole} "
             "Traded to fit: one or two "
             "settings per method (those \"Quality against bytes\" found closest to uncompressed, then one "
-            "cheaper), 3 seeds for every compressed point but FP16 (the other points a target rests on, the "
-            "fastest method and advise's pick, follow from the step times: their last 2 seeds are not planned "
-            "yet), DiLoCo with one codec, and lengths "
+            f"cheaper), 3 seeds for every compressed point but those the targets rest on ({', '.join(DECIDING)}: "
+            f"{plan['base_seeds']}, run first), DiLoCo with one codec, and lengths "
             "1.33-1.5x apart (steps to target interpolated between them).", ""]
 
 

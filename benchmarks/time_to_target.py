@@ -3,7 +3,7 @@ quality (from ``time_to_quality``) times its mean step time on an emulated clust
 link settings of issue 33, chosen by r, the ratio of communication to compute.
 
     python -m benchmarks time_to_target [--ratios 3,0.3] [--np 4] [--warmup 20] [--steps 100]
-        [--job-timeout 900] [--max-other-cpu 0.05] [--out docs/] [--quick] [--report-only]
+        [--job-timeout 900] [--max-other-cpu 0.05] [--direct] [--out docs/] [--quick] [--report-only]
 
 r is the ring bound of the uncompressed all-reduce, 2(W-1)/W x M / B, over a step's compute,
 with B the all-reduce bandwidth measured at the gradient's own size M: so r is the measured time
@@ -37,6 +37,13 @@ measured time to target is said to be not validated. The CPU codec's share of a
 step is far larger here than on a GPU (see "Time to quality"), so these times are biased against
 compression.
 
+``--direct``: at each setting, uncompressed, FP16, the two compressing methods soonest to target
+and advise's pick train end to end on the same cluster (seed 0, one job each), for the first
+length of the evaluation schedule at which their seed 0 reached the target, from the same
+``build_training`` and warmup-stable-decay schedule: the sum of their steps' seconds is set
+against that length x the method's mean step, and their final loss against the one measured
+without the network (issue 33: the decomposition within 10% of the direct runs).
+
 Resumes job by job from ``<out>/benchmarks/time_to_target.json``; writes the "Time to target"
 section of ``<out>/benchmarks.md``. ``--quick``: 2 ranks, the tiny LM, r = 3 only, a few steps,
 from a ``time_to_quality --quick`` JSON: a smoke test.
@@ -59,6 +66,7 @@ from benchmarks import time_to_quality as ttq
 from benchmarks.report import (DOCS, Progress, checkout_pythonpath, cluster_job, describe_machine, machine,
                                method_bars, panels, resumed, save_figure, save_record, undisturbed,
                                write_section)
+from benchmarks.workloads import charlm
 
 RESULT_PREFIX = "TTT_RESULT "
 SECTION = "Time to target"
@@ -73,8 +81,6 @@ def probe(spec: Dict[str, Any]) -> None:
     """Rank 0 prints the median seconds of a step's compute (every rank at once) and of one
     all-reduce of the whole gradient's bytes."""
     import horovod.torch as hvd
-
-    from benchmarks.workloads import charlm
     lm = spec["lm"]
     model = charlm.CharTransformer(**lm["model"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=ttq.PEAK_LR)
@@ -116,11 +122,28 @@ def time_steps(spec: Dict[str, Any]) -> None:
         print(RESULT_PREFIX + json.dumps({"step_s": seconds[spec["untimed"]:]}), flush=True)
 
 
+def train_directly(spec: Dict[str, Any]) -> None:
+    """Rank 0 prints the seconds of the steps of one whole run of ``spec["length"]`` steps (its
+    warm-up, stable phase and cool-down, as ``time_to_quality`` branches it at that length) and
+    the validation loss at its end."""
+    import horovod.torch as hvd
+    length = spec["length"]
+    run = ttq.build_training(spec, max(spec["lengths"]))  # as time_to_quality builds it
+    seconds = 0.0
+    for step in range(length):
+        started = time.perf_counter()
+        ttq.take_step(run, ttq.PEAK_LR * ttq.lr_factor(step, length, spec["warmup"]))
+        seconds += time.perf_counter() - started
+    if hvd.rank() == 0:
+        loss = math.log(charlm.evaluate(run.model, run.val_ids, run.model.context, spec["eval_windows"]))
+        print(RESULT_PREFIX + json.dumps({"train_s": seconds, "loss": loss}), flush=True)
+
+
 def work(spec: Dict[str, Any]) -> None:
     import horovod.torch as hvd
     torch.set_num_threads(1)  # the ranks share the machine's cores
     hvd.init()
-    (probe if spec["kind"] == "probe" else time_steps)(spec)
+    {"probe": probe, "steps": time_steps, "direct": train_directly}[spec["kind"]](spec)
 
 
 # ----- the driver -------------------------------------------------------------------------------
@@ -209,27 +232,62 @@ def run(args) -> Dict[str, Any]:
         wanted = [label for repeat in range(args.repeats) for label, m in methods.items()
                   if jobs_of(entry["methods"].get(label)) <= repeat
                   and (m["score"]["median"] is not None or label == ttq.UNCOMPRESSED)]
-        if not wanted and "advise" in entry:
-            continue
-        progress.add(len(wanted) + ("advise" not in entry))
-        with emulated_cluster(args.np, entry["rate_gbit"]) as cluster:
-            if "advise" not in entry:
-                progress.starting(f"r = {ratio:g}, advise")
-                entry["advise"] = advised(cluster, args)
-                progress.finished(f"r = {ratio:g}, advise: {entry['advise']['recommendation']}")
-                save_record(path, results)
-            for label in wanted:
-                spec = methods[label]["spec"]
-                schedule = max(spec["lengths"])
-                progress.starting(f"r = {ratio:g}, {label}")
-                job_spec = dict(spec, kind="steps", lm=args.lm, schedule_steps=schedule, steps=args.steps,
-                                untimed=untimed_steps(spec, schedule, args.warmup))
-                result = job(cluster, job_spec, f"r = {ratio:g}, {label}")
-                entry["methods"][label] = pooled(entry["methods"].get(label), summary_of(result))
-                progress.finished()
-                save_record(path, results)
+        if wanted or "advise" not in entry:
+            progress.add(len(wanted) + ("advise" not in entry))
+            with emulated_cluster(args.np, entry["rate_gbit"]) as cluster:
+                if "advise" not in entry:
+                    progress.starting(f"r = {ratio:g}, advise")
+                    entry["advise"] = advised(cluster, args)
+                    progress.finished(f"r = {ratio:g}, advise: {entry['advise']['recommendation']}")
+                    save_record(path, results)
+                for label in wanted:
+                    spec = methods[label]["spec"]
+                    schedule = max(spec["lengths"])
+                    progress.starting(f"r = {ratio:g}, {label}")
+                    job_spec = dict(spec, kind="steps", lm=args.lm, schedule_steps=schedule, steps=args.steps,
+                                    untimed=untimed_steps(spec, schedule, args.warmup))
+                    result = job(cluster, job_spec, f"r = {ratio:g}, {label}")
+                    entry["methods"][label] = pooled(entry["methods"].get(label), summary_of(result))
+                    progress.finished()
+                    save_record(path, results)
+        direct = {label: length for label, length in direct_runs(entry, methods, steps).items()
+                  if label not in entry.setdefault("direct", {})} if args.direct else {}
+        if direct:
+            progress.add(len(direct))
+            with emulated_cluster(args.np, entry["rate_gbit"]) as cluster:
+                for label, length in direct.items():
+                    progress.starting(f"r = {ratio:g}, {label} end to end, {length} steps")
+                    job_spec = dict(seed_zero(steps, label)["spec"], kind="direct", lm=args.lm, length=length,
+                                    warmup=steps["plan"]["warmup"], eval_windows=steps["plan"]["eval_windows"])
+                    result = job(cluster, job_spec, f"r = {ratio:g}, {label} end to end")
+                    entry["direct"][label] = {"length": length, "train_s": result["train_s"], "loss": result["loss"],
+                                              "wall_seconds": round(result["wall_seconds"], 1),
+                                              "other_cpu_seconds": round(result["other_cpu_seconds"], 1)}
+                    progress.finished(f"{result['train_s']:.1f} s, loss {result['loss']:.4f}")
+                    save_record(path, results)
     write_report(results, steps, args.out)
     return results
+
+
+def seed_zero(steps: Dict[str, Any], label: str) -> Dict[str, Any]:
+    """The time-to-quality point of ``label``'s seed 0 ({"spec", "record"})."""
+    return next(e for e in steps["points"].values() if e["spec"]["label"] == label and e["spec"]["seed"] == 0)
+
+
+def direct_runs(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], steps: Dict[str, Any]) -> Dict[str, int]:
+    """Issue 33's end-to-end runs at a setting, label -> steps: uncompressed, FP16, the two
+    compressing methods soonest to target by the decomposition, and advise's pick; each for the
+    first length of the evaluation schedule at which its seed 0 reached the target."""
+    seconds = {label: value for label, value in times_to_target(entry, methods).items() if value is not None}
+    compressing = sorted((label for label in seconds if label not in (ttq.UNCOMPRESSED, "FP16")), key=seconds.get)
+    target = ttq.target_of(steps, steps["plan"]["base_seeds"], steps["plan"]["knee_gain"])["target"]
+    runs = {}
+    for label in dict.fromkeys([ttq.UNCOMPRESSED, "FP16", *compressing[:2], advised_label(entry, methods)]):
+        reached = [p["length"] for p in seed_zero(steps, label)["record"]["points"] if p["loss"] <= target] \
+            if label in seconds else []
+        if reached:
+            runs[label] = reached[0]
+    return runs
 
 
 def job_environment() -> Dict[str, str]:
@@ -255,6 +313,17 @@ def advised(cluster, args) -> Dict[str, Any]:
             "steps_workload": advice["steps_workload"],
             "candidates": [{key: c[key] for key in ("method", "setting", "step_ms", "speedup", "steps_factor",
                                                    "to_target")} for c in advice["candidates"]]}
+
+
+def advise_names(methods: Dict[str, Dict[str, Any]]) -> Dict[Tuple[str, str], str]:
+    """(registry name, setting) -> label, for the methods advise can name (no controller)."""
+    return {label_of(m["spec"]): label for label, m in methods.items() if not (m["spec"]["controller"] or {})}
+
+
+def advised_label(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]]) -> Optional[str]:
+    """The label of advise's pick at a setting, None where advise has not run or picked a
+    method this benchmark did not measure."""
+    return advise_names(methods).get(pick_of(entry["advise"]["recommendation"])) if "advise" in entry else None
 
 
 def pick_of(recommendation: str) -> Tuple[str, str]:
@@ -357,10 +426,10 @@ def advise_verdict(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], se
     if "advise" not in entry:
         return ["advise: not run at this setting yet."]
     pick = pick_of(entry["advise"]["recommendation"])
-    named = {label_of(m["spec"]): label for label, m in methods.items() if not (m["spec"]["controller"] or {})}
+    named = advise_names(methods)
     lines = [f"advise (`{entry['advise']['command']}` on the same cluster): "
              f"\"{entry['advise']['recommendation']}\"."]
-    label = named.get(pick)
+    label = advised_label(entry, methods)
     if label not in seconds:
         return lines + [f"Its pick ({' '.join(filter(None, pick))}) has no measured time to target here: "
                         "not validated."]
@@ -408,7 +477,30 @@ def markdown(results: Dict[str, Any], steps: Dict[str, Any]) -> str:
                   f"Probes: {probe_text}.", ""]
         lines += setting_table(entry, methods) if entry["methods"] else ["No method timed yet.", ""]
         lines += targets(entry, methods, float(key)) + [""]
+        lines += direct_table(entry, steps)
     return "\n".join(lines)
+
+
+def direct_table(entry: Dict[str, Any], steps: Dict[str, Any]) -> List[str]:
+    """The end-to-end runs against the decomposition: the same steps x the method's mean step."""
+    if not entry.get("direct"):
+        return []
+    lines = ["End to end on the same cluster (`--direct`, seed 0, one job each): each method trained for the "
+             "first length of the evaluation schedule at which its seed 0 reached the target, its steps' "
+             "seconds summed (evaluation apart), against that length x its mean step above.", "",
+             "| method | steps | loss at the end: end to end / without the network | training s: end to end | "
+             "steps x mean step s | end to end / decomposed |", "|---|---|---|---|---|---|"]
+    ratios = []
+    for label, run in entry["direct"].items():
+        offline = next(p["loss"] for p in seed_zero(steps, label)["record"]["points"] if p["length"] == run["length"])
+        decomposed = run["length"] * entry["methods"][label]["mean_step_ms"] / 1e3
+        ratios.append(run["train_s"] / decomposed)
+        lines.append(f"| {label} | {run['length']} | {run['loss']:.4f} / {offline:.4f} | {run['train_s']:.1f} | "
+                     f"{decomposed:.1f} | {ratios[-1]:.2f} |")
+    worst = max(ratios, key=lambda value: abs(value - 1))
+    return lines + ["", f"Target: the decomposition agrees with the end-to-end runs within 10%: "
+                        f"{'met' if abs(worst - 1) <= 0.1 else 'missed'} (end to end / decomposed "
+                        f"{min(ratios):.2f}-{max(ratios):.2f}).", ""]
 
 
 def draw_figure(results: Dict[str, Any], steps: Dict[str, Any], path: Path) -> None:
@@ -463,6 +555,9 @@ def parse_args(argv):
     parser.add_argument("--report-only", action="store_true", help="rewrite the section from the JSON")
     parser.add_argument("--advise-model", default="examples.models:charlm_ttq",
                         help="advise's --model: this benchmark's LM, as a user would name it")
+    parser.add_argument("--direct", action="store_true",
+                        help="also train uncompressed, FP16, the two soonest compressing methods and advise's pick "
+                             "end to end on the cluster, to check the decomposition")
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("np", "steps", "repeats"):

@@ -13,7 +13,8 @@
 # (30). Or mpi-threads (docker/mpi_threads.py, 1000 rounds, SOAK_CONTROLLER=mpi): mpi4py messages
 # beside Horovod's MPI thread, without hvd_compress. Or start (docker/gloo_start.py): Horovod's
 # start-up alone, as examples/train_digits.py begins (init, broadcast_parameters, 20 steps).
-# SOAK_EPOCHS: epochs of the digits runs (3, as docker/test.sh). SOAK_LOG_LEVEL: Horovod's log
+# SOAK_EPOCHS: epochs of the digits runs (3, as docker/test.sh). SOAK_SLOTS: ranks per container
+# (2: 4 ranks on the host's 2 cores; 1: a rank per core, as on a cluster). SOAK_LOG_LEVEL: Horovod's log
 # level in every rank (trace logs each enqueued request). Logs: docker/soak-logs/ (or SOAK_LOGS).
 # Exits non-zero unless every job passed.
 set -euo pipefail
@@ -24,6 +25,8 @@ methods=("$@")
 [ ${#methods[@]} -gt 0 ] || methods=(powersgd lgreco)
 logs=${SOAK_LOGS:-docker/soak-logs}
 controller=${SOAK_CONTROLLER:-gloo}
+slots=${SOAK_SLOTS:-2}
+case $slots in 1|2) ;; *) echo "docker/soak.sh: SOAK_SLOTS must be 1 or 2, got '$slots'" >&2; exit 2 ;; esac
 case $controller in gloo|mpi) ;; *) echo "docker/soak.sh: SOAK_CONTROLLER must be gloo or mpi, got '$controller'" >&2; exit 2 ;; esac
 log() { echo "[soak] $*"; }
 source docker/hosts.sh
@@ -50,8 +53,8 @@ for method in "${methods[@]}"; do
     passed=0
     for run in $(seq "$runs"); do
         start=$(date +%s)
-        out="$logs/$controller-$method-$run.log"
-        if docker exec -e OMP_NUM_THREADS=1 ${SOAK_LOG_LEVEL:+-e HOROVOD_LOG_LEVEL=$SOAK_LOG_LEVEL} c1 timeout 600 horovodrun --$controller -np 4 -H c1:2,c2:2 \
+        out="$logs/$controller-$slots-$method-$run.log"
+        if docker exec -e OMP_NUM_THREADS=1 ${SOAK_LOG_LEVEL:+-e HOROVOD_LOG_LEVEL=$SOAK_LOG_LEVEL} c1 timeout 600 horovodrun --$controller -np $((2 * slots)) -H c1:$slots,c2:$slots \
                 python "${script[@]}" "${args[@]}" > "$out" 2>&1 && grep -q "final" "$out"; then
             passed=$((passed + 1)); verdict=passed
         else

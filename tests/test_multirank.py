@@ -35,6 +35,12 @@ ENVIRONMENT = {"test_process_set.py": {"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}}
 # Gloo at np 2 and np 4.
 # Under MPI at np 4 the same launch took 195-205 s of CI's 45-minute budget: np 4 convergence
 # moved to the convergence benchmark (same workload, every method, 4 ranks).
+# Gloo with 4 ranks on 2 cores took 3-4 times MPI's time for the same files (test_exchange 166 s
+# against 44 s in the fresh-clone CI of 2026-11-27), and CI landed at 53 min, over its 45. The
+# 4-rank cases run under MPI here; under Gloo they run at np 2 here, at np 4 for L-GreCo's
+# decisions (test_lgreco), and at np 4 across two containers in docker/test.sh.
+GLOO_AT_4 = ("Gloo with 4 ranks on 2 cores takes 3-4x MPI's time: 4 ranks run under MPI, Gloo at np 2, "
+             "L-GreCo at np 4, and np 4 across two containers in docker/test.sh")
 SKIPPED = {("gloo", 4, "test_digits.py"):
            "Gloo with 4 ranks on 2 cores: 74 ms/step vs MPI's 9.6 ms; convergence at np 4 runs under MPI",
            ("mpi", 4, "test_digits.py"):
@@ -42,7 +48,9 @@ SKIPPED = {("gloo", 4, "test_digits.py"):
            "is `python -m benchmarks convergence --np 4`, and under MPI at np 2 here",
            ("gloo", 2, "test_digits.py"):
            "Gloo at np 2 takes 177-376 s on 2 cores and repeats what others show: convergence runs "
-           "under MPI at np 2 and np 4, Gloo's correctness in test_exchange/test_lgreco/test_gravac"}
+           "under MPI at np 2 and np 4, Gloo's correctness in test_exchange/test_lgreco/test_gravac",
+           **{("gloo", 4, test_file): GLOO_AT_4 for test_file in ["test_exchange.py", "test_options.py",
+                                                                  "test_gravac.py"]}}
 # The quick tier: each integration path (stock hvd.DistributedOptimizer and the
 # hvd_compress.DistributedOptimizer wrapper, both in test_exchange.py) under each launcher, and
 # the L-GreCo controller's cross-rank agreement once, all at np 2.

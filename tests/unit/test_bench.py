@@ -505,10 +505,14 @@ def test_time_to_quality_schedule_target_and_scores():
     assert scored["median"] == pytest.approx(2000) and scored["reached"] == 2
     assert scored["trimmed_mean"] == pytest.approx(2000) and scored["best_missed_loss"] == 1.95
     assert ttq.score([record, missed, missed], 1.9)["median"] is None  # most seeds missed: not reached
-    # 3 seeds a compressed point, 5 for FP16 (a target rests on it), seed 0 of every method first.
+    # 5 seeds for each point a target rests on, first; then 3 a compressed point, seed 0 of every method first.
     points = ttq.method_points(ttq.parse_args([]).plan)
-    assert len(points) == 3 * len(ttq.METHODS) + 2 and points[0]["seed"] == 0 and points[len(ttq.METHODS)]["seed"] == 1
-    assert [p["key"] for p in points[-2:]] == ["charlm/FP16/seed 3", "charlm/FP16/seed 4"]
+    deciding, others = 5 * len(ttq.DECIDING), len(ttq.METHODS) - len(ttq.DECIDING)
+    assert len(points) == deciding + 3 * others
+    assert {p["label"] for p in points[:deciding]} == set(ttq.DECIDING)
+    assert [p["key"] for p in points[deciding - 3:deciding]] == [
+        "charlm/FP16/seed 4", "charlm/PowerSGD rank 8/seed 4", "charlm/ACP-SGD rank 16/seed 4"]
+    assert all(p["seed"] == 0 for p in points[deciding:deciding + others]) and points[deciding + others]["seed"] == 1
 
 
 def test_time_to_target_fits_the_rate_for_a_ratio_and_waits_out_late_schedules():
@@ -549,7 +553,8 @@ def test_time_to_target_quick_prices_steps_on_the_testbed_and_resumes(tmp_path, 
         point("FP16", "fp16", 0, [2.9, 2.4, 2.3])])}
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / "time_to_quality.json").write_text(json.dumps(steps))
-    options = ["time_to_target", "--quick", "--max-other-cpu", "1", "--job-timeout", "300", "--out", str(tmp_path)]
+    options = ["time_to_target", "--quick", "--direct", "--max-other-cpu", "1", "--job-timeout", "300",
+               "--out", str(tmp_path)]
     try:
         benchmark_runs.run(options)
     except NetworkNamespacesUnavailable as error:
@@ -567,8 +572,12 @@ def test_time_to_target_quick_prices_steps_on_the_testbed_and_resumes(tmp_path, 
     assert ttt.pick_of("compress with powersgd rank=8: projected ...") == ("powersgd", "rank=8")
     assert ttt.pick_of("compress with fp16: 1.2 -> 1.0 ms") == ("fp16", "") and ttt.pick_of("do not compress: x")[0] == "none"
     assert all([j["steps"] for j in m["jobs"]] == [10] and m["mean_step_ms"] > 0 for m in setting["methods"].values())
+    # End to end: each method for the first length its seed 0 reached the target at (8 steps here).
+    assert {label: run["length"] for label, run in setting["direct"].items()} == {"uncompressed": 8, "FP16": 8}
+    assert all(run["train_s"] > 0 and math.isfinite(run["loss"]) for run in setting["direct"].values())
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## Time to target" in text and "| FP16 |" in text and "measured there r =" in text
+    assert "End to end on the same cluster" in text and "the decomposition agrees with the end-to-end runs" in text
     assert (tmp_path / "benchmarks" / "time_to_target.png").stat().st_size > 0
     # Resumed: nothing left to run, so no testbed is built.
     monkeypatch.setattr("benchmarks.testbed.emulated_cluster", lambda *_: pytest.fail("a finished job ran again"))
