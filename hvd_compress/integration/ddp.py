@@ -39,20 +39,15 @@ NCCL/CUDA: written device-agnostically (outputs on the gradients' device, CUDA-a
 but untested: there is no GPU on the development machine.
 """
 import math
-import time
 from typing import Any, Dict, Iterable, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from hvd_compress import arguments
-from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.fusion import DEFAULT_DENSE_THRESHOLD, Bucket, FusionPlan, plan_buckets, scaled_threshold
-from hvd_compress.comm.timing import finished_at
-from hvd_compress.comm.torch_backend import TorchBackend
-from hvd_compress.comm.transports import TorchTransport
 from hvd_compress.compressors.base import GradientCompression
-from hvd_compress.integration.agreement import verify_same_configuration
+from hvd_compress.integration.binding import Binding, TorchGroup
 
 MIB = 1024 * 1024  # DDP's bucket_cap_mb is in MiB
 
@@ -66,7 +61,7 @@ class State:
     the same names as anywhere else. A compressor constructed with ``named_parameters`` needs
     none here (its own names win). :func:`register` passes them.
 
-    Pickling (``torch.save(state)``) drops the process group, the driver and the names, as
+    Pickling (``torch.save(state)``) drops the process group, the binding and the names, as
     torch's hook states do; a restored state uses the default group until ``process_group`` is
     set, and needs its names again (``register(ddp_model, state)``). For checkpoints prefer
     ``state.compressor.state_dict()`` / ``load_state_dict``.
@@ -83,16 +78,11 @@ class State:
         self.iter = 0
         self._names: Dict[int, str] = {}
         self._lookup: Dict[int, str] = {}  # id(parameter) -> name
-        if named_parameters is not None:
-            self.name_parameters(named_parameters)
-        self._reset()
-
-    def _reset(self):
-        self._ready = False    # bound to the group and configuration checked
-        self._active = False   # world size > 1
-        self._driver = None
+        self._binding: Optional[Binding] = None  # made at the first bucket, configuration checked
         self._plan = []        # this step's buckets so far, as fusion buckets
         self._pending = []     # this step's (buffer, [(name, offset, numel)], future)
+        if named_parameters is not None:
+            self.name_parameters(named_parameters)
 
     def name_parameters(self, named_parameters: Iterable[Tuple[str, torch.Tensor]]) -> None:
         """Names gradients by their parameters' identity: ``model.named_parameters()``."""
@@ -107,8 +97,7 @@ class State:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.update(process_group=None, _names={}, _lookup={}, _ready=False, _active=False,
-                     _driver=None, _plan=[], _pending=[])
+        state.update(process_group=None, _names={}, _lookup={}, _binding=None, _plan=[], _pending=[])
         return state
 
     # ----- used by hook() -------------------------------------------------------------------
@@ -123,20 +112,12 @@ class State:
 
     def _prepare(self):
         """Once, at the first bucket: bind to the group, check every rank's configuration."""
-        if self._ready:
+        if self._binding is not None:
             return
-        group = self.process_group
-        size = dist.get_world_size(group)
-        self._active = size > 1
-        if self._active:
-            self.compressor.bind_world(dist.get_rank(group), size)
-            # For whatever talks to other ranks outside the rounds (L-GreCo's decisions): a
-            # torch.distributed group makes its "auto" transport torch.distributed's.
-            self.compressor.use_process_set(group if group is not None else dist.group.WORLD)
-            self._driver = RoundDriver(TorchBackend(group), self.compressor.traffic)
-            verify_same_configuration(self.compressor, TorchTransport(self.process_group))
+        binding = Binding(self.compressor, TorchGroup(self.process_group))
+        binding.check_configuration()
         self._build_lookup()
-        self._ready = True
+        self._binding = binding
 
     def _start_bucket(self, bucket):
         buffer = bucket.buffer()
@@ -146,9 +127,9 @@ class State:
             members.append((self._name_of(param), grad, offset))
         # This bucket is one fusion bucket: its first-round payloads travel together.
         self._plan.append(Bucket(tuple(name for name, _, _ in members), 0))
-        self._driver.use_plan(FusionPlan("", 0, tuple(self._plan)))
+        self._binding.driver.use_plan(FusionPlan("", 0, tuple(self._plan)))
         for name, grad, _ in members:
-            self._driver.start(name, grad, self.compressor.begin(name, grad))
+            self._binding.start(name, grad)
         future = (torch.futures.Future(devices=[buffer.device]) if buffer.is_cuda
                   else torch.futures.Future())
         self._pending.append((buffer, [(name, offset, grad.numel()) for name, grad, offset in members],
@@ -157,17 +138,12 @@ class State:
 
     def _finish_step(self):
         pending, self._pending, self._plan = self._pending, [], []
-        waited = time.perf_counter()
         try:
-            results = self._driver.finish()
+            results, comm_seconds = self._binding.finish(pending[0][0].device if pending else None)
         except BaseException as error:
             for _, _, future in pending:
                 future.set_exception(error)
             raise
-        finally:
-            self._driver.use_plan(None)
-        device = pending[0][0].device if pending else None
-        comm_seconds = finished_at(device, self.compressor.times_communication) - waited
         for buffer, members, future in pending:
             # Into the bucket's own buffer, as torch's hooks do: every gradient in it was consumed
             # when its exchange began, and a fresh bucket-sized tensor costs page faults per step.
@@ -186,7 +162,7 @@ def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Te
     step's futures with their buckets' aggregated (averaged) gradients, and ends the
     compressor's step. See the module docstring for why this is deadlock-free."""
     state._prepare()
-    if not state._active:
+    if not state._binding.active:
         future = torch.futures.Future()
         future.set_result(bucket.buffer())
         return future

@@ -13,10 +13,11 @@ handlers (``horovod.torch.elastic.state.set_handler_registry``, Horovod's extens
 * after every reset (and when training starts), ``sync()`` sends rank 0's state to every rank,
   error feedback excepted: it follows ``compression.feedback_on_world_change`` ("keep": each
   process keeps its own residuals and a joining one starts from zero; "reset": all start from
-  zero). The compression is bound to the new rank and size, and the integration (the stock
-  bridge, ``hvd_compress.DistributedOptimizer``) rebuilds what depends on the world at its
-  next step. A reset that only removed workers skips ``sync()`` in Horovod; the integration
-  sees the new size at the next step and rebinds then.
+  zero). The compression is bound to the new rank and size (``binding.reform_world``), which
+  makes every ``integration.binding.Binding`` stale: the integration (the stock bridge,
+  ``hvd_compress.DistributedOptimizer``, ``DiLoCo``) binds anew at its next step. A reset that
+  only removed workers skips ``sync()`` in Horovod; the binding sees the new size at the next
+  step and the integration rebinds then.
 
 ``hvd_compress.DiLoCo`` goes through the same handler (:class:`DiLoCoStateHandler` names where its
 compression's state sits).
@@ -32,8 +33,8 @@ import horovod.torch as hvd
 from horovod.torch.elastic import state as elastic_state
 
 from hvd_compress.compressors.base import GradientCompression
+from hvd_compress.integration.binding import reform_world
 from hvd_compress.integration.outer import DiLoCo
-from hvd_compress.integration.world import next_generation
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +63,6 @@ class CompressionStateHandler(elastic_state.StateHandler):
         """``state`` with ``part`` as the compression's state."""
         return part
 
-    def synced(self, rank: int, size: int, policy: str) -> None:
-        """After sync() loaded rank 0's state: the integration rebuilds what the world decides."""
-        next_generation()
-        if rank == 0:
-            logger.info("hvd_compress: %s synchronised in a world of %d ranks (error feedback: %s)",
-                        type(self.value).__name__, size, policy)
-
     def save(self) -> None:
         self._saved = self.value.elastic_state_dict()
 
@@ -89,10 +83,14 @@ class CompressionStateHandler(elastic_state.StateHandler):
             shared = self.with_part(mine, rebased(self.part(mine), None, 0, 1))
         shared = hvd.broadcast_object(shared, root_rank=0, name=self.sync_name)
         rank, size = hvd.rank(), hvd.size()
-        compression.bind_world(rank, size)
+        # Bound at once (the state loaded next is checked against it); every integration's
+        # binding is stale from here and is made anew at its next step.
+        reform_world(compression, rank, size)
         own = self.part(mine) if policy == "keep" else None
         self.value.load_state_dict(self.with_part(shared, rebased(self.part(shared), own, rank, size)))
-        self.synced(rank, size, policy)
+        if rank == 0:
+            logger.info("hvd_compress: %s synchronised in a world of %d ranks (error feedback: %s)",
+                        type(self.value).__name__, size, policy)
 
 
 def rebased(state: Dict[str, Any], own: Optional[Dict[str, Any]], rank: int, size: int) -> Dict[str, Any]:
@@ -123,9 +121,6 @@ class DiLoCoStateHandler(CompressionStateHandler):
 
     def with_part(self, state: Dict[str, Any], part: Dict[str, Any]) -> Dict[str, Any]:
         return dict(state, compression=part)
-
-    def synced(self, rank: int, size: int, policy: str) -> None:
-        self.value._bound = False  # binds to the new world, checks and broadcasts at its next step
 
 
 # DiLoCo ahead of Horovod's optimizer handler, which would take it for a torch optimizer.

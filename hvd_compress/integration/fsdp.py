@@ -62,7 +62,6 @@ controller restarts its schedule with its compressor's settings restored.
 """
 import io
 import logging
-import time
 from typing import Any, Dict, List
 
 import torch
@@ -71,13 +70,9 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_common import DDPMeshInfo, FSDPMeshInfo
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.fusion import Bucket, FusionPlan
-from hvd_compress.comm.timing import finished_at
-from hvd_compress.comm.torch_backend import TorchBackend
 from hvd_compress.compressors.base import GradientCompression
-from hvd_compress.comm.transports import TorchTransport
-from hvd_compress.integration.agreement import verify_same_configuration
+from hvd_compress.integration.binding import Binding, TorchGroup
 from hvd_compress.maths.finite import all_finite
 
 logger = logging.getLogger(__name__)
@@ -104,16 +99,13 @@ class State:
         self._world_shape = [mesh_info.replicate_mesh_size, mesh_info.shard_mesh_size]
         self._local_shapes = {name: tuple(p.to_local().shape) for name, p in model.named_parameters()}
         self._device = next(iter(model.parameters())).device
-        self._active = mesh_info.replicate_mesh_size > 1
-        self._driver = None
-        self._checked = False
+        # The exchange runs over the replicate group; its configuration errors name global ranks.
+        group = self.replicate_group
+        self._binding = Binding(compressor, TorchGroup(group),
+                                rank_name=lambda rank: dist.get_global_rank(group, rank))
         self._reduced: List[torch.nn.Parameter] = []  # this backward's, in reduction order
         self._partial = set()  # ids of parameters holding reduce-scattered but unexchanged sums
         self._prior: Dict[int, torch.Tensor] = {}  # id -> gradient accumulated before this exchange
-        if self._active:
-            compressor.bind_world(self.replicate_group.rank(), self.replicate_group.size())
-            compressor.use_process_set(self.replicate_group)
-            self._driver = RoundDriver(TorchBackend(self.replicate_group), compressor.traffic)
 
     # ----- called by FSDP ------------------------------------------------------------------
     def _after_reduce_scatter(self, group, params, _reduce_output):
@@ -141,12 +133,10 @@ class State:
         reduced, self._reduced = self._reduced, []
         if not reduced:
             return
-        if not self._active:
+        if not self._binding.active:
             self._restore_priors(reduced)
             return
-        if not self._checked:
-            self._check_configuration()
-            self._checked = True
+        self._binding.check_configuration()
         shards = {}
         for param in reduced:
             if param.grad is None:  # FSDP stored nothing (no gradient anywhere)
@@ -156,16 +146,10 @@ class State:
                 shards[self._names[id(param)]] = local
         order = sorted(shards)
         self._agree_on_finiteness([shards[name] for name in order])
-        waited = time.perf_counter()
         # One fusion bucket: the first rounds of every shard travel together.
-        self._driver.use_plan(FusionPlan("", 0, (Bucket(tuple(order), 0),)) if order else None)
-        try:
-            for name in order:
-                self._driver.start(name, shards[name], self.compressor.begin(name, shards[name]))
-            results = self._driver.finish()
-        finally:
-            self._driver.use_plan(None)
-        comm_seconds = finished_at(self._device, self.compressor.times_communication) - waited
+        plan = FusionPlan("", 0, (Bucket(tuple(order), 0),)) if order else None
+        results, comm_seconds = self._binding.exchange({name: shards[name] for name in order}, plan,
+                                                       self._device)
         for name in order:
             shards[name].copy_(results[name].view_as(shards[name]))
         self._restore_priors(reduced)
@@ -193,13 +177,6 @@ class State:
         if verdict.item() < 1:
             for shard in shards:
                 shard.fill_(float("nan"))
-
-    def _check_configuration(self):
-        """The configuration check over the replicate group (the ranks that exchange together),
-        naming global ranks."""
-        group = self.replicate_group
-        verify_same_configuration(self.compressor, TorchTransport(group),
-                                  lambda rank: dist.get_global_rank(group, rank))
 
     # ----- torch.distributed.checkpoint ----------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:

@@ -1,5 +1,4 @@
 """``hvd_compress.DistributedOptimizer``: Horovod's signature, our exchange machinery."""
-import time
 import warnings
 from contextlib import contextmanager
 from typing import Any, Iterable, Optional, Tuple
@@ -10,17 +9,12 @@ import torch
 from horovod.torch.mpi_ops import sparse_allreduce_async
 
 from hvd_compress import arguments
-from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
-from hvd_compress.comm.horovod_backend import HorovodBackend
-from hvd_compress.comm.timing import finished_at
-from hvd_compress.comm.transports import HorovodTransport
 from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.compressors.cast import NoCompression
-from hvd_compress.integration.agreement import verify_same_configuration
+from hvd_compress.integration.binding import Binding, HorovodGroup
 from hvd_compress.integration.names import parameter_names
 from hvd_compress.integration.stock import check_op
-from hvd_compress.integration.world import current_world
 
 
 class _CompressedDistributedOptimizer(torch.optim.Optimizer):
@@ -44,40 +38,33 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
                        if process_set.included() else [])
 
     def _bind_world(self):
-        """Builds what depends on the world; again at the first gradient of a step after an
-        elastic reset (``integration.elastic``) changed it. No collective here: an elastic
-        worker that joins builds its optimizer while the others synchronise their state."""
-        process_set, compression = self._process_set, self._compression
-        self._world = current_world(process_set)
-        self._verified = False
-        # As in Horovod: with one rank there is nothing to exchange, so nothing is compressed.
-        self._active = process_set.included() and process_set.size() > 1
+        """Binds the compression to the process set's world and builds what depends on it;
+        again at the first gradient of a step after an elastic reset (``integration.elastic``)
+        re-formed it. No collective here: an elastic worker that joins builds its optimizer
+        while the others synchronise their state."""
+        self._binding = Binding(self._compression, HorovodGroup(self._process_set))
         self._started.clear()
         self._sparse.clear()
         self._delay = {p: self.backward_passes_per_step for p in self._parameter_names}
-        if self._active:
-            compression.bind_world(process_set.rank(), process_set.size())
-            compression.use_process_set(process_set)
-            self._driver = RoundDriver(HorovodBackend(process_set), compression.traffic)
+        self._scheduler = None
+        if self._binding.active and self._fusion is not None:
             # Backward order: gradients of the last-registered parameters are ready first.
             shapes = {self._parameter_names[p]: tuple(p.shape) for p in reversed(self._requires_update)}
-            self._scheduler = (FusionScheduler(compression, shapes, self._fusion, process_set.rank())
-                               if self._fusion is not None else None)
+            self._scheduler = FusionScheduler(self._compression, shapes, self._fusion,
+                                              self._binding.group.rank)
 
     def _begin_step(self):
         """At the first gradient of a step: rebinds after an elastic reset, and checks that every
         rank runs the same configuration (collective) once per world."""
-        if self._world != current_world(self._process_set):
+        if self._binding.stale():
             self._bind_world()
-        if self._active and not self._verified:
-            verify_same_configuration(self._compression, HorovodTransport(self._process_set))
-            self._verified = True
+        self._binding.check_configuration()
 
     def _make_hook(self):
         def hook(p):
             if not self._started:
                 self._begin_step()
-            if not self._active:
+            if not self._binding.active:
                 return
             if self._delay[p] <= 0:
                 raise AssertionError(
@@ -87,18 +74,18 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
             self._delay[p] -= 1
             if self._delay[p] == 0:
                 self._start(p)
-            self._driver.poll()
+            self._binding.driver.poll()
         return hook
 
     def _start(self, p):
         if not self._started and self._scheduler is not None:
-            self._driver.use_plan(self._scheduler.plan())  # settings may have changed last step
+            self._binding.driver.use_plan(self._scheduler.plan())  # settings may have changed last step
         name = self._parameter_names[p]
         if p.grad.is_sparse and not self._sparse_as_dense:
             self._start_sparse(p, name)
         else:
             grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
-            self._driver.start(name, grad, self._compression.begin(name, grad))
+            self._binding.start(name, grad)
         self._started.add(p)
 
     def _start_sparse(self, p, name):
@@ -106,7 +93,7 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         handed back sparse; the compressor never sees it, and it leaves the fusion plan."""
         if self._scheduler is not None:
             self._scheduler.shapes.pop(name, None)
-        self._driver.leave_out(name)
+        self._binding.driver.leave_out(name)
         self._sparse[p] = sparse_allreduce_async(p.grad, name=f"hvd_compress.sparse.{name}",
                                                  op=self._op, process_set=self._process_set)
 
@@ -114,7 +101,7 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         """Finishes every exchange and writes the aggregated gradients into ``p.grad``."""
         if not self._started:
             self._begin_step()
-        if not self._active:
+        if not self._binding.active:
             self._synchronized = True
             return
         for p in self._requires_update:
@@ -124,11 +111,8 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 self._start(p)
-        waited = time.perf_counter()
-        results = self._driver.finish()
-        device = next((grad.device for grad in results.values()), None)
-        ended = finished_at(device, self._compression.times_communication)
-        self._compression.end_step(comm_seconds=ended - waited)
+        results, comm_seconds = self._binding.finish()
+        self._compression.end_step(comm_seconds=comm_seconds)
         scale = self._process_set.size() if self._op == hvd.Sum else 1
         for p in self._started:
             if p in self._sparse:  # averaged or summed by Horovod, as op says

@@ -28,25 +28,19 @@ Why each rule is what it is:
 * Nothing here imports Horovod: under ``torchrun`` torch alone is enough.
 """
 import logging
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from hvd_compress import arguments
-from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
-from hvd_compress.comm.horovod_backend import HorovodBackend
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.comm.torch_backend import TorchBackend
 from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.compressors.cast import NoCompression
 from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header
-from hvd_compress.comm.transports import HorovodTransport, TorchTransport, uses_torch_distributed
-from hvd_compress.integration.agreement import verify_same_configuration
+from hvd_compress.integration.binding import Binding, group_of
 from hvd_compress.integration.names import parameter_names
-from hvd_compress.integration.world import current_world
 from hvd_compress.maths.finite import all_finite, extremes
 
 logger = logging.getLogger(__name__)
@@ -160,8 +154,7 @@ class DiLoCo(torch.optim.Optimizer):
         self.outer_steps = 0
         self.skipped_outer_steps = 0  # non-finite pseudo-gradients: periods thrown away
         self.rank, self.size = 0, 1  # this rank in the averaging group, once bound
-        self._bound = False
-        self._world = None  # Horovod's (reset count, rank, size) when bound
+        self._binding: Optional[Binding] = None  # made at the first step, anew after an elastic reset
 
     def _build_outer(self, values):
         """Anchors holding ``values`` (copied) and an outer optimizer over them."""
@@ -192,8 +185,8 @@ class DiLoCo(torch.optim.Optimizer):
 
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """One inner step; at the end of a period, the outer step (collective)."""
-        if not self._bound or (self._world is not None and self._world != current_world(self._process_set)):
-            self._bind()  # the first step, or an elastic reset changed the world
+        if self._binding is None or self._binding.stale():
+            self._bind()  # the first step, or an elastic reset re-formed the world
         loss = self.optimizer.step(closure)
         self.step_in_period += 1
         if self.step_in_period == self.inner_steps:
@@ -202,34 +195,16 @@ class DiLoCo(torch.optim.Optimizer):
 
     # ----- the world --------------------------------------------------------------------------
     def _bind(self):
-        """At the first step: the backend, the configuration check, rank 0's anchors."""
-        if uses_torch_distributed(self.process_set):
-            group = self.process_set
-            backend, transport, process_set = TorchBackend(group), TorchTransport(group), group
-            if process_set is None:
-                import torch.distributed as dist
-                process_set = dist.group.WORLD
-        else:
-            hvd = sys.modules.get("horovod.torch")  # hvd.init() imported it
-            if hvd is None or not hvd.is_initialized():
-                raise RuntimeError("DiLoCo: neither Horovod nor torch.distributed is initialised; "
-                                   "call hvd.init() or torch.distributed.init_process_group() first")
-            process_set = hvd.global_process_set if self.process_set is None else self.process_set
-            backend, transport = HorovodBackend(process_set), HorovodTransport(process_set)
-            self._world = current_world(process_set)
-        self._process_set = process_set
-        self.rank, self.size = backend.rank, backend.size
-        self._active = self.size > 1
-        if self._active:
-            self.compression.bind_world(self.rank, self.size)
-            self.compression.use_process_set(process_set)
-            self._backend = backend
-            self._driver = RoundDriver(backend, self.compression.traffic)
+        """At the first step, and after an elastic reset: the binding (Horovod or
+        torch.distributed, as ``process_set`` says), the configuration check, rank 0's anchors."""
+        binding = Binding(self.compression, group_of(self.process_set, "DiLoCo"), described=self)
+        self.rank, self.size = binding.group.rank, binding.group.size
+        if binding.active:
             shapes = {name: tuple(p.shape) for name, p in reversed(self._named.items())}
             self._scheduler = FusionScheduler(self.compression, shapes, ScaledFusion(), self.rank)
-            verify_same_configuration(self, transport)
-            self._broadcast_anchors()
-        self._bound = True
+            binding.check_configuration()
+            self._broadcast_anchors(binding.driver.backend)
+        self._binding = binding
 
     @property
     def inner_steps(self) -> int:
@@ -242,14 +217,14 @@ class DiLoCo(torch.optim.Optimizer):
                 "config": {**self.config.describe(), "step_in_period": self.step_in_period,
                            "inner": self.compression.describe()}}
 
-    def _broadcast_anchors(self):
+    def _broadcast_anchors(self, backend):
         """Rank 0's anchors everywhere; at a period's start, its weights too (they are equal)."""
-        handles = {name: self._backend.start(f"hvd_compress.diloco.anchor.{name}",
+        handles = {name: backend.start(f"hvd_compress.diloco.anchor.{name}",
                                              Round(anchor.detach(), Collective.BROADCAST, None))
                    for name, anchor in self._anchors.items()}
         with torch.no_grad():
             for name, handle in handles.items():
-                self._anchors[name].copy_(self._backend.wait(handle))
+                self._anchors[name].copy_(backend.wait(handle))
                 if self.step_in_period == 0:
                     self._named[name].copy_(self._anchors[name])
 
@@ -257,7 +232,7 @@ class DiLoCo(torch.optim.Optimizer):
     def _outer_step(self):
         with torch.no_grad():
             deltas = {name: self._anchors[name] - p for name, p in self._named.items()}
-            averaged = self._exchange(deltas) if self._active else deltas
+            averaged = self._exchange(deltas) if self._binding.active else deltas
             found = [e.double() for delta in averaged.values() for e in extremes(delta)]
             finite = not found or bool(all_finite(torch.stack(found)))
             if finite:
@@ -277,10 +252,8 @@ class DiLoCo(torch.optim.Optimizer):
 
     def _exchange(self, deltas):
         """Averages the pseudo-gradients through the compression, fused as gradients are."""
-        self._driver.use_plan(self._scheduler.plan())
-        for name, delta in deltas.items():
-            self._driver.start(name, delta, self.compression.begin(name, delta))
-        results = self._driver.finish()
+        # Its end_step gets no communication time, so the clock waits for no device.
+        results, _ = self._binding.exchange(deltas, self._scheduler.plan(), device=None)
         self.compression.end_step()
         return results
 

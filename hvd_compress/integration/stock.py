@@ -8,14 +8,10 @@ import horovod.torch as hvd
 import torch
 from horovod.torch.compression import Compressor as HorovodCompressor
 
-from hvd_compress.comm.driver import RoundDriver
-from hvd_compress.comm.horovod_backend import HorovodBackend
 from hvd_compress.comm.timing import finished_at
-from hvd_compress.comm.transports import HorovodTransport
 from hvd_compress.comm.rounds import Collective
-from hvd_compress.integration.agreement import verify_same_configuration
+from hvd_compress.integration.binding import Binding, HorovodGroup
 from hvd_compress.integration.names import GradientOwners
-from hvd_compress.integration.world import current_world, world_generation
 
 
 class _RidesHorovod:
@@ -70,15 +66,13 @@ class StockBridge:
         if not compressor.parameters and names:
             compressor.adopt_parameters({name: param for param, name in names.items()})
         self.sum_scale = self.process_set.size() if op == hvd.Sum else 1
-        self.world = current_world(self.process_set)
-        compressor.bind_world(self.process_set.rank(), self.process_set.size())
-        compressor.use_process_set(self.process_set)
+        # Bound even in a world of one: Horovod calls compress there under elastic. The
+        # configuration check waits for the first compress, when every rank is stepping.
+        self.binding = Binding(compressor, HorovodGroup(self.process_set), bind_alone=True)
         self.owners = GradientOwners(compressor.parameters) if compressor.parameters else None
-        self.driver = RoundDriver(HorovodBackend(self.process_set), compressor.traffic)
         self._results = {}
         self._outstanding = 0
         self._first_decompress = None
-        self._verified = False
 
     def close(self):
         """Removes this bridge's hooks from the parameters: a replacing bridge adds its own."""
@@ -87,13 +81,10 @@ class StockBridge:
 
     def stale(self):
         """Whether the world was re-formed (elastic): checked in full as a step starts."""
-        return self.world[0] != world_generation() or (
-            self._outstanding == 0 and self.world != current_world(self.process_set))
+        return self.binding.stale(mid_step=self._outstanding > 0)
 
     def compress(self, tensor):
-        if not self._verified:
-            verify_same_configuration(self.compressor, HorovodTransport(self.process_set))
-            self._verified = True
+        self.binding.check_configuration()
         name = self._name_of(tensor)
         round_ = self.compressor.begin(name, tensor)
         self._outstanding += 1
@@ -102,8 +93,8 @@ class StockBridge:
             self.compressor.traffic.add_gradient(tensor)
             self.compressor.traffic.add_payload(round_.payload, round_.collective)
             return round_.payload, _RidesHorovod(round_)
-        self.driver.start(name, tensor, round_)
-        self.driver.poll()
+        self.binding.driver.start(name, tensor, round_)
+        self.binding.driver.poll()
         placeholder = torch.zeros(1, device=tensor.device)  # float32 (Horovod takes no bf16)
         self.compressor.traffic.add_payload(placeholder, Collective.ALLREDUCE)
         return placeholder, _Driven(name)
@@ -117,7 +108,7 @@ class StockBridge:
             result = ctx.round.then(tensor if self.sum_scale == 1 else tensor / self.sum_scale)
         else:
             if ctx.name not in self._results:
-                self._results.update(self.driver.finish())
+                self._results.update(self.binding.driver.finish())
             result = self._results.pop(ctx.name)
         if self.sum_scale != 1:
             result = result * self.sum_scale

@@ -154,7 +154,7 @@ def test_a_pickled_state_resumes_like_a_checkpoint():
     module, model, state = make_ddp(hc.PowerSGD(rank=2))
     optimizer = train(model, data[:3])
     restored = pickle.loads(pickle.dumps(state))
-    assert restored.process_group is None and restored._driver is None and not restored._names
+    assert restored.process_group is None and restored._binding is None and not restored._names
     assert restored.iter == 3
     saved = {"model": module.state_dict(), "optimizer": optimizer.state_dict()}
     torch.manual_seed(1)
