@@ -5,10 +5,10 @@
 A check of the model only, not of advise's measurements: for every rate, model and plain
 method of ``python -m benchmarks endtoend`` (S-SGD, FP16, PowerSGD, ACP-SGD, ScaleCom: the
 stock ``hvd.DistributedOptimizer`` runs; the wrapper's and the controllers' runs are not what
-advise projects), it feeds :func:`hvd_compress.advise.project` what that run measured (compute,
-codec, and the links fitted by :func:`hvd_compress.advise.fit_link` to its probe jobs; the
+advise projects), it feeds :func:`hvd_compress.advise.projection.project` what that run measured (compute,
+codec, and the links fitted by :func:`hvd_compress.advise.projection.fit_link` to its probe jobs; the
 broadcast, which the probes did not time, as an all-gather) and the messages that
-:func:`hvd_compress.advise.measure_codec` counts on the model's shapes, with backward taken as
+:func:`hvd_compress.advise.measure.measure_codec` counts on the model's shapes, with backward taken as
 two thirds of compute (as advise does when given ``--compute-ms``). It compares the projected
 step with the measured median, and the fastest projected method with the fastest measured.
 
@@ -25,6 +25,8 @@ import torch
 from benchmarks.endtoend import WORKLOADS
 from benchmarks.report import DOCS, say, write_section
 from hvd_compress import advise
+from hvd_compress.advise.measure import measure_codec
+from hvd_compress.advise.projection import fit_link, project
 
 SECTION = "advise against end to end"
 REGISTERED = {"S-SGD": ("none", {}), "FP16": ("fp16", {}), "PowerSGD": ("powersgd", {"rank": None}),
@@ -41,7 +43,7 @@ def messages_of(model_name, rank, world):
     counted = {}
     for method, (name, settings) in REGISTERED.items():
         settings = {key: rank if value is None else value for key, value in settings.items()}
-        counted[method] = advise.measure_codec(name, settings, grads, named, 0, world, steps=1)
+        counted[method] = measure_codec(name, settings, grads, named, 0, world, steps=1)
     return counted
 
 
@@ -49,7 +51,7 @@ def check(measured):
     rows, choices = [], []
     messages = {model: messages_of(model, measured["rank"], measured["np"]) for model in measured["models"]}
     for rate, entry in measured["rates"].items():
-        links = {collective: advise.fit_link({int(n): s for n, s in by_size.items()})
+        links = {collective: fit_link({int(n): s for n, s in by_size.items()})
                  for collective, by_size in entry["probe"].items()}
         links.setdefault("broadcast", links["allgather"])
         for model, methods in entry["models"].items():
@@ -61,7 +63,7 @@ def check(measured):
                 candidate = advise.Candidate(method, "", 0.0, run["codec_ms"], counted.messages,
                                              serial_messages=counted.serial_messages)
                 compute_s = run["compute_ms"] / 1e3
-                advise.project(candidate, links, compute_s, 2 * compute_s / 3)
+                project(candidate, links, compute_s, 2 * compute_s / 3)
                 projected[method] = candidate.step_ms
                 measured_ms = run["step_ms"]["median"]
                 rows.append({"rate": rate, "model": model, "method": method, "measured_ms": measured_ms,

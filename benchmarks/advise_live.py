@@ -56,6 +56,10 @@ from benchmarks.advise_check import REGISTERED, WITHIN_CHOICE, WITHIN_STEP
 from benchmarks.report import DOCS, OthersShare, checkout_pythonpath, describe_machine, machine, say, write_section
 from benchmarks.testbed import emulated_cluster, run_bounded
 from hvd_compress import advise
+from hvd_compress.advise.advice import SETTINGS
+from hvd_compress.advise.evidence import EVIDENCE, evidence_for, recommend
+from hvd_compress.advise.measure import gradients_of, load_model, measure_codec
+from hvd_compress.advise.projection import fit_link, project
 from hvd_compress.registry import COMPRESSORS
 
 SECTION = "advise live on the emulated cluster"
@@ -117,14 +121,14 @@ def stored_advice(stored):
 
 def messages_on(model, world, labels):
     """{(method, setting): Candidate} counted by advise on ``model``'s shapes (codec times unused)."""
-    built, loss_of = advise.load_model(MODELS[model])
-    grads = advise.gradients_of(built, loss_of)
+    built, loss_of = load_model(MODELS[model])
+    grads = gradients_of(built, loss_of)
     named = [(name, p) for name, p in built.named_parameters() if name in grads]
     counted = {}
     for method, setting in labels:
-        settings = {key: type(advise.SETTINGS[key][0])(value)
+        settings = {key: type(SETTINGS[key][0])(value)
                     for key, value in (part.split("=") for part in setting.split(",") if part)}
-        counted[(method, setting)] = advise.measure_codec(method, settings, grads, named, 0, world, steps=1)
+        counted[(method, setting)] = measure_codec(method, settings, grads, named, 0, world, steps=1)
     return counted
 
 
@@ -138,19 +142,19 @@ def reproject(results):
         labels = [(c.method, c.setting) for c in advice.candidates]
         if model not in counted:
             counted[model] = messages_on(model, advice.world_size, labels)
-        evidence = json.loads(advise.EVIDENCE.read_text()) if advise.EVIDENCE.exists() else {}
-        advice.links = {name: advise.fit_link(link.measured) for name, link in advice.links.items()}
+        evidence = json.loads(EVIDENCE.read_text()) if EVIDENCE.exists() else {}
+        advice.links = {name: fit_link(link.measured) for name, link in advice.links.items()}
         compute_s, backward_s = advice.compute_ms / 1e3, advice.backward_ms / 1e3
         for candidate in advice.candidates:
             recount = counted[model][(candidate.method, candidate.setting)]
             candidate.messages, candidate.serial_messages = recount.messages, recount.serial_messages
-            advise.project(candidate, advice.links, compute_s, backward_s)
-            candidate.evidence, candidate.quality_ok = advise.evidence_for(candidate.method, candidate.setting, evidence)
+            project(candidate, advice.links, compute_s, backward_s)
+            candidate.evidence, candidate.quality_ok = evidence_for(candidate.method, candidate.setting, evidence)
         baseline = next(c for c in advice.candidates if c.method == "none")
         baseline.quality_ok = True
         for candidate in advice.candidates:
             candidate.speedup = baseline.step_ms / candidate.step_ms
-        advice.recommendation = advise.recommend(advice.candidates)
+        advice.recommendation = recommend(advice.candidates)
         point["advice"] = asdict(advice)
         point["table"] = advise.format_advice(advice)
     results["reprojected"] = command_line()
@@ -161,7 +165,7 @@ def reprojected_note(before, after, sources):
     """The lead of a re-projected section: what it is, and the stored run's own verdicts."""
     lines = [f"**Re-projected, not a new run**: `{after['reprojected']}` projected the stored points of "
              "the run below (`benchmarks/advise_live.json`: advise's compute, codec times and probe times "
-             "as it measured them) again with the current model of `hvd_compress/advise.py` (links "
+             "as it measured them) again with the current model of `hvd_compress/advise/` (links "
              "interpolated between the probes, messages counted as stock `hvd.DistributedOptimizer` "
              "issues them), into `benchmarks/advise_live_reprojected.json`; the tables below are those "
              "projections (a `--repeat` run's likewise, in `<its name>_reprojected.json` beside it). "
@@ -190,7 +194,7 @@ def endtoend_setting(name, rank):
     low-rank methods, the registry's default otherwise (as ``endtoend.build_compression``)."""
     defaults = COMPRESSORS[name].defaults
     return ",".join(f"{key}={rank if key == 'rank' else value}" for key, value in defaults.items()
-                    if key in advise.SETTINGS)
+                    if key in SETTINGS)
 
 
 def recommended(recommendation):

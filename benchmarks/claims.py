@@ -127,6 +127,10 @@ class DenseWhere(GradientCompression):
         self.step = 0
 
     @property
+    def wrapped(self):
+        return self.inner
+
+    @property
     def rank(self):
         return self.inner.rank
 
@@ -143,10 +147,10 @@ class DenseWhere(GradientCompression):
     def use_process_set(self, process_set):
         self.inner.use_process_set(process_set)
 
-    def begin(self, name, grad):
+    def _begin_exchange(self, name, grad):
         return self.inner.begin_uncompressed(name, grad) if self._dense(name) else self.inner.begin(name, grad)
 
-    def end_step(self, comm_seconds=None):
+    def _end_step(self, comm_seconds):
         self.inner.end_step(comm_seconds)
         self.step += 1
 

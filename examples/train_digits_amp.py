@@ -107,7 +107,7 @@ def train(args, compressed, log_epochs):
                         loss.item(), digits.accuracy(model, x_test, y_test), scaler.get_scale())
     if compressed and args.tensorboard:
         exporter.close()
-    inner = getattr(compression, "inner", compression)
+    inner = compression.wrapped or compression
     return digits.accuracy(model, x_test, y_test), skipped, inner.skipped_steps, dtype
 
 

@@ -12,7 +12,7 @@ Layers, from the bottom up (each imports only the ones below it):
                  elastic state handler), PyTorch DDP's comm hook (``hvd_compress.ddp``), HSDP's
                  replicate exchange (``hvd_compress.fsdp``) and DiLoCo's outer loop (local steps,
                  compressed pseudo-gradients)
-``metrics.py`` exports per-step metrics (TensorBoard, JSON lines); ``advise.py`` projects every
+``metrics.py`` exports per-step metrics (TensorBoard, JSON lines); ``advise/`` projects every
 method's step time on the user's own model and ranks (``python -m hvd_compress.advise``).
 ``registry.py`` names every method once; the classes exported here come from it. ``arguments.py``
 and ``optional.py`` are leaves every layer may use.

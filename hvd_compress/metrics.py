@@ -42,11 +42,12 @@ from typing import Any, Dict, Optional, Union
 
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Round
+from hvd_compress.compressors.base import GradientCompression, StepObserver
 
 
-class Exporter:
-    """Writes ``compression.metrics()`` every ``every`` steps once it ``watch``-es a compression;
-    subclasses say where (``write``)."""
+class Exporter(StepObserver):
+    """Writes ``compression.metrics()`` every ``every`` steps once it ``watch``-es a compression
+    (as one of its observers); subclasses say where (``write``)."""
 
     def __init__(self, every: int = 1, *, all_ranks: bool = False, error_every: int = 0):
         self.every = arguments.integer(type(self).__name__, "every", every, low=1)
@@ -67,39 +68,37 @@ class Exporter:
         self.write(step, decision_numbers(record))
 
     def close(self) -> None:
-        """Stops watching (the compression's own methods come back) and closes the output."""
+        """Stops watching and closes the output."""
         if self.compression is not None:
-            for attribute in ("begin", "end_step"):
-                self.compression.__dict__.pop(attribute, None)
+            self.compression.remove_observer(self)
             self.compression.traffic.codec_seconds = None
             self.compression = None
 
     # ----- watching -------------------------------------------------------------------------
-    def watch(self, compression: Any) -> Any:
+    def watch(self, compression: GradientCompression) -> GradientCompression:
         """Times ``compression``'s codec and writes its metrics at the end of every ``every``-th
         step, on rank 0 only unless ``all_ranks``. Returns ``compression``. One exporter watches
         one compression; a watched compression pickles unwatched."""
         if self.compression is not None:
             raise ValueError(f"{type(self).__name__}.watch: already watching a "
                              f"{type(self.compression).__name__}; use one exporter per compression")
-        if not callable(getattr(compression, "metrics", None)):
+        if not (isinstance(compression, GradientCompression) and callable(getattr(compression, "metrics", None))):
             raise ValueError(f"{type(self).__name__}.watch: compression must be an hvd_compress "
                              f"compressor or controller, got {type(compression).__name__}")
         self.compression = compression
-        compression.begin = _Hook(self._begin, compression.begin)
-        compression.end_step = _Hook(self._end_step, compression.end_step)
+        compression.add_observer(self)
         return compression
 
     def _active(self):
         return self.all_ranks or self.compression.rank == 0
 
-    def _begin(self, original, name, grad):
+    def observe_begin(self, name, grad, begin):
         if not self._active():
-            return original(name, grad)
+            return begin()
         if self.error_every and (self.step + 1) % self.error_every == 0:
             self._sample_error(name, grad)
         started = time.perf_counter()
-        round_ = original(name, grad)
+        round_ = begin()
         self._codec_seconds += time.perf_counter() - started
         return self._timed(round_)
 
@@ -115,7 +114,7 @@ class Exporter:
         return Round(round_.payload, round_.collective, timed, round_.last, round_.root)
 
     def _sample_error(self, name, grad):
-        core = getattr(self.compression, "inner", self.compression)
+        core = self.compression.wrapped or self.compression
         setting = core.setting(name)
         if not (core.controllable and core.compresses(grad.shape, setting)):
             return
@@ -124,8 +123,7 @@ class Exporter:
         sums[0] += float(error) ** 2
         sums[1] += float(grad.detach().double().norm()) ** 2
 
-    def _end_step(self, original, comm_seconds=None):
-        original(comm_seconds=comm_seconds)
+    def step_ended(self, comm_seconds):
         if not self._active():
             return
         self.step += 1
@@ -158,20 +156,6 @@ def decision_numbers(record: Dict[str, Any]) -> Dict[str, float]:
             numbers[f"decision/{name}/error@{option}"] = error
             numbers[f"decision/{name}/bytes@{option}"] = size
     return numbers
-
-
-class _Hook:
-    """A watched method: ``hook(original, *args)``. Pickles as the object's own method, so a
-    watched compression pickles (elastic state, copies) unwatched."""
-
-    def __init__(self, hook, original):
-        self.hook, self.original = hook, original
-
-    def __call__(self, *args, **kwargs):
-        return self.hook(self.original, *args, **kwargs)
-
-    def __reduce__(self):
-        return getattr, (self.original.__self__, self.original.__name__)
 
 
 class TensorBoard(Exporter):

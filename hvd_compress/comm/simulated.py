@@ -2,6 +2,8 @@
 
 Each rank has its own compressor instance; rounds run in lockstep and collectives are
 computed exactly as their definitions say (mean, stack, transpose)."""
+from typing import Callable, Optional
+
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
@@ -68,9 +70,20 @@ def exchange_alone(compressor, name, grad):
     return run_alone(compressor.begin(name, grad))
 
 
-def run_alone(round_):
-    """``exchange_alone`` of an exchange already begun: its rounds in a world of one."""
+def echoed(round_: Round, size: int = 1) -> torch.Tensor:
+    """What ``round_``'s collective returns where each of ``size`` ranks sent this payload: the
+    payload itself, or for an all-gather ``size`` rows of it."""
+    if round_.collective is not Collective.ALLGATHER:
+        return round_.payload
+    return round_.payload.unsqueeze(0).expand(size, *round_.payload.shape).contiguous()
+
+
+def run_alone(round_: Round, size: int = 1, sent: Optional[Callable[[Round], None]] = None):
+    """``exchange_alone`` of an exchange already begun: its rounds without communication, each
+    answered as if all ``size`` ranks had sent this rank's payload (``echoed``); ``sent`` sees
+    every round before its answer (advise counts them). Returns the exchange's result."""
     while isinstance(round_, Round):
-        received = round_.payload.unsqueeze(0) if round_.collective is Collective.ALLGATHER else round_.payload
-        round_ = round_.then(received)
+        if sent is not None:
+            sent(round_)
+        round_ = round_.then(echoed(round_, size))
     return round_

@@ -1,9 +1,14 @@
 """The two contracts of this layer.
 
 ``GradientCompression``: what the integration layer (Horovod's stock optimizer, our wrapper,
-the simulated world) and the fusion planner use. A compressor, or a controller wrapping one,
-turns each gradient into a chain of ``Round``s (pure tensor work, no communication) and is told
-when a step ends. Drivers in ``comm/`` run the rounds.
+the simulated world), the fusion planner and the metrics exporters use. A compressor, or a
+controller wrapping one, turns each gradient into a chain of ``Round``s (pure tensor work, no
+communication) and is told when a step ends. Drivers in ``comm/`` run the rounds. Beside the
+exchange, it offers what the layers above need instead of its internals: ``wrapped`` (a
+controller's compressor), ``add_observer``/``remove_observer`` (a ``StepObserver`` sees every
+``begin`` and ``end_step``: how metrics time the codec), ``world_change_state`` (a state without
+error feedback, or with this process's, for HSDP and elastic world changes) and
+``restart_from`` (a controller's compressor state alone: its schedule restarts).
 
 ``Compressor``: a ``GradientCompression`` with per-parameter settings and state keyed by
 parameter name, plus the **controller protocol**, the only way controllers (L-GreCo, GraVAC)
@@ -55,9 +60,10 @@ is made) to ``Compressor.__init__``, and implements ``_check_setting``, ``_begin
 where Horovod is installed, by ``registry.public_class``.
 """
 import copy
+import functools
 import logging
 import math
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -77,12 +83,27 @@ Shape = Tuple[int, ...]
 NamedParameters = Optional[Iterable[Tuple[str, torch.Tensor]]]
 
 
+class StepObserver:
+    """Watches a compression's steps without changing what they compute
+    (``GradientCompression.add_observer``): the metrics exporters (``hvd_compress.metrics``)
+    time the codec and write each step's numbers through it. Both methods do nothing here."""
+
+    def observe_begin(self, name: str, grad: torch.Tensor, begin: Callable[[], Round]) -> Round:
+        """Around each gradient's ``begin``: calls ``begin()`` and returns its round, as it is or
+        wrapped (``comm.rounds.on_result`` style) to see what its continuations do."""
+        return begin()
+
+    def step_ended(self, comm_seconds: Optional[float]) -> None:
+        """After each ``end_step`` did its work (the state is final for the step)."""
+
+
 class GradientCompression:
     """What runs a gradient exchange: ``begin`` per gradient, ``end_step`` per step.
 
     Attributes the integration reads: ``parameters`` ({name: parameter}, may be empty),
     ``needs_parameter_names``, ``times_communication``, ``traffic`` (a ``Traffic``), ``rank``
-    and ``size``."""
+    and ``size``. Subclasses implement ``_begin_exchange`` and ``_end_step``: ``begin`` and
+    ``end_step`` add what observers see."""
 
     needs_parameter_names = True
     # Whether end_step uses comm_seconds; on a GPU the integration then waits for the device
@@ -90,6 +111,13 @@ class GradientCompression:
     times_communication = False
     parameters: Dict[str, torch.nn.Parameter]
     traffic: Traffic
+    # Replaced, never mutated, on change; left out of copies and pickles (__getstate__).
+    _observers: Tuple[StepObserver, ...] = ()
+
+    @property
+    def wrapped(self) -> Optional["GradientCompression"]:
+        """The compressor a controller wraps (and whose settings it owns); None for a compressor."""
+        return None
 
     def bind_world(self, rank: int, size: int) -> None:
         """This process's rank and the world size; called before the first ``begin``."""
@@ -113,12 +141,38 @@ class GradientCompression:
 
     def begin(self, name: str, grad: torch.Tensor) -> Round:
         """Starts the exchange of ``grad``, the gradient of parameter ``name``."""
+        if not self._observers:  # unobserved: nothing in the way
+            return self._begin_exchange(name, grad)
+        begin = functools.partial(self._begin_exchange, name, grad)
+        for observer in self._observers:
+            begin = functools.partial(observer.observe_begin, name, grad, begin)
+        return begin()
+
+    def _begin_exchange(self, name: str, grad: torch.Tensor) -> Round:
+        """``begin``'s work: the first round of ``grad``'s exchange."""
         raise NotImplementedError
 
     def end_step(self, comm_seconds: Optional[float] = None) -> None:
         """Called once per optimizer step after every gradient landed; ``comm_seconds``: how
         long the step waited for communication, where measured."""
+        self._end_step(comm_seconds)
+        for observer in self._observers:
+            observer.step_ended(comm_seconds)
+
+    def _end_step(self, comm_seconds: Optional[float]) -> None:
+        """``end_step``'s work."""
         raise NotImplementedError
+
+    def add_observer(self, observer: StepObserver) -> None:
+        """``observer`` sees every ``begin`` and ``end_step`` from now on, in this process only:
+        a copy, a pickled or a checkpointed compression has no observers."""
+        if any(seen is observer for seen in self._observers):
+            raise ValueError(f"{type(self).__name__}.add_observer: {type(observer).__name__} "
+                             f"already observes it")
+        self._observers = self._observers + (observer,)
+
+    def remove_observer(self, observer: StepObserver) -> None:
+        self._observers = tuple(seen for seen in self._observers if seen is not observer)
 
     def setting(self, name: str) -> Any:
         raise NotImplementedError
@@ -171,6 +225,29 @@ class GradientCompression:
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         raise NotImplementedError
+
+    def world_change_state(self, state_dict: Dict[str, Any], *, own: Optional[Dict[str, Any]] = None,
+                           rank: Optional[int] = None, size: Optional[int] = None) -> Dict[str, Any]:
+        """``state_dict`` (this compression's, maybe taken by another process) as a world change
+        loads it: with no error feedback, or with that of ``own`` (a state this process took),
+        and with ``rank`` and ``size`` (both or neither), recorded as taken there, so that
+        ``load_state_dict`` keeps the feedback. HSDP and the elastic handlers call this rather
+        than edit a layout that is the compression's own."""
+        raise NotImplementedError
+
+    def restart_from(self, state_dict: Dict[str, Any], forget: Iterable[str] = ()) -> None:
+        """Loads the compressor state of ``state_dict`` (a controller's: its wrapped
+        compressor's, per-layer settings included) without the per-parameter state of
+        ``forget`` (its shapes, warm starts, error feedback: shards whose shape changed). A
+        controller's schedule and statistics are per shard and are not loaded: they restart
+        from where this object's stand, a new controller's start when it was just built."""
+        raise NotImplementedError
+
+    def __getstate__(self):
+        # Observers belong to this process (an exporter's open file): copies start unobserved.
+        state = dict(self.__dict__)
+        state.pop("_observers", None)
+        return state
 
 
 class Compressor(GradientCompression):
@@ -269,7 +346,7 @@ class Compressor(GradientCompression):
             self._check_world(self._expected_world)
             self._expected_world = None
 
-    def begin(self, name: str, grad: torch.Tensor) -> Round:
+    def _begin_exchange(self, name: str, grad: torch.Tensor) -> Round:
         return self._begin_with(name, grad, self._begin)
 
     def _begin_with(self, name, grad, compress):
@@ -393,7 +470,7 @@ class Compressor(GradientCompression):
         extremes are kept and checked together at ``end_step``: one small pass per gradient."""
         self._step_extremes.extend(extremes(gradient))
 
-    def end_step(self, comm_seconds: Optional[float] = None) -> None:
+    def _end_step(self, comm_seconds: Optional[float]) -> None:
         """Keeps the step's state updates if every aggregated gradient was finite; otherwise
         puts the state back as it was before the step (one host synchronisation per step)."""
         extremes, self._step_extremes = self._step_extremes, []
@@ -567,6 +644,19 @@ class Compressor(GradientCompression):
         else:  # checked when the integration binds it
             self._expected_world = expected_world
 
+    def world_change_state(self, state_dict: Dict[str, Any], *, own: Optional[Dict[str, Any]] = None,
+                           rank: Optional[int] = None, size: Optional[int] = None) -> Dict[str, Any]:
+        changed: Dict[str, Any] = {"residuals": {} if own is None else own["residuals"]}
+        if rank is not None:
+            changed.update(rank=rank, world_size=size)
+        return dict(state_dict, **changed)
+
+    def restart_from(self, state_dict: Dict[str, Any], forget: Iterable[str] = ()) -> None:
+        forget = set(forget)
+        self.load_state_dict(dict(state_dict, **{
+            key: {name: value for name, value in state_dict[key].items() if name not in forget}
+            for key in ("shapes", "state", "residuals")}))
+
     def _check_world(self, expected):
         """Error feedback is per rank: a checkpoint from another rank, or another world size,
         brings everything but it (the residuals start from zero, as after a reset)."""
@@ -582,7 +672,7 @@ class Compressor(GradientCompression):
 
     def __getstate__(self):
         # Traffic counts this process's steps; a restored compressor starts counting afresh.
-        state = dict(self.__dict__)
+        state = super().__getstate__()
         state["traffic"] = Traffic(world_size=self.size)
         return state
 

@@ -231,7 +231,7 @@ class GraVAC(Controller):
         return total / count if count else self.cf
 
     # ----- the exchange ------------------------------------------------------------------------
-    def begin(self, name, grad):
+    def _begin_exchange(self, name, grad):
         shape = tuple(grad.shape)
         if not self.inner.tunable(shape):
             return self.inner.begin(name, grad)
@@ -268,7 +268,7 @@ class GraVAC(Controller):
         return carrying(round_, stats, lambda mean: self._step_stats.__setitem__(name, mean))
 
     # ----- the step -------------------------------------------------------------------------
-    def end_step(self, comm_seconds=None):
+    def _end_step(self, comm_seconds):
         # The step's one wait for the device (its finiteness check) comes first, so that on a
         # GPU the clock reads when the step's work is done, not when it was launched.
         self.inner.end_step()

@@ -272,7 +272,7 @@ class LGreCo(Controller):
         self._sums.clear()
         self.service.rejoin()
 
-    def begin(self, name, grad):
+    def _begin_exchange(self, name, grad):
         if name not in self._shapes:
             self._shapes[name] = tuple(grad.shape)
         if self.step < self.config.start_step:
@@ -314,7 +314,7 @@ class LGreCo(Controller):
             self._sums.add(name + NORM_KEY + "residual_norm", residual.norm().reshape(1), value_weight=share)
 
     # ----- the schedule ---------------------------------------------------------------------
-    def end_step(self, comm_seconds=None):
+    def _end_step(self, comm_seconds):
         self._time_step()
         self.inner.end_step()
         if not self.inner.last_step_finite:  # as if the step had never happened

@@ -2,7 +2,7 @@
 the integration layer sees one ``GradientCompression`` with the wrapped compressor's names and
 traffic. Controllers use the compressor only through the controller protocol of
 ``compressors/base.py``."""
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from hvd_compress.compressors.base import Compressor, GradientCompression, Shape
 from hvd_compress.compressors.config import MethodConfig
@@ -30,6 +30,10 @@ class Controller(GradientCompression):
         self.needs_parameter_names = compressor.needs_parameter_names
         self.traffic = compressor.traffic
         self.rank, self.size = 0, 1
+
+    @property
+    def wrapped(self) -> Compressor:
+        return self.inner
 
     def setting(self, name: str) -> Any:
         return self.inner.setting(name)
@@ -62,7 +66,7 @@ class Controller(GradientCompression):
     def fixed_payload(self, shape: Shape) -> bool:
         return self.inner.fixed_payload(shape)  # controllers change settings, never this
 
-    def end_step(self, comm_seconds: Optional[float] = None) -> None:
+    def _end_step(self, comm_seconds: Optional[float]) -> None:
         self.inner.end_step()
 
     def track(self, scaler: Any) -> "Controller":
@@ -81,8 +85,15 @@ class Controller(GradientCompression):
         return {"compressor": type(self).__name__,
                 "config": {"inner": self.inner.describe(), **self.config.describe()}, "settings": {}}
 
-    def __getstate__(self):
-        return dict(self.__dict__)
+    # ----- world changes: the wrapped compressor's state is nested under "inner" -------------
+    def world_change_state(self, state_dict: Dict[str, Any], *, own: Optional[Dict[str, Any]] = None,
+                           rank: Optional[int] = None, size: Optional[int] = None) -> Dict[str, Any]:
+        inner = self.inner.world_change_state(state_dict["inner"], own=None if own is None else own["inner"],
+                                              rank=rank, size=size)
+        return dict(state_dict, inner=inner)
+
+    def restart_from(self, state_dict: Dict[str, Any], forget: Iterable[str] = ()) -> None:
+        self.inner.restart_from(state_dict["inner"], forget)
 
     def __setstate__(self, state):
         self.__dict__.update(state)

@@ -27,7 +27,7 @@ Elastic Horovod runs with the Gloo controller (``horovodrun --gloo`` is implied 
 Imported by ``hvd_compress`` only where Horovod is.
 """
 import logging
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import horovod.torch as hvd
 from horovod.torch.elastic import state as elastic_state
@@ -68,8 +68,8 @@ class CompressionStateHandler(elastic_state.StateHandler):
 
     def restore(self) -> None:
         compression, own = self.compression(), self.part(self._saved)
-        self.value.load_state_dict(self.with_part(self._saved, rebased(own, own, compression.rank,
-                                                                       compression.size)))
+        self.value.load_state_dict(self.with_part(self._saved, compression.world_change_state(
+            own, own=own, rank=compression.rank, size=compression.size)))
 
     def sync(self) -> None:
         compression = self.compression()
@@ -80,26 +80,18 @@ class CompressionStateHandler(elastic_state.StateHandler):
         mine = self.value.elastic_state_dict() if policy == "keep" or hvd.rank() == 0 else None
         shared = None
         if hvd.rank() == 0:  # the receivers take their rank, size and feedback from themselves
-            shared = self.with_part(mine, rebased(self.part(mine), None, 0, 1))
+            shared = self.with_part(mine, compression.world_change_state(self.part(mine), rank=0, size=1))
         shared = hvd.broadcast_object(shared, root_rank=0, name=self.sync_name)
         rank, size = hvd.rank(), hvd.size()
         # Bound at once (the state loaded next is checked against it); every integration's
         # binding is stale from here and is made anew at its next step.
         reform_world(compression, rank, size)
         own = self.part(mine) if policy == "keep" else None
-        self.value.load_state_dict(self.with_part(shared, rebased(self.part(shared), own, rank, size)))
+        self.value.load_state_dict(self.with_part(shared, compression.world_change_state(
+            self.part(shared), own=own, rank=rank, size=size)))
         if rank == 0:
             logger.info("hvd_compress: %s synchronised in a world of %d ranks (error feedback: %s)",
                         type(self.value).__name__, size, policy)
-
-
-def rebased(state: Dict[str, Any], own: Optional[Dict[str, Any]], rank: int, size: int) -> Dict[str, Any]:
-    """``state`` with the error feedback of ``own`` (a state of this process; None: none) and
-    taken, as far as ``load_state_dict`` can tell, on ``rank`` of ``size``. Controllers nest
-    the wrapped compressor's state under "inner"."""
-    if "inner" in state:
-        return dict(state, inner=rebased(state["inner"], None if own is None else own["inner"], rank, size))
-    return dict(state, rank=rank, world_size=size, residuals={} if own is None else own["residuals"])
 
 
 class DiLoCoStateHandler(CompressionStateHandler):

@@ -203,36 +203,17 @@ class State:
         if same_world:
             self.compressor.load_state_dict(compressor_state)
             return
-        compressor_state = _without_feedback(compressor_state)
+        compressor_state = self.compressor.world_change_state(compressor_state)
         changed = {name for name, shape in state_dict["shapes"].items()
                    if tuple(shape) != self._local_shapes.get(name)}
         if not changed:
             self.compressor.load_state_dict(compressor_state)
-        elif "inner" in compressor_state:
+            return
+        if self.compressor.wrapped is not None:
             logger.warning("hvd_compress.fsdp: the checkpoint's shards have other shapes (%d "
                            "parameters); %s restarts its schedule, its compressor's settings "
                            "come back", len(changed), type(self.compressor).__name__)
-            self.compressor.inner.load_state_dict(_without_names(compressor_state["inner"], changed))
-        else:
-            self.compressor.load_state_dict(_without_names(compressor_state, changed))
-
-
-def _without_feedback(compressor_state):
-    """A compressor's (or controller's: nested under "inner") state dict with no error feedback."""
-    out = dict(compressor_state)
-    if "residuals" in out:
-        out["residuals"] = {}
-    if isinstance(out.get("inner"), dict):
-        out["inner"] = _without_feedback(out["inner"])
-    return out
-
-
-def _without_names(compressor_state, names):
-    """A compressor's state dict without the shapes and per-parameter state of ``names``."""
-    out = dict(compressor_state)
-    for key in ("shapes", "state"):
-        out[key] = {name: value for name, value in out[key].items() if name not in names}
-    return out
+        self.compressor.restart_from(compressor_state, forget=changed)
 
 
 def _param_groups(model):

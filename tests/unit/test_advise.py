@@ -14,6 +14,8 @@ from benchmarks import evidence as evidence_script
 from benchmarks.report import LOOPBACK_ONLY
 from benchmarks.testbed import run_bounded
 from hvd_compress import advise as adv
+from hvd_compress.advise import evidence as quality, measure, projection
+from hvd_compress.comm.rounds import Collective
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +24,7 @@ def test_the_shipped_evidence_is_what_docs_benchmarks_md_holds():
     """Rerun ``python -m benchmarks evidence`` after the quality or time-to-quality benchmark
     adds results."""
     parsed = evidence_script.gather(ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "benchmarks" / "time_to_quality.json")
-    assert json.loads(adv.EVIDENCE.read_text()) == json.loads(json.dumps(parsed))
+    assert json.loads(quality.EVIDENCE.read_text()) == json.loads(json.dumps(parsed))
     assert parsed["workloads"] == {"Digits CNN": "test accuracy", "Character LM": "validation perplexity"}
     assert {"none", "powersgd", "topk", "qsgd", "lgreco/powersgd"} <= set(parsed["methods"])
 
@@ -31,20 +33,20 @@ def test_evidence_names_the_measurement_and_judges_it_against_the_limits():
     evidence = {"workloads": {"LM": "perplexity"}, "methods": {"powersgd": {
         "rank=8": [{"workload": "LM", "value": "4.586", "delta": "+2.7%", "seeds": 3}],
         "rank=1": [{"workload": "LM", "value": "5.562", "delta": "+24.5%", "seeds": 1}]}}}
-    text, ok = adv.evidence_for("powersgd", "rank=8", evidence)
+    text, ok = quality.evidence_for("powersgd", "rank=8", evidence)
     assert text == "LM: perplexity 4.586 (+2.7%, 3 seeds)" and ok is True
-    assert adv.evidence_for("powersgd", "rank=1", evidence)[1] is False
-    assert adv.evidence_for("powersgd", "rank=2", evidence) == ("none held", None)
-    assert adv._loss_of("-0.84 points") == (0.84, "points")
+    assert quality.evidence_for("powersgd", "rank=1", evidence)[1] is False
+    assert quality.evidence_for("powersgd", "rank=2", evidence) == ("none held", None)
+    assert quality._loss_of("-0.84 points") == (0.84, "points")
 
 
 def test_a_link_fit_recovers_a_straight_line():
     sizes = (4096, 65536, 1 << 20, 16 << 20)
-    link = adv.fit_link({n: 1e-4 + n / 1e8 for n in sizes})
+    link = projection.fit_link({n: 1e-4 + n / 1e8 for n in sizes})
     assert link.bytes_per_s == pytest.approx(1e8, rel=1e-6)
     for nbytes in (*sizes, 300_000, 64 << 20):  # at, between and beyond the probes
         assert link.seconds(nbytes) == pytest.approx(1e-4 + nbytes / 1e8, rel=1e-6)
-    assert adv.fit_link({4096: 2e-3}).seconds(1 << 30) == 2e-3  # one size: latency alone
+    assert projection.fit_link({4096: 2e-3}).seconds(1 << 30) == 2e-3  # one size: latency alone
     assert adv.Link(1e-3, 1e6).seconds(1e6) == pytest.approx(1.001)  # nothing measured: the line
 
 
@@ -52,7 +54,7 @@ def test_a_link_fit_holds_at_the_large_messages_past_a_burst():
     """advise's own all-reduce probes at 0.5 Gbit/s (docs/benchmarks/advise_live.json): the
     small ones pass in tbf's burst at memory speed; the large ones set the step."""
     measured = {4096: 0.00116, 86220: 0.00131, 1814956: 0.0688, 38204928: 1.684}
-    link = adv.fit_link(measured)
+    link = projection.fit_link(measured)
     for nbytes, seconds in measured.items():
         assert link.seconds(nbytes) == pytest.approx(seconds)
     assert link.latency_s == 0.00116
@@ -60,19 +62,19 @@ def test_a_link_fit_holds_at_the_large_messages_past_a_burst():
     assert link.seconds(20e6) == pytest.approx(0.0688 + (20e6 - 1814956) * (1.684 - 0.0688) / (38204928 - 1814956))
     assert link.seconds(76e6) == pytest.approx(1.684 + (76e6 - 38204928) / link.bytes_per_s)
     assert link.seconds(100) == 0.00116
-    assert adv.fit_link({4096: 2e-3, 8192: 1e-3}).bytes_per_s == float("inf")  # no rate visible
+    assert projection.fit_link({4096: 2e-3, 8192: 1e-3}).bytes_per_s == float("inf")  # no rate visible
 
 
 def test_stock_messages_fuse_first_rounds_and_run_following_ones_per_gradient():
-    allreduce, broadcast = adv.Collective.ALLREDUCE, adv.Collective.BROADCAST
+    allreduce, broadcast = Collective.ALLREDUCE, Collective.BROADCAST
     powersgd_like = [(0, allreduce, 1000), (1, allreduce, 500)] * 3 + [(0, allreduce, 400)]
-    first, following = adv.stock_messages(powersgd_like)
+    first, following = projection.stock_messages(powersgd_like)
     assert first == {"allreduce": (1, 3400)} and following == {"allreduce": (3, 500)}
     scalecom_like = [(0, broadcast, 100), (1, allreduce, 300)] * 2 + [(0, allreduce, 400)]
-    first, following = adv.stock_messages(scalecom_like)
+    first, following = projection.stock_messages(scalecom_like)
     assert first == {"broadcast": (2, 100), "allreduce": (1, 400)} and following == {"allreduce": (2, 300)}
     dense = [(0, allreduce, 40 << 20)] * 4  # 160 MiB: three fusion buffers
-    assert adv.stock_messages(dense) == ({"allreduce": (3, (160 << 20) / 3)}, {})
+    assert projection.stock_messages(dense) == ({"allreduce": (3, (160 << 20) / 3)}, {})
 
 
 def test_a_step_counts_the_slowest_ranks_codec():
@@ -80,7 +82,7 @@ def test_a_step_counts_the_slowest_ranks_codec():
     ranks = [candidate("scalecom", "density=0.01", 0.0, {}) for _ in range(3)]
     for rank, steps in enumerate(([90.0, 10.0, 10.0], [10.0, 80.0, 10.0], [10.0, 10.0, 70.0])):
         ranks[rank].codec_step_ms = steps
-    slowest = adv.slowest_codec(ranks)
+    slowest = measure.slowest_codec(ranks)
     assert slowest is ranks[0] and slowest.codec_step_ms == [90.0, 80.0, 70.0] and slowest.codec_ms == 80.0
 
 
@@ -88,27 +90,27 @@ def test_following_rounds_are_exposed_whole():
     links = {"allreduce": adv.Link(1e-3, 1e9)}
     c = candidate("powersgd", "rank=4", 10.0, {"allreduce": (1, 1e6)})
     c.serial_messages = {"allreduce": (50, 1e4)}
-    adv.project(c, links, compute_s=0.1, backward_s=0.06)
+    projection.project(c, links, compute_s=0.1, backward_s=0.06)
     assert c.communication_ms == pytest.approx(2 + 50 * 1.01)
     assert c.step_ms == pytest.approx(100 + 10 + 2 + 50 * 1.01)  # first round: its message alone
 
 
 def test_measure_codec_counts_powersgd_rounds_as_the_stock_optimizer_issues_them():
     model, loss_of = small_model()
-    grads = adv.gradients_of(model, loss_of)
+    grads = measure.gradients_of(model, loss_of)
     named = list(model.named_parameters())
-    counted = adv.measure_codec("powersgd", {"rank": 4}, grads, named, 0, 4, steps=1)
+    counted = measure.measure_codec("powersgd", {"rank": 4}, grads, named, 0, 4, steps=1)
     # Every first round fused into one all-reduce; each weight matrix's Q round on its own.
     assert counted.messages["allreduce"][0] == 1
     assert counted.serial_messages["allreduce"][0] == 2
     assert len(counted.codec_step_ms) == 1 and counted.codec_ms == counted.codec_step_ms[0]
-    assert adv.measure_codec("fp16", {}, grads, named, 0, 4, steps=1).serial_messages == {}
+    assert measure.measure_codec("fp16", {}, grads, named, 0, 4, steps=1).serial_messages == {}
 
 
 def test_probe_sizes_span_4_kib_to_the_largest_message():
-    sizes = adv.probe_sizes(64 << 20)
-    assert sizes[0] == 4096 and sizes[-1] == 64 << 20 and len(sizes) == adv.PROBE_SIZES
-    assert adv.probe_sizes(100) == [4096]
+    sizes = measure.probe_sizes(64 << 20)
+    assert sizes[0] == 4096 and sizes[-1] == 64 << 20 and len(sizes) == measure.PROBE_SIZES
+    assert measure.probe_sizes(100) == [4096]
 
 
 def candidate(method, setting, codec_ms, messages, quality_ok=True):
@@ -123,7 +125,7 @@ def projected(link_seconds_per_byte):
     compressed = candidate("powersgd", "rank=4", 20.0, {"allreduce": (2, 0.5e6)})
     risky = candidate("topk", "density=0.001", 1.0, {"allreduce": (1, 0.1e6)}, quality_ok=False)
     for c in (dense, compressed, risky):
-        adv.project(c, links, compute_s=0.1, backward_s=0.06)
+        projection.project(c, links, compute_s=0.1, backward_s=0.06)
     for c in (dense, compressed, risky):
         c.speedup = dense.step_ms / c.step_ms
     return dense, compressed, risky
@@ -136,16 +138,16 @@ def test_projection_hides_communication_behind_backward_but_not_the_last_message
     assert compressed.step_ms == pytest.approx(100 + 20 + 5.1)  # hidden: max(10.2 - 60, 5.1)
     links = {"allreduce": adv.Link(0.0, 1e8)}
     split = candidate("none", "", 0.0, {"allreduce": (4, 10e6)})
-    adv.project(split, links, compute_s=0.1, backward_s=0.06)
+    projection.project(split, links, compute_s=0.1, backward_s=0.06)
     assert split.step_ms == pytest.approx(100 + 400 - 60)  # backward hides all but the rest
 
 
 def test_advice_is_the_fastest_safe_setting_or_not_to_compress():
     slow_link = projected(1 / 1e8)
-    line = adv.recommend(slow_link)
+    line = quality.recommend(slow_link)
     assert line.startswith("compress with powersgd rank=4") and "topk density=0.001" in line
     fast_link = projected(1 / 1e12)
-    assert adv.recommend(fast_link).startswith("do not compress: the link is fast enough")
+    assert quality.recommend(fast_link).startswith("do not compress: the link is fast enough")
 
 
 STEPS = {"steps_to_target": {"workload": "LM, loss 1.4", "methods": {
@@ -154,11 +156,11 @@ STEPS = {"steps_to_target": {"workload": "LM, loss 1.4", "methods": {
 
 
 def test_steps_to_target_evidence_gives_the_factor_or_says_it_was_not_reached():
-    assert adv.steps_for("powersgd", "rank=4", STEPS) == ("1.50x the steps (3 of 3 seeds reached it; LM, loss 1.4)", 1.5)
-    assert adv.steps_for("topk", "density=0.001", STEPS)[1] == math.inf
-    assert adv.steps_for("powersgd", "rank=8", STEPS) == ("", None)
-    assert adv.steps_for("none", "", STEPS)[1] == 1.0
-    assert adv.steps_for("none", "", {}) == ("", None)
+    assert quality.steps_for("powersgd", "rank=4", STEPS) == ("1.50x the steps (3 of 3 seeds reached it; LM, loss 1.4)", 1.5)
+    assert quality.steps_for("topk", "density=0.001", STEPS)[1] == math.inf
+    assert quality.steps_for("powersgd", "rank=8", STEPS) == ("", None)
+    assert quality.steps_for("none", "", STEPS)[1] == 1.0
+    assert quality.steps_for("none", "", {}) == ("", None)
 
 
 def with_steps(candidates, factors):
@@ -172,19 +174,19 @@ def with_steps(candidates, factors):
 def test_advice_picks_the_shortest_time_to_target_not_the_fastest_step():
     dense, compressed, risky = with_steps(projected(1 / 1e8), {"powersgd": 1.5, "topk": 1.2})
     risky.quality_ok = True  # the faster step: chosen by step time alone
-    assert adv.recommend([dense, compressed, risky]).startswith("compress with topk")
+    assert quality.recommend([dense, compressed, risky]).startswith("compress with topk")
     risky.steps_factor, risky.to_target = math.inf, math.inf  # but it never reaches the target
-    line = adv.recommend([dense, compressed, risky])
+    line = quality.recommend([dense, compressed, risky])
     assert line.startswith("compress with powersgd rank=4: projected to reach uncompressed's quality in")
     assert f"{compressed.to_target:.2f}x its time" in line
     compressed.to_target = 1.0  # as slow to the target as uncompressed
-    assert adv.recommend([dense, compressed, risky]).startswith("do not compress: no measured setting")
+    assert quality.recommend([dense, compressed, risky]).startswith("do not compress: no measured setting")
 
 
 def test_advice_names_a_faster_setting_whose_steps_to_target_were_not_measured():
     dense, compressed, risky = with_steps(projected(1 / 1e8), {"powersgd": 1.5})
     risky.quality_ok = None  # no quality evidence either: not known to be worse
-    line = adv.recommend([dense, compressed, risky])
+    line = quality.recommend([dense, compressed, risky])
     assert line.startswith("compress with powersgd rank=4")
     bound = risky.speedup * compressed.to_target
     assert line.endswith(f"Not measured to target but {risky.speedup:.2f}x faster a step: topk density=0.001, "
@@ -192,7 +194,7 @@ def test_advice_names_a_faster_setting_whose_steps_to_target_were_not_measured()
 
 
 def test_advice_without_steps_evidence_says_it_rests_on_step_time():
-    assert adv.recommend(projected(1 / 1e8)).endswith("rests on step time alone")
+    assert quality.recommend(projected(1 / 1e8)).endswith("rests on step time alone")
 
 
 def test_steps_to_target_is_read_from_the_time_to_quality_results():
@@ -251,7 +253,7 @@ def test_advise_in_one_process_measures_every_asked_method_at_its_settings():
     assert set(advice.links) == {"allreduce", "allgather"}
     text = adv.format_advice(advice)
     assert "speed-up" in text and text.splitlines()[-1].startswith("advice: ")
-    steps = json.loads(adv.EVIDENCE.read_text()).get("steps_to_target")
+    steps = json.loads(quality.EVIDENCE.read_text()).get("steps_to_target")
     if steps and "fp16" in steps["methods"]:  # the shipped evidence names its workload whole
         assert f"time to target (relative to uncompressed) measured on: {steps['workload']}" in text
 
@@ -263,7 +265,7 @@ def test_advise_refuses_bad_input_naming_it():
     with pytest.raises(ValueError, match="methods"):
         adv.advise(model, compute_ms=10, methods=["zip"], ranks=OneRank())
     with pytest.raises(ValueError, match="module:function"):
-        adv.load_model("examples.models")
+        measure.load_model("examples.models")
 
 
 @pytest.mark.slow

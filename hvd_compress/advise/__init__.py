@@ -1,0 +1,63 @@
+"""Does gradient compression pay for this model, on these ranks and links, and at what setting?
+Run it before choosing a method, under the launcher and on the ranks that will train:
+
+    mpirun -np 4 python -m hvd_compress.advise --model examples.models:charlm
+    horovodrun -np 16 python -m hvd_compress.advise --model mypackage.models:resnet --json advice.json
+
+``--model module:function``: ``function()`` returns the model, or ``(model, loss_of)`` where
+``loss_of(model)`` is the loss of one fresh batch of this rank (then compute is measured);
+without ``loss_of`` give ``--compute-ms`` (forward + backward of one step on one rank).
+
+What it does, on every rank together:
+
+1. **Codec**: every registered compressor at one to three settings (``SETTINGS``) compresses,
+   feeds back error and decompresses this model's gradients on this device, each collective
+   answered locally as if every rank had sent the same payload. A step waits for the slowest
+   rank (ScaleCom's leader, which selects for all, changes every step), so each timed step
+   counts the slowest rank's codec. Counted on the way: the bytes
+   each collective carries per step and how many rounds follow one another.
+2. **Links**: Horovod's all-reduce, all-gather, broadcast and all-to-all, timed over the ranks
+   at sizes from 4 KiB up to the largest message a method would send (Horovod fuses what is
+   submitted together into buffers of up to 64 MiB). Between two probe sizes a message's time is
+   interpolated on the line through them, beyond the largest extrapolated with the bandwidth of
+   the two largest, below the smallest taken as the smallest's: one straight line through all
+   sizes would be set by the small ones, which a shaped link's burst lets pass at memory speed,
+   and would miss the large messages that decide a step.
+3. **Compute**: a few forward and backward passes of ``loss_of`` (the first one untimed).
+4. **Projection**: a step is compute + codec + exposed communication, with the messages as
+   stock ``hvd.DistributedOptimizer`` issues them. Every gradient's first round is submitted
+   during backward and Horovod fuses the all-reduces and all-gathers among them into messages
+   of up to 64 MiB (broadcasts and all-to-alls go one per gradient); backward hides what it can
+   of these, so their exposed part is max(their time - backward, the last message). A round
+   that follows another (PowerSGD's Q after P, ScaleCom's all-reduce after its broadcast) runs
+   gradient after gradient once the step synchronises, one message each, all exposed.
+
+5. **Time to target**: a user trains to a quality, not for a number of steps. Where this
+   project measured how many steps a setting needs to reach the uncompressed run's quality
+   (``python -m benchmarks time_to_quality``), its projected time to target is its projected
+   step times that factor (uncompressed: 1), relative to uncompressed's.
+
+It prints one table (method, setting, bytes one rank sends per step, codec and communication
+time, projected step, speed-up over uncompressed, the steps-to-target factor and projected time
+to target where measured, and the quality this project measured for that setting:
+``hvd_compress/data/quality_evidence.json``, from ``docs/benchmarks.md``) and one line of
+advice. Where any compressed setting has a steps-to-target factor, the advice is the setting
+(or uncompressed) with the shortest projected time to target, among those measured, if it beats
+uncompressed by ``WORTH_IT``. Otherwise, it is the fastest setting per step whose measured
+quality loss stays within ``QUALITY_LIMITS``, said to rest on step time alone; or "do not
+compress: the link is fast enough" when nothing beats uncompressed by ``WORTH_IT``.
+Controllers (L-GreCo, GraVAC) are not projected: their settings change during training; their
+evidence is in ``docs/benchmarks.md``.
+
+The package: ``advice.py`` (``advise()``, ``Advice``, the printed table), ``measure.py`` (compute,
+codec and links on the launched ranks), ``projection.py`` (``Link``, ``Candidate``, the messages
+and step-time model), ``evidence.py`` (this project's measured quality and steps to target, and
+the one line of advice), ``ranks.py`` (the launched ranks, on ``comm/``'s backends and
+transports), ``cli.py`` (``python -m hvd_compress.advise``). Each method's rounds are answered
+locally by ``comm/simulated.py`` and clocks read by ``comm/timing.py``, as everywhere else.
+"""
+from hvd_compress.advise.advice import Advice, advise, format_advice
+from hvd_compress.advise.cli import main
+from hvd_compress.advise.projection import Candidate, Link
+
+__all__ = ["advise", "Advice", "Candidate", "Link", "format_advice", "main"]

@@ -1,0 +1,118 @@
+"""``advise()``: every method measured and projected on the launched ranks, as one ``Advice``,
+and ``format_advice``, the table rank 0 prints."""
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from hvd_compress.advise.evidence import EVIDENCE, evidence_for, factor_text, recommend, steps_for
+from hvd_compress.advise.measure import gradients_of, measure_codec, measure_compute, measure_links, slowest_codec
+from hvd_compress.advise.projection import Candidate, Link, project
+from hvd_compress.advise.ranks import LaunchedRanks, launched_ranks
+from hvd_compress.registry import COMPRESSORS
+
+# The settings tried per method (the registry's constructor keyword: values), from the least
+# to the most compressed; methods without a setting are tried once.
+SETTINGS = {"rank": (16, 8, 4), "density": (0.1, 0.01, 0.001), "bits": (8, 4, 2)}
+
+
+@dataclass
+class Advice:
+    world_size: int
+    parameters: int
+    compute_ms: float
+    backward_ms: float
+    links: Dict[str, Link]
+    candidates: List[Candidate]
+    recommendation: str
+    steps_workload: str = ""  # where the steps-to-target factors shown were measured
+
+
+def settings_of(method: str) -> List[Dict[str, Any]]:
+    keys = [key for key in COMPRESSORS[method].defaults if key in SETTINGS]
+    if not keys:
+        return [{}]
+    key = keys[0]
+    return [{key: value} for value in SETTINGS[key]]
+
+
+def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, compute_ms: Optional[float] = None,
+           methods: Optional[Sequence[str]] = None, ranks: Optional[LaunchedRanks] = None, codec_steps: int = 2,
+           compute_steps: int = 3, repeats: int = 3) -> Advice:
+    """Measures and projects every method (``methods``: registry names, default all) for
+    ``model`` on the launched ranks; every rank must call it. ``compute_ms``: forward plus
+    backward of one step, when ``loss_of`` is not given (backward taken as two thirds of it).
+    ``ranks``: the launched ones by default; a stand-in has ``rank``, ``size``, ``run``,
+    ``barrier``, ``agree`` and optionally ``gather`` (without it, rank 0's codec times count)."""
+    device = next(model.parameters()).device
+    ranks = ranks or launched_ranks(device)
+    methods = list(methods or COMPRESSORS)
+    unknown = sorted(set(methods) - set(COMPRESSORS))
+    if unknown:
+        raise ValueError(f"methods: {unknown} are not registered; known: {sorted(COMPRESSORS)}")
+    if "none" not in methods:
+        methods.insert(0, "none")
+    if loss_of is None and compute_ms is None:
+        raise ValueError("compute_ms: give the compute time of one step (forward + backward, ms), or a "
+                         "loss_of(model) to measure it")
+    if loss_of is not None:
+        ranks.barrier()
+        forward_s, backward_s = ranks.agree(measure_compute(model, loss_of, compute_steps))
+    else:
+        if compute_ms <= 0:
+            raise ValueError(f"compute_ms must be positive, got {compute_ms!r}")
+        forward_s, backward_s = compute_ms / 3e3, 2 * compute_ms / 3e3
+    grads = gradients_of(model, loss_of)
+    named = [(name, p) for name, p in model.named_parameters() if name in grads]
+    candidates = []
+    for method in methods:
+        for setting in settings_of(method):
+            ranks.barrier()  # every rank's codec runs at once, as in training
+            mine = measure_codec(method, setting, grads, named, ranks.rank, ranks.size, codec_steps)
+            every_rank = ranks.gather(mine) if hasattr(ranks, "gather") else [ranks.agree(mine)]
+            candidates.append(slowest_codec(every_rank))
+    largest = {}
+    for candidate in candidates:
+        for collective, (_, per_message) in [*candidate.messages.items(), *candidate.serial_messages.items()]:
+            largest[collective] = max(largest.get(collective, 0.0), per_message)
+    links = measure_links(ranks, largest, device, repeats)
+    evidence = json.loads(EVIDENCE.read_text()) if EVIDENCE.exists() else {}
+    for candidate in candidates:
+        project(candidate, links, forward_s + backward_s, backward_s)
+        candidate.evidence, candidate.quality_ok = evidence_for(candidate.method, candidate.setting, evidence)
+    baseline = next(c for c in candidates if c.method == "none")
+    for candidate in candidates:
+        candidate.speedup = baseline.step_ms / candidate.step_ms
+        candidate.steps_evidence, candidate.steps_factor = steps_for(candidate.method, candidate.setting, evidence)
+        if candidate.steps_factor is not None:
+            candidate.to_target = candidate.steps_factor / candidate.speedup
+    baseline.quality_ok = True
+    return Advice(ranks.size, sum(g.numel() for g in grads.values()), 1e3 * (forward_s + backward_s),
+                  1e3 * backward_s, links, candidates, recommend(candidates),
+                  steps_workload=evidence.get("steps_to_target", {}).get("workload", "")
+                  if any(c.steps_factor is not None for c in candidates if c.method != "none") else "")
+
+
+def format_advice(advice: Advice) -> str:
+    """The table and the recommendation, as printed."""
+    lines = [f"hvd_compress.advise: {advice.parameters:,} parameters, {advice.world_size} ranks, "
+             f"compute {advice.compute_ms:.1f} ms a step (backward {advice.backward_ms:.1f} ms)",
+             "links (latency, bandwidth as each rank contributes bytes):"]
+    for collective, link in advice.links.items():
+        bandwidth = "-" if math.isinf(link.bytes_per_s) else f"{8 * link.bytes_per_s / 1e9:.2f} Gbit/s"
+        lines.append(f"  {collective:9} {1e6 * link.latency_s:8.0f} us  {bandwidth}")
+    header = ("method", "setting", "MB/step", "codec ms", "comm ms", "step ms", "speed-up", "steps",
+              "time to target", "quality evidence")
+    rows = [(c.method, c.setting or "-", f"{c.wire_bytes / 1e6:.2f}", f"{c.codec_ms:.1f}",
+             f"{c.communication_ms:.1f}", f"{c.step_ms:.1f}", f"{c.speedup:.2f}x", factor_text(c.steps_factor),
+             factor_text(c.to_target), c.evidence)
+            for c in sorted(advice.candidates, key=lambda c: c.step_ms)]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
+    for row in [header, *rows]:
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    if advice.steps_workload:
+        lines.append(f"steps and time to target (relative to uncompressed) measured on: {advice.steps_workload}")
+    lines.append(f"advice: {advice.recommendation}")
+    return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""advise's model of a step: the links as measured (``Link``, ``fit_link``), the messages stock
+``hvd.DistributedOptimizer`` issues for a method's rounds (``stock_messages``), and the
+projected step (``project``; the package docstring says why each rule is what it is)."""
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from hvd_compress.comm.rounds import Collective
+
+FUSION_BYTES = 64 << 20  # Horovod's default fusion buffer (HOROVOD_FUSION_THRESHOLD)
+
+
+@dataclass
+class Link:
+    """One collective as the ranks see it: seconds = latency + bytes / bandwidth (bytes: what
+    each rank contributes)."""
+    latency_s: float
+    bytes_per_s: float
+    measured: Dict[int, float] = field(default_factory=dict)  # bytes -> median seconds
+
+    def seconds(self, nbytes: float) -> float:
+        """Interpolated between the measured sizes (the package docstring); latency + bytes /
+        bandwidth when fewer than two were measured."""
+        points = sorted((int(n), s) for n, s in self.measured.items())
+        if len(points) < 2:
+            return self.latency_s + nbytes / self.bytes_per_s
+        if nbytes <= points[0][0]:
+            return points[0][1]
+        for (n0, s0), (n1, s1) in zip(points, points[1:]):
+            if nbytes <= n1:
+                return s0 + (s1 - s0) * (nbytes - n0) / (n1 - n0)
+        return points[-1][1] + (nbytes - points[-1][0]) / self.bytes_per_s
+
+
+@dataclass
+class Candidate:
+    method: str
+    setting: str                     # "rank=8", or "" for a method without one
+    wire_bytes: float                # what one rank sends per step (ring model, as Traffic counts)
+    codec_ms: float
+    messages: Dict[str, Tuple[int, float]]  # collective -> (messages, bytes each): first rounds
+    communication_ms: float = 0.0
+    step_ms: float = 0.0
+    speedup: float = 1.0
+    evidence: str = ""
+    quality_ok: Optional[bool] = None  # None: no evidence held
+    # Measured steps to the uncompressed run's quality over uncompressed's: None where not
+    # measured, inf where the setting did not reach it; to_target: projected time to target
+    # over uncompressed's (step time x steps).
+    steps_factor: Optional[float] = None
+    steps_evidence: str = ""
+    to_target: Optional[float] = None
+    # Rounds that follow another, one gradient after another: collective -> (messages, bytes each)
+    serial_messages: Dict[str, Tuple[int, float]] = field(default_factory=dict)
+    codec_step_ms: List[float] = field(default_factory=list)  # per timed step
+
+
+_FUSED_BY_HOROVOD = (Collective.ALLREDUCE, Collective.ALLGATHER)
+
+
+def stock_messages(rounds: Sequence[Tuple[int, Collective, int]]
+                   ) -> Tuple[Dict[str, Tuple[int, float]], Dict[str, Tuple[int, float]]]:
+    """The messages stock ``hvd.DistributedOptimizer`` issues for one step's ``rounds`` ((round
+    index within its gradient, collective, bytes) each), as (first rounds, following
+    rounds), each collective -> (messages, bytes per message). First rounds are submitted
+    during backward: Horovod fuses the all-reduces and all-gathers among them into buffers of
+    up to ``FUSION_BYTES``, the others go one per gradient. A following round is submitted when
+    its gradient's previous one lands, and once the step synchronises the driver finishes them
+    gradient after gradient (``comm/driver.py``): one message each."""
+    fused_bytes, alone, serial = {}, {}, {}
+    for index, collective, nbytes in rounds:
+        if index == 0 and collective in _FUSED_BY_HOROVOD:
+            fused_bytes[collective.value] = fused_bytes.get(collective.value, 0) + nbytes
+        else:
+            into = alone if index == 0 else serial
+            count, total = into.get(collective.value, (0, 0))
+            into[collective.value] = (count + 1, total + nbytes)
+    first = {}
+    for collective, nbytes in fused_bytes.items():
+        first[collective] = (max(1, math.ceil(nbytes / FUSION_BYTES)), nbytes)
+    for collective, (count, nbytes) in alone.items():
+        fused, total = first.get(collective, (0, 0))
+        first[collective] = (fused + count, total + nbytes)
+    return ({collective: (count, nbytes / count) for collective, (count, nbytes) in first.items()},
+            {collective: (count, nbytes / count) for collective, (count, nbytes) in serial.items()})
+
+
+def fit_link(measured: Dict[int, float]) -> Link:
+    """The link of these probe times (bytes -> seconds): latency from the smallest probe,
+    bandwidth from the two largest (the large messages' rate, past any burst the link lets
+    through at memory speed); :meth:`Link.seconds` interpolates between the probes."""
+    points = sorted((int(n), s) for n, s in measured.items())
+    if len(points) == 1:
+        (nbytes, seconds), = points
+        return Link(seconds, float("inf"), dict(measured))
+    (n0, s0), (n1, s1) = points[-2:]
+    slope = (s1 - s0) / (n1 - n0)
+    return Link(points[0][1], 1 / slope if slope > 0 else float("inf"), dict(measured))
+
+
+def project(candidate: Candidate, links: Dict[str, Link], compute_s: float, backward_s: float) -> None:
+    """Fills in the candidate's communication and step time (the package docstring's model)."""
+    communication, last = 0.0, 0.0
+    for collective, (count, per_message) in candidate.messages.items():
+        seconds = links[collective].seconds(per_message)
+        communication += count * seconds
+        last = max(last, seconds)
+    serial = sum(count * links[collective].seconds(per_message)
+                 for collective, (count, per_message) in candidate.serial_messages.items())
+    exposed = max(communication - backward_s, last) + serial
+    candidate.communication_ms = 1e3 * (communication + serial)
+    candidate.step_ms = 1e3 * (compute_s + exposed) + candidate.codec_ms
