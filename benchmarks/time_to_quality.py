@@ -166,6 +166,11 @@ def take_step(run: Training, lr: float) -> None:
     run.optimizer.step()
 
 
+def validation_loss(run: Training, windows: int) -> float:
+    """``run``'s mean validation cross-entropy (nats) over ``windows`` windows."""
+    return math.log(charlm.evaluate(run.model, run.val_ids, run.model.context, windows))
+
+
 def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
     """Trains the stable run with a cool-down branched at each length of ``spec["lengths"]``,
     stopping after the first length at or under ``spec["target"]`` (when given); rank 0's record."""
@@ -196,8 +201,7 @@ def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
         steps_taken += length - branch
         # Rank 0's loss decides for all: every rank must stop at the same length. Named: the
         # default name is the object's type, None on the other ranks, and mismatched names hang.
-        loss = None if rank else math.log(charlm.evaluate(run.model, run.val_ids, run.model.context,
-                                                          spec["eval_windows"]))
+        loss = None if rank else validation_loss(run, spec["eval_windows"])
         loss = hvd.broadcast_object(loss, root_rank=0, name="time_to_quality.loss")
         points.append({"length": length, "samples": length * size * spec["lm"]["batch_size"], "loss": loss})
         if rank == 0 and spec.get("progress"):

@@ -135,8 +135,8 @@ def train_directly(spec: Dict[str, Any]) -> None:
         ttq.take_step(run, ttq.PEAK_LR * ttq.lr_factor(step, length, spec["warmup"]))
         seconds += time.perf_counter() - started
     if hvd.rank() == 0:
-        loss = math.log(charlm.evaluate(run.model, run.val_ids, run.model.context, spec["eval_windows"]))
-        print(RESULT_PREFIX + json.dumps({"train_s": seconds, "loss": loss}), flush=True)
+        print(RESULT_PREFIX + json.dumps({"train_s": seconds, "loss": ttq.validation_loss(run, spec["eval_windows"])}),
+              flush=True)
 
 
 def work(spec: Dict[str, Any]) -> None:
@@ -250,8 +250,11 @@ def run(args) -> Dict[str, Any]:
                     entry["methods"][label] = pooled(entry["methods"].get(label), summary_of(result))
                     progress.finished()
                     save_record(path, results)
-        direct = {label: length for label, length in direct_runs(entry, methods, steps).items()
-                  if label not in entry.setdefault("direct", {})} if args.direct else {}
+        direct = {}
+        if args.direct:
+            done = entry.setdefault("direct", {})
+            direct = {label: length for label, length in direct_runs(entry, methods, steps).items()
+                      if label not in done}
         if direct:
             progress.add(len(direct))
             with emulated_cluster(args.np, entry["rate_gbit"]) as cluster:
@@ -429,7 +432,7 @@ def advise_verdict(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], se
     named = advise_names(methods)
     lines = [f"advise (`{entry['advise']['command']}` on the same cluster): "
              f"\"{entry['advise']['recommendation']}\"."]
-    label = advised_label(entry, methods)
+    label = named.get(pick)
     if label not in seconds:
         return lines + [f"Its pick ({' '.join(filter(None, pick))}) has no measured time to target here: "
                         "not validated."]

@@ -38,9 +38,9 @@ ENVIRONMENT = {"test_process_set.py": {"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}}
 # Gloo with 4 ranks on 2 cores took 3-4 times MPI's time for the same files (test_exchange 166 s
 # against 44 s in the fresh-clone CI of 2026-11-27), and CI landed at 53 min, over its 45. The
 # 4-rank cases run under MPI here; under Gloo they run at np 2 here, at np 4 for L-GreCo's
-# decisions (test_lgreco), and at np 4 across two containers in docker/test.sh.
+# decisions (test_lgreco), and across two containers in docker/test.sh.
 GLOO_AT_4 = ("Gloo with 4 ranks on 2 cores takes 3-4x MPI's time: 4 ranks run under MPI, Gloo at np 2, "
-             "L-GreCo at np 4, and np 4 across two containers in docker/test.sh")
+             "L-GreCo at np 4, and across two containers in docker/test.sh")
 SKIPPED = {("gloo", 4, "test_digits.py"):
            "Gloo with 4 ranks on 2 cores: 74 ms/step vs MPI's 9.6 ms; convergence at np 4 runs under MPI",
            ("mpi", 4, "test_digits.py"):
