@@ -3,6 +3,7 @@ the gradient shapes of real models, side by side with PyTorch's own PowerSGD com
 
     python -m benchmarks codec [--shapes resnet50,bert-base,transformer-xl] [--rank 4]
         [--density 0.01] [--bits 4] [--repeats 3] [--device cpu|cuda] [--out docs/] [--quick]
+        [--report-only]
 
 Communication is left out: each compressor runs on one rank and every collective's result is
 the rank's own payload (what a world of one returns), so the time is encode + error feedback +
@@ -502,8 +503,9 @@ def targets(results):
     return rows
 
 
-def markdown(results, figures):
-    """The section's body: what was run, where, and every number as a table."""
+def markdown(results, figures, operators=None):
+    """The section's body: what was run, where, and every number as a table; on a GPU, with
+    ``operators`` (``--operators``' results), the time per operator dispatched."""
     info, options = results["machine"], results["options"]
     sets = list(results["codec"])
     on_gpu = options.get("device") == "cuda"
@@ -538,6 +540,8 @@ def markdown(results, figures):
                          f"{entry['step_ms'] / methods[HOOK]['step_ms']:.2f}x")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += floor_lines(results)
+    if on_gpu and operators:
+        lines += per_operator_lines(results, operators)
     lines += ["", "Top-K selection alone: `topk_indices(m, k)` against `torch.topk(m, k)` on the same "
               "magnitudes `m = x.abs()` of a standard-normal `x` (median of repeats).", "",
               "| entries | k | torch.topk | torch.topk(sorted=False) | topk_indices | speed-up "
@@ -559,6 +563,32 @@ def markdown(results, figures):
               for row in results["targets"]]
     lines += [""] + [f"![{path.stem}]({path.as_posix()})" for path in figures]
     return "\n".join(lines) + "\n"
+
+
+def per_operator_lines(results, operators):
+    """What bounds a GPU codec far above its floor: each step's time over the aten operators it
+    dispatches (counted on the CPU by ``--operators``; a GPU step launches the same ones)."""
+    sets = [name for name in results["codec"] if name in operators["operators"]]
+    if not sets:
+        return []
+    lines = ["", "Time per operator: each step over the aten operators it dispatches, as "
+             f"`--operators` counted them on the CPU (`{operators['command']}`, torch {operators['torch']}; "
+             "views included, then without them). A few microseconds an operator is what the host "
+             "takes to dispatch and launch one: where a step costs that much per operator, the host, "
+             "not the GPU, bounds it, and only fewer operators (same-shape layers batched) bring it "
+             "nearer its floor.", "",
+             "| shape set | method | step | operators (not views) | us per operator (not views) |",
+             "|---|---|---|---|---|"]
+    for name in sets:
+        counts = operators["operators"][name]["per_step"]
+        for label, entry in results["codec"][name]["methods"].items():
+            if label not in counts:
+                continue
+            step_us, count = 1e3 * entry["step_ms"], counts[label]
+            lines.append(f"| {name} | {label} | {_ms(entry['step_ms'])} | {count['all']:,.0f} "
+                         f"({count['not_views']:,.0f}) | {step_us / count['all']:.1f} "
+                         f"({step_us / count['not_views']:.1f}) |")
+    return lines
 
 
 def floor_lines(results):
@@ -669,8 +699,23 @@ def _operators(counts):
     return f"{counts['all']:,.0f} ({counts['not_views']:,.0f})"
 
 
+def write_report(results, out):
+    """The section and figures of ``results`` under ``out`` (docs/), beside the operator counts
+    of ``out/benchmarks/codec-operators.json`` where there are some."""
+    counted = out / "benchmarks" / "codec-operators.json"
+    operators = json.loads(counted.read_text()) if counted.exists() else None
+    figures = [path.relative_to(out) for path in draw_figures(results, out / "benchmarks")]
+    device = results["options"].get("device", "cpu")
+    write_section(out / "benchmarks.md", SECTION[device], markdown(results, figures, operators))
+
+
 def command_line():
-    return " ".join(["python -m benchmarks codec"] + sys.argv[1:])
+    """The command as a user reruns it: where its output went (``--out``) is left out."""
+    argv = sys.argv[1:]
+    if "--out" in argv:
+        at = argv.index("--out")
+        argv = argv[:at] + argv[at + 2:]
+    return " ".join(["python -m benchmarks codec"] + argv)
 
 
 def parse_args(argv):
@@ -688,8 +733,10 @@ def parse_args(argv):
     parser.add_argument("--quick", action="store_true", help="tiny shapes, one cycle: a smoke test")
     parser.add_argument("--operators", action="store_true",
                         help="only count aten operators per step (CPU), not time anything")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite the --device's section and figures from its JSON, measuring nothing")
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available() and not args.report_only:
         parser.error("--device cuda: torch sees no CUDA device here")
     for name in args.shapes:
         try:
@@ -710,10 +757,13 @@ def main(argv=None):
         (out / "codec-operators.json").write_text(json.dumps(results, indent=1) + "\n")
         write_section(args.out / "benchmarks.md", "Codec operators per step", operators_markdown(results))
         return
+    path = out / f"codec{SUFFIX[args.device]}.json"
+    if args.report_only:
+        write_report(json.loads(path.read_text()), args.out)
+        return
     results = run(args)
-    (out / f"codec{SUFFIX[args.device]}.json").write_text(json.dumps(results, indent=1) + "\n")
-    figures = [path.relative_to(args.out) for path in draw_figures(results, out)]
-    write_section(args.out / "benchmarks.md", SECTION[args.device], markdown(results, figures))
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    write_report(results, args.out)
     print(f"other processes used {_percent(results['machine']['others_cpu_percent'])} of the CPUs")
     for row in results["targets"]:
         print(f"{'met' if row['met'] else 'NOT met'}: {row['target']} = {row['value']:.3g} ({row['limit']})")

@@ -82,8 +82,8 @@ class ScaleCom(KSparse):
 
         def after_indices(leader_indices):
             chosen = leader_indices.long()
-            residual = acc.clone()
-            residual[chosen] = 0  # m + g - C(m + g)
+            # m + g - C(m + g); index_fill_, since assigning a Python 0 waits for a GPU per layer
+            residual = acc.clone().index_fill_(0, chosen, 0)
             if self.config.beta != 1.0:
                 previous = self.feedback.residual(name, acc.device)  # None at first: zero; unscaled
                 residual = self.config.beta * residual if previous is None else torch.add(

@@ -52,7 +52,7 @@ def lowrank_errors_of_batch(matrices, ranks, exact=False):
         squared = torch.linalg.svdvals((basis.transpose(1, 2) @ x).double()).square()
     total = matrices.double().square().sum(dim=(1, 2))
     kept = torch.cat([squared.new_zeros(squared.shape[0], 1), squared.cumsum(1)], dim=1)
-    return (total[:, None] - kept[:, ranks]).clamp_min(0).sqrt()
+    return (total[:, None] - kept[:, on_device(ranks, torch.int64, kept.device)]).clamp_min(0).sqrt()
 
 
 # Top-K rows of layers of HISTOGRAM_MIN_NUMEL entries or more come from a histogram of the
@@ -76,7 +76,7 @@ def topk_errors(flat, ks, exact=False):
         squared = flat.double().square()
         largest = squared.topk(max(ks), sorted=True).values
         kept = torch.cat([largest.new_zeros(1), largest.cumsum(0)])
-        return (squared.sum() - kept[ks]).clamp_min(0).sqrt()
+        return (squared.sum() - kept[on_device(ks, torch.int64, kept.device)]).clamp_min(0).sqrt()
     kept, total = _histogram_kept_energies(flat, ks)
     return (total - kept).clamp_min(0).sqrt()
 

@@ -137,9 +137,10 @@ def packed_size(count, bits):
 
 
 def _chunk_entries(x, bucket_size):
-    """Entries per chunk: whole buckets, about ``_CPU_CHUNK`` of them on CPU, else everything."""
+    """Entries per chunk: whole buckets, about ``_CPU_CHUNK`` of them on CPU, else every bucket
+    (the last one padded)."""
     if x.device.type != "cpu":
-        return max(1, x.numel())
+        return max(1, -(-x.numel() // bucket_size)) * bucket_size
     return max(1, _CPU_CHUNK // bucket_size) * bucket_size
 
 

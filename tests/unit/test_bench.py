@@ -75,6 +75,22 @@ def test_codec_operators_counts_every_compressor_alone(tmp_path, monkeypatch):
     assert "## Codec operators per step" in (tmp_path / "benchmarks.md").read_text()
 
 
+def test_the_gpu_section_sets_each_step_against_its_operators(tmp_path, monkeypatch):
+    """``--device cuda --report-only`` rewrites the GPU's section from its JSON (here a CPU run
+    relabelled, since CI has no GPU), with the time per operator that ``--operators`` counted."""
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert bench.main(["codec", "--operators", "--quick", "--out", str(tmp_path)]) == 0
+    assert bench.main(["codec", "--quick", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "benchmarks" / "codec.json").read_text())
+    results["options"]["device"], results["machine"]["gpu"] = "cuda", "a GPU"
+    (tmp_path / "benchmarks" / "codec-cuda.json").write_text(json.dumps(results))
+    assert bench.main(["codec", "--device", "cuda", "--report-only", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "benchmarks.md").read_text()
+    section = text[text.index("## Codec cost on a GPU"):]
+    assert "Time per operator" in section and "| tiny | QSGD |" in section
+    assert "--out" not in section and (tmp_path / "benchmarks" / "codec_cost-cuda.png").exists()
+
+
 def test_controller_overhead_quick_measures_every_controller_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     assert bench.main(["controller_overhead", "--quick", "--out", str(tmp_path)]) == 0

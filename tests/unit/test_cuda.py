@@ -10,7 +10,12 @@ its reason, where torch sees no CUDA device (CI's machines). On a GPU machine:
   counts the waits).
 * A checkpoint written on the GPU, loaded with ``map_location="cpu"``, resumes on the GPU."""
 import io
+import sys
+import threading
+import time
 import warnings
+from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +27,13 @@ from test_device_audit import gradients, methods
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="no CUDA device here (torch.cuda.is_available() is False); "
                                        "this tier runs on a GPU machine")
-STOCHASTIC = {"qsgd", "lgreco-powersgd", "lgreco-topk", "gravac-qsgd"}
+PACKAGE = Path(hc.__file__).parent
+
+
+def stochastic(method_id: str) -> bool:
+    """QSGD draws its rounding noise, and L-GreCo its error estimates, from the device's
+    generator: their GPU and CPU runs differ."""
+    return "qsgd" in method_id or method_id.startswith("lgreco")
 
 
 def run(make, device, steps=6, layers=2, dtype=torch.float32):
@@ -59,7 +70,7 @@ def test_aggregates_match_the_cpu_and_state_stays_on_the_device(make, request):
     for compressor in world.compressors:
         assert all(t.is_cuda for t in tensors_in(compressor.state_dict())
                    if t.is_floating_point() and t.numel() > 1), "state left the device"
-    if request.node.callspec.id in STOCHASTIC:
+    if stochastic(request.node.callspec.id):
         return
     _, on_cpu = run(make, "cpu")
     for gpu_step, cpu_step in zip(on_gpu, on_cpu):
@@ -76,40 +87,72 @@ def test_half_precision_stays_half_and_on_the_device(make):
         assert all(t.is_cuda and t.dtype == torch.float16 for t in aggregates.values())
 
 
+class Waits:
+    """Torch's sync debug mode warns at every wait for the device; as ``warnings.showwarning``,
+    this counts each by thread and the innermost line of hvd_compress on the stack at the time:
+    a failure says where to look."""
+
+    def __init__(self):
+        self.by_thread = {}
+
+    def __call__(self, message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            where = self.by_thread.setdefault(threading.current_thread().name, Counter())
+            where[line_in_package()] += 1
+
+
+def line_in_package():
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = Path(frame.f_code.co_filename)
+        if PACKAGE in path.parents:
+            return f"{path.relative_to(PACKAGE)}:{frame.f_lineno} {frame.f_code.co_name}"
+        frame = frame.f_back
+    return "outside hvd_compress"
+
+
 def count_waits(make, layers):
+    """Where three steps wait: a Counter by line, for the training thread and for L-GreCo's
+    decision thread (its decisions wait for the device in the background). After each step the
+    decision thread is waited for, so that every decision submitted in the three is counted."""
     world, _ = run(make, "cuda", steps=3, layers=layers)
     # Copied to the GPU before counting: a copy from pageable host memory waits too.
     steps = [[{n: g.cuda() for n, g in gradients(step, layers).items()} for _ in world.compressors]
              for step in range(3, 6)]
+    controllers = [c for c in world.compressors if isinstance(c, hc.LGreCo)]
+    settle_decisions(controllers)
     torch.cuda.synchronize()
+    waits = Waits()
     torch.cuda.set_sync_debug_mode("warn")
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings():
             warnings.simplefilter("always")
+            warnings.showwarning = waits
             for per_rank in steps:
                 world.step(per_rank)
+                settle_decisions(controllers)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+    main = threading.main_thread().name
+    return waits.by_thread.pop(main, Counter()), sum(waits.by_thread.values(), Counter())
 
 
-# Seen on an H200 (2026-11-26, torch 2.11): waits with 6 layers against 2. Strict, so a fix shows.
-PER_LAYER_WAITS = {
-    "scalecom": "42 vs 18: the leader's threshold selection reads the device per layer "
-                "(maths/sparsify.py: .item() of the threshold, nonzero)",
-    # Since then the decision reads its table back once (control/lgreco.py read_rows) and takes
-    # svdvals once per distinct shape (errors_of_layers); the CPU audit,
-    # tests/unit/test_device_audit.py, shows both. Not rerun on a GPU: lgreco-topk and
-    # lgreco-acpsgd (whose only known cause was that svdvals) are expected to pass, and
-    # lgreco-powersgd too; it stays strict until a GPU run confirms it.
-    "lgreco-powersgd": "50 vs 19: the decision's error tables came back per layer (.tolist()) and "
-                       "maths/errors.py took svdvals per layer; both fixed since, not rerun on a GPU"}
+def settle_decisions(controllers):
+    while any(controller.service.running() for controller in controllers):
+        time.sleep(0.001)
 
 
-@pytest.mark.parametrize("make", [pytest.param(*p.values, id=p.id, marks=[pytest.mark.xfail(
-    reason=PER_LAYER_WAITS[p.id], strict=True)] if p.id in PER_LAYER_WAITS else []) for p in methods()])
+# 2026-11-27, H200: ScaleCom's residual (a Python 0 assigned through the leader's indices) and
+# L-GreCo's Top-K error rows (a Python list of k as an index) each waited once per layer; the
+# CPU audit (tests/unit/test_device_audit.py, waits_on_a_gpu) now catches both.
+@pytest.mark.parametrize("make", methods())
 def test_a_step_waits_for_the_gpu_as_often_whatever_the_number_of_layers(make):
-    assert count_waits(make, 6) == count_waits(make, 2)
+    (few, few_decisions), (many, many_decisions) = count_waits(make, 2), count_waits(make, 6)
+    assert sum(many.values()) == sum(few.values()), (
+        f"a step's waits grow with the layers: {sorted((many - few).items())}; with 2 layers: {sorted(few.items())}")
+    assert sum(many_decisions.values()) == sum(few_decisions.values()), (
+        f"a decision's waits grow with the layers: {sorted((many_decisions - few_decisions).items())}; "
+        f"with 2 layers: {sorted(few_decisions.items())}")
 
 
 @pytest.mark.parametrize("make", methods())
@@ -125,3 +168,13 @@ def test_a_gpu_checkpoint_loaded_on_the_cpu_resumes_on_the_gpu(make):
     per_rank = [{n: g.cuda() for n, g in gradients(4, 2).items()} for _ in world.compressors]
     for aggregates in resumed.step(per_rank):
         assert all(t.is_cuda and torch.isfinite(t).all() for t in aggregates.values())
+
+
+if __name__ == "__main__":
+    # python tests/unit/test_cuda.py ID...: where each method (test_device_audit.methods' ids)
+    # waits with 2 and 6 layers, passing or not.
+    makers = {p.id: p.values[0] for p in methods()}
+    for method_id in sys.argv[1:]:
+        for layers in (2, 6):
+            step, decision = count_waits(makers[method_id], layers)
+            print(f"{method_id}, {layers} layers: step {sorted(step.items())}; decisions {sorted(decision.items())}")

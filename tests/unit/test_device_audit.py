@@ -2,8 +2,9 @@
 one). A torch function mode watches every step of every compressor and controller:
 
 * waits for the device: reads of a tensor's values on the host (``item``, ``tolist``, ``bool``,
-  ...) and operations whose output size depends on the data (``nonzero``, ...). On a GPU each
-  one stalls the host until the device catches up. A step may wait a fixed number of times
+  ...), operations whose output size depends on the data (``nonzero``, ...), and indexing with
+  a Python list or assigning a Python number through a tensor index (``waits_on_a_gpu``). On
+  a GPU each one stalls the host until the device catches up. A step may wait a fixed number of times
   (its finiteness check, GraVAC's statistics), never once per layer;
 * tensors made from nothing (``torch.zeros`` and kin) without ``device=``: on a GPU they land
   on the CPU. Only functions that draw on the CPU by design (identical values on every rank
@@ -43,12 +44,27 @@ class Audit(TorchFunctionMode):
         name = getattr(func, "__name__", str(func))
         where = caller_in_package()
         if where is not None:
-            if name in WAITS:
+            if name in WAITS or waits_on_a_gpu(name, args):
                 self.waits[(name, where)] += 1
             if name in FACTORIES and "device" not in kwargs and where[1] not in CPU_BY_DESIGN \
                     and where[0] not in HOST_BYTES:
                 self.placed_on_cpu.add((name, where))
         return func(*args, **kwargs)
+
+
+def waits_on_a_gpu(name, args):
+    """Calls whose name alone does not say they wait, but which do on a GPU (found there by the
+    CUDA tier): indexing with a Python list (copied from pageable memory) and assigning a
+    Python number through a tensor index."""
+    if name == "__getitem__":
+        return holds(args[1], list)
+    if name == "__setitem__":
+        return holds(args[1], torch.Tensor) and isinstance(args[2], (bool, int, float))
+    return False
+
+
+def holds(index, kind):
+    return isinstance(index, kind) or (isinstance(index, tuple) and any(isinstance(i, kind) for i in index))
 
 
 def caller_in_package():

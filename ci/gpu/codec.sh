@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Issue 36's GPU run (never on CI's path), from the repository root on the device machine (CUDA
+# torch, no Horovod: neither the CUDA tier nor the codec benchmark needs it), in about 8 minutes:
+# the CUDA tier (tests/unit/test_cuda.py: the checkpoint fixes and the per-layer waits), then
+# `python -m benchmarks codec --device cuda` against torch's powerSGD_hook, with each codec's
+# floor. The section lands in a copy of docs/benchmarks.md under $OUT/docs; copy it and
+# $OUT/docs/benchmarks/ back by hand. Each stage has its own limit, and a failed stage does not
+# stop the next. Settings: TIER_SECONDS, CODEC_SECONDS, LOCATE (method ids whose waits to place
+# line by line), SKIP_CODEC.
+set -u
+export PYTHONUNBUFFERED=1
+mkdir -p $OUT/docs
+cp docs/benchmarks.md $OUT/docs/
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    python3 -c "import torch, os, sys; print('torch', torch.__version__, 'python', sys.version.split()[0], 'cores', os.cpu_count())"
+} > $OUT/cuda_tier.log 2>&1
+cat $OUT/cuda_tier.log
+start=$(date +%s)
+timeout ${TIER_SECONDS:-170} python3 -m pytest tests/unit/test_cuda.py -q -p no:cacheprovider -rsxX >> $OUT/cuda_tier.log 2>&1
+echo "pytest exit $? after $(( $(date +%s) - start )) s" >> $OUT/cuda_tier.log
+tail -25 $OUT/cuda_tier.log
+for method in ${LOCATE:-scalecom lgreco-topk}; do
+    PYTHONPATH=.:tests/unit timeout 60 python3 tests/unit/test_cuda.py $method 2>&1 | grep -v Warning
+done
+[ -n "${SKIP_CODEC:-}" ] && exit 0
+start=$(date +%s)
+timeout ${CODEC_SECONDS:-290} python3 -m benchmarks codec --device cuda --out $OUT/docs > $OUT/codec.log 2>&1
+echo "codec exit $? after $(( $(date +%s) - start )) s" >> $OUT/codec.log
+tail -45 $OUT/codec.log
