@@ -67,6 +67,7 @@ from benchmarks.report import (DOCS, Progress, checkout_pythonpath, cluster_job,
                                method_bars, panels, resumed, save_figure, save_record, undisturbed,
                                write_section)
 from benchmarks.workloads import charlm
+from hvd_compress.advise.evidence import EVIDENCE, factor_text, steps_for
 
 RESULT_PREFIX = "TTT_RESULT "
 SECTION = "Time to target"
@@ -232,10 +233,11 @@ def run(args) -> Dict[str, Any]:
         wanted = [label for repeat in range(args.repeats) for label, m in methods.items()
                   if jobs_of(entry["methods"].get(label)) <= repeat
                   and (m["score"]["median"] is not None or label == ttq.UNCOMPRESSED)]
-        if wanted or "advise" not in entry:
-            progress.add(len(wanted) + ("advise" not in entry))
+        advise_due = "advise" not in entry or bool(stale_factors(entry["advise"]))
+        if wanted or advise_due:
+            progress.add(len(wanted) + advise_due)
             with emulated_cluster(args.np, entry["rate_gbit"]) as cluster:
-                if "advise" not in entry:
+                if advise_due:
                     progress.starting(f"r = {ratio:g}, advise")
                     entry["advise"] = advised(cluster, args)
                     progress.finished(f"r = {ratio:g}, advise: {entry['advise']['recommendation']}")
@@ -316,6 +318,18 @@ def advised(cluster, args) -> Dict[str, Any]:
             "steps_workload": advice["steps_workload"],
             "candidates": [{key: c[key] for key in ("method", "setting", "step_ms", "speedup", "steps_factor",
                                                    "to_target")} for c in advice["candidates"]]}
+
+
+def stale_factors(advice: Dict[str, Any]) -> Dict[Tuple[str, str], Tuple[Optional[float], Optional[float]]]:
+    """(method, setting) -> (the steps factor advise ran with, the shipped evidence's now), where
+    they differ: time to quality has measured more seeds since, and advise may pick otherwise."""
+    shipped = json.loads(EVIDENCE.read_text()) if EVIDENCE.exists() else {}
+    changed = {}
+    for candidate in advice["candidates"]:
+        _, now = steps_for(candidate["method"], candidate["setting"], shipped)
+        if now != candidate["steps_factor"]:
+            changed[(candidate["method"], candidate["setting"])] = (candidate["steps_factor"], now)
+    return changed
 
 
 def advise_names(methods: Dict[str, Dict[str, Any]]) -> Dict[Tuple[str, str], str]:
@@ -432,6 +446,13 @@ def advise_verdict(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], se
     named = advise_names(methods)
     lines = [f"advise (`{entry['advise']['command']}` on the same cluster): "
              f"\"{entry['advise']['recommendation']}\"."]
+    changed = stale_factors(entry["advise"])
+    if changed:
+        lines.append("advise ran before time to quality's latest seeds, with steps factors the shipped evidence "
+                     "has since changed (" + "; ".join(
+                         f"{method} {setting or 'default'}: {factor_text(then)} -> {factor_text(now)}"
+                         for (method, setting), (then, now) in sorted(changed.items()))
+                     + "): its pick below is the one it made then; rerunning the benchmark runs it again.")
     label = named.get(pick)
     if label not in seconds:
         return lines + [f"Its pick ({' '.join(filter(None, pick))}) has no measured time to target here: "

@@ -645,3 +645,38 @@ def test_the_codec_clock_times_steps_and_skips_controllers_decisions():
         g = torch.Generator().manual_seed(step)
         world.step([{"fc.weight": torch.randn(64, 48, generator=g), "fc.bias": torch.randn(64, generator=g)}])
     assert lgreco.decisions and len(clock.seconds) == 6
+
+
+def test_time_to_quality_sets_the_gpu_codec_against_a_gpu_clusters_compute(tmp_path):
+    """The codec share from "Codec cost on a GPU" where its JSON is, else says it is not measured."""
+    from benchmarks.time_to_quality import GPU_CLUSTERS, codec_share
+    assert "not measured yet" in codec_share(tmp_path)[0]
+    _, peak, _, tokens = GPU_CLUSTERS[0]
+    parameters = 1e8
+    compute_ms = 1e3 * 6 * parameters * tokens / (peak * 0.4)
+    methods = {name: {"step_ms": compute_ms / 2, "floor": {"floor_ms": 1.0}}
+               for name in ["PowerSGD", "ACP-SGD", "TopK", "QSGD", "FP16"]}
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "codec-cuda.json").write_text(json.dumps({
+        "machine": {"gpu": "a GPU"}, "options": {"rank": 4, "density": 0.01, "bits": 4},
+        "codec": {"bert-base": {"parameters": parameters, "methods": methods}}}))
+    [text] = codec_share(tmp_path)
+    assert "On a GPU (a GPU" in text and "PowerSGD 50%" in text and "FP16 50%" in text
+
+
+def test_time_to_target_finds_advise_run_on_older_evidence(tmp_path, monkeypatch):
+    """A pick made with steps factors the shipped evidence has since changed is stale: the
+    report says so and a rerun runs advise again."""
+    from benchmarks import time_to_target as ttt
+    evidence = {"steps_to_target": {"workload": "w", "methods": {
+        "powersgd": {"rank=8": {"factor": 1.3, "reached": 2, "seeds": 2}},
+        "fp16": {"": {"factor": 1.05, "reached": 2, "seeds": 2}}}}}
+    shipped = tmp_path / "evidence.json"
+    shipped.write_text(json.dumps(evidence))
+    monkeypatch.setattr(ttt, "EVIDENCE", shipped)
+    advice = {"candidates": [{"method": "powersgd", "setting": "rank=8", "steps_factor": 1.09},
+                             {"method": "fp16", "setting": "", "steps_factor": 1.05},
+                             {"method": "none", "setting": "", "steps_factor": 1.0}]}
+    assert ttt.stale_factors(advice) == {("powersgd", "rank=8"): (1.09, 1.3)}
+    advice["candidates"][0]["steps_factor"] = 1.3
+    assert ttt.stale_factors(advice) == {}
