@@ -35,7 +35,8 @@ measured on the GPU. Target: PowerSGD, ACP-SGD, Top-K and QSGD within 1.5x of th
 a ``TorchDispatchMode``) for every compressor, and those of L-GreCo's low-rank error rows one
 layer at a time against batched by shape, on each shape set (layers against distinct shapes):
 issue 36, operators should grow with distinct shapes. Writes ``codec-operators.json`` and the
-"## Codec operators per step" section.
+"## Codec operators per step" section (``--device cuda``: ``codec-operators-cuda.json``, "... on a
+GPU"; the GPU's time per operator reads these counts, else the CPU's).
 
 ``--device cuda`` runs the same on the GPU (gradients, buckets and selection there; every timing
 between two device synchronisations; the hook in an NCCL group of one) against the GPU's
@@ -95,6 +96,7 @@ LOWRANK_FLOPS = {"PowerSGD": 6, "ACP-SGD": 4}
 FLOOR_TARGETS = ["PowerSGD", "ACP-SGD", "TopK", "QSGD"]
 FLOOR_LIMIT = 1.5
 SECTION = {"cpu": "Codec cost", "cuda": "Codec cost on a GPU"}
+OPERATORS_SECTION = {"cpu": "Codec operators per step", "cuda": "Codec operators per step on a GPU"}
 SUFFIX = {"cpu": "", "cuda": "-cuda"}  # of the JSON and PNG files
 
 # Labels of the registry's methods in the tables and plots, in their order.
@@ -411,10 +413,10 @@ def run_operators(args):
     started = time.perf_counter()
     results = {"command": command_line(), "machine": machine(), "torch": torch.__version__,
                "options": {"shapes": args.shapes, "rank": args.rank, "density": args.density,
-                           "bits": args.bits}, "operators": {}}
+                           "bits": args.bits, "device": args.device}, "operators": {}}
     for set_name in args.shapes:
         shapes = shape_set(set_name)
-        grads = gradients(shapes)
+        grads = gradients(shapes, args.device)
         entry = {"layers": len(shapes), "distinct_shapes": len({shape for _, shape in shapes}),
                  "per_step": {}, "error_rows": {}}
         for label, make in compressors(args):
@@ -567,12 +569,13 @@ def markdown(results, figures, operators=None):
 
 def per_operator_lines(results, operators):
     """What bounds a GPU codec far above its floor: each step's time over the aten operators it
-    dispatches (counted on the CPU by ``--operators``; a GPU step launches the same ones)."""
+    dispatches (counted by ``--operators``, on the GPU where it ran there)."""
     sets = [name for name in results["codec"] if name in operators["operators"]]
     if not sets:
         return []
+    counted_on = "the GPU" if operators["options"].get("device", "cpu") == "cuda" else "the CPU"
     lines = ["", "Time per operator: each step over the aten operators it dispatches, as "
-             f"`--operators` counted them on the CPU (`{operators['command']}`, torch {operators['torch']}; "
+             f"`--operators` counted them on {counted_on} (`{operators['command']}`, torch {operators['torch']}; "
              "views included, then without them). A few microseconds an operator is what the host "
              "takes to dispatch and launch one: where a step costs that much per operator, the host, "
              "not the GPU, bounds it, and only fewer operators (same-shape layers batched) bring it "
@@ -702,10 +705,12 @@ def _operators(counts):
 def write_report(results, out):
     """The section and figures of ``results`` under ``out`` (docs/), beside the operator counts
     of ``out/benchmarks/codec-operators.json`` where there are some."""
-    counted = out / "benchmarks" / "codec-operators.json"
-    operators = json.loads(counted.read_text()) if counted.exists() else None
-    figures = [path.relative_to(out) for path in draw_figures(results, out / "benchmarks")]
     device = results["options"].get("device", "cpu")
+    # Counted on the device the codecs ran on where there are such counts: QSGD and Top-K take
+    # other paths on a GPU (one chunk; torch.topk), so the CPU's counts overstate them there.
+    counted = [out / "benchmarks" / f"codec-operators{suffix}.json" for suffix in dict.fromkeys([SUFFIX[device], ""])]
+    operators = next((json.loads(path.read_text()) for path in counted if path.exists()), None)
+    figures = [path.relative_to(out) for path in draw_figures(results, out / "benchmarks")]
     write_section(out / "benchmarks.md", SECTION[device], markdown(results, figures, operators))
 
 
@@ -732,7 +737,7 @@ def parse_args(argv):
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="tiny shapes, one cycle: a smoke test")
     parser.add_argument("--operators", action="store_true",
-                        help="only count aten operators per step (CPU), not time anything")
+                        help="only count aten operators per step (on --device), not time anything")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite the --device's section and figures from its JSON, measuring nothing")
     args = parser.parse_args(argv)
@@ -754,8 +759,8 @@ def main(argv=None):
         if args.quick:
             args.shapes = ["tiny"]
         results = run_operators(args)
-        (out / "codec-operators.json").write_text(json.dumps(results, indent=1) + "\n")
-        write_section(args.out / "benchmarks.md", "Codec operators per step", operators_markdown(results))
+        (out / f"codec-operators{SUFFIX[args.device]}.json").write_text(json.dumps(results, indent=1) + "\n")
+        write_section(args.out / "benchmarks.md", OPERATORS_SECTION[args.device], operators_markdown(results))
         return
     path = out / f"codec{SUFFIX[args.device]}.json"
     if args.report_only:

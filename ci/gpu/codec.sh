@@ -6,7 +6,8 @@
 # floor. The section lands in a copy of docs/benchmarks.md under $OUT/docs; copy it and
 # $OUT/docs/benchmarks/ back by hand. Each stage has its own limit, and a failed stage does not
 # stop the next. Settings: TIER_SECONDS, CODEC_SECONDS, LOCATE (method ids whose waits to place
-# line by line), SKIP_CODEC.
+# line by line), OPERATORS (shape sets whose operators per step to count on the GPU: the codec
+# table's time per operator reads them), OPERATORS_SECONDS, SKIP_CODEC.
 set -u
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT/docs
@@ -23,6 +24,12 @@ tail -25 $OUT/cuda_tier.log
 for method in ${LOCATE:-scalecom lgreco-topk}; do
     PYTHONPATH=.:tests/unit timeout 60 python3 tests/unit/test_cuda.py $method 2>&1 | grep -v Warning
 done
+if [ -n "${OPERATORS:-}" ]; then  # the operator counts on the GPU, for the codec table's time per operator
+    start=$(date +%s)
+    timeout ${OPERATORS_SECONDS:-150} python3 -m benchmarks codec --operators --device cuda --shapes $OPERATORS --out $OUT/docs > $OUT/operators.log 2>&1
+    echo "operators exit $? after $(( $(date +%s) - start )) s" >> $OUT/operators.log
+    tail -5 $OUT/operators.log
+fi
 [ -n "${SKIP_CODEC:-}" ] && exit 0
 start=$(date +%s)
 timeout ${CODEC_SECONDS:-290} python3 -m benchmarks codec --device cuda --out $OUT/docs > $OUT/codec.log 2>&1
