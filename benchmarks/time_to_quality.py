@@ -149,7 +149,9 @@ def build_training(spec: Dict[str, Any], schedule_steps: int) -> Training:
     else:
         compression = quality.build_compression(spec, model, named, schedule_steps, tokens)
         extra = {} if compression is None else {"compression": compression}
-        optimizer = hvd.DistributedOptimizer(inner, named_parameters=named, **extra)
+        # time_to_target prices hvd_compress's own optimizer too (its overlapped path).
+        wrap = hc.DistributedOptimizer if spec.get("integration") == "wrapper" else hvd.DistributedOptimizer
+        optimizer = wrap(inner, named_parameters=named, **extra)
         stateful.update(optimizer=optimizer, **extra)
     generator = torch.Generator().manual_seed(hvd.size() * spec["seed"] + hvd.rank())  # as charlm.fit
     data = charlm.batches(train_ids, lm["batch_size"], model.context, generator)

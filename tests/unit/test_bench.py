@@ -581,7 +581,8 @@ def test_time_to_target_quick_prices_steps_on_the_testbed_and_resumes(tmp_path, 
     measured = ttt.ratio_of(setting["at_rate"])
     assert abs(measured / 3 - 1) <= ttt.RATIO_TOLERANCE or len(setting["probes"]) == ttt.MAX_PROBES
     assert setting["at_rate"] in setting["probes"] and setting["rate_gbit"] == setting["at_rate"]["rate_gbit"]
-    assert set(setting["methods"]) == {"uncompressed", "FP16"}
+    # Every method, and the drop-in wrapper's path of one (FP16 in a quick run), on its steps.
+    assert set(setting["methods"]) == {"uncompressed", "FP16", "FP16" + ttt.WRAPPER}
     # advise ran on the same cluster, as a user runs it, and its pick is judged (or said not to be).
     assert setting["advise"]["recommendation"] and {c["method"] for c in setting["advise"]["candidates"]} == {
         "none", "fp16"}
@@ -593,6 +594,7 @@ def test_time_to_target_quick_prices_steps_on_the_testbed_and_resumes(tmp_path, 
     assert all(run["train_s"] > 0 and math.isfinite(run["loss"]) for run in setting["direct"].values())
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## Time to target" in text and "| FP16 |" in text and "measured there r =" in text
+    assert f"| FP16{ttt.WRAPPER} | 8 (1) |" in text
     assert "End to end on the same cluster" in text and "the decomposition agrees with the end-to-end runs" in text
     assert (tmp_path / "benchmarks" / "time_to_target.png").stat().st_size > 0
     # Resumed: nothing left to run, so no testbed is built.
