@@ -8,7 +8,8 @@ import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
 from benchmarks.workloads.digits import DigitsCNN
 
-from helpers import CONFIGS, DENSE_SWITCHABLE, PATHS, distributed, gathered, rank_batches, sends_whole
+from helpers import (CONFIGS, DENSE_SWITCHABLE, PATHS, assert_parameters_identical, distributed, gathered,
+                     rank_batches, sends_whole)
 
 # How close the real aggregate must be to the simulated reference: the methods are
 # deterministic given the same gradients, so only summation order differs.
@@ -164,9 +165,7 @@ def test_gradient_missing_on_some_ranks(method, path):
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-    for name, p in model.named_parameters():
-        rows = gathered(p, f"partly.{method}.{path}.{name}")
-        assert all(torch.equal(rows[0], row) for row in rows), name
+    assert_parameters_identical(model, f"partly.{method}.{path}")
 
 
 def test_sparse_gradients_take_horovods_allgather_path():
