@@ -52,8 +52,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
 from benchmarks.report import (CodecClock, add_job_options, checkout_pythonpath, cluster_job, command_line,
-                               describe_machine, machine, resumed, root_cause, run_or_work, save_record, summarise,
-                               torchrun_job, undisturbed, worker_argv, write_section)
+                               describe_machine, machine, resumed_section, root_cause, run_or_work, summarise,
+                               torchrun_job, undisturbed, worker_argv)
 
 RESULT_PREFIX = "DDP_RESULT "
 SECTION = "PyTorch DDP"
@@ -218,17 +218,12 @@ def pooled(entry, new):
 def run(args):
     from benchmarks.testbed import emulated_cluster
 
-    path = args.out / "benchmarks" / "ddp.json"
-    results = resumed(path)
+    results, save = resumed_section(args.out, "ddp", SECTION, markdown)
     results.setdefault("timing", {})
     results.setdefault("digits", {})
     results.update(command=command_line("ddp"), machine=machine(), np=args.np, rank=args.rank,
                    rate_gbit=args.rate, warmup=args.warmup, steps=args.steps)
     timing = results["timing"]
-
-    def save():
-        save_record(path, results)
-        write_section(args.out / "benchmarks.md", SECTION, markdown(results))
 
     # Round by round: every method's first job, then every method's second, ...
     wanted = [(model, method) for repeat in range(args.repeats) for model in args.models for method in METHODS

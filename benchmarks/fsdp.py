@@ -53,8 +53,8 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.report import (CodecClock, add_job_options, checkout_pythonpath, cluster_job, command_line,
-                               describe_machine, machine, resumed, root_cause, run_or_work, save_record, summarise,
-                               torchrun_job, worker_argv, write_section)
+                               describe_machine, machine, resumed_section, root_cause, run_or_work, summarise,
+                               torchrun_job, worker_argv)
 
 RESULT_PREFIX = "FSDP_RESULT "
 SECTION = "FSDP2 / HSDP on the emulated cluster"
@@ -189,8 +189,7 @@ def timing_job(args, cluster, model, method):
 def run(args):
     from benchmarks.testbed import emulated_cluster
 
-    path = args.out / "benchmarks" / "fsdp.json"
-    results = resumed(path)
+    results, save = resumed_section(args.out, "fsdp", SECTION, markdown)
     results.setdefault("timing", {})
     results.setdefault("quality", {})
     # Runs at another rank than the first are kept beside it, their label naming the rank.
@@ -202,10 +201,6 @@ def run(args):
 
     def label(method):
         return method if method == PLAIN or args.rank == results["rank"] else f"{method}, rank {args.rank}"
-
-    def save():
-        save_record(path, results)
-        write_section(args.out / "benchmarks.md", SECTION, markdown(results))
 
     wanted = [(model, method) for model in args.models for method in args.methods
               if label(method) not in results["timing"].get(model, {})]

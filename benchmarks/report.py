@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -190,6 +190,21 @@ def resumed(path: Path) -> Dict[str, Any]:
 def save_record(path: Path, results: Dict[str, Any]) -> None:
     """Writes ``results`` to ``path`` as ``resumed`` reads it back."""
     path.write_text(json.dumps(results, indent=1) + "\n")
+
+
+def resumed_section(out: Path, name: str, section: str, markdown: Callable[[Dict[str, Any]], str]
+                    ) -> Tuple[Dict[str, Any], Callable[[], None]]:
+    """A resumable benchmark's record, as earlier runs left it in ``out``/benchmarks/``name``.json,
+    and the save to call after each job: it writes the record and rewrites the ``section`` of
+    ``out``/benchmarks.md from it with ``markdown``, so that a stopped run loses one job at most."""
+    path = out / "benchmarks" / f"{name}.json"
+    results = resumed(path)
+
+    def save() -> None:
+        save_record(path, results)
+        write_section(out / "benchmarks.md", section, markdown(results))
+
+    return results, save
 
 
 def write_section(path, heading, body):
