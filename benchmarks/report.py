@@ -377,6 +377,18 @@ def add_job_options(parser: Any, job_timeout: Union[int, float], quick: str,
         parser.add_argument("--worker", choices=list(workers), help=argparse.SUPPRESS)
 
 
+def names_from(known: Sequence[str]) -> Callable[[str], List[str]]:
+    """An argparse ``type``: a comma-separated list of some of ``known`` (methods, workloads),
+    refusing the others by name."""
+    def names(text: str) -> List[str]:
+        listed = text.split(",")
+        unknown = [name for name in listed if name not in known]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+        return listed
+    return names
+
+
 def worker_argv(module: str, args: Any, kind: str, **flags: Any) -> List[str]:
     """The command of one of ``module``'s jobs running its ``kind`` worker: ``--rank`` from
     ``args`` (the low-rank methods' rank), and ``flags`` as options."""
