@@ -389,6 +389,31 @@ def names_from(known: Sequence[str]) -> Callable[[str], List[str]]:
     return names
 
 
+def add_cluster_worker_options(parser: Any) -> None:
+    """The hidden options of a torch.distributed worker that a job on the emulated cluster starts
+    (``worker_argv``): the model and method it runs, ``--master`` (rank 0's address on the
+    shaped links; none under torchrun) and ``--interface-prefix`` (the namespaces' links')."""
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--method", help=argparse.SUPPRESS)
+    parser.add_argument("--master", help=argparse.SUPPRESS)
+    parser.add_argument("--interface-prefix", default="", help=argparse.SUPPRESS)
+
+
+def init_cluster_worker(args: Any, port: int, ranks_per_node: int = 1) -> int:
+    """Joins the worker's Gloo process group and returns its rank: started by mpirun in a
+    namespace (``--master``), over its node's shaped link, rank 0 listening on ``port``;
+    started by torchrun (``--quick``), torchrun's."""
+    import torch.distributed as dist
+
+    if args.master:
+        rank, size = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
+        os.environ["GLOO_SOCKET_IFNAME"] = f"{args.interface_prefix}{rank // ranks_per_node}e"
+        dist.init_process_group("gloo", init_method=f"tcp://{args.master}:{port}", rank=rank, world_size=size)
+    else:
+        dist.init_process_group("gloo")
+    return dist.get_rank()
+
+
 def worker_argv(module: str, args: Any, kind: str, **flags: Any) -> List[str]:
     """The command of one of ``module``'s jobs running its ``kind`` worker: ``--rank`` from
     ``args`` (the low-rank methods' rank), and ``flags`` as options."""
