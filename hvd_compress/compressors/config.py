@@ -38,6 +38,8 @@ def option(default: Any = MISSING, check: Optional[Callable[..., Any]] = None, *
     called as ``check(owner, name, value, **limits)`` (``arguments.integer``, ``real``, ``flag``,
     ``choice``) and returning the value to keep. ``agreed=False``: the field need not agree
     across ranks nor with a checkpoint."""
+    if limits and check is None:
+        raise TypeError(f"option: limits {sorted(limits)} without a check to apply them")
     return field(default=default, metadata={
         "check": None if check is None else functools.partial(check, **limits), "agreed": agreed})
 
