@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 
 import hvd_compress as hc
-from benchmarks.report import DOCS, describe_machine, machine, resumed, save_record, write_section
+from benchmarks.report import DOCS, describe_machine, machine, resumed_section
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import SimulatedWorld, exchange_alone, run_alone
 from hvd_compress.compressors.feedback import StagedSums
@@ -297,8 +297,8 @@ def markdown(results, args):
 
 
 def run(args):
-    path = args.out / "benchmarks" / "controller_overhead.json"
-    results = resumed(path)
+    results, save = resumed_section(args.out, "controller_overhead", SECTION,
+                                    lambda record: markdown(record, args))
     results.setdefault("points", {})
     results.update(machine=machine(), command=command_line(args))
     for shapes in args.shapes:
@@ -316,10 +316,9 @@ def run(args):
                       else measure_lgreco(method, grads, args))
             results["points"][key] = record
             print(f"  {key}: {json.dumps(record)}", flush=True)
-            save_record(path, results)
-            write_section(args.out / "benchmarks.md", SECTION, markdown(results, args))
+            save()
     # Also when every point was there: the section follows the current report.
-    write_section(args.out / "benchmarks.md", SECTION, markdown(results, args))
+    save()
     return results
 
 

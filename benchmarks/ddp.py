@@ -41,7 +41,6 @@ Results resume job by job from ``<out>/benchmarks/ddp.json``; the "PyTorch DDP" 
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import sys
 import time
@@ -51,9 +50,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
-from benchmarks.report import (CodecClock, add_job_options, checkout_pythonpath, cluster_job, command_line,
-                               describe_machine, machine, resumed, root_cause, run_or_work, save_record, summarise,
-                               torchrun_job, undisturbed, worker_argv, write_section)
+from benchmarks.report import (CodecClock, add_cluster_worker_options, add_job_options, checkout_pythonpath,
+                               cluster_job, command_line, describe_machine, init_cluster_worker, machine,
+                               resumed_section, root_cause, run_or_work, summarise, torchrun_job, undisturbed,
+                               worker_argv)
 
 RESULT_PREFIX = "DDP_RESULT "
 SECTION = "PyTorch DDP"
@@ -100,13 +100,7 @@ def timing_worker(args):
     from benchmarks.endtoend import WORKLOADS
 
     torch.set_num_threads(1)
-    if args.master:
-        rank, size = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
-        os.environ["GLOO_SOCKET_IFNAME"] = f"{args.interface_prefix}{rank}e"  # the shaped link
-        dist.init_process_group("gloo", init_method=f"tcp://{args.master}:{PORT}", rank=rank, world_size=size)
-    else:
-        dist.init_process_group("gloo")
-        rank = dist.get_rank()
+    rank = init_cluster_worker(args, PORT)
     torch.manual_seed(0)
     model, data, loss_of = WORKLOADS[args.model](torch.Generator().manual_seed(rank))
     # Compute alone first, every rank at once (so the cores are shared as during training):
@@ -218,17 +212,12 @@ def pooled(entry, new):
 def run(args):
     from benchmarks.testbed import emulated_cluster
 
-    path = args.out / "benchmarks" / "ddp.json"
-    results = resumed(path)
+    results, save = resumed_section(args.out, "ddp", SECTION, markdown)
     results.setdefault("timing", {})
     results.setdefault("digits", {})
     results.update(command=command_line("ddp"), machine=machine(), np=args.np, rank=args.rank,
                    rate_gbit=args.rate, warmup=args.warmup, steps=args.steps)
     timing = results["timing"]
-
-    def save():
-        save_record(path, results)
-        write_section(args.out / "benchmarks.md", SECTION, markdown(results))
 
     # Round by round: every method's first job, then every method's second, ...
     wanted = [(model, method) for repeat in range(args.repeats) for model in args.models for method in METHODS
@@ -350,10 +339,7 @@ def parse_args(argv):
     parser.add_argument("--max-other-cpu", type=float, default=0.05,
                         help="rerun a timing job when this share of the CPU went to other processes")
     add_job_options(parser, 400, "2 ranks, the CNN, few steps, no shaping", ["timing", "digits"], None)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
-    parser.add_argument("--method", help=argparse.SUPPRESS)
-    parser.add_argument("--master", help=argparse.SUPPRESS)
-    parser.add_argument("--interface-prefix", default="", help=argparse.SUPPRESS)
+    add_cluster_worker_options(parser)
     parser.add_argument("--epochs", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:

@@ -52,9 +52,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from benchmarks.report import (CodecClock, add_job_options, checkout_pythonpath, cluster_job, command_line,
-                               describe_machine, machine, resumed, root_cause, run_or_work, save_record, summarise,
-                               torchrun_job, worker_argv, write_section)
+from benchmarks.report import (CodecClock, add_cluster_worker_options, add_job_options, checkout_pythonpath,
+                               cluster_job, command_line, describe_machine, init_cluster_worker, machine, names_from,
+                               resumed_section, root_cause, run_or_work, summarise, torchrun_job, worker_argv)
 
 RESULT_PREFIX = "FSDP_RESULT "
 SECTION = "FSDP2 / HSDP on the emulated cluster"
@@ -106,22 +106,11 @@ def hsdp(model, method, rank, first_decision=3, decide_every=1000):
 
 
 # ----- one rank ---------------------------------------------------------------------------------
-def init_process_group(args):
-    """Gloo over the node's shaped link (mpirun in a namespace: ``--master``), or torchrun's."""
-    if args.master:
-        rank, size = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
-        os.environ["GLOO_SOCKET_IFNAME"] = f"{args.interface_prefix}{rank // RANKS_PER_NODE}e"
-        dist.init_process_group("gloo", init_method=f"tcp://{args.master}:{PORT}", rank=rank, world_size=size)
-    else:
-        dist.init_process_group("gloo")
-
-
 def timing_worker(args):
     from benchmarks.endtoend import WORKLOADS
 
     torch.set_num_threads(1)
-    init_process_group(args)
-    rank = dist.get_rank()
+    rank = init_cluster_worker(args, PORT, RANKS_PER_NODE)
     torch.manual_seed(0)
     model, data, loss_of = WORKLOADS[args.model](torch.Generator().manual_seed(rank))
     model, compressor = hsdp(model, args.method, args.rank)
@@ -145,7 +134,7 @@ def quality_worker(args):
     from benchmarks.workloads.charlm import CharTransformer, fit, load_corpus, warmup_steps
 
     torch.set_num_threads(1)
-    init_process_group(args)
+    init_cluster_worker(args, PORT, RANKS_PER_NODE)
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
     train_ids, val_ids = load_corpus()
@@ -189,8 +178,7 @@ def timing_job(args, cluster, model, method):
 def run(args):
     from benchmarks.testbed import emulated_cluster
 
-    path = args.out / "benchmarks" / "fsdp.json"
-    results = resumed(path)
+    results, save = resumed_section(args.out, "fsdp", SECTION, markdown)
     results.setdefault("timing", {})
     results.setdefault("quality", {})
     # Runs at another rank than the first are kept beside it, their label naming the rank.
@@ -202,10 +190,6 @@ def run(args):
 
     def label(method):
         return method if method == PLAIN or args.rank == results["rank"] else f"{method}, rank {args.rank}"
-
-    def save():
-        save_record(path, results)
-        write_section(args.out / "benchmarks.md", SECTION, markdown(results))
 
     wanted = [(model, method) for model in args.models for method in args.methods
               if label(method) not in results["timing"].get(model, {})]
@@ -325,7 +309,7 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks fsdp", description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=lambda text: [m for m in text.split(",") if m], default=["charlm", "cnn"],
                         help="models of the timing jobs; empty: none (quality runs only)")
-    parser.add_argument("--methods", type=lambda text: text.split(","), default=METHODS)
+    parser.add_argument("--methods", type=names_from(METHODS), default=METHODS)
     parser.add_argument("--rate", type=float, default=1.0, help="link rate between nodes, Gbit/s")
     parser.add_argument("--rank", type=int, default=4, help="rank of the low-rank methods")
     parser.add_argument("--warmup", type=int, default=4)
@@ -334,15 +318,9 @@ def parse_args(argv):
     parser.add_argument("--seeds", type=lambda text: [int(s) for s in text.split(",") if s], default=[0, 1],
                         help="seeds of the quality runs; empty: none")
     add_job_options(parser, 400, "the CNN, few steps, one seed, no shaping", ["timing", "quality"], None)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
-    parser.add_argument("--method", help=argparse.SUPPRESS)
+    add_cluster_worker_options(parser)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--master", help=argparse.SUPPRESS)
-    parser.add_argument("--interface-prefix", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    unknown = sorted(set(args.methods) - set(METHODS))
-    if unknown:
-        parser.error(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(METHODS)}")
     if args.quick:
         args.models, args.warmup, args.steps, args.quality_steps, args.seeds = ["cnn"], 2, 2, 10, [0]
     return args

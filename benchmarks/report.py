@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -192,6 +192,21 @@ def save_record(path: Path, results: Dict[str, Any]) -> None:
     path.write_text(json.dumps(results, indent=1) + "\n")
 
 
+def resumed_section(out: Path, name: str, section: str, markdown: Callable[[Dict[str, Any]], str]
+                    ) -> Tuple[Dict[str, Any], Callable[[], None]]:
+    """A resumable benchmark's record, as earlier runs left it in ``out``/benchmarks/``name``.json,
+    and the save to call after each job: it writes the record and rewrites the ``section`` of
+    ``out``/benchmarks.md from it with ``markdown``, so that a stopped run loses one job at most."""
+    path = out / "benchmarks" / f"{name}.json"
+    results = resumed(path)
+
+    def save() -> None:
+        save_record(path, results)
+        write_section(out / "benchmarks.md", section, markdown(results))
+
+    return results, save
+
+
 def write_section(path, heading, body):
     """Replaces the "## heading" section of ``path`` (up to the next "## ") with ``body``,
     appending it if absent; other benchmarks' sections are left as they are."""
@@ -360,6 +375,43 @@ def add_job_options(parser: Any, job_timeout: Union[int, float], quick: str,
         parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
     else:
         parser.add_argument("--worker", choices=list(workers), help=argparse.SUPPRESS)
+
+
+def names_from(known: Sequence[str]) -> Callable[[str], List[str]]:
+    """An argparse ``type``: a comma-separated list of some of ``known`` (methods, workloads),
+    refusing the others by name."""
+    def names(text: str) -> List[str]:
+        listed = text.split(",")
+        unknown = [name for name in listed if name not in known]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; choose from {', '.join(known)}")
+        return listed
+    return names
+
+
+def add_cluster_worker_options(parser: Any) -> None:
+    """The hidden options of a torch.distributed worker that a job on the emulated cluster starts
+    (``worker_argv``): the model and method it runs, ``--master`` (rank 0's address on the
+    shaped links; none under torchrun) and ``--interface-prefix`` (the namespaces' links')."""
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--method", help=argparse.SUPPRESS)
+    parser.add_argument("--master", help=argparse.SUPPRESS)
+    parser.add_argument("--interface-prefix", default="", help=argparse.SUPPRESS)
+
+
+def init_cluster_worker(args: Any, port: int, ranks_per_node: int = 1) -> int:
+    """Joins the worker's Gloo process group and returns its rank: started by mpirun in a
+    namespace (``--master``), over its node's shaped link, rank 0 listening on ``port``;
+    started by torchrun (``--quick``), torchrun's."""
+    import torch.distributed as dist
+
+    if args.master:
+        rank, size = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
+        os.environ["GLOO_SOCKET_IFNAME"] = f"{args.interface_prefix}{rank // ranks_per_node}e"
+        dist.init_process_group("gloo", init_method=f"tcp://{args.master}:{port}", rank=rank, world_size=size)
+    else:
+        dist.init_process_group("gloo")
+    return dist.get_rank()
 
 
 def worker_argv(module: str, args: Any, kind: str, **flags: Any) -> List[str]:

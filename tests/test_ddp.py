@@ -4,10 +4,7 @@ killed on expiry, so no rank can hang the suite. The np 2 launch of test_ddp_exc
 the quick tier (``-m "not slow"``); the others are marked ``slow``.
 
 Also here, single-process: ``hvd_compress.ddp.scaled_bucket_cap_mb``."""
-import os
 import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +13,7 @@ from torch import nn
 
 import hvd_compress as hc
 import hvd_compress.ddp
+from launching import run_launch
 
 HERE = Path(__file__).parent / "ddp"
 # Seconds per launch; on this 2-core machine a launch took 13-31 s at np 2 and 26-71 s at np 4
@@ -39,48 +37,11 @@ def command(np, test_file):
             "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file]
 
 
-def descendants(pid):
-    """Every process below ``pid``, from /proc (ranks outlive a killed torchrun otherwise, and
-    keep its output pipe open)."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    found, stack = [], [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
-
-
 def run_torchrun(np, test_file, folder, timeout):
     """``test_file`` (in ``folder``) under ``torchrun --nproc_per_node np``, killed with every
     rank after ``timeout`` seconds; fails the calling test if it fails or times out."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(command(np, test_file), cwd=folder, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        # torchrun starts each rank in a session of its own: kill them by id, then torchrun.
-        for pid in descendants(process.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"torchrun --nproc_per_node {np} {test_file} timed out after "
-                    f"{timeout} s:\n{output[-6000:]}")
-    summary = [line for line in output.splitlines() if " passed" in line or " failed" in line]
-    print(f"\ntorchrun --nproc_per_node {np} {test_file}:\n" + "\n".join(summary))
-    assert process.returncode == 0, output[-8000:]
+    run_launch(command(np, test_file), folder, timeout, f"torchrun --nproc_per_node {np} {test_file}",
+               [" passed", " failed"])
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="needs torchrun (comes with torch)")

@@ -4,16 +4,14 @@ a hard timeout and its whole process group is killed on expiry, so no rank can h
 
 The launches in QUICK run in the quick tier (``bash ci/test.sh --quick``, i.e. ``-m "not slow"``);
 every other launch is marked ``slow`` and runs only in the full tier (``bash ci/test.sh``)."""
-import os
 import shutil
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.report import LOOPBACK_ONLY
+from launching import run_launch
 
 HERE = Path(__file__).parent / "multirank"
 # Seconds per launch; a healthy run takes a fraction of this on 2 cores.
@@ -83,20 +81,8 @@ def command(launcher, np, test_file):
 def test_launch(launcher, np, test_file):
     if (launcher, np, test_file) in SKIPPED:
         pytest.skip(SKIPPED[launcher, np, test_file])
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **ENVIRONMENT.get(test_file, {}))
-    process = subprocess.Popen(command(launcher, np, test_file), cwd=HERE, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=TIMEOUTS[test_file])
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"{launcher} -np {np} {test_file} timed out after "
-                    f"{TIMEOUTS[test_file]} s:\n{output[-6000:]}")
-    summary = [line for line in output.splitlines() if "accuracy" in line or " passed" in line]
-    print(f"\n{launcher} -np {np} {test_file}:\n" + "\n".join(summary))
-    assert process.returncode == 0, output[-8000:]
+    run_launch(command(launcher, np, test_file), HERE, TIMEOUTS[test_file], f"{launcher} -np {np} {test_file}",
+               ["accuracy", " passed"], ENVIRONMENT.get(test_file))
 
 
 def test_every_multirank_file_is_launched():

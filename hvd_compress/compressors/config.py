@@ -5,11 +5,17 @@ A method's configuration is a frozen dataclass (``MethodConfig`` and its subclas
 compressor family and controller) that
 
 * is checked when it is made: a bad value raises ``ValueError`` naming the method, the
-  parameter and what was wrong (``owner`` names the method in the message);
+  parameter and what was wrong (``owner`` names the method in the message). A field declares
+  its check beside its default, ``seed: int = option(0, arguments.integer)`` or
+  ``density: float = option(0.01, arguments.real, low=0, high=1, low_open=True)``, and keeps
+  the value the check returns (``arguments.real`` makes an int a float); a subclass that only
+  changes a default (``min_numel: int = 0``) keeps the check its base declared. A class
+  overrides ``check`` only for what spans fields or needs its own label (a bound set by
+  another field, a value that may also be None or a word);
 * ``describe()``s itself for the cross-rank check (``GradientCompression.describe``) and for
   checkpoints, as checkpoints hold it: tuples as lists, nested dataclasses as dicts. Fields
-  marked ``local()`` are this process's own business (L-GreCo's transport and timeout) and
-  left out;
+  declared ``option(..., agreed=False)`` are this process's own business (L-GreCo's transport
+  and timeout) and left out;
 * is recorded in every checkpoint by ``checkpoint_header`` and compared against it by
   ``check_checkpoint``, which refuses a checkpoint of another class or configuration.
 
@@ -17,38 +23,63 @@ It is the one declaration of a method's options and defaults: a constructor take
 configuration itself (``config=``) or its fields as keywords, and builds it with ``configured``.
 """
 import dataclasses
-from dataclasses import InitVar, dataclass, field, fields
-from typing import Any, Dict, Iterable, Optional, Type, TypeVar
+import functools
+from dataclasses import MISSING, InitVar, dataclass, field, fields
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Type, TypeVar
 
 from hvd_compress import arguments
 
 Config = TypeVar("Config", bound="MethodConfig")
 
 
-def local(default: Any) -> Any:
-    """A field that need not agree across ranks nor with a checkpoint."""
-    return field(default=default, metadata={"agreed": False})
+def option(default: Any = MISSING, check: Optional[Callable[..., Any]] = None, *, agreed: bool = True,
+           **limits: Any) -> Any:
+    """A configuration field with its ``default`` (none: a required field) and its ``check``,
+    called as ``check(owner, name, value, **limits)`` (``arguments.integer``, ``real``, ``flag``,
+    ``choice``) and returning the value to keep. ``agreed=False``: the field need not agree
+    across ranks nor with a checkpoint."""
+    if limits and check is None:
+        raise TypeError(f"option: limits {sorted(limits)} without a check to apply them")
+    return field(default=default, metadata={
+        "check": None if check is None else functools.partial(check, **limits), "agreed": agreed})
 
 
 @dataclass(frozen=True, kw_only=True)
 class MethodConfig:
-    """Base of every method's configuration; subclasses add fields and extend ``check``."""
+    """Base of every method's configuration; subclasses add fields, each declared with its
+    check (``option``), and override ``check`` only for what spans fields."""
     owner: InitVar[str] = ""
 
     def __post_init__(self, owner: str) -> None:
-        self.check(owner or type(self).__name__.removesuffix("Config"))
+        owner = owner or type(self).__name__.removesuffix("Config")
+        for each in fields(self):
+            check = _declared(type(self), each.name).get("check")
+            if check is not None:
+                self._keep(each.name, check(owner, each.name, getattr(self, each.name)))
+        self.check(owner)
 
     def check(self, owner: str) -> None:
-        """Raises ``ValueError`` naming ``owner`` and the parameter for a bad value; stores the
-        normalised values (``arguments.real`` makes an int a float)."""
+        """Raises ``ValueError`` naming ``owner`` and the parameter for a bad value, after every
+        field's own check; for what spans fields or needs its own label."""
 
     def _keep(self, name: str, value: Any) -> None:
+        """Stores a normalised value in the frozen configuration."""
         object.__setattr__(self, name, value)
 
     def describe(self) -> Dict[str, Any]:
         """The fields that must agree on every rank and with a checkpoint, as plain data."""
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)
-                if f.metadata.get("agreed", True)}
+                if _declared(type(self), f.name).get("agreed", True)}
+
+
+def _declared(kind: type, name: str) -> Mapping[str, Any]:
+    """What ``option`` declared for field ``name``: in ``kind`` or, where a subclass only
+    changed the default, in the nearest base that declared it."""
+    for klass in kind.__mro__:
+        declared = vars(klass).get("__dataclass_fields__", {}).get(name)
+        if declared is not None and declared.metadata:
+            return declared.metadata
+    return {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,11 +87,8 @@ class CompressorConfig(MethodConfig):
     """What every compressor has: ``min_numel`` (smaller gradients, and every 1-D gradient, are
     all-reduced uncompressed) and ``default``, the per-parameter setting unless overridden
     (checked by the compressor itself, which alone knows its settings)."""
-    min_numel: int = 1024
+    min_numel: int = option(1024, arguments.integer, low=0)
     default: Any = None
-
-    def check(self, owner):
-        self._keep("min_numel", arguments.integer(owner, "min_numel", self.min_numel, low=0))
 
 
 def configured(kind: Type[Config], owner: str, config: Optional[Config], options: Dict[str, Any],

@@ -7,7 +7,7 @@ import torch
 from hvd_compress import arguments
 from hvd_compress.compressors.base import (Compressor, NamedParameters, check_candidate, check_positive_int,
                                            dense_round)
-from hvd_compress.compressors.config import CompressorConfig, configured
+from hvd_compress.compressors.config import CompressorConfig, configured, option
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths import lowrank
@@ -24,20 +24,11 @@ class LowRankState:
 class LowRankConfig(CompressorConfig):
     """PowerSGD's and ACP-SGD's configuration (``default``: the rank); see their tuning guides."""
     default: int = 4
-    min_compression_rate: float = 2.0
-    start_step: int = 0
-    error_feedback: bool = True
-    warm_start: bool = True
-    seed: int = 0
-
-    def check(self, owner):
-        super().check(owner)
-        self._keep("min_compression_rate", arguments.real(owner, "min_compression_rate",
-                                                          self.min_compression_rate, low=0, low_open=True))
-        self._keep("start_step", arguments.integer(owner, "start_step", self.start_step, low=0))
-        arguments.flag(owner, "error_feedback", self.error_feedback)
-        arguments.flag(owner, "warm_start", self.warm_start)
-        self._keep("seed", arguments.integer(owner, "seed", self.seed))
+    min_compression_rate: float = option(2.0, arguments.real, low=0, low_open=True)
+    start_step: int = option(0, arguments.integer, low=0)
+    error_feedback: bool = option(True, arguments.flag)
+    warm_start: bool = option(True, arguments.flag)
+    seed: int = option(0, arguments.integer)
 
 
 class LowRankCompressor(Compressor):

@@ -9,7 +9,7 @@ import torch
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate
-from hvd_compress.compressors.config import CompressorConfig, configured
+from hvd_compress.compressors.config import CompressorConfig, configured, option
 from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths import quantize
 
@@ -20,13 +20,8 @@ MIN_BITS, MAX_BITS = 2, 8
 class QSGDConfig(CompressorConfig):
     """``default``: the bits per entry."""
     default: int = 4
-    bucket_size: int = 512
-    seed: int = 0
-
-    def check(self, owner):
-        super().check(owner)
-        self._keep("bucket_size", arguments.integer(owner, "bucket_size", self.bucket_size, low=1))
-        self._keep("seed", arguments.integer(owner, "seed", self.seed))
+    bucket_size: int = option(512, arguments.integer, low=1)
+    seed: int = option(0, arguments.integer)
 
 
 @dataclass

@@ -8,7 +8,7 @@ import torch
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import NamedParameters, dense_round
-from hvd_compress.compressors.config import configured
+from hvd_compress.compressors.config import configured, option
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.compressors.topk import KSparse, KSparseConfig
 from hvd_compress.maths.chunked_topk import chunked_topk_indices
@@ -16,15 +16,9 @@ from hvd_compress.maths.chunked_topk import chunked_topk_indices
 
 @dataclass(frozen=True, kw_only=True)
 class ScaleComConfig(KSparseConfig):
-    beta: float = 1.0
-    chunks: int = 64
-    warmup_steps: int = 0
-
-    def check(self, owner):
-        super().check(owner)
-        self._keep("beta", arguments.real(owner, "beta", self.beta, low=0, high=1, low_open=True))
-        self._keep("chunks", arguments.integer(owner, "chunks", self.chunks, low=1))
-        self._keep("warmup_steps", arguments.integer(owner, "warmup_steps", self.warmup_steps, low=0))
+    beta: float = option(1.0, arguments.real, low=0, high=1, low_open=True)
+    chunks: int = option(64, arguments.integer, low=1)
+    warmup_steps: int = option(0, arguments.integer, low=0)
 
 
 @dataclass

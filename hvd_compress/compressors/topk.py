@@ -8,7 +8,7 @@ import torch
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate, check_positive_int
-from hvd_compress.compressors.config import CompressorConfig, configured
+from hvd_compress.compressors.config import CompressorConfig, configured, option
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import errors as error_maths
 from hvd_compress.maths.sparsify import topk_indices
@@ -17,20 +17,12 @@ from hvd_compress.maths.sparsify import topk_indices
 @dataclass(frozen=True, kw_only=True)
 class KSparseConfig(CompressorConfig):
     """``density``: the share of entries sent where a parameter's setting (k) is None."""
-    density: float = 0.01
-
-    def check(self, owner):
-        super().check(owner)
-        self._keep("density", arguments.real(owner, "density", self.density, low=0, high=1, low_open=True))
+    density: float = option(0.01, arguments.real, low=0, high=1, low_open=True)
 
 
 @dataclass(frozen=True, kw_only=True)
 class TopKConfig(KSparseConfig):
-    error_feedback: bool = True
-
-    def check(self, owner):
-        super().check(owner)
-        arguments.flag(owner, "error_feedback", self.error_feedback)
+    error_feedback: bool = option(True, arguments.flag)
 
 
 class KSparse(Compressor):

@@ -11,7 +11,7 @@ import torch
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, carrying
 from hvd_compress.compressors.base import Compressor
-from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header, configured
+from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header, configured, option
 from hvd_compress.control.wrapping import Controller
 
 DENSE = 1.0
@@ -23,26 +23,21 @@ POLICIES = ("exponential", "geometric")
 @dataclass(frozen=True, kw_only=True)
 class GraVACConfig(MethodConfig):
     """GraVAC's configuration (see its tuning guide); ``smoothing=None``: the paper's N / 100."""
-    theta_min: float = 10.0
-    theta_max: float = 1000.0
-    epsilon: float = 0.7
-    omega: float = 0.01
-    window: int = 500
-    policy: str = "exponential"
+    theta_min: float = option(10.0, arguments.real, low=1)
+    theta_max: float = 1000.0  # checked by ``check``: at least theta_min
+    epsilon: float = option(0.7, arguments.real, low=0, high=1, low_open=True)
+    omega: float = option(0.01, arguments.real, low=0)
+    window: int = option(500, arguments.integer, low=1)
+    policy: str = option("exponential", arguments.choice, options=POLICIES)
     smoothing: Optional[float] = None
-    scale_down_to: str = "min"
+    scale_down_to: str = option("min", arguments.choice, options=("min", "dense"))
 
     def check(self, owner):
-        self._keep("theta_min", arguments.real(owner, "theta_min", self.theta_min, low=1))
+        """theta_max, bounded by theta_min, and smoothing, which may be None."""
         self._keep("theta_max", arguments.real(owner, "theta_max", self.theta_max, low=self.theta_min))
-        self._keep("epsilon", arguments.real(owner, "epsilon", self.epsilon, low=0, high=1, low_open=True))
-        self._keep("omega", arguments.real(owner, "omega", self.omega, low=0))
-        self._keep("window", arguments.integer(owner, "window", self.window, low=1))
-        arguments.choice(owner, "policy", self.policy, POLICIES)
         if self.smoothing is not None:
             self._keep("smoothing", arguments.real(owner, "smoothing", self.smoothing, low=0, high=1,
                                                    low_open=True))
-        arguments.choice(owner, "scale_down_to", self.scale_down_to, ("min", "dense"))
 
 
 def smoothing_for(config: GraVACConfig, world_size: int) -> float:

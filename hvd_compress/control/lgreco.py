@@ -12,7 +12,7 @@ import torch
 
 from hvd_compress import arguments
 from hvd_compress.compressors.base import Compressor
-from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header, configured, local
+from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header, configured, option
 from hvd_compress.compressors.feedback import StagedSums
 from hvd_compress.control.service import DecisionService, Postponed
 from hvd_compress.control.solver import solve
@@ -75,28 +75,29 @@ class LGreCoConfig(MethodConfig):
     candidates and Accordion's values are checked against the wrapped compressor by
     ``check_for``, ``transport`` and ``timeout`` by the decision service."""
     candidates: Optional[tuple] = None
-    dense_candidates: bool = False
+    dense_candidates: bool = option(False, arguments.flag)
     decide_every: Union[int, str] = 1000
-    steps_per_epoch: Optional[int] = local(None)
-    warmup_steps: int = 1000
-    start_step: int = 0
+    steps_per_epoch: Optional[int] = option(None, agreed=False)
+    warmup_steps: int = option(1000, arguments.integer, low=0)
+    start_step: int = option(0, arguments.integer, low=0)
     apply_delay: Union[int, str] = "auto"
     accumulate_steps: Optional[int] = REFERENCE_ACCUMULATE_STEPS
-    error_source: str = "sent"
-    objective: str = "size"
+    error_source: str = option("sent", arguments.choice, options=ERROR_SOURCES)
+    objective: str = option("size", arguments.choice, options=OBJECTIVES)
     accordion: Optional[Accordion] = None
-    time_buckets: int = 4
-    discretization: int = 10000
-    transport: str = local("auto")
-    timeout: float = local(60.0)
+    time_buckets: int = option(4, arguments.integer, low=1)
+    discretization: int = option(10000, arguments.integer, low=1)
+    transport: str = option("auto", agreed=False)
+    timeout: float = option(60.0, agreed=False)
 
     def check(self, owner):
+        """The fields whose check takes another field or a word besides a number: decide_every
+        ("epoch": steps_per_epoch), apply_delay ("auto"), accumulate_steps (None), accordion and
+        candidates."""
         if self.decide_every == "epoch":
             self._keep("decide_every", arguments.integer(owner, "steps_per_epoch (with decide_every='epoch')",
                                                          self.steps_per_epoch, low=1))
-        for label, least in [("decide_every", 1), ("warmup_steps", 0), ("start_step", 0),
-                             ("time_buckets", 1), ("discretization", 1)]:
-            arguments.integer(owner, label, getattr(self, label), low=least)
+        arguments.integer(owner, "decide_every", self.decide_every, low=1)
         if self.accumulate_steps is not None:
             arguments.integer(owner, "accumulate_steps (or None)", self.accumulate_steps, low=1)
         if self.apply_delay != "auto":
@@ -104,10 +105,6 @@ class LGreCoConfig(MethodConfig):
             if self.apply_delay >= self.decide_every:
                 raise ValueError(f"{owner}: apply_delay ({self.apply_delay}) must be smaller than "
                                  f"decide_every ({self.decide_every})")
-        if self.error_source not in ERROR_SOURCES:
-            raise ValueError(f"{owner}: error_source must be one of {ERROR_SOURCES}, got {self.error_source!r}")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"{owner}: objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if (self.objective == "accordion") != (self.accordion is not None):
             raise ValueError(f"{owner}: objective='accordion' and accordion=Accordion(...) go together")
         if self.accordion is not None and not isinstance(self.accordion, Accordion):
@@ -119,8 +116,6 @@ class LGreCoConfig(MethodConfig):
             self._keep("candidates", tuple(candidates))
         if self.candidates == ():
             raise ValueError(f"{owner}: candidates must not be empty (None: the paper's range)")
-        if not isinstance(self.dense_candidates, bool):
-            raise ValueError(f"{owner}: dense_candidates must be True or False, got {self.dense_candidates!r}")
         if self.accordion is not None:
             arguments.real(owner, "accordion.threshold", self.accordion.threshold, low=0, low_open=True)
 

@@ -38,7 +38,7 @@ from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.compressors.cast import NoCompression
-from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header
+from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header, option
 from hvd_compress.integration.binding import Binding, group_of
 from hvd_compress.integration.names import parameter_names
 from hvd_compress.maths.finite import all_finite, extremes
@@ -61,12 +61,9 @@ def nesterov_outer(params: List[torch.Tensor]) -> torch.optim.Optimizer:
 class DiLoCoConfig(MethodConfig):
     """What must agree on every rank and with a checkpoint: the period, the outer optimizer's
     class and the parameters' names and shapes."""
-    inner_steps: int
+    inner_steps: int = option(check=arguments.integer, low=1)
     outer_optimizer: str
     parameters: Dict[str, List[int]]
-
-    def check(self, owner):
-        self._keep("inner_steps", arguments.integer(owner, "inner_steps", self.inner_steps, low=1))
 
 
 class DiLoCo(torch.optim.Optimizer):

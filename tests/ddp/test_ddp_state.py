@@ -19,6 +19,7 @@ from hvd_compress.registry import controllable
 
 from ddp_helpers import (METHODS, assert_identical_across_ranks, batches, check_step_against_reference,
                          everyone, make_ddp, train)
+from poison import OneInf  # tests/poison.py
 
 # What every controller wraps here: the first registered compressor it can wrap.
 WRAPPED = controllable()[0]
@@ -176,22 +177,14 @@ def train_skipping_non_finite_steps(name, layer, bad_step=None, skipped_step=Non
     applied. At ``bad_step`` the last rank's ``layer``.weight gradient gets one Inf entry;
     ``skipped_step`` is not taken at all. Returns (parameters, per-step finiteness)."""
     module, model, _ = make_ddp(build(name))
-    poison = {"now": False}
-
-    def inject(grad):
-        if not poison["now"]:
-            return grad
-        grad = grad.clone()
-        grad.view(-1)[0] = float("inf")
-        return grad
-
-    getattr(module, layer).weight.register_hook(inject)
+    poison = OneInf()
+    getattr(module, layer).weight.register_hook(poison)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     finite_steps = []
     for step, (x, y) in enumerate(batches(steps, seed=11)):
         if step == skipped_step:
             continue
-        poison["now"] = step == bad_step and dist.get_rank() == dist.get_world_size() - 1
+        poison.armed = step == bad_step and dist.get_rank() == dist.get_world_size() - 1
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         finite = all(torch.isfinite(p.grad).all().item() for p in module.parameters() if p.grad is not None)

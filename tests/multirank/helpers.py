@@ -45,5 +45,20 @@ def gathered(tensor, name):
     return hvd.allgather(tensor.detach().reshape(1, -1), name=name)
 
 
+def assert_parameters_identical(model, prefix):
+    """Every parameter of ``model`` is bit-identical on every rank; the collectives are named
+    ``prefix.<parameter name>``."""
+    for name, p in model.named_parameters():
+        rows = gathered(p, f"{prefix}.{name}")
+        assert all(torch.equal(rows[0], row) for row in rows), name
+
+
+def assert_same_on_every_rank(value, name):
+    """``value`` (picklable: decisions, histories) is equal on every rank; ``name`` names the
+    collective."""
+    everyone = hvd.allgather_object(value, name=name)
+    assert all(theirs == everyone[0] for theirs in everyone)
+
+
 # The registered compressors whose settings can send the digits CNN's largest layer whole.
 DENSE_SWITCHABLE = dense_switchable((64, 512))

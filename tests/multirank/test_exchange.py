@@ -8,7 +8,9 @@ import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
 from benchmarks.workloads.digits import DigitsCNN
 
-from helpers import CONFIGS, DENSE_SWITCHABLE, PATHS, distributed, gathered, rank_batches, sends_whole
+from helpers import (CONFIGS, DENSE_SWITCHABLE, PATHS, assert_parameters_identical, distributed, gathered,
+                     rank_batches, sends_whole)
+from poison import OneInf  # tests/poison.py
 
 # How close the real aggregate must be to the simulated reference: the methods are
 # deterministic given the same gradients, so only summation order differs.
@@ -76,21 +78,13 @@ def train_skipping_non_finite_steps(method, path, bad_step=None, skipped_step=No
     model = DigitsCNN()
     opt, _ = distributed(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), method, path)
     weight = next(p for p in model.parameters() if p.dim() >= 2)
-    poison = {"now": False}
-
-    def inject(grad):
-        if not poison["now"]:
-            return grad
-        grad = grad.clone()
-        grad.view(-1)[0] = float("inf")
-        return grad
-
-    weight.register_hook(inject)
+    poison = OneInf()
+    weight.register_hook(poison)
     finite_steps = []
     for step, (x, y) in enumerate(rank_batches(steps, seed=3)):
         if step == skipped_step:
             continue
-        poison["now"] = step == bad_step and hvd.rank() == hvd.size() - 1
+        poison.armed = step == bad_step and hvd.rank() == hvd.size() - 1
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.synchronize()
@@ -164,9 +158,7 @@ def test_gradient_missing_on_some_ranks(method, path):
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-    for name, p in model.named_parameters():
-        rows = gathered(p, f"partly.{method}.{path}.{name}")
-        assert all(torch.equal(rows[0], row) for row in rows), name
+    assert_parameters_identical(model, f"partly.{method}.{path}")
 
 
 def test_sparse_gradients_take_horovods_allgather_path():

@@ -9,7 +9,7 @@ import hvd_compress as hc
 from hvd_compress.control.gravac import DENSE
 from benchmarks.workloads.digits import DigitsCNN
 
-from helpers import PATHS, gathered, rank_batches
+from helpers import PATHS, assert_parameters_identical, assert_same_on_every_rank, rank_batches
 
 INNER = {
     "topk": lambda named: hc.TopK(named, density=0.1),
@@ -36,11 +36,8 @@ def test_ranks_stay_identical_through_factor_changes(inner, path):
         opt.step()
     factors = [h[0] for h in gravac.history]
     assert len(set(factors)) > 1, factors
-    everyone = hvd.allgather_object(gravac.history, name=f"gravac.{inner}.{path}")
-    assert all(theirs == everyone[0] for theirs in everyone)
-    for name, p in model.named_parameters():
-        rows = gathered(p, f"gravac.{inner}.{path}.{name}")
-        assert all(torch.equal(rows[0], row) for row in rows), name
+    assert_same_on_every_rank(gravac.history, f"gravac.{inner}.{path}")
+    assert_parameters_identical(model, f"gravac.{inner}.{path}")
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -67,8 +64,5 @@ def test_float16_dense_steps_feed_the_policy_on_real_ranks(path):
         assert all(p.grad.dtype == torch.float16 for p in model.parameters())
     assert gravac.policy.steps == steps and len(gravac.history) == steps - 1
     assert DENSE in [h[0] for h in gravac.history], gravac.history
-    everyone = hvd.allgather_object(gravac.history, name=f"gravac.fp16.{path}")
-    assert all(theirs == everyone[0] for theirs in everyone)
-    for name, p in model.named_parameters():
-        rows = gathered(p, f"gravac.fp16.{path}.{name}")
-        assert all(torch.equal(rows[0], row) for row in rows), name
+    assert_same_on_every_rank(gravac.history, f"gravac.fp16.{path}")
+    assert_parameters_identical(model, f"gravac.fp16.{path}")

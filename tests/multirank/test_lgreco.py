@@ -6,7 +6,6 @@ import time
 
 import horovod.torch as hvd
 import pytest
-import torch
 from torch import nn
 
 import hvd_compress as hc
@@ -14,7 +13,7 @@ from hvd_compress.comm.rounds import Collective
 from hvd_compress.comm.transports import DecisionTimeout, HorovodTransport
 from benchmarks.workloads.digits import DigitsCNN
 
-from helpers import PATHS, gathered, rank_batches
+from helpers import PATHS, assert_parameters_identical, assert_same_on_every_rank, rank_batches
 
 INNER = {
     "powersgd": lambda named: hc.PowerSGD(named, rank=2),
@@ -54,11 +53,8 @@ def test_every_rank_applies_each_decision_at_the_same_step(inner, path):
     assert [d[:3] for d in decisions] == [(1, 4, 6), (2, 10, 12), (3, 16, 18)]
     # Under mpirun too: no MPI calls of ours beside Horovod's background thread (issue 31).
     assert isinstance(lgreco.service.transport, HorovodTransport)
-    everyone = hvd.allgather_object((decisions, history), name=f"lgreco.{inner}.{path}")
-    assert all(theirs == everyone[0] for theirs in everyone)
-    for name, p in model.named_parameters():
-        rows = gathered(p, f"lgreco.{inner}.{path}.{name}")
-        assert all(torch.equal(rows[0], row) for row in rows), name
+    assert_same_on_every_rank((decisions, history), f"lgreco.{inner}.{path}")
+    assert_parameters_identical(model, f"lgreco.{inner}.{path}")
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -81,8 +77,7 @@ def test_start_step_sends_whole_gradients_first_and_decides_one_warm_up_later(pa
     assert lgreco.traffic.wire_bytes < lgreco.traffic.dense_wire_bytes
     decisions = [(d.version, d.decided_at, d.effective_step, sorted(d.settings.items())) for d in lgreco.decisions]
     assert [d[:3] for d in decisions] == [(1, 9, 11), (2, 15, 17)]
-    everyone = hvd.allgather_object(decisions, name=f"lgreco.start.{path}")
-    assert all(theirs == everyone[0] for theirs in everyone)
+    assert_same_on_every_rank(decisions, f"lgreco.start.{path}")
 
 
 def test_auto_delay_postpones_a_slow_decision_alike_on_every_rank():
@@ -106,11 +101,8 @@ def test_auto_delay_postpones_a_slow_decision_alike_on_every_rank():
             break
     decisions = [(d.version, d.decided_at, d.effective_step) for d in lgreco.decisions]
     assert len(decisions) == 1 and decisions[0][2] > 4 + 10, decisions
-    everyone = hvd.allgather_object((decisions, lgreco._delay), name="lgreco.auto")
-    assert all(theirs == everyone[0] for theirs in everyone)
-    for name, p in model.named_parameters():
-        rows = gathered(p, f"lgreco.auto.{name}")
-        assert all(torch.equal(rows[0], row) for row in rows), name
+    assert_same_on_every_rank((decisions, lgreco._delay), "lgreco.auto")
+    assert_parameters_identical(model, "lgreco.auto")
 
 
 def test_stalled_rank0_fails_every_rank_within_the_timeout():

@@ -9,7 +9,7 @@ from torch import nn
 import hvd_compress as hc
 from benchmarks.workloads.digits import DigitsCNN
 
-from helpers import CONFIGS, PATHS, distributed, gathered, rank_batches
+from helpers import CONFIGS, PATHS, assert_parameters_identical, distributed, gathered, rank_batches
 
 # How close two runs that differ only in summation order (or in a scale of W) must stay.
 TOLERANCE = {"fp16": 2e-3, "bf16": 2e-2}
@@ -181,9 +181,7 @@ def test_a_sparse_gradient_leaves_its_fusion_bucket_to_the_others():
         model(torch.tensor([hvd.rank(), 10 + step])).sum().backward()
         opt.step()
         assert model[0].weight.grad.is_sparse and not model[1].weight.grad.is_sparse
-    for name, p in model.named_parameters():
-        rows = gathered(p, f"sparse.bucket.{name}")
-        assert all(torch.equal(rows[0], row) for row in rows), name
+    assert_parameters_identical(model, "sparse.bucket")
 
 
 def test_wrapper_warns_as_horovod_when_step_follows_synchronize():
@@ -252,6 +250,4 @@ def test_stock_compressor_without_names_takes_the_optimizers(method):
     nameless, compressor, opt = stock_run(method, False, False)
     if compressor.needs_parameter_names:
         assert compressor.parameters == {name: p for p, name in opt._parameter_names.items()}
-    for name, p in nameless.named_parameters():
-        rows = gathered(p, f"nameless.{method}.{name}")
-        assert all(torch.equal(rows[0], row) for row in rows), name
+    assert_parameters_identical(nameless, f"nameless.{method}")
