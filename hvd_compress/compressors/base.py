@@ -45,7 +45,10 @@ every payload: ScaleCom sends only the leader's indices, and the entry would sta
 error feedback for good). So each compressed gradient's exchange also carries a marker of its
 input, 0 or NaN, in the payload of its first round that every rank contributes to
 (``comm.rounds.carrying``: 4 bytes, no extra collective), and the aggregated gradient is made
-non-finite wherever any rank's input was. If the step was not finite, ``end_step`` puts the state back
+non-finite wherever any rank's input was. Compressors whose payload is non-finite whenever
+their input is declare ``payload_carries_input`` and send no marker, which saves a pass over
+every input: the 16-bit casts, and the low-rank projections (``P = M Q``, ``Q = M^T P``: an
+Inf or NaN of ``M`` spoils its whole row or column of the product, Inf x 0 being NaN). If the step was not finite, ``end_step`` puts the state back
 as it was before the step (error feedback, warm starts, step counters), the gradients handed
 back stay non-finite (so that ``GradScaler`` or the user's check skips the step), and the next
 step runs as if the bad one had never happened. Controllers read ``last_step_finite`` after
@@ -262,8 +265,8 @@ class Compressor(GradientCompression):
 
     setting_name = "setting"
     controllable = False
-    # Whether every input entry reaches the payload unchanged in finiteness (the 16-bit casts),
-    # so that no marker of the input needs to travel (see the module docstring).
+    # Whether a non-finite input always makes the payload non-finite (the 16-bit casts, the
+    # low-rank projections), so that no marker of the input needs to travel (module docstring).
     payload_carries_input = False
     # Error feedback, for compressors that have it (set in their constructor).
     feedback: Optional[ErrorFeedback] = None

@@ -34,6 +34,8 @@ class LowRankConfig(CompressorConfig):
 class LowRankCompressor(Compressor):
     setting_name = "rank"
     controllable = True
+    # Every round's payload is a product with M: an Inf or NaN of M reaches it (base's docstring).
+    payload_carries_input = True
 
     def __init__(self, named_parameters: NamedParameters = None, rank: int = LowRankConfig.default, *,
                  config: Optional[LowRankConfig] = None, **options: Any):

@@ -6,6 +6,7 @@ import time
 
 import horovod.torch as hvd
 import pytest
+import torch
 from torch import nn
 
 import hvd_compress as hc
