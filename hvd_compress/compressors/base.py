@@ -47,12 +47,13 @@ input, 0 or NaN, in the payload of its first round that every rank contributes t
 (``comm.rounds.carrying``: 4 bytes, no extra collective), and the aggregated gradient is made
 non-finite wherever any rank's input was. Compressors whose payload is non-finite whenever
 their input is declare ``payload_carries_input`` and send no marker, which saves a pass over
-every input: the 16-bit casts, and the low-rank projections (``P = M Q``, ``Q = M^T P``: an
-Inf or NaN of ``M`` spoils its whole row or column of the product, Inf x 0 being NaN). If the
-step was not finite, ``end_step`` puts the state back as it was before the step (error
-feedback, warm starts, step counters), the gradients handed back stay non-finite (so that
-``GradScaler`` or the user's check skips the step), and the next step runs as if the bad one
-had never happened. Controllers read ``last_step_finite`` after the wrapped compressor's
+every input: the 16-bit casts; the low-rank projections (``P = M Q``, ``Q = M^T P``: an Inf
+or NaN of ``M`` spoils its whole row or column of the product, Inf x 0 being NaN); Top-K (a
+non-finite magnitude outranks every finite one); QSGD (its bucket's norm travels non-finite).
+ScaleCom and SignSGD keep the marker. If the step was not finite, ``end_step`` puts the state
+back as it was before the step (error feedback, warm starts, step counters), the gradients
+handed back stay non-finite (so that ``GradScaler`` or the user's check skips the step), and
+the next step runs as if the bad one had never happened. Controllers read ``last_step_finite`` after the wrapped compressor's
 ``end_step`` and drop their own updates of that step too.
 
 A new compressor subclasses ``Compressor``, passes its configuration (a frozen
@@ -266,8 +267,8 @@ class Compressor(GradientCompression):
 
     setting_name = "setting"
     controllable = False
-    # Whether a non-finite input always makes the payload non-finite (the 16-bit casts, the
-    # low-rank projections), so that no marker of the input needs to travel (module docstring).
+    # Whether a non-finite input always makes the payload non-finite (the 16-bit casts, low
+    # rank, Top-K, QSGD), so that no marker of the input needs to travel (module docstring).
     payload_carries_input = False
     # Error feedback, for compressors that have it (set in their constructor).
     feedback: Optional[ErrorFeedback] = None

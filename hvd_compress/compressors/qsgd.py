@@ -47,6 +47,9 @@ class QSGD(Compressor):
 
     setting_name = "bits"
     controllable = True
+    # A bucket holding an Inf or NaN travels a non-finite norm (quantize.bucket_norms), and every
+    # entry of that bucket decodes non-finite on every rank.
+    payload_carries_input = True
 
     def __init__(self, named_parameters: NamedParameters = None, bits: int = QSGDConfig.default, *,
                  config: Optional[QSGDConfig] = None, **options: Any):

@@ -94,6 +94,9 @@ class TopK(KSparse):
     """
 
     controllable = True
+    # An Inf or NaN magnitude ranks above every finite one (torch.topk, and the sampled
+    # threshold's candidates, which keep NaN), so a non-finite input is always among the k sent.
+    payload_carries_input = True
 
     def __init__(self, named_parameters: NamedParameters = None, density: float = TopKConfig.density, *,
                  config: Optional[TopKConfig] = None, **options: Any):

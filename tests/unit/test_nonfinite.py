@@ -126,3 +126,23 @@ def test_half_precision_gradients_come_back_in_their_dtype(name, dtype):
         out = world.step([gradients(step, rank, dtype) for rank in range(2)])
         for grads in out:
             assert all(g.dtype == dtype and torch.isfinite(g).all() for g in grads.values())
+
+
+@pytest.mark.parametrize("bad_value", [math.inf, math.nan], ids=["inf", "nan"])
+@pytest.mark.parametrize("name, settings", [("topk", {"density": 0.01}), ("qsgd", {"bits": 5}),
+                                            ("qsgd", {"bits": 4})], ids=["topk", "qsgd5", "qsgd4"])
+def test_a_payload_without_a_marker_carries_a_bad_entry_of_a_large_gradient(name, settings, bad_value):
+    """Top-K and QSGD send no marker of their input (``payload_carries_input``): a 65,536-entry
+    gradient takes Top-K's sampled threshold (not torch.topk; entry 1,803 is not among the
+    sampled, so the threshold is finite), and 5-bit QSGD codes straddle buckets; one bad entry on
+    one rank still spoils every rank's aggregate."""
+    compressors = [hc.COMPRESSORS[name].build(**settings) for _ in range(2)]
+    assert compressors[0].payload_carries_input
+    world = SimulatedWorld(compressors)
+    g = torch.Generator().manual_seed(0)
+    grads = [{"w": torch.randn(256, 256, generator=g) + 10.0} for _ in range(2)]
+    grads[1]["w"][7, 11] = bad_value
+    outputs = world.step(grads)
+    for rank in range(2):
+        assert not torch.isfinite(outputs[rank]["w"]).all(), rank
+        assert not compressors[rank].last_step_finite
