@@ -6,8 +6,8 @@ its reason, where torch sees no CUDA device (CI's machines). On a GPU machine:
   device's generator, so its CPU and GPU draws differ: its aggregate is checked on the device
   only; L-GreCo's randomized error estimates draw on the device too, so its decisions may).
 * State stays on the device; float16 gradients come back float16 on the device.
-* A step waits for the device as often with 6 layers as with 2 (torch's own sync debug mode
-  counts the waits).
+* A step waits for the device as often with 6 layers as with 2, and so does an L-GreCo decision
+  (torch's own sync debug mode counts the waits; a failure names each one's line and thread).
 * A checkpoint written on the GPU, loaded with ``map_location="cpu"``, resumes on the GPU."""
 import io
 import sys
@@ -137,8 +137,11 @@ def count_waits(make, layers):
     return waits.by_thread.pop(main, Counter()), sum(waits.by_thread.values(), Counter())
 
 
-def settle_decisions(controllers):
+def settle_decisions(controllers, timeout=60.0):
+    """Waits until no decision computes, failing after ``timeout`` seconds rather than hanging."""
+    deadline = time.monotonic() + timeout
     while any(controller.service.running() for controller in controllers):
+        assert time.monotonic() < deadline, f"an L-GreCo decision still computes after {timeout} s"
         time.sleep(0.001)
 
 
