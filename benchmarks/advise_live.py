@@ -57,7 +57,7 @@ from benchmarks.report import DOCS, OthersShare, checkout_pythonpath, describe_m
 from benchmarks.testbed import emulated_cluster, run_bounded
 from hvd_compress import advise
 from hvd_compress.advise.advice import SETTINGS
-from hvd_compress.advise.evidence import EVIDENCE, evidence_for, recommend
+from hvd_compress.advise.evidence import evidence_for, recommend, shipped_evidence
 from hvd_compress.advise.measure import gradients_of, load_model, measure_codec
 from hvd_compress.advise.projection import fit_link, project
 from hvd_compress.registry import COMPRESSORS
@@ -136,13 +136,13 @@ def reproject(results):
     """``results`` with every point's projection recomputed from its stored measurements."""
     results = copy.deepcopy(results)
     counted = {}
+    evidence = shipped_evidence()
     for key, point in results["points"].items():
         model = key.split("/")[1]
         advice = stored_advice(point["advice"])
         labels = [(c.method, c.setting) for c in advice.candidates]
         if model not in counted:
             counted[model] = messages_on(model, advice.world_size, labels)
-        evidence = json.loads(EVIDENCE.read_text()) if EVIDENCE.exists() else {}
         advice.links = {name: fit_link(link.measured) for name, link in advice.links.items()}
         compute_s, backward_s = advice.compute_ms / 1e3, advice.backward_ms / 1e3
         for candidate in advice.candidates:

@@ -496,18 +496,20 @@ def codec_share(out: Path) -> List[str]:
         return [cpu + f" The GPU's codec table has no {SHARE_SHAPES} row."]
     label, peak, _, tokens = GPU_CLUSTERS[0]
     compute_ms = 1e3 * 6 * codec["parameters"] * tokens / (peak * GPU_UTILISATION)
-    cells = "; ".join(f"{name} {codec['methods'][name]['step_ms']:.1f} ms ({codec['methods'][name]['floor']['floor_ms']:.1f} "
-                      "at its floor)" for name in SHARE_CODECS if "floor" in codec["methods"].get(name, {}))
+    methods = codec["methods"]
+    cells = "; ".join(f"{name} {methods[name]['step_ms']:.1f} ms ({methods[name]['floor']['floor_ms']:.1f} at its floor)"
+                      for name in SHARE_CODECS if "floor" in methods.get(name, {}))
     settings = gpu["options"]
     return [cpu + f" On a GPU ({gpu['machine'].get('gpu', 'GPU')}, \"Codec cost on a GPU\"), a step of {SHARE_SHAPES}'s "
             f"codecs (rank {settings['rank']}, density {settings['density']}, {settings['bits']} bits), one layer at "
             f"a time, took: {cells}. Against its compute on the {label} cluster "
             f"({tokens:,} tokens per GPU and step: {compute_ms:.0f} ms), that is "
-            + ", ".join(f"{name} {100 * codec['methods'][name]['step_ms'] / compute_ms:.0f}%" for name in SHARE_CODECS
-                        if name in codec["methods"])
+            + ", ".join(f"{name} {100 * methods[name]['step_ms'] / compute_ms:.0f}%" for name in SHARE_CODECS
+                        if name in methods)
             + " of compute as built today, bound by the host's dispatch of each layer's operators (hidden only "
-            "where the host runs ahead of the backward pass's GPU work); a few percent at the floor. So the testbed is biased against compression, most for the costliest codecs (low rank, "
-            "ScaleCom's selection), and a GPU cluster pays part of that bias too until same-shape layers are batched."]
+            "where the host runs ahead of the backward pass's GPU work); a few percent at the floor. So the "
+            "testbed is biased against compression, most for the costliest codecs (low rank, ScaleCom's "
+            "selection), and a GPU cluster pays part of that bias too until same-shape layers are batched."]
 
 
 def steps_table(results: Dict[str, Any], target: float) -> List[str]:

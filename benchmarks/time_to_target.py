@@ -67,7 +67,7 @@ from benchmarks.report import (DOCS, Progress, checkout_pythonpath, cluster_job,
                                method_bars, panels, resumed, save_figure, save_record, undisturbed,
                                write_section)
 from benchmarks.workloads import charlm
-from hvd_compress.advise.evidence import EVIDENCE, factor_text, steps_for
+from hvd_compress.advise.evidence import factor_text, shipped_evidence, steps_for
 
 RESULT_PREFIX = "TTT_RESULT "
 SECTION = "Time to target"
@@ -348,7 +348,7 @@ def advised(cluster, args) -> Dict[str, Any]:
 def stale_factors(advice: Dict[str, Any]) -> Dict[Tuple[str, str], Tuple[Optional[float], Optional[float]]]:
     """(method, setting) -> (the steps factor advise ran with, the shipped evidence's now), where
     they differ: time to quality has measured more seeds since, and advise may pick otherwise."""
-    shipped = json.loads(EVIDENCE.read_text()) if EVIDENCE.exists() else {}
+    shipped = shipped_evidence()
     changed = {}
     for candidate in advice["candidates"]:
         _, now = steps_for(candidate["method"], candidate["setting"], shipped)

@@ -1,13 +1,12 @@
 """``advise()``: every method measured and projected on the launched ranks, as one ``Advice``,
 and ``format_advice``, the table rank 0 prints."""
-import json
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from hvd_compress.advise.evidence import EVIDENCE, evidence_for, factor_text, recommend, steps_for
+from hvd_compress.advise.evidence import evidence_for, factor_text, recommend, shipped_evidence, steps_for
 from hvd_compress.advise.measure import gradients_of, measure_codec, measure_compute, measure_links, slowest_codec
 from hvd_compress.advise.projection import Candidate, Link, project
 from hvd_compress.advise.ranks import LaunchedRanks, launched_ranks
@@ -78,7 +77,7 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
         for collective, (_, per_message) in [*candidate.messages.items(), *candidate.serial_messages.items()]:
             largest[collective] = max(largest.get(collective, 0.0), per_message)
     links = measure_links(ranks, largest, device, repeats)
-    evidence = json.loads(EVIDENCE.read_text()) if EVIDENCE.exists() else {}
+    evidence = shipped_evidence()
     for candidate in candidates:
         project(candidate, links, forward_s + backward_s, backward_s)
         candidate.evidence, candidate.quality_ok = evidence_for(candidate.method, candidate.setting, evidence)

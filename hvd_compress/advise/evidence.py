@@ -1,6 +1,7 @@
 """What this project measured of each setting's quality and steps to target
 (``data/quality_evidence.json``, from ``docs/benchmarks.md``), and the one line of advice it
 rests on (the package docstring's rule)."""
+import json
 import math
 import re
 from pathlib import Path
@@ -13,6 +14,11 @@ from hvd_compress.advise.projection import Candidate
 QUALITY_LIMITS = {"%": 5.0, "points": 1.0}
 WORTH_IT = 1.05  # a projected speed-up below this is not worth compression's risks
 EVIDENCE = Path(__file__).parents[1] / "data" / "quality_evidence.json"
+
+
+def shipped_evidence() -> Dict[str, Any]:
+    """The evidence shipped with the package (``EVIDENCE``), or none where it is missing."""
+    return json.loads(EVIDENCE.read_text()) if EVIDENCE.exists() else {}
 
 
 def _loss_of(delta: str) -> Optional[Tuple[float, str]]:

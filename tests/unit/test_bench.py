@@ -676,7 +676,7 @@ def test_time_to_target_finds_advise_run_on_older_evidence(tmp_path, monkeypatch
         "fp16": {"": {"factor": 1.05, "reached": 2, "seeds": 2}}}}}
     shipped = tmp_path / "evidence.json"
     shipped.write_text(json.dumps(evidence))
-    monkeypatch.setattr(ttt, "EVIDENCE", shipped)
+    monkeypatch.setattr("hvd_compress.advise.evidence.EVIDENCE", shipped)
     advice = {"candidates": [{"method": "powersgd", "setting": "rank=8", "steps_factor": 1.09},
                              {"method": "fp16", "setting": "", "steps_factor": 1.05},
                              {"method": "none", "setting": "", "steps_factor": 1.0}]}
