@@ -157,6 +157,12 @@ class GradientCompression:
         """``begin``'s work: the first round of ``grad``'s exchange."""
         raise NotImplementedError
 
+    def reject_step(self) -> None:
+        """The integration found this step non-finite where the compression cannot see it (under
+        HSDP, another replicate group's shards): ``end_step`` drops the step as if one of its
+        aggregates were non-finite. Called before ``end_step``, on every rank."""
+        raise NotImplementedError
+
     def end_step(self, comm_seconds: Optional[float] = None) -> None:
         """Called once per optimizer step after every gradient landed; ``comm_seconds``: how
         long the step waited for communication, where measured."""
@@ -293,6 +299,7 @@ class Compressor(GradientCompression):
         # Per-step scratch, emptied by end_step.
         self.last_step_finite = True
         self._step_extremes: List[torch.Tensor] = []  # this step's aggregated gradients' min and max
+        self._rejected = False  # reject_step was called this step
         self._undo: Dict[str, Any] = {}
         self._step_scale: Optional[float] = None
 
@@ -469,6 +476,9 @@ class Compressor(GradientCompression):
         if self.feedback is not None:
             self.feedback.loss_scale = self.loss_scale()
 
+    def reject_step(self) -> None:
+        self._rejected = True
+
     def _watch_finite(self, gradient):
         """Aggregated gradients are identical on every rank, and a non-finite entry on any rank
         reaches them, so every rank reaches the same verdict without communicating. Their
@@ -479,7 +489,9 @@ class Compressor(GradientCompression):
         """Keeps the step's state updates if every aggregated gradient was finite; otherwise
         puts the state back as it was before the step (one host synchronisation per step)."""
         extremes, self._step_extremes = self._step_extremes, []
-        self.last_step_finite = not extremes or bool(all_finite(torch.stack([e.double() for e in extremes])))
+        rejected, self._rejected = self._rejected, False
+        self.last_step_finite = not rejected and (
+            not extremes or bool(all_finite(torch.stack([e.double() for e in extremes]))))
         if self.last_step_finite:
             if self.feedback is not None:
                 self.feedback.commit()
@@ -636,7 +648,7 @@ class Compressor(GradientCompression):
             raise ValueError(f"{cls}.load_state_dict: the checkpoint's per-parameter state does not "
                              f"fit {cls}: {error}") from None
         # Checked: now change everything, a step cut off midway (elastic restore) included.
-        self._undo, self._step_extremes, self._step_scale = {}, [], None
+        self._undo, self._step_extremes, self._step_scale, self._rejected = {}, [], None, False
         self._overrides = dict(state_dict["settings"])
         self.state = state
         self._shapes = dict(shapes)

@@ -66,6 +66,9 @@ class Controller(GradientCompression):
     def fixed_payload(self, shape: Shape) -> bool:
         return self.inner.fixed_payload(shape)  # controllers change settings, never this
 
+    def reject_step(self) -> None:
+        self.inner.reject_step()  # a controller drops its own updates when the inner step is dropped
+
     def _end_step(self, comm_seconds: Optional[float]) -> None:
         self.inner.end_step()
 

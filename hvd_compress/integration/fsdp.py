@@ -16,18 +16,23 @@ How: FSDP2 has no public way to swap its replicate all-reduce. :func:`register` 
 the model's parameter groups a shard-only mesh description (torch's ``FSDPMeshInfo`` over the
 same mesh and shard dimension, so FSDP reduce-scatters, averages over the shard group and skips
 its own all-reduce), and installs a hook through the public ``set_all_reduce_hook``, which FSDP
-calls after each group's reduce-scatter. The hook notes which parameters were reduced; when
-backward ends (an autograd final callback, queued after FSDP's own), every noted shard's
-gradient goes through the compressor in name order (``RoundDriver.start``/``finish`` on a
-``TorchBackend`` over the replicate group, as ``integration/ddp.py`` does), and the aggregate is
-written into the shard's gradient. This reads torch 2.13's private parameter groups (their mesh
-descriptions and ``all_reduce_grads`` flag): a later torch may need this module updated.
+calls after each group's reduce-scatter, before it stores the group's shards as gradients. The
+exchange overlaps the rest of backward: each group's shards go through the compressor
+(``RoundDriver.start`` on a ``TorchBackend`` over the replicate group, first rounds fused per
+group, as ``integration/ddp.py`` fuses per bucket) as soon as FSDP has stored them, at the next
+group's hook. When backward ends (an autograd final callback, queued after FSDP's own), the
+groups left start, the driver finishes, and each aggregate is written into its shard's gradient.
+This reads torch 2.13's private parameter groups (their mesh descriptions and
+``all_reduce_grads`` flag): a later torch may need this module updated.
 
 Behaviour, as under DDP:
 
 * ``backward()`` returns with the aggregated gradients in place; ``optimizer.step()`` follows.
-  The exchange does not overlap backward (all of it runs at the end, in name order, so that
-  collectives are issued in the same order on every rank whatever order FSDP reduced groups in).
+* Collectives start in the same order on every rank whatever order FSDP reduced groups in (a
+  layer unused on one rank is reduced at the end there): groups start in one fixed order, the
+  reverse of the model's modules (the order backward usually reduces them in), each once every
+  group before it has started, names sorted within a group. A group reduced out of that order
+  waits for the ones before it, as a DDP bucket ready early waits for its predecessors.
 * Unused parameters: :func:`register` turns on FSDP's ``set_reduce_scatter_unused_params``, so a
   parameter that got no gradient on some rank is reduced as zeros and exchanged like any other
   (error feedback included), and every rank runs the same exchanges.
@@ -36,11 +41,11 @@ Behaviour, as under DDP:
   the shard-averaged partial sums in the gradients, and the first backward with the all-reduce
   on exchanges their sum once. Several synchronised backwards add their aggregates to the
   gradients, as FSDP does.
-* Non-finite steps: the compressor's own check sees only its replicate group's shards. So before
-  the exchange every rank learns, over the shard group (one scalar), whether any rank's reduced
-  shard is non-finite; if so every rank sends NaN shards, every aggregate comes back non-finite
-  on every rank (the user's or ``GradScaler``'s check skips the step everywhere) and the
-  compressor leaves no trace of the step in its state.
+* Non-finite steps: the compressor's own check sees only its replicate group's shards. So after
+  the exchange every rank learns, over both mesh dimensions (one scalar), whether any rank's
+  reduced shard was non-finite; if one was, every aggregate is made NaN on every rank (the
+  user's or ``GradScaler``'s check skips the step everywhere) and the compressor is told to drop
+  the step (``reject_step``), which leaves no trace of it in its state.
 * ``MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)``: FSDP reduce-scatters in bf16 and casts
   the shards back to the parameters' dtype; the compressor receives that (bf16-exact) shard and
   chooses the replicate exchange's wire format itself (``bf16`` sends it in 2 bytes an entry).
@@ -103,6 +108,12 @@ class State:
         group = self.replicate_group
         self._binding = Binding(compressor, TorchGroup(group),
                                 rank_name=lambda rank: dist.get_global_rank(group, rank))
+        # The fixed order groups start their exchange in: the reverse of the model's modules.
+        self._position = {id(group): index for index, (_, group, _) in enumerate(reversed(groups))}
+        self._fired: Dict[int, List[torch.nn.Parameter]] = {}  # position -> this backward's reduced
+        self._next = 0  # position of the next group to start
+        self._shards: Dict[str, torch.Tensor] = {}  # started this backward: name -> local shard
+        self._verdicts: List[torch.Tensor] = []  # whether each started shard was finite
         self._reduced: List[torch.nn.Parameter] = []  # this backward's, in reduction order
         self._partial = set()  # ids of parameters holding reduce-scattered but unexchanged sums
         self._prior: Dict[int, torch.Tensor] = {}  # id -> gradient accumulated before this exchange
@@ -110,10 +121,11 @@ class State:
     # ----- called by FSDP ------------------------------------------------------------------
     def _after_reduce_scatter(self, group, params, _reduce_output):
         """FSDP's all-reduce hook of one parameter group, run before FSDP stores the group's
-        reduced shards as gradients."""
+        reduced shards as gradients: starts the groups whose shards FSDP has stored."""
         if group.gradient_divide_factor is not None:
             raise ValueError("hvd_compress.fsdp: set_gradient_divide_factor is not supported: "
                              "the replicate exchange averages over the replicate group")
+        exchanged = []
         for param in params:
             key = id(param)
             if key not in self._partial and param.grad is not None:
@@ -123,36 +135,68 @@ class State:
             if group.all_reduce_grads:
                 self._partial.discard(key)
                 self._reduced.append(param)
+                exchanged.append(param)
             else:
                 self._partial.add(key)
+        if self._binding.active:
+            self._start_ready(before=self._position[id(group)])
+        self._fired[self._position[id(group)]] = exchanged
         # One callback per group, not per backward: the first to run does the step's work and
         # the others find nothing left, so a backward that raised leaves no stale flag behind.
         torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 
+    def _start_ready(self, before=None):
+        """Starts, in the fixed order, every group that fired and has every group ahead of it
+        started; ``before``: a group that fired just now (its shards are not stored yet) stops
+        the walk. None (backward has ended): every group that fired starts, the others skipped."""
+        last = len(self._position)
+        while self._next < last and self._next != before and (before is None or self._next in self._fired):
+            params = self._fired.get(self._next, ())
+            self._next += 1
+            shards = {}
+            for param in params:
+                if param.grad is not None:  # FSDP stored nothing (no gradient anywhere)
+                    local = param.grad.to_local()
+                    if local.numel():  # an empty shard is empty on the whole replicate group
+                        shards[self._names[id(param)]] = local
+            if not shards:
+                continue
+            self._binding.check_configuration()
+            order = sorted(shards)
+            # A group's first rounds travel together, in one collective per kind.
+            self._binding.driver.use_plan(FusionPlan("", 0, (Bucket(tuple(order), 0),)))
+            for name in order:
+                self._verdicts.append(all_finite(shards[name]))
+                self._binding.start(name, shards[name])
+                self._shards[name] = shards[name]
+        # No driver.poll(): torch.distributed matches collectives by issue order, and which round
+        # lands first differs between ranks; finish() advances the rest in name order.
+
     def _end_of_backward(self):
         reduced, self._reduced = self._reduced, []
-        if not reduced:
+        if not self._fired:
             return
-        if not self._binding.active:
+        try:
+            if self._binding.active:
+                self._start_ready()
+                self._finish_exchange()
+        finally:
+            self._fired, self._next, self._shards, self._verdicts = {}, 0, {}, []
             self._restore_priors(reduced)
+
+    def _finish_exchange(self):
+        shards = self._shards
+        if not shards:
             return
-        self._binding.check_configuration()
-        shards = {}
-        for param in reduced:
-            if param.grad is None:  # FSDP stored nothing (no gradient anywhere)
-                continue
-            local = param.grad.to_local()
-            if local.numel():  # an empty shard is empty on the whole replicate group
-                shards[self._names[id(param)]] = local
-        order = sorted(shards)
-        self._agree_on_finiteness([shards[name] for name in order])
-        # One fusion bucket: the first rounds of every shard travel together.
-        plan = FusionPlan("", 0, (Bucket(tuple(order), 0),)) if order else None
-        results, comm_seconds = self._binding.exchange({name: shards[name] for name in order}, plan,
-                                                       self._device)
-        for name in order:
-            shards[name].copy_(results[name].view_as(shards[name]))
-        self._restore_priors(reduced)
+        results, comm_seconds = self._binding.finish(self._device)
+        finite = self._agree_on_finiteness()
+        for name, shard in shards.items():
+            if finite:
+                shard.copy_(results[name].view_as(shard))
+            else:
+                shard.fill_(float("nan"))
+        if not finite:
+            self.compressor.reject_step()
         self.iter += 1
         self.compressor.end_step(comm_seconds=comm_seconds)
 
@@ -165,18 +209,16 @@ class State:
                     prior.to_local().add_(param.grad.to_local())
                 param.grad = prior
 
-    def _agree_on_finiteness(self, shards):
-        """Every rank learns whether any rank's reduced shard is non-finite (a MIN over the
-        shard group of the replicate groups' verdicts, which each replicate group reaches alike);
-        if one is, every shard becomes NaN, so that every compressor drops the step."""
+    def _agree_on_finiteness(self) -> bool:
+        """Whether every rank's reduced shards were finite: a MIN over the replicate group, then
+        over the shard group, of each rank's verdict. The compressor's own check sees only its
+        replicate group's aggregates."""
         verdict = torch.ones(1, dtype=torch.float32, device=self._device)
-        if shards:
-            verdict.mul_(torch.stack([all_finite(s) for s in shards]).all())
+        if self._verdicts:
+            verdict.mul_(torch.stack(self._verdicts).all())
         dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=self.replicate_group)
         dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=self.shard_group)
-        if verdict.item() < 1:
-            for shard in shards:
-                shard.fill_(float("nan"))
+        return bool(verdict.item() == 1)
 
     # ----- torch.distributed.checkpoint ----------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:

@@ -205,6 +205,20 @@ def test_gradient_accumulation_over_two_micro_batches(how):
     assert_replicas_identical(model, state)
 
 
+def test_the_exchange_starts_during_backward():
+    """``head`` is reduced first and first in the fixed order: its exchange starts at the next
+    group's hook, before backward's last hook, not after backward."""
+    _, model, state = make_hsdp(build("acpsgd"))
+    events = []
+    hook, start = state._after_reduce_scatter, state._binding.start
+    state._after_reduce_scatter = lambda group, params, out: (events.append("hook"), hook(group, params, out))
+    state._binding.start = lambda name, grad: (events.append(name), start(name, grad))
+    train(model, batches(1, seed=3))
+    last_hook = len(events) - 1 - events[::-1].index("hook")
+    assert events.index("head.weight") < last_hook, events
+    assert state.iter == 1
+
+
 def test_parameters_kept_unsharded_after_forward_change_nothing():
     """reshard_after_forward=False (no post-forward mesh description to keep in step with the
     replaced one): the same parameters, bit for bit, as with FSDP's default."""

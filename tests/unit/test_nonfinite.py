@@ -40,9 +40,10 @@ def poisoned(grads, value, position):
     return bad
 
 
-def run(make, world_size, bad=None, skip=None):
+def run(make, world_size, bad=None, skip=None, reject=None):
     """Outputs per step and rank. ``bad``: (step, rank, value, position) poisons that rank's
-    gradient at that step; ``skip``: a step not taken at all."""
+    gradient at that step; ``skip``: a step not taken at all; ``reject``: a step every rank's
+    compression is told to drop (``reject_step``, as HSDP does for another group's shard)."""
     world = SimulatedWorld([make() for _ in range(world_size)])
     outputs = []
     for step in range(STEPS):
@@ -51,6 +52,9 @@ def run(make, world_size, bad=None, skip=None):
         grads = [quiet_gradients(step, rank) for rank in range(world_size)]
         if bad is not None and step == bad[0]:
             grads[bad[1]] = poisoned(grads[bad[1]], *bad[2:])
+        if step == reject:
+            for compression in world.compressors:
+                compression.reject_step()
         outputs.append(world.step(grads))
     return world, outputs
 
@@ -116,6 +120,21 @@ def test_a_bad_step_on_any_rank_leaves_no_trace(make, world_size, bad_value):
                     assert_state_finite(compression)
                     inner = compression.wrapped or compression
                     assert inner.skipped_steps == 1, where
+
+
+@pytest.mark.parametrize("make, world_size", methods())
+def test_a_rejected_step_leaves_no_trace(make, world_size):
+    """A step rejected on every rank (its gradients were finite here) is dropped like a
+    non-finite one: the run goes on exactly as if it had never been taken."""
+    _, clean = run(make, world_size, skip=BAD_STEP)
+    world, outputs = run(make, world_size, reject=BAD_STEP)
+    later = outputs[:BAD_STEP] + outputs[BAD_STEP + 1:]
+    for step, (got, expected) in enumerate(zip(later, clean)):
+        for each in range(world_size):
+            for name in SHAPES:
+                assert torch.equal(got[each][name], expected[each][name]), (step, each, name)
+    for compression in world.compressors:
+        assert (compression.wrapped or compression).skipped_steps == 1
 
 
 @pytest.mark.parametrize("name", sorted(hc.COMPRESSORS))
