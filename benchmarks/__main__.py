@@ -8,6 +8,7 @@ import sys
 BENCHMARKS = {
     "advise_check": "advise's projection model fed with the end-to-end run's measurements, against its step times",
     "advise_live": "hvd_compress.advise run on the emulated cluster, against the end-to-end run's step times",
+    "batching": "ACP-SGD's low-rank work one layer at a time against one batched call per distinct shape",
     "claims": "the L-GreCo protocol on the word LM: anchors, L-GreCo, ScaleCom in its regime, ablations",
     "codec": "compress + error feedback + decompress per step, against torch's PowerSGD hook",
     "controller_overhead": "L-GreCo's decision time, stall and per-step cost, GraVAC's gain measurement",

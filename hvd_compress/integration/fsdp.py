@@ -18,9 +18,9 @@ same mesh and shard dimension, so FSDP reduce-scatters, averages over the shard 
 its own all-reduce), and installs a hook through the public ``set_all_reduce_hook``, which FSDP
 calls after each group's reduce-scatter, before it stores the group's shards as gradients. The
 exchange overlaps the rest of backward: each group's shards go through the compressor
-(``RoundDriver.start`` on a ``TorchBackend`` over the replicate group, first rounds fused per
-group, as ``integration/ddp.py`` fuses per bucket) as soon as FSDP has stored them, at the next
-group's hook. When backward ends (an autograd final callback, queued after FSDP's own), the
+(``RoundDriver.start`` on a ``TorchBackend`` over the replicate group) as soon as FSDP has stored
+them, at the next group's hook, and their first rounds travel in fusion buckets across groups,
+sized as the Horovod wrapper's (ACP-SGD's scaled fusion, ``comm.fusion.FusionScheduler``). When backward ends (an autograd final callback, queued after FSDP's own), the
 groups left start, the driver finishes, and each aggregate is written into its shard's gradient.
 This reads torch 2.13's private parameter groups (their mesh descriptions and
 ``all_reduce_grads`` flag): a later torch may need this module updated.
@@ -67,6 +67,7 @@ controller restarts its schedule with its compressor's settings restored.
 """
 import io
 import logging
+import math
 from typing import Any, Dict, List
 
 import torch
@@ -75,7 +76,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_common import DDPMeshInfo, FSDPMeshInfo
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from hvd_compress.comm.fusion import Bucket, FusionPlan
+from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.integration.binding import Binding, TorchGroup
 from hvd_compress.maths.finite import all_finite
@@ -89,7 +90,7 @@ class State:
     ``compressor``: the compressor or controller; ``iter``: steps exchanged so far. A
     ``torch.distributed.checkpoint`` ``Stateful`` (``state_dict``/``load_state_dict``)."""
 
-    def __init__(self, compressor: GradientCompression, model: FSDPModule, groups):
+    def __init__(self, compressor: GradientCompression, model: FSDPModule, groups, fusion: ScaledFusion):
         if not isinstance(compressor, GradientCompression):
             raise ValueError(f"hvd_compress.fsdp.register: compressor must be an hvd_compress "
                              f"compressor or controller, got {type(compressor).__name__}")
@@ -108,8 +109,16 @@ class State:
         group = self.replicate_group
         self._binding = Binding(compressor, TorchGroup(group),
                                 rank_name=lambda rank: dist.get_global_rank(group, rank))
-        # The fixed order groups start their exchange in: the reverse of the model's modules.
-        self._position = {id(group): index for index, (_, group, _) in enumerate(reversed(groups))}
+        # The fixed order groups start their exchange in: the reverse of the model's modules;
+        # each group's non-empty shards by name (an empty shard is empty on the whole replicate group).
+        ordered = list(reversed(groups))
+        self._position = {id(group): index for index, (_, group, _) in enumerate(ordered)}
+        self._members = [sorted(name for name in (self._names[id(p)] for p in params)
+                                if math.prod(self._local_shapes[name])) for _, _, params in ordered]
+        # Payloads fuse across groups, in that order, into ACP-SGD's scaled buckets (as the
+        # Horovod wrapper's): one collective per group would pay a collective's fixed cost per layer.
+        self._fusion = FusionScheduler(compressor, {name: self._local_shapes[name] for names in self._members
+                                                    for name in names}, fusion, rank=dist.get_rank())
         self._fired: Dict[int, List[torch.nn.Parameter]] = {}  # position -> this backward's reduced
         self._next = 0  # position of the next group to start
         self._shards: Dict[str, torch.Tensor] = {}  # started this backward: name -> local shard
@@ -148,27 +157,26 @@ class State:
     def _start_ready(self, before=None):
         """Starts, in the fixed order, every group that fired and has every group ahead of it
         started; ``before``: a group that fired just now (its shards are not stored yet) stops
-        the walk. None (backward has ended): every group that fired starts, the others skipped."""
+        the walk. None (backward has ended): every group left goes, a group that did not fire
+        (or fired without all-reduce) leaving its members out of their fusion buckets."""
+        driver = self._binding.driver
+        if self._next == 0:
+            driver.use_plan(self._fusion.plan())
         last = len(self._position)
         while self._next < last and self._next != before and (before is None or self._next in self._fired):
-            params = self._fired.get(self._next, ())
-            self._next += 1
             shards = {}
-            for param in params:
-                if param.grad is not None:  # FSDP stored nothing (no gradient anywhere)
-                    local = param.grad.to_local()
-                    if local.numel():  # an empty shard is empty on the whole replicate group
-                        shards[self._names[id(param)]] = local
-            if not shards:
-                continue
-            self._binding.check_configuration()
-            order = sorted(shards)
-            # A group's first rounds travel together, in one collective per kind.
-            self._binding.driver.use_plan(FusionPlan("", 0, (Bucket(tuple(order), 0),)))
-            for name in order:
-                self._verdicts.append(all_finite(shards[name]))
-                self._binding.start(name, shards[name])
-                self._shards[name] = shards[name]
+            for param in self._fired.get(self._next, ()):
+                if param.grad is not None:  # else FSDP stored nothing (no gradient anywhere)
+                    shards[self._names[id(param)]] = param.grad.to_local()
+            for name in self._members[self._next]:
+                if name in shards:
+                    self._binding.check_configuration()
+                    self._verdicts.append(all_finite(shards[name]))
+                    self._binding.start(name, shards[name])
+                    self._shards[name] = shards[name]
+                else:
+                    driver.leave_out(name)
+            self._next += 1
         # No driver.poll(): torch.distributed matches collectives by issue order, and which round
         # lands first differs between ranks; finish() advances the rest in name order.
 
@@ -187,6 +195,7 @@ class State:
     def _finish_exchange(self):
         shards = self._shards
         if not shards:
+            self._binding.driver.use_plan(None)
             return
         results, comm_seconds = self._binding.finish(self._device)
         finite = self._agree_on_finiteness()
@@ -307,7 +316,8 @@ def _shard_only(mesh_info):
     return shard_only
 
 
-def register(model: FSDPModule, compressor: GradientCompression) -> State:
+def register(model: FSDPModule, compressor: GradientCompression, *,
+             fusion: ScaledFusion = ScaledFusion()) -> State:
     """Compresses ``model``'s replicate all-reduce with ``compressor`` (a compressor or
     controller from the registry, built with or without the model's ``named_parameters``: it
     compresses each rank's local shards under the parameters' names either way); returns the
@@ -316,12 +326,17 @@ def register(model: FSDPModule, compressor: GradientCompression) -> State:
     the model's modules); the one line an HSDP script adds::
 
         state = hvd_compress.fsdp.register(model, hvd_compress.PowerSGD(rank=4))
-    """
+
+    ``fusion``: how payloads fuse, as in ``hvd_compress.DistributedOptimizer`` (default: 25 MiB
+    scaled by the compression rate; ``ScaledFusion(0)``: one collective per shard)."""
     if getattr(model, "_hvd_compress_fsdp", None) is not None:
         raise ValueError("hvd_compress.fsdp.register: this model's replicate all-reduce is "
                          "already compressed (register once)")
+    if not isinstance(fusion, ScaledFusion):
+        raise ValueError(f"hvd_compress.fsdp.register: fusion must be a ScaledFusion, got "
+                         f"{type(fusion).__name__}")
     groups = _param_groups(model)
-    state = State(compressor, model, groups)
+    state = State(compressor, model, groups, fusion)
     for module, group, params in groups:
         old = group.mesh_info
         group.mesh_info = _shard_only(old)

@@ -60,9 +60,10 @@ def mesh(shape=(2, 2)):
     return init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard"))
 
 
-def make_hsdp(compressor=None, seed=0, shape=(2, 2), **fsdp_options):
+def make_hsdp(compressor=None, seed=0, shape=(2, 2), fusion=None, **fsdp_options):
     """(plain reference module, HSDP model, state or None): one fully_shard per layer and the
-    root; ``compressor`` None leaves HSDP's own all-reduce."""
+    root; ``compressor`` None leaves HSDP's own all-reduce; ``fusion`` (a ScaledFusion) goes to
+    ``register``."""
     torch.manual_seed(seed)
     plain = Net()
     model = Net()
@@ -75,7 +76,8 @@ def make_hsdp(compressor=None, seed=0, shape=(2, 2), **fsdp_options):
     fully_shard(model, mesh=device_mesh, **fsdp_options)
     if compressor is None:  # as register does: ``extra`` has gradients on rank 0 only
         model.set_reduce_scatter_unused_params(True)
-    state = None if compressor is None else hvd_compress.fsdp.register(model, compressor)
+    options = {} if fusion is None else {"fusion": fusion}
+    state = None if compressor is None else hvd_compress.fsdp.register(model, compressor, **options)
     return plain, model, state
 
 

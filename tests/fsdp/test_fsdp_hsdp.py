@@ -219,6 +219,20 @@ def test_the_exchange_starts_during_backward():
     assert state.iter == 1
 
 
+def test_payloads_fuse_across_groups_and_fusion_zero_sends_each_shard_alone():
+    calls = {}
+    for label, fusion in [("fused", None), ("alone", hc.ScaledFusion(0))]:
+        _, model, state = make_hsdp(build("acpsgd"), fusion=fusion)
+        train(model, batches(2, seed=4))
+        assert_replicas_identical(model, state)
+        calls[label] = state.compressor.traffic.by_collective["allreduce"][0]
+    compressed = 2  # fc1's and fc2's 64-row shards, once a step each (the rest goes dense)
+    assert calls["fused"] < calls["alone"], calls
+    assert calls["alone"] >= 2 * compressed, calls
+    with pytest.raises(ValueError, match="fusion must be a ScaledFusion"):
+        make_hsdp(build("acpsgd"), fusion=25 << 20)
+
+
 def test_parameters_kept_unsharded_after_forward_change_nothing():
     """reshard_after_forward=False (no post-forward mesh description to keep in step with the
     replaced one): the same parameters, bit for bit, as with FSDP's default."""

@@ -92,6 +92,15 @@ def test_the_gpu_section_sets_each_step_against_its_operators(tmp_path, monkeypa
     assert "--out" not in section and (tmp_path / "benchmarks" / "codec_cost-cuda.png").exists()
 
 
+def test_batching_quick_writes_its_section_and_counts_operators_per_shape(tmp_path):
+    assert bench.main(["batching", "--quick", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## Same-shape batching, probed" in text and "python -m benchmarks batching --quick" in text
+    row = json.loads((tmp_path / "benchmarks" / "batching.json").read_text())["sets"]["tiny"]
+    # QR, P = M Q, the residual, the decompression: per layer one at a time, per shape batched.
+    assert row["per_layer_operators"] == 4 * row["layers"] and row["batched_operators"] == 4 * row["shapes"]
+
+
 def test_controller_overhead_quick_measures_every_controller_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     assert bench.main(["controller_overhead", "--quick", "--out", str(tmp_path)]) == 0
