@@ -7,7 +7,9 @@
 # $OUT/docs/benchmarks/ back by hand. Each stage has its own limit, and a failed stage does not
 # stop the next. Settings: TIER_SECONDS, CODEC_SECONDS, LOCATE (method ids whose waits to place
 # line by line), OPERATORS (shape sets whose operators per step to count on the GPU: the codec
-# table's time per operator reads them), OPERATORS_SECONDS, SKIP_CODEC.
+# table's time per operator reads them), OPERATORS_SECONDS, SKIP_CODEC, BATCHING_SECONDS (0 skips
+# `python -m benchmarks batching --device cuda`: what same-shape batching would buy on the GPU,
+# before it is built; on the CPU it bought nothing).
 set -u
 export PYTHONUNBUFFERED=1
 mkdir -p $OUT/docs
@@ -29,6 +31,11 @@ if [ -n "${OPERATORS:-}" ]; then  # the operator counts on the GPU, for the code
     timeout ${OPERATORS_SECONDS:-150} python3 -m benchmarks codec --operators --device cuda --shapes $OPERATORS --out $OUT/docs > $OUT/operators.log 2>&1
     echo "operators exit $? after $(( $(date +%s) - start )) s" >> $OUT/operators.log
     tail -5 $OUT/operators.log
+fi
+if [ "${BATCHING_SECONDS:-60}" != 0 ]; then
+    timeout ${BATCHING_SECONDS:-60} python3 -m benchmarks batching --device cuda --out $OUT/docs > $OUT/batching.log 2>&1
+    echo "batching exit $?" >> $OUT/batching.log
+    grep -A8 "probed on a GPU" $OUT/docs/benchmarks.md | tail -5
 fi
 [ -n "${SKIP_CODEC:-}" ] && exit 0
 start=$(date +%s)
