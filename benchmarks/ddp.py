@@ -283,6 +283,8 @@ def markdown(results):
         lines += ["", "Where the step goes (rank 0): " + "; ".join(bounds) + ". Compute alone is timed in "
                   "its own phase of each job (a local optimizer, every rank at once), so the parts add up "
                   "only to within its job-to-job spread (the column's values across methods)."]
+    # What the numbers mean, written after a run into the JSON record (kept when it resumes).
+    lines += [line for note in results.get("notes", []) for line in ("", note)]
     return "\n".join(lines) + "\n"
 
 
