@@ -77,7 +77,7 @@ from hvd_compress.comm.rounds import Collective, Round, Traffic, carrying, on_re
 from hvd_compress.compressors.config import CompressorConfig, check_checkpoint, checkpoint_header
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import errors as error_maths
-from hvd_compress.maths.finite import all_finite, extremes, nonfinite_marker
+from hvd_compress.maths.finite import all_finite, extremes, nonfinite_marker, stacked
 
 logger = logging.getLogger(__name__)
 
@@ -491,7 +491,7 @@ class Compressor(GradientCompression):
         extremes, self._step_extremes = self._step_extremes, []
         rejected, self._rejected = self._rejected, False
         self.last_step_finite = not rejected and (
-            not extremes or bool(all_finite(torch.stack([e.double() for e in extremes]))))
+            not extremes or bool(all_finite(stacked(extremes))))
         if self.last_step_finite:
             if self.feedback is not None:
                 self.feedback.commit()

@@ -41,7 +41,7 @@ from hvd_compress.compressors.cast import NoCompression
 from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header, option
 from hvd_compress.integration.binding import Binding, group_of
 from hvd_compress.integration.names import parameter_names
-from hvd_compress.maths.finite import all_finite, extremes
+from hvd_compress.maths.finite import all_finite, extremes, stacked
 
 logger = logging.getLogger(__name__)
 
@@ -230,8 +230,8 @@ class DiLoCo(torch.optim.Optimizer):
         with torch.no_grad():
             deltas = {name: self._anchors[name] - p for name, p in self._named.items()}
             averaged = self._exchange(deltas) if self._binding.active else deltas
-            found = [e.double() for delta in averaged.values() for e in extremes(delta)]
-            finite = not found or bool(all_finite(torch.stack(found)))
+            found = [e for delta in averaged.values() for e in extremes(delta)]
+            finite = not found or bool(all_finite(stacked(found)))
             if finite:
                 for name, anchor in self._anchors.items():
                     anchor.grad = averaged[name].to(anchor.dtype)

@@ -1,5 +1,5 @@
 """Whether a tensor holds only finite values, without a host synchronisation."""
-from typing import List
+from typing import Dict, List
 
 import torch
 
@@ -21,6 +21,15 @@ def all_finite(tensor: torch.Tensor) -> torch.Tensor:
         return torch.ones((), dtype=torch.bool, device=tensor.device)
     low, high = found
     return torch.isfinite(low) & torch.isfinite(high)
+
+
+def stacked(scalars: List[torch.Tensor]) -> torch.Tensor:
+    """0-dim tensors (of one device) as one float64 vector: stacked per dtype, then cast, so a
+    step's hundreds of extremes cost a cast per dtype, not one each."""
+    by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+    for scalar in scalars:
+        by_dtype.setdefault(scalar.dtype, []).append(scalar)
+    return torch.cat([torch.stack(group).double() for group in by_dtype.values()])
 
 
 def nonfinite_marker(tensor: torch.Tensor) -> torch.Tensor:

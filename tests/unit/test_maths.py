@@ -347,3 +347,13 @@ def test_lowrank_kept_energies_of_a_non_finite_matrix_are_not_finite():
     matrix[3, 5] = float("nan")
     energies, _ = lowrank_kept_energies(matrix, None, [4, 2], seed=0, name="w")
     assert not torch.isfinite(energies).any()
+
+
+def test_stacked_extremes_keep_each_dtype_exact_and_catch_any_non_finite():
+    from hvd_compress.maths.finite import all_finite, stacked
+    scalars = [torch.tensor(1e300, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float16),
+               torch.tensor(-3.0)]
+    out = stacked(scalars)
+    assert out.dtype == torch.float64 and sorted(out.tolist()) == [-3.0, 2.0, 1e300]
+    assert bool(all_finite(out))  # 1e300 survives: no float32 on the way
+    assert not bool(all_finite(stacked(scalars + [torch.tensor(float("inf"), dtype=torch.float16)])))
