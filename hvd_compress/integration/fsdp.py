@@ -20,8 +20,9 @@ calls after each group's reduce-scatter, before it stores the group's shards as 
 exchange overlaps the rest of backward: each group's shards go through the compressor
 (``RoundDriver.start`` on a ``TorchBackend`` over the replicate group) as soon as FSDP has stored
 them, at the next group's hook, and their first rounds travel in fusion buckets across groups,
-sized as the Horovod wrapper's (ACP-SGD's scaled fusion, ``comm.fusion.FusionScheduler``). When backward ends (an autograd final callback, queued after FSDP's own), the
-groups left start, the driver finishes, and each aggregate is written into its shard's gradient.
+sized as the Horovod wrapper's (ACP-SGD's scaled fusion, ``comm.fusion.FusionScheduler``). When
+backward ends (an autograd final callback, queued after FSDP's own), the groups left start, the
+driver finishes, and each aggregate is written into its shard's gradient.
 This reads torch 2.13's private parameter groups (their mesh descriptions and
 ``all_reduce_grads`` flag): a later torch may need this module updated.
 
@@ -187,19 +188,21 @@ class State:
         try:
             if self._binding.active:
                 self._start_ready()
-                self._finish_exchange()
+                self._finish_exchange(bool(reduced))
         finally:
             self._fired, self._next, self._shards, self._verdicts = {}, 0, {}, []
             self._restore_priors(reduced)
 
-    def _finish_exchange(self):
-        shards = self._shards
-        if not shards:
+    def _finish_exchange(self, exchanged):
+        """Finishes the step's exchange where any group was reduced for it (``exchanged``, alike on
+        every rank: FSDP reduces a group on all of them), even with no shard here to send: the
+        finiteness agreement spans the shard group, whose other ranks may have shards."""
+        if not exchanged:  # every group fired without all-reduce (accumulating micro-batches)
             self._binding.driver.use_plan(None)
             return
         results, comm_seconds = self._binding.finish(self._device)
         finite = self._agree_on_finiteness()
-        for name, shard in shards.items():
+        for name, shard in self._shards.items():
             if finite:
                 shard.copy_(results[name].view_as(shard))
             else:
