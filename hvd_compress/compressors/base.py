@@ -8,7 +8,9 @@ exchange, it offers what the layers above need instead of its internals: ``wrapp
 controller's compressor), ``add_observer``/``remove_observer`` (a ``StepObserver`` sees every
 ``begin`` and ``end_step``: how metrics time the codec), ``world_change_state`` (a state without
 error feedback, or with this process's, for HSDP and elastic world changes) and
-``restart_from`` (a controller's compressor state alone: its schedule restarts).
+``restart_from`` (a controller's compressor state alone: its schedule restarts) and
+``reject_step`` (drop this step, found non-finite where the compression cannot see it: HSDP's
+other replicate groups).
 
 ``Compressor``: a ``GradientCompression`` with per-parameter settings and state keyed by
 parameter name, plus the **controller protocol**, the only way controllers (L-GreCo, GraVAC)
