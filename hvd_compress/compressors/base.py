@@ -7,7 +7,7 @@ communication) and is told when a step ends. Drivers in ``comm/`` run the rounds
 exchange, it offers what the layers above need instead of its internals: ``wrapped`` (a
 controller's compressor), ``add_observer``/``remove_observer`` (a ``StepObserver`` sees every
 ``begin`` and ``end_step``: how metrics time the codec), ``world_change_state`` (a state without
-error feedback, or with this process's, for HSDP and elastic world changes) and
+error feedback, or with this process's, for HSDP and elastic world changes),
 ``restart_from`` (a controller's compressor state alone: its schedule restarts) and
 ``reject_step`` (drop this step, found non-finite where the compression cannot see it: HSDP's
 other replicate groups).
