@@ -113,18 +113,19 @@ class State:
         # The fixed order groups start their exchange in: the reverse of the model's modules;
         # each group's non-empty shards by name (an empty shard is empty on the whole replicate group).
         ordered = list(reversed(groups))
-        self._position = {id(group): index for index, (_, group, _) in enumerate(ordered)}
+        self._position = {id(param_group): index for index, (_, param_group, _) in enumerate(ordered)}
         self._members = [sorted(name for name in (self._names[id(p)] for p in params)
                                 if math.prod(self._local_shapes[name])) for _, _, params in ordered]
         # Payloads fuse across groups, in that order, into ACP-SGD's scaled buckets (as the
         # Horovod wrapper's): one collective per group would pay a collective's fixed cost per layer.
         self._fusion = FusionScheduler(compressor, {name: self._local_shapes[name] for names in self._members
                                                     for name in names}, fusion, rank=dist.get_rank())
-        self._fired: Dict[int, List[torch.nn.Parameter]] = {}  # position -> this backward's reduced
+        # position -> the group's parameters this backward reduced for the exchange ([] without
+        # all-reduce: an accumulating micro-batch)
+        self._fired: Dict[int, List[torch.nn.Parameter]] = {}
         self._next = 0  # position of the next group to start
         self._shards: Dict[str, torch.Tensor] = {}  # started this backward: name -> local shard
         self._verdicts: List[torch.Tensor] = []  # whether each started shard was finite
-        self._reduced: List[torch.nn.Parameter] = []  # this backward's, in reduction order
         self._partial = set()  # ids of parameters holding reduce-scattered but unexchanged sums
         self._prior: Dict[int, torch.Tensor] = {}  # id -> gradient accumulated before this exchange
 
@@ -144,7 +145,6 @@ class State:
                 param.grad = None
             if group.all_reduce_grads:
                 self._partial.discard(key)
-                self._reduced.append(param)
                 exchanged.append(param)
             else:
                 self._partial.add(key)
@@ -182,9 +182,9 @@ class State:
         # lands first differs between ranks; finish() advances the rest in name order.
 
     def _end_of_backward(self):
-        reduced, self._reduced = self._reduced, []
         if not self._fired:
             return
+        reduced = [param for params in self._fired.values() for param in params]
         try:
             if self._binding.active:
                 self._start_ready()
