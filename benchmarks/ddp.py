@@ -51,7 +51,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
 from benchmarks.report import (CodecClock, add_cluster_worker_options, add_job_options, checkout_pythonpath,
-                               cluster_job, command_line, describe_machine, init_cluster_worker, machine,
+                               cluster_job, command_line, describe_machine, init_cluster_worker, machine, notes_lines,
                                resumed_section, root_cause, run_or_work, summarise, torchrun_job, undisturbed,
                                worker_argv)
 
@@ -283,8 +283,7 @@ def markdown(results):
         lines += ["", "Where the step goes (rank 0): " + "; ".join(bounds) + ". Compute alone is timed in "
                   "its own phase of each job (a local optimizer, every rank at once), so the parts add up "
                   "only to within its job-to-job spread (the column's values across methods)."]
-    # What the numbers mean, written after a run into the JSON record (kept when it resumes).
-    lines += [line for note in results.get("notes", []) for line in ("", note)]
+    lines += notes_lines(results)
     return "\n".join(lines) + "\n"
 
 

@@ -54,6 +54,7 @@ import torch.distributed as dist
 
 from benchmarks.report import (CodecClock, add_cluster_worker_options, add_job_options, checkout_pythonpath,
                                cluster_job, command_line, describe_machine, init_cluster_worker, machine, names_from,
+                               notes_lines,
                                resumed_section, root_cause, run_or_work, summarise, torchrun_job, worker_argv)
 
 RESULT_PREFIX = "FSDP_RESULT "
@@ -262,8 +263,7 @@ def markdown(results):
                          + f" | {statistics.mean(values):.3f} | {max(values) - min(values):.3f} |")
         lines.append("")
     lines += ["Target: " + "; ".join(target_lines(results)) + "."]
-    # What the numbers mean, written after a run into the JSON record (kept when it resumes).
-    lines += [line for note in results.get("notes", []) for line in ("", note)]
+    lines += notes_lines(results)
     return "\n".join(lines) + "\n"
 
 

@@ -207,6 +207,12 @@ def resumed_section(out: Path, name: str, section: str, markdown: Callable[[Dict
     return results, save
 
 
+def notes_lines(results: Dict[str, Any]) -> List[str]:
+    """What the numbers mean, written after a run into the JSON record's ``notes`` (kept when it
+    resumes): a paragraph each, for a section's end."""
+    return [line for note in results.get("notes", []) for line in ("", note)]
+
+
 def write_section(path, heading, body):
     """Replaces the "## heading" section of ``path`` (up to the next "## ") with ``body``,
     appending it if absent; other benchmarks' sections are left as they are."""

@@ -64,7 +64,7 @@ import torch
 from benchmarks import quality
 from benchmarks import time_to_quality as ttq
 from benchmarks.report import (DOCS, Progress, checkout_pythonpath, cluster_job, describe_machine, machine,
-                               method_bars, panels, resumed, save_figure, save_record, undisturbed,
+                               method_bars, notes_lines, panels, resumed, save_figure, save_record, undisturbed,
                                write_section)
 from benchmarks.workloads import charlm
 from hvd_compress.advise.evidence import factor_text, shipped_evidence, steps_for
@@ -532,7 +532,7 @@ def markdown(results: Dict[str, Any], steps: Dict[str, Any]) -> str:
         lines += setting_table(entry, methods) if entry["methods"] else ["No method timed yet.", ""]
         lines += targets(entry, methods, float(key)) + [""]
         lines += direct_table(entry, steps)
-    return "\n".join(lines)
+    return "\n".join(lines + notes_lines(results))
 
 
 def direct_table(entry: Dict[str, Any], steps: Dict[str, Any]) -> List[str]:
