@@ -110,14 +110,9 @@ class QSGD(Compressor):
         payload = torch.cat([quantize.pack_codes(codes, bits), padded_norms.view(torch.uint8)])
 
         def after_gather(rows):
-            total = None
-            for row in rows:
-                row_codes = quantize.unpack_codes(row[:code_bytes], bits, n)
-                row_norms = row[code_bytes:].view(torch.float32)[:norms.numel()]
-                values = quantize.dequantize(row_codes, row_norms, bits, self.config.bucket_size)
-                total = values if total is None else total.add_(values)
-            if rows.shape[0] > 1:  # dividing by one would only cost a pass
-                total.div_(rows.shape[0])
-            return total.view(shape).to(dtype)
+            mean = quantize.dequantize_mean([quantize.unpack_codes(row[:code_bytes], bits, n) for row in rows],
+                                            [row[code_bytes:].view(torch.float32)[:norms.numel()] for row in rows],
+                                            bits, self.config.bucket_size)
+            return mean.view(shape).to(dtype)
 
         return Round(payload, Collective.ALLGATHER, after_gather)

@@ -80,16 +80,32 @@ def quantize(x, bits, bucket_size, generator):
 def dequantize(codes, norms, bits, bucket_size):
     """norm * code / s per entry, as float32. Computed as (code / s) * norm: code / s lies in
     [-1, 1], so no product exceeds its bucket's norm and every finite norm decodes finitely."""
+    return dequantize_mean([codes], [norms], bits, bucket_size)
+
+
+def dequantize_mean(codes, norms, bits, bucket_size):
+    """The mean over rows of ``dequantize(codes[i], norms[i], ...)`` as float32: the rows added
+    in their order, then divided by their count (where over one). Each rank's row of an
+    all-gather is decoded a chunk at a time, every row added and the sum divided while the chunk
+    is in cache, not row by row over the whole gradient: the same operations in the same order,
+    so bit for bit the row-by-row mean."""
     s = levels_for_bits(bits)
-    n = codes.numel()
-    values = torch.empty(n, device=codes.device)
-    chunk = _chunk_entries(codes, bucket_size)
+    n = codes[0].numel()
+    mean = torch.empty(n, device=codes[0].device)
+    chunk = _chunk_entries(codes[0], bucket_size)
+    row_values = torch.empty(min(chunk, n), device=codes[0].device) if len(codes) > 1 else None
     for start in range(0, n, chunk):
-        piece = values[start:start + chunk]
-        piece.copy_(codes[start:start + chunk])
-        piece.div_(s)
-        _per_bucket(torch.Tensor.mul_, piece, norms, start, bucket_size)
-    return values
+        piece = mean[start:start + chunk]
+        for row, (row_codes, row_norms) in enumerate(zip(codes, norms)):
+            values = piece if row == 0 else row_values[:piece.numel()]
+            values.copy_(row_codes[start:start + chunk])
+            values.div_(s)
+            _per_bucket(torch.Tensor.mul_, values, row_norms, start, bucket_size)
+            if row:
+                piece.add_(values)
+        if len(codes) > 1:  # dividing by one would only cost a pass
+            piece.div_(len(codes))
+    return mean
 
 
 def pack_codes(codes, bits):
