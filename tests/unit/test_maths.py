@@ -56,6 +56,18 @@ def test_dequantize_mean_is_the_row_by_row_mean_bit_for_bit(rows, n, bucket_size
     assert torch.equal(mean, expected)
 
 
+@pytest.mark.parametrize("bits", range(2, 9))
+def test_packed_words_hold_code_i_at_bits_i_times_width(bits):
+    """pack_codes's documented layout: code i of a 64-bit word at bits [i * bits, (i + 1) * bits),
+    offset by s (what every rank's unpack_codes reads back, whichever path packed it)."""
+    s, per_word = quantize.levels_for_bits(bits), 64 // bits
+    codes = torch.randint(-s, s + 1, (2 * per_word,), dtype=torch.int8)
+    words = quantize.pack_codes(codes, bits).view(torch.int64).tolist()
+    for w, word in enumerate(words):
+        expected = sum((int(c) + s) << (i * bits) for i, c in enumerate(codes[w * per_word:(w + 1) * per_word]))
+        assert word % (1 << 64) == expected
+
+
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_qsgd_is_unbiased(bits):
     x = torch.randn(300)
