@@ -120,15 +120,7 @@ def pack_codes(codes, bits):
     # uint8 arithmetic wraps, so code + s lands in [0, 2s] from the code's two's complement.
     torch.add(codes.view(torch.uint8), levels_for_bits(bits), out=unsigned[:count])
     if 8 % bits:
-        # A field at a time over the words: shifting every field of every word at once made a
-        # temporary of 8 bytes a code, and was 12x slower on CPU.
-        fields = unsigned.view(-1, per_word)
-        packed = torch.zeros(fields.shape[0], dtype=torch.int64, device=codes.device)
-        field_bits = torch.empty_like(packed)
-        for field in range(per_word):
-            field_bits.copy_(fields[:, field])
-            packed.bitwise_or_(field_bits.bitwise_left_shift_(field * bits))
-        return packed.view(torch.uint8)
+        return _pack_words(unsigned.view(-1, per_word), bits).view(torch.uint8)
     per_byte = 8 // bits
     fields = unsigned.view(-1, per_byte)
     packed = fields[:, 0].clone()
@@ -139,22 +131,45 @@ def pack_codes(codes, bits):
 
 def unpack_codes(packed, bits, count):
     """The first ``count`` signed codes of ``pack_codes``'s output, as int8."""
-    per_word = 64 // bits
     mask = (1 << bits) - 1
     if 8 % bits:
-        words = packed.view(torch.int64)
-        codes = torch.empty(words.numel(), per_word, dtype=torch.int8, device=packed.device)
-        field_bits = torch.empty_like(words)
-        for field in range(per_word):  # a field at a time, as pack_codes
-            torch.bitwise_right_shift(words, field * bits, out=field_bits)
-            codes[:, field] = field_bits.bitwise_and_(mask)
-        return codes.view(-1)[:count].sub_(levels_for_bits(bits))
+        return _unpack_words(packed.view(torch.int64), bits).view(-1)[:count].sub_(levels_for_bits(bits))
     per_byte = 8 // bits
     fields = torch.empty(packed.numel(), per_byte, dtype=torch.uint8, device=packed.device)
     for field in range(per_byte):
         torch.bitwise_and(packed >> (field * bits), mask, out=fields[:, field])
     # Subtracting s in wrapping uint8 arithmetic leaves the code's two's complement.
     return fields.view(-1)[:count].sub_(levels_for_bits(bits)).view(torch.int8)
+
+
+def _pack_words(fields, bits):
+    """int64 words from (words, 64 // bits) unsigned fields, field i at bits [i * bits, ...).
+    On CPU a field at a time: shifting every field of every word at once (one operator each,
+    what other devices do) writes a temporary of 8 bytes a code, and was 12x slower."""
+    if fields.device.type != "cpu":
+        shifts = torch.arange(fields.shape[1], dtype=torch.int64, device=fields.device) * bits
+        return (fields.to(torch.int64) << shifts).sum(dim=1)
+    packed = torch.zeros(fields.shape[0], dtype=torch.int64)
+    field_bits = torch.empty_like(packed)
+    for field in range(fields.shape[1]):
+        field_bits.copy_(fields[:, field])
+        packed.bitwise_or_(field_bits.bitwise_left_shift_(field * bits))
+    return packed
+
+
+def _unpack_words(words, bits):
+    """``_pack_words`` undone: the (words, 64 // bits) fields as int8 (each below 2^7); on CPU a
+    field at a time, as there."""
+    per_word, mask = 64 // bits, (1 << bits) - 1
+    if words.device.type != "cpu":
+        shifts = torch.arange(per_word, dtype=torch.int64, device=words.device) * bits
+        return ((words.unsqueeze(1) >> shifts) & mask).to(torch.int8)
+    fields = torch.empty(words.numel(), per_word, dtype=torch.int8)
+    field_bits = torch.empty_like(words)
+    for field in range(per_word):
+        torch.bitwise_right_shift(words, field * bits, out=field_bits)
+        fields[:, field] = field_bits.bitwise_and_(mask)
+    return fields
 
 
 def packed_size(count, bits):

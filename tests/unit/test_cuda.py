@@ -181,3 +181,16 @@ if __name__ == "__main__":
         for layers in (2, 6):
             step, decision = count_waits(makers[method_id], layers)
             print(f"{method_id}, {layers} layers: step {sorted(step.items())}; decisions {sorted(decision.items())}")
+
+
+@pytest.mark.parametrize("bits", range(2, 9))
+def test_qsgd_codes_pack_to_the_same_bytes_on_the_gpu_as_on_the_cpu(bits):
+    """Widths that do not divide 8 pack a field at a time on the CPU and all fields at once on
+    other devices: the bytes on the wire must not depend on where a rank packed them."""
+    from hvd_compress.maths import quantize
+    s = quantize.levels_for_bits(bits)
+    codes = torch.randint(-s, s + 1, (10_007,), dtype=torch.int8)
+    packed = quantize.pack_codes(codes, bits)
+    on_gpu = quantize.pack_codes(codes.cuda(), bits)
+    assert torch.equal(on_gpu.cpu(), packed)
+    assert torch.equal(quantize.unpack_codes(packed.cuda(), bits, codes.numel()).cpu(), codes)
