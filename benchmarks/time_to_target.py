@@ -3,7 +3,7 @@ quality (from ``time_to_quality``) times its mean step time on an emulated clust
 link settings of issue 33, chosen by r, the ratio of communication to compute.
 
     python -m benchmarks time_to_target [--ratios 3,0.3] [--np 4] [--warmup 20] [--steps 100]
-        [--job-timeout 900] [--max-other-cpu 0.05] [--direct] [--out docs/] [--quick] [--report-only]
+        [--job-timeout 900] [--max-other-cpu 0.05] [--direct [RUNS]] [--out docs/] [--quick] [--report-only]
 
 r is the ring bound of the uncompressed all-reduce, 2(W-1)/W x M / B, over a step's compute,
 with B the all-reduce bandwidth measured at the gradient's own size M: so r is the measured time
@@ -38,7 +38,8 @@ step is far larger here than on a GPU (see "Time to quality"), so these times ar
 compression.
 
 ``--direct``: at each setting, uncompressed, FP16, the two compressing methods soonest to target
-and advise's pick train end to end on the same cluster (seed 0, one job each), for the first
+and advise's pick train end to end on the same cluster (seed 0; ``--direct RUNS``: that many jobs
+each, one round of every method before the next, their median kept), for the first
 length of the evaluation schedule at which their seed 0 reached the target, from the same
 ``build_training`` and warmup-stable-decay schedule: the sum of their steps' seconds is set
 against that length x the method's mean step, and their final loss against the one measured
@@ -271,26 +272,35 @@ def run(args) -> Dict[str, Any]:
                     entry["methods"][label] = pooled(entry["methods"].get(label), summary_of(result))
                     progress.finished()
                     save_record(path, results)
-        direct = {}
-        if args.direct:
-            done = entry.setdefault("direct", {})
-            direct = {label: length for label, length in direct_runs(entry, methods, steps).items()
-                      if label not in done}
+        # Run by run, each label's first run before any label's second.
+        done = entry.setdefault("direct", {}) if args.direct else {}
+        lengths = direct_runs(entry, methods, steps) if args.direct else {}
+        direct = [label for repeat in range(args.direct) for label in lengths
+                  if len(direct_runs_in(done.get(label))) <= repeat]
         if direct:
             progress.add(len(direct))
             with emulated_cluster(args.np, entry["rate_gbit"]) as cluster:
-                for label, length in direct.items():
+                for label in direct:
+                    length = lengths[label]
                     progress.starting(f"r = {ratio:g}, {label} end to end, {length} steps")
                     job_spec = dict(seed_zero(steps, label)["spec"], kind="direct", lm=args.lm, length=length,
                                     warmup=steps["plan"]["warmup"], eval_windows=steps["plan"]["eval_windows"])
                     result = job(cluster, job_spec, f"r = {ratio:g}, {label} end to end")
-                    entry["direct"][label] = {"length": length, "train_s": result["train_s"], "loss": result["loss"],
-                                              "wall_seconds": round(result["wall_seconds"], 1),
-                                              "other_cpu_seconds": round(result["other_cpu_seconds"], 1)}
+                    runs = direct_runs_in(done.get(label)) + [{
+                        "train_s": result["train_s"], "loss": result["loss"],
+                        "wall_seconds": round(result["wall_seconds"], 1),
+                        "other_cpu_seconds": round(result["other_cpu_seconds"], 1)}]
+                    done[label] = {"length": length, "runs": runs,
+                                   "train_s": statistics.median(run["train_s"] for run in runs)}
                     progress.finished(f"{result['train_s']:.1f} s, loss {result['loss']:.4f}")
                     save_record(path, results)
     write_report(results, steps, args.out)
     return results
+
+
+def direct_runs_in(entry: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """A label's end-to-end runs at a setting (an entry without "runs" is its one run)."""
+    return [] if entry is None else entry.get("runs", [entry])
 
 
 def seed_zero(steps: Dict[str, Any], label: str) -> Dict[str, Any]:
@@ -540,19 +550,24 @@ def direct_table(entry: Dict[str, Any], steps: Dict[str, Any], methods: Dict[str
     and which of them reached the target soonest."""
     if not entry.get("direct"):
         return []
-    lines = ["End to end on the same cluster (`--direct`, seed 0, one job each): each method trained for the "
-             "first length of the evaluation schedule at which its seed 0 reached the target, its steps' "
-             "seconds summed (evaluation apart), against that length x its mean step above.", "",
+    lines = ["End to end on the same cluster (`--direct`, seed 0; where a method ran more than once, the "
+             "median of its runs, each run's in brackets): each method trained for the first length of the evaluation "
+             "schedule at which its seed 0 reached the target, its steps' seconds summed (evaluation apart), "
+             "against that length x its mean step above.", "",
              "| method | steps | loss at the end: end to end / without the network | training s: end to end | "
              "steps x mean step s | end to end / decomposed |", "|---|---|---|---|---|---|"]
     ratios = []
-    for label, run in entry["direct"].items():
-        offline = next(p["loss"] for p in seed_zero(steps, label)["record"]["points"] if p["length"] == run["length"])
-        decomposed = run["length"] * entry["methods"][label]["mean_step_ms"] / 1e3
-        ratios.append(run["train_s"] / decomposed)
-        same = " (bit for bit)" if run["loss"] == offline else ""
-        lines.append(f"| {label} | {run['length']} | {run['loss']:.4f} / {offline:.4f}{same} | {run['train_s']:.1f} | "
-                     f"{decomposed:.1f} | {ratios[-1]:.2f} |")
+    for label, entry_of_label in entry["direct"].items():
+        runs = direct_runs_in(entry_of_label)
+        length, seconds = entry_of_label["length"], entry_of_label["train_s"]
+        offline = next(p["loss"] for p in seed_zero(steps, label)["record"]["points"] if p["length"] == length)
+        decomposed = length * entry["methods"][label]["mean_step_ms"] / 1e3
+        ratios.append(seconds / decomposed)
+        losses = sorted({run["loss"] for run in runs})
+        same = " (bit for bit)" if losses == [offline] else ""
+        each = " (" + ", ".join(f"{run['train_s']:.1f}" for run in runs) + ")" if len(runs) > 1 else ""
+        lines.append(f"| {label} | {length} | {', '.join(f'{loss:.4f}' for loss in losses)} / {offline:.4f}{same} | "
+                     f"{seconds:.1f}{each} | {decomposed:.1f} | {ratios[-1]:.2f} |")
     worst = max(ratios, key=lambda value: abs(value - 1))
     spread = max(max(means) / min(means) - 1 for means in (job_means(entry["methods"][label]) for label in entry["direct"]))
     return lines + ["", f"Target: the decomposition agrees with the end-to-end runs within 10%: "
@@ -629,11 +644,14 @@ def parse_args(argv):
     parser.add_argument("--report-only", action="store_true", help="rewrite the section from the JSON")
     parser.add_argument("--advise-model", default="examples.models:charlm_ttq",
                         help="advise's --model: this benchmark's LM, as a user would name it")
-    parser.add_argument("--direct", action="store_true",
+    parser.add_argument("--direct", type=int, nargs="?", const=1, default=0, metavar="RUNS",
                         help="also train uncompressed, FP16, the two soonest compressing methods and advise's pick "
-                             "end to end on the cluster, to check the decomposition")
+                             "end to end on the cluster, to check the decomposition: RUNS runs each (default 1), "
+                             "their median kept")
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.direct < 0:
+        parser.error(f"--direct must be a number of runs, at least 0, got {args.direct}")
     for name in ("np", "steps", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
