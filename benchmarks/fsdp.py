@@ -54,8 +54,8 @@ import torch.distributed as dist
 
 from benchmarks.report import (CodecClock, add_cluster_worker_options, add_job_options, checkout_pythonpath,
                                cluster_job, command_line, describe_machine, init_cluster_worker, machine, names_from,
-                               notes_lines,
-                               resumed_section, root_cause, run_or_work, summarise, torchrun_job, worker_argv)
+                               notes_lines, resumed_section, root_cause, run_or_work, summarise, torchrun_job,
+                               worker_argv)
 
 RESULT_PREFIX = "FSDP_RESULT "
 SECTION = "FSDP2 / HSDP on the emulated cluster"

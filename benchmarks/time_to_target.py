@@ -551,9 +551,9 @@ def direct_table(entry: Dict[str, Any], steps: Dict[str, Any], methods: Dict[str
     if not entry.get("direct"):
         return []
     lines = ["End to end on the same cluster (`--direct`, seed 0; where a method ran more than once, the "
-             "median of its runs, each run's in brackets): each method trained for the first length of the evaluation "
-             "schedule at which its seed 0 reached the target, its steps' seconds summed (evaluation apart), "
-             "against that length x its mean step above.", "",
+             "median of its runs, each run's in brackets): each method trained for the first length of the "
+             "evaluation schedule at which its seed 0 reached the target, its steps' seconds summed "
+             "(evaluation apart), against that length x its mean step above.", "",
              "| method | steps | loss at the end: end to end / without the network | training s: end to end | "
              "steps x mean step s | end to end / decomposed |", "|---|---|---|---|---|---|"]
     ratios = []
