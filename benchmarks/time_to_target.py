@@ -276,7 +276,7 @@ def run(args) -> Dict[str, Any]:
         done = entry.setdefault("direct", {}) if args.direct else {}
         lengths = direct_runs(entry, methods, steps) if args.direct else {}
         direct = [label for repeat in range(args.direct) for label in lengths
-                  if len(direct_runs_in(done.get(label))) <= repeat]
+                  if len(recorded(done.get(label), "runs")) <= repeat]
         if direct:
             progress.add(len(direct))
             with emulated_cluster(args.np, entry["rate_gbit"]) as cluster:
@@ -286,7 +286,7 @@ def run(args) -> Dict[str, Any]:
                     job_spec = dict(seed_zero(steps, label)["spec"], kind="direct", lm=args.lm, length=length,
                                     warmup=steps["plan"]["warmup"], eval_windows=steps["plan"]["eval_windows"])
                     result = job(cluster, job_spec, f"r = {ratio:g}, {label} end to end")
-                    runs = direct_runs_in(done.get(label)) + [{
+                    runs = recorded(done.get(label), "runs") + [{
                         "train_s": result["train_s"], "loss": result["loss"],
                         "wall_seconds": round(result["wall_seconds"], 1),
                         "other_cpu_seconds": round(result["other_cpu_seconds"], 1)}]
@@ -296,11 +296,6 @@ def run(args) -> Dict[str, Any]:
                     save_record(path, results)
     write_report(results, steps, args.out)
     return results
-
-
-def direct_runs_in(entry: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """A label's end-to-end runs at a setting (an entry without "runs" is its one run)."""
-    return [] if entry is None else entry.get("runs", [entry])
 
 
 def seed_zero(steps: Dict[str, Any], label: str) -> Dict[str, Any]:
@@ -393,24 +388,26 @@ def label_of(spec: Dict[str, Any]) -> Tuple[str, str]:
     return spec["compressor"], ",".join(f"{key}={value}" for key, value in spec["settings"].items())
 
 
-def jobs_in(entry: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """A method's jobs at a setting (an entry of one job, without "jobs", is that job)."""
-    return [] if entry is None else entry.get("jobs", [entry])
+def recorded(entry: Optional[Dict[str, Any]], key: str) -> List[Dict[str, Any]]:
+    """What a label's entry at a setting holds under ``key``: its timing jobs ("jobs") or its
+    end-to-end runs ("runs"); an entry written before it held a list, without ``key``, is its one
+    job or run."""
+    return [] if entry is None else entry.get(key, [entry])
 
 
 def job_means(entry: Dict[str, Any]) -> List[float]:
-    return [j["mean_step_ms"] for j in jobs_in(entry)]
+    return [j["mean_step_ms"] for j in recorded(entry, "jobs")]
 
 
 def jobs_of(entry: Optional[Dict[str, Any]]) -> int:
-    return len(jobs_in(entry))
+    return len(recorded(entry, "jobs"))
 
 
 def pooled(previous: Optional[Dict[str, Any]], job: Dict[str, Any]) -> Dict[str, Any]:
     """A method's step time over its jobs: the median of the jobs' means (one job's threads land
     on the cores differently from another's: means of one method's jobs differed by up to a
     third), with every job kept."""
-    jobs = jobs_in(previous) + [job]
+    jobs = recorded(previous, "jobs") + [job]
     return {"jobs": jobs, "mean_step_ms": statistics.median(j["mean_step_ms"] for j in jobs),
             "median_step_ms": statistics.median(j["median_step_ms"] for j in jobs)}
 
@@ -558,7 +555,7 @@ def direct_table(entry: Dict[str, Any], steps: Dict[str, Any], methods: Dict[str
              "steps x mean step s | end to end / decomposed |", "|---|---|---|---|---|---|"]
     ratios = []
     for label, entry_of_label in entry["direct"].items():
-        runs = direct_runs_in(entry_of_label)
+        runs = recorded(entry_of_label, "runs")
         length, seconds = entry_of_label["length"], entry_of_label["train_s"]
         offline = next(p["loss"] for p in seed_zero(steps, label)["record"]["points"] if p["length"] == length)
         decomposed = length * entry["methods"][label]["mean_step_ms"] / 1e3

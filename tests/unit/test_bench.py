@@ -601,10 +601,10 @@ def test_time_to_target_quick_prices_steps_on_the_testbed_and_resumes(tmp_path, 
     assert all([j["steps"] for j in m["jobs"]] == [10] and m["mean_step_ms"] > 0 for m in setting["methods"].values())
     # End to end: each method for the first length its seed 0 reached the target at (8 steps here).
     assert {label: run["length"] for label, run in setting["direct"].items()} == {"uncompressed": 8, "FP16": 8}
-    runs = [run for entry in setting["direct"].values() for run in ttt.direct_runs_in(entry)]
+    runs = [run for entry in setting["direct"].values() for run in ttt.recorded(entry, "runs")]
     assert len(runs) == 2 and all(run["train_s"] > 0 and math.isfinite(run["loss"]) for run in runs)
     # An entry written before --direct took a number of runs is its one run.
-    assert ttt.direct_runs_in({"length": 8, "train_s": 1.0, "loss": 2.0}) == [{"length": 8, "train_s": 1.0, "loss": 2.0}]
+    assert ttt.recorded({"length": 8, "train_s": 1.0, "loss": 2.0}, "runs") == [{"length": 8, "train_s": 1.0, "loss": 2.0}]
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## Time to target" in text and "| FP16 |" in text and "measured there r =" in text
     assert f"| FP16{ttt.WRAPPER} | 8 (1) |" in text
