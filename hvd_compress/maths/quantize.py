@@ -12,6 +12,9 @@ import torch
 _CPU_CHUNK = 1 << 18
 
 _FLOAT32_MAX = torch.finfo(torch.float32).max
+# random_(_INT64_MIN, None) draws all 64 bits of a word: four 16-bit noises.
+_INT64_MIN = -(1 << 63)
+_NOISE_PER_WORD = 4
 
 
 def levels_for_bits(bits):
@@ -30,50 +33,67 @@ def bucket_norms(x, bucket_size):
     which still bounds every magnitude of its bucket (QSGD is unbiased with any such norm); a
     bucket with an Inf or NaN entry gets a non-finite norm. On CPU the
     float64 copy is made a chunk at a time, in cache; it costs about three float32 norms."""
-    n = x.numel()
-    norms = torch.empty(-(-n // bucket_size), device=x.device)
-    chunk = _chunk_entries(x, bucket_size)
-    wide = torch.empty(min(chunk, norms.numel() * bucket_size), dtype=torch.float64, device=x.device)
-    for start in range(0, n, chunk):
-        piece = x[start:start + chunk]
-        count = piece.numel()
-        padded = -(-count // bucket_size) * bucket_size
-        wide[:count].copy_(piece)
-        # Padding only the partial bucket reduces exactly as padding the whole tensor would.
-        wide[count:padded].zero_()
-        first = start // bucket_size
-        wide_norms = torch.linalg.vector_norm(wide[:padded].view(-1, bucket_size), dim=1)
-        # A finite norm beyond the float32 range is capped (rounding would give Inf); a bucket
-        # holding Inf or NaN keeps a non-finite norm, so that the step is seen to be non-finite.
-        norms[first:first + padded // bucket_size] = torch.where(
-            wide_norms.isinf(), wide_norms, wide_norms.clamp(max=_FLOAT32_MAX))
+    norms = torch.empty(-(-x.numel() // bucket_size), device=x.device)
+    chunk, wide = _norm_scratch(x, bucket_size)
+    for start in range(0, x.numel(), chunk):
+        _chunk_norms(x[start:start + chunk], bucket_size, wide, norms[start // bucket_size:])
     return norms
+
+
+def _norm_scratch(x, bucket_size):
+    """(entries per chunk, the float64 buffer ``_chunk_norms`` uses for one)."""
+    chunk = _chunk_entries(x, bucket_size)
+    padded = -(-x.numel() // bucket_size) * bucket_size
+    return chunk, torch.empty(min(chunk, padded), dtype=torch.float64, device=x.device)
+
+
+def _chunk_norms(piece, bucket_size, wide, norms):
+    """``bucket_norms`` of ``piece`` (whole buckets but perhaps the last) into the first of
+    ``norms``, through ``wide``."""
+    count = piece.numel()
+    padded = -(-count // bucket_size) * bucket_size
+    wide[:count].copy_(piece)
+    # Padding only the partial bucket reduces exactly as padding the whole tensor would.
+    wide[count:padded].zero_()
+    wide_norms = torch.linalg.vector_norm(wide[:padded].view(-1, bucket_size), dim=1)
+    # A finite norm beyond the float32 range is capped (rounding would give Inf); a bucket
+    # holding Inf or NaN keeps a non-finite norm, so that the step is seen to be non-finite.
+    norms[:padded // bucket_size] = torch.where(wide_norms.isinf(), wide_norms,
+                                                wide_norms.clamp(max=_FLOAT32_MAX))
 
 
 def quantize(x, bits, bucket_size, generator):
     """QSGD (Alistarh et al.): per bucket, code = sign(x) * xi with xi in {0..s} drawn so that
     E[norm * code / s] = x. Returns (codes as int8 in [-s, s], norms as float32).
 
-    No norm is below a magnitude of its bucket (see ``bucket_norms``), so |x| / norm <= 1, a
-    level |x| / norm * s never exceeds s, and a code never leaves [-s, s]."""
+    The code is floor(v + u) of the signed level v = x / norm * s and a uniform u: the two
+    integers around v, the upper with probability frac(v), which is QSGD's sign(x) * xi in
+    distribution. u is one of the 2^16 multiples of 2^-16 in [0, 1), 1/2 + i / 2^16 for a random
+    int16 i, four of them from each 64-bit draw of ``generator``: a quarter of the draws of one
+    float a code, which were half the quantiser's time; the rounding probability is frac(v) to
+    within 2^-16. No norm is below a magnitude of its bucket (see ``bucket_norms``), so
+    |v| <= s, v + u < s + 1 (float32 holds s + 1 - 2^-16 for s <= 127) and a code never leaves
+    [-s, s]. The chunks draw the words in order, so chunking changes no code."""
     s = levels_for_bits(bits)
     n = x.numel()
-    norms = bucket_norms(x, bucket_size)
-    denominators = torch.where(norms > 0, norms, torch.ones_like(norms))
+    norms = torch.empty(-(-n // bucket_size), device=x.device)
     codes = torch.empty(n, dtype=torch.int8, device=x.device)
-    chunk = _chunk_entries(x, bucket_size)
-    level, lower, noise = (torch.empty(min(chunk, n), device=x.device) for _ in range(3))
-    up = torch.empty(min(chunk, n), dtype=torch.bool, device=x.device)
+    chunk, wide = _norm_scratch(x, bucket_size)
+    level = torch.empty(min(chunk, n), device=x.device)
+    words = torch.empty(-(-min(chunk, n) // _NOISE_PER_WORD), dtype=torch.int64, device=x.device)
     for start in range(0, n, chunk):
         piece = x[start:start + chunk]
         count = piece.numel()
-        piece_level = torch.abs(piece, out=level[:count])
-        _per_bucket(torch.Tensor.div_, piece_level, denominators, start, bucket_size)
-        piece_level.mul_(s)
-        piece_lower = torch.floor(piece_level, out=lower[:count])
-        fraction = piece_level.sub_(piece_lower)  # exact: a level and its floor are that close
-        piece_up = torch.lt(noise[:count].uniform_(generator=generator), fraction, out=up[:count])
-        codes[start:start + count] = piece_lower.add_(piece_up).copysign_(piece)
+        # The chunk's norms first, so that it is read from memory once for both.
+        piece_norms = norms[start // bucket_size:(start + count - 1) // bucket_size + 1]
+        _chunk_norms(piece, bucket_size, wide, piece_norms)
+        piece_level = level[:count].copy_(piece)
+        # A zero norm's bucket holds zeros only: divided by 1 they stay 0, not NaN.
+        denominators = torch.where(piece_norms > 0, piece_norms, 1.0)
+        _per_bucket(torch.Tensor.div_, piece_level, denominators, 0, bucket_size)
+        noise = words[:-(-count // _NOISE_PER_WORD)].random_(_INT64_MIN, None, generator=generator)
+        piece_level.mul_(s).add_(0.5).add_(noise.view(torch.int16)[:count], alpha=2 ** -16)
+        codes[start:start + count] = piece_level.floor_()
     return codes, norms
 
 
@@ -113,7 +133,9 @@ def pack_codes(codes, bits):
     code i of a word at bits [i * bits, (i + 1) * bits), offset by s to be non-negative.
 
     When ``bits`` divides 8 a word is exactly 8 / bits codes per byte, least significant
-    first, so packing works on bytes; other widths shift 64-bit words."""
+    first: the bytes of one packed byte's codes are read as one wider integer (a lane), and one
+    multiplication gathers its codes into its top byte (``_gathering``). Other widths shift
+    64-bit words."""
     per_word = 64 // bits
     count = codes.numel()
     unsigned = torch.zeros(-(-count // per_word) * per_word, dtype=torch.uint8, device=codes.device)
@@ -121,25 +143,50 @@ def pack_codes(codes, bits):
     torch.add(codes.view(torch.uint8), levels_for_bits(bits), out=unsigned[:count])
     if 8 % bits:
         return _pack_words(unsigned.view(-1, per_word), bits).view(torch.uint8)
-    per_byte = 8 // bits
-    fields = unsigned.view(-1, per_byte)
-    packed = fields[:, 0].clone()
-    for field in range(1, per_byte):
-        packed.bitwise_or_(fields[:, field] << (field * bits))
-    return packed
+    if bits == 8:
+        return unsigned
+    multiplier, top_byte = _gathering(bits)
+    # Products wrap in the lane's width; the top byte keeps the gathered codes.
+    return (unsigned.view(_LANE_TYPES[8 // bits]) * multiplier).bitwise_right_shift_(top_byte).to(torch.uint8)
 
 
 def unpack_codes(packed, bits, count):
     """The first ``count`` signed codes of ``pack_codes``'s output, as int8."""
-    mask = (1 << bits) - 1
     if 8 % bits:
         return _unpack_words(packed.view(torch.int64), bits).view(-1)[:count].sub_(levels_for_bits(bits))
-    per_byte = 8 // bits
-    fields = torch.empty(packed.numel(), per_byte, dtype=torch.uint8, device=packed.device)
-    for field in range(per_byte):
-        torch.bitwise_and(packed >> (field * bits), mask, out=fields[:, field])
+    lanes = packed.to(_LANE_TYPES[8 // bits])
+    for shift, mask in _spreading(bits):
+        lanes = lanes.bitwise_or(lanes << shift).bitwise_and_(mask)
     # Subtracting s in wrapping uint8 arithmetic leaves the code's two's complement.
-    return fields.view(-1)[:count].sub_(levels_for_bits(bits)).view(torch.int8)
+    return lanes.view(torch.uint8)[:count].sub(levels_for_bits(bits)).view(torch.int8)
+
+
+# The integer that holds a packed byte's codes one byte each, by codes per byte.
+_LANE_TYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _gathering(bits):
+    """(multiplier, shift): a lane of 8 / bits bytes, code i in byte i (little-endian), times
+    the multiplier holds code i at bits [i * bits, ...) of its top byte, at ``shift``. The
+    multiplier's term 2^(shift - i * (8 - bits)) moves byte i's code there; every other term
+    lands below the top byte on bits no other term uses (so no carry reaches it) or past the
+    lane's width."""
+    per_byte = 8 // bits
+    shift = 8 * (per_byte - 1)
+    return sum(1 << (shift - i * (8 - bits)) for i in range(per_byte)), shift
+
+
+def _spreading(bits):
+    """(shift, mask) of each step that spreads a byte of 8 / bits codes, read into a lane, one
+    code to a byte (little-endian): the groups of 2^j codes move left by 2^j * (8 - bits), for
+    j from the largest down, each step keeping every group's own bits."""
+    lane_bits = 8 * (8 // bits)
+    steps = []
+    for step in reversed(range((8 // bits).bit_length() - 1)):
+        group = 1 << step
+        mask = sum(((1 << group * bits) - 1) << lane for lane in range(0, lane_bits, 8 * group))
+        steps.append((group * (8 - bits), mask))
+    return steps
 
 
 def _pack_words(fields, bits):
@@ -180,10 +227,12 @@ def packed_size(count, bits):
 
 def _chunk_entries(x, bucket_size):
     """Entries per chunk: whole buckets, about ``_CPU_CHUNK`` of them on CPU, else every bucket
-    (the last one padded)."""
+    (the last one padded). A multiple of ``_NOISE_PER_WORD`` buckets, so that every chunk but
+    the last uses whole noise words."""
     if x.device.type != "cpu":
         return max(1, -(-x.numel() // bucket_size)) * bucket_size
-    return max(1, _CPU_CHUNK // bucket_size) * bucket_size
+    buckets = -(-max(1, _CPU_CHUNK // bucket_size) // _NOISE_PER_WORD) * _NOISE_PER_WORD
+    return buckets * bucket_size
 
 
 def _per_bucket(op, values, per_bucket, start, bucket_size):

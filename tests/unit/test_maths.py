@@ -84,6 +84,30 @@ def test_qsgd_is_unbiased(bits):
     assert (mean - x).abs().max() < tolerance
 
 
+def test_qsgd_codes_do_not_depend_on_the_chunking(monkeypatch):
+    """Chunks draw the noise words in order: chunks of 12 buckets of 100 give the codes of one
+    chunk of everything (with a partial last bucket and a last chunk of part of a word)."""
+    x = torch.randn(5003)
+    whole = quantize.quantize(x, 5, 100, torch.Generator().manual_seed(3))
+    monkeypatch.setattr(quantize, "_CPU_CHUNK", 1024)
+    assert quantize._chunk_entries(x, 100) == 1200
+    chunked = quantize.quantize(x, 5, 100, torch.Generator().manual_seed(3))
+    assert torch.equal(whole[0], chunked[0]) and torch.equal(whole[1], chunked[1])
+
+
+@pytest.mark.parametrize("bits", range(2, 9))
+def test_qsgd_codes_stay_within_their_levels_at_the_extremes(bits):
+    """An entry that is its bucket's whole norm has the level s exactly, and the noise never
+    takes it past s: every draw codes it as +-s."""
+    s = quantize.levels_for_bits(bits)
+    x = torch.zeros(64 * 200)
+    x[::64] = torch.randn(200).abs() * 10.0 ** torch.arange(-20, 20, 0.2)
+    x[64::128] *= -1
+    codes, _ = quantize.quantize(x, bits, 64, torch.Generator().manual_seed(0))
+    assert torch.equal(codes[::64], torch.where(x[::64] > 0, s, -s).to(torch.int8))
+    assert not codes.view(200, 64)[:, 1:].any()
+
+
 @pytest.mark.parametrize("n,k", [(1000, 10), (1 << 17, 1311), (1 << 17, 1), (1 << 16, 3000)])
 def test_topk_indices_match_torch_topk(n, k):
     x = torch.randn(n).abs()
