@@ -117,25 +117,24 @@ class TopK(KSparse):
         energies come from this compression's own work: x is the accumulator it selects from,
         and its selection holds the energy of the k it sends and, when that is nested[0]
         (theta_min), of every nested k (top-k within it); the others are measured on the
-        accumulator, and its magnitudes, before the selection is zeroed."""
+        accumulator before the selection is zeroed."""
         shape, dtype, n = grad.shape, grad.dtype, grad.numel()
         k = self.k_for(self.setting(name), n)
         check_positive_int(self, name, "k", k, upper=n)
         # Gradient plus residual, built in the residual's buffer; zeroing what is sent leaves
         # the next residual there.
         acc = self.feedback.compensated(name, grad.reshape(-1))
-        magnitudes = acc.abs()
-        indices = topk_indices(magnitudes, k)
+        indices = topk_indices(acc, k)
         values = acc.index_select(0, indices)
         energies = None
         if nested is not None:
             if k == nested[0]:
                 kept = error_maths.kept_within_selection(values, nested)
             elif k == nested[-1]:  # the selection holds the last k's energy; the others are measured
-                kept = torch.cat([error_maths.topk_kept_energies(acc, nested[:-1], magnitudes),
+                kept = torch.cat([error_maths.topk_kept_energies(acc, nested[:-1]),
                                   values.double().square().sum().reshape(1)])
             else:
-                kept = error_maths.topk_kept_energies(acc, nested, magnitudes)
+                kept = error_maths.topk_kept_energies(acc, nested)
             energies = torch.cat([error_maths.squared_norm(acc), kept])
         acc.index_fill_(0, indices, 0)
         payload = torch.cat([values.view(torch.uint8), indices.to(torch.int32).view(torch.uint8)])

@@ -171,7 +171,7 @@ def topk_kept_energies(flat, ks, magnitudes=None):
         if flat.is_cuda:
             return _histogram_kept_energies(flat, ks)[0]
         return _threshold_kept_energies(flat.abs() if magnitudes is None else magnitudes, ks)
-    return kept_within_selection(flat[topk_indices(flat.abs(), ks[0])], ks)
+    return kept_within_selection(flat[topk_indices(flat, ks[0])], ks)
 
 
 def _threshold_kept_energies(magnitudes, ks):

@@ -17,18 +17,19 @@ _MARGIN_SIGMAS = 4.0
 _MASK_CHUNK = 1 << 20
 
 
-def topk_indices(magnitudes, k):
-    """Indices of the k largest entries of a 1-D tensor of magnitudes (order unspecified).
+def topk_indices(values, k):
+    """Indices of the k entries of largest magnitude of a 1-D tensor (order unspecified).
 
     For large tensors at low density, a threshold estimated from a fixed random sample keeps
     a candidate set a little larger than k in one pass; an exact top-k over the candidates
-    then gives the same answer as a full ``torch.topk`` (up to ties), much faster on a CPU.
-    On a GPU it is plain ``torch.topk``: the candidate set's size depends on the data, and
-    learning it would wait for the device once per layer."""
-    n = magnitudes.numel()
-    if magnitudes.is_cuda or n < _THRESHOLD_MIN_NUMEL or k > _THRESHOLD_MAX_DENSITY * n:
-        return torch.topk(magnitudes, k, sorted=False).indices
-    sample = magnitudes.index_select(0, _sample_positions(n, magnitudes.device))
+    then gives the same answer as a full ``torch.topk`` of the magnitudes (up to ties), much
+    faster on a CPU, where the magnitudes are taken a chunk at a time and never written out
+    whole. On a GPU it is plain ``torch.topk``: the candidate set's size depends on the data,
+    and learning it would wait for the device once per layer."""
+    n = values.numel()
+    if values.is_cuda or n < _THRESHOLD_MIN_NUMEL or k > _THRESHOLD_MAX_DENSITY * n:
+        return torch.topk(values.abs(), k, sorted=False).indices
+    sample = values.index_select(0, _sample_positions(n, values.device)).abs_()
     sample_size = sample.numel()
     density = k / n
     # The sample quantile at the target density, widened by the sampling error of the count
@@ -39,14 +40,14 @@ def topk_indices(magnitudes, k):
         # The smallest of the sample's largest entries (a partial sort, faster than kthvalue).
         threshold = sample.topk(above, sorted=False).values.min()
         if not threshold > 0:  # every entry is a candidate
-            return torch.topk(magnitudes, k, sorted=False).indices
-        candidates = indices_at_least(magnitudes, threshold)
+            return torch.topk(values.abs(), k, sorted=False).indices
+        candidates = indices_at_least(values, threshold)
         if candidates.numel() >= k:
             break
         if above == sample_size:
-            return torch.topk(magnitudes, k, sorted=False).indices
+            return torch.topk(values.abs(), k, sorted=False).indices
         fraction *= 4
-    chosen = torch.topk(magnitudes.index_select(0, candidates), k, sorted=False).indices
+    chosen = torch.topk(values.index_select(0, candidates).abs_(), k, sorted=False).indices
     return candidates.index_select(0, chosen)
 
 
@@ -67,24 +68,25 @@ def _sample_positions(n, device):
     return torch.randint(n, (min(_MAX_SAMPLE_SIZE, n >> _SAMPLE_SHIFT),), generator=generator).to(device)
 
 
-def indices_at_least(magnitudes, threshold):
-    """Ascending indices of the entries of ``magnitudes`` (>= 0) that are >= ``threshold``
-    (a positive 0-d tensor): ``(magnitudes >= threshold).nonzero()``, several times faster
+def indices_at_least(values, threshold):
+    """Ascending indices of the entries of ``values`` whose magnitude is >= ``threshold`` (a
+    positive 0-d tensor): ``(values.abs() >= threshold).nonzero()``, several times faster
     when few entries qualify.
 
-    Comparisons write bools slowly, so the flags come from ``threshold(x, below, 0)`` (zero
-    unless x > below, the float just under ``threshold``) copied to bool, a chunk at a time.
+    Comparisons write bools slowly, so the flags come from ``threshold(|x|, below, 0)`` (zero
+    unless |x| > below, the float just under ``threshold``) copied to bool, a chunk at a time.
     The flags are then scanned eight at a time as 64-bit words, and only words with a flag
     set are expanded."""
-    n = magnitudes.numel()
+    n = values.numel()
     below = torch.nextafter(threshold, threshold.new_zeros(())).item()
-    mask = torch.empty(8 * -(-n // 8), dtype=torch.bool, device=magnitudes.device)
+    mask = torch.empty(8 * -(-n // 8), dtype=torch.bool, device=values.device)
     mask[n:] = False
-    kept = torch.empty(min(n, _MASK_CHUNK), dtype=magnitudes.dtype, device=magnitudes.device)
+    kept = torch.empty(min(n, _MASK_CHUNK), dtype=values.dtype, device=values.device)
     for start in range(0, n, _MASK_CHUNK):
-        piece = magnitudes[start:start + _MASK_CHUNK]
+        piece = values[start:start + _MASK_CHUNK]
         count = piece.numel()
-        mask[start:start + count].copy_(torch.threshold(piece, below, 0.0, out=kept[:count]))
+        magnitudes = torch.abs(piece, out=kept[:count])
+        mask[start:start + count].copy_(torch.threshold(magnitudes, below, 0.0, out=magnitudes))
     as_words = mask.view(torch.int64)
     (hit,) = torch.nonzero(as_words, as_tuple=True)
     (flags,) = torch.nonzero(as_words.index_select(0, hit).view(torch.bool), as_tuple=True)
