@@ -30,6 +30,8 @@ counted as bytes). Bandwidth: the best of several copies of a 256 MiB buffer int
 + write counted, STREAM's copy); GEMM throughput: the best of several runs of the three skinny
 products above on a 2048 x 2048 matrix at the run's rank. With ``--device cuda`` both are
 measured on the GPU. Target: PowerSGD, ACP-SGD, Top-K and QSGD within 1.5x of their floor.
+Where one misses it, what bounds it: on CPU each method's process profiles one more step and the
+section names the aten operators that took most of it.
 
 ``--operators`` measures instead, and alone, the aten operators a step dispatches (counted under
 a ``TorchDispatchMode``) for every compressor, and those of L-GreCo's low-rank error rows one
@@ -94,6 +96,7 @@ FLOOR = "floor throughput"  # measure()'s label for the floor's measurements
 # projections and decompression, ACP-SGD's one projection a step and decompression (2 n m r each).
 LOWRANK_FLOPS = {"PowerSGD": 6, "ACP-SGD": 4}
 FLOOR_TARGETS = ["PowerSGD", "ACP-SGD", "TopK", "QSGD"]
+BREAKDOWN_OPERATORS = 3  # operators named in "where the step goes"
 FLOOR_LIMIT = 1.5
 SECTION = {"cpu": "Codec cost", "cuda": "Codec cost on a GPU"}
 OPERATORS_SECTION = {"cpu": "Codec operators per step", "cuda": "Codec operators per step on a GPU"}
@@ -140,13 +143,31 @@ def seconds_of(fn, device="cpu"):
 
 
 def time_ours(make, grads, cycles, device):
+    """{"cycles": seconds per step, one value per cycle; "operators": where one more step's
+    time went (``where_time_goes``), on CPU}."""
     compressor = make()
 
     def step():
         for name, grad in grads.items():
             exchange_alone(compressor, name, grad)
 
-    return time_cycles(lambda: seconds_of(step, device), cycles)
+    timed = {"cycles": time_cycles(lambda: seconds_of(step, device), cycles)}
+    if torch.device(device).type == "cpu":
+        timed["operators"] = where_time_goes(step)
+    return timed
+
+
+def where_time_goes(step, largest=BREAKDOWN_OPERATORS):
+    """The ``largest`` aten operators by self time over one profiled ``step()``, as
+    [operator, share of the step's self time], and the rest's share: what bounds a codec."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiled:
+        step()
+    times = {event.key: event.self_cpu_time_total for event in profiled.key_averages()
+             if event.key.startswith("aten::")}
+    total = sum(times.values()) or 1.0
+    ranked = sorted(times.items(), key=lambda item: -item[1])
+    return {"largest": [[op, t / total] for op, t in ranked[:largest]],
+            "rest": sum(t for _, t in ranked[largest:]) / total}
 
 
 class Bucket:
@@ -319,7 +340,7 @@ def measure(set_name, label, options):
     if label == HOOK:
         created = world_of_one(options.device)
         try:
-            return time_torch_hook(grads, options.rank, options.repeats, options.device)
+            return {"cycles": time_torch_hook(grads, options.rank, options.repeats, options.device)}
         finally:
             if created:
                 dist.destroy_process_group()
@@ -454,11 +475,13 @@ def run(args):
                  "gradient_bytes": 4 * parameter_count(shapes), "methods": {}}
         for label in [HOOK] + [label for label, _ in compressors(args)]:
             call = measure if args.quick and label != HOOK else measure_in_fresh_process
-            per_step = call(set_name, label, args)
-            seconds = statistics.median(per_step)
+            timed = call(set_name, label, args)
+            seconds = statistics.median(timed["cycles"])
             entry["methods"][label] = {"step_ms": 1e3 * seconds,
                                        "gb_per_s": entry["gradient_bytes"] / seconds / 1e9,
-                                       "step_ms_each_cycle": [1e3 * s for s in per_step]}
+                                       "step_ms_each_cycle": [1e3 * s for s in timed["cycles"]]}
+            if "operators" in timed:
+                entry["methods"][label]["operators"] = timed["operators"]
             floor = ""
             if label in makers:
                 model = floor_model(label, makers[label](), shapes)
@@ -621,7 +644,27 @@ def floor_lines(results):
     # from above what NoCompression must do: it can run under its "floor".
     return lines + ["", "A tensor sent whole counts as read and written once, what a real all-reduce "
                     "does; on one rank NoCompression hands the gradient back as it is and can run "
-                    "under that."]
+                    "under that."] + bound_lines(results)
+
+
+def bound_lines(results):
+    """What bounds each floor target: its step's largest operators by self time (one profiled
+    step after the timed ones), where the run has them."""
+    rows = [(name, label, method) for name, entry in results["codec"].items()
+            for label, method in entry["methods"].items() if label in FLOOR_TARGETS and "operators" in method]
+    if not rows:
+        return []
+    lines = ["", f"Where the step goes: the {BREAKDOWN_OPERATORS} aten operators with the most self "
+             "time in one profiled step after the timed ones (share of the step's operator time). "
+             "`random_` is QSGD's random draws (a 64-bit word for four codes), `copy_` casts and "
+             "chunk copies, `mm`/`addmm` the low-rank products, `nonzero`/`topk` Top-K's selection.",
+             "", "| shape set | method | x floor | largest operators | the rest |", "|---|---|---|---|---|"]
+    for name, label, method in rows:
+        largest = ", ".join(f"`{op.removeprefix('aten::')}` {100 * share:.0f}%"
+                            for op, share in method["operators"]["largest"])
+        lines.append(f"| {name} | {label} | {method['floor']['x_floor']:.2f}x | {largest} | "
+                     f"{100 * method['operators']['rest']:.0f}% |")
+    return lines
 
 
 def _percent(value):

@@ -30,11 +30,13 @@ def test_codec_quick_writes_json_figures_and_its_section(tmp_path, monkeypatch):
     assert all(entry["step_ms"] > 0 for entry in methods.values())
     assert results["throughput"]["bandwidth_bytes_per_s"] > 0 and results["throughput"]["gemm_flops_per_s"] > 0
     assert all(methods[label]["floor"]["floor_ms"] > 0 for label in ["PowerSGD", "ACP-SGD", "TopK", "QSGD"])
+    shares = methods["QSGD"]["operators"]
+    assert len(shares["largest"]) == 3 and sum(s for _, s in shares["largest"]) + shares["rest"] == pytest.approx(1)
     for png in ["codec_cost.png", "topk_selection.png"]:
         assert (tmp_path / "benchmarks" / png).stat().st_size > 0
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## Other\n\nkept\n" in text and text.count("## Codec cost") == 1
-    assert "python -m benchmarks codec --quick" in text and "| x floor |" in text
+    assert "python -m benchmarks codec --quick" in text and "| x floor |" in text and "| largest operators |" in text
     # A second run replaces the section instead of appending another.
     assert bench.main(["codec", "--quick", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "benchmarks.md").read_text().count("## Codec cost") == 1
@@ -134,8 +136,8 @@ def test_benchmarks_are_outside_the_installed_package():
 
 def test_full_runs_measure_each_method_in_a_fresh_process():
     options = argparse.Namespace(rank=2, density=0.01, bits=4, repeats=1, device="cpu")
-    per_step = measure_in_fresh_process("tiny", HOOK, options)
-    assert len(per_step) == 1 and per_step[0] > 0
+    timed = measure_in_fresh_process("tiny", HOOK, options)
+    assert len(timed["cycles"]) == 1 and timed["cycles"][0] > 0
 
 
 @pytest.mark.slow
