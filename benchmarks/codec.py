@@ -64,7 +64,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hvd_compress as hc
-from benchmarks.report import DOCS, OthersShare, describe_machine, machine, method_bars, panels, write_section
+from benchmarks.report import (DOCS, OthersShare, describe_machine, machine, method_bars, notes_lines, panels,
+                               write_section)
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import exchange_alone
 from hvd_compress.compressors.base import Compressor
@@ -91,6 +92,8 @@ TOPK_SPEEDUP = {"cpu": 10.0, "cuda": 3.0}
 COPY_BYTES = 256 << 20
 GEMM_SIDE = 2048
 THROUGHPUT_REPEATS = 5
+GEMM_PRODUCTS = "`M Q`, `M^T P` as `(P^T M)^T` and `P Q^T`"
+EARLIER_GEMM_PRODUCTS = "`M Q`, `M^T P` and `P Q^T`"  # what runs before 2026-11-27 timed
 FLOOR = "floor throughput"  # measure()'s label for the floor's measurements
 # Flops per step of a compressed n x m matrix at rank r, in units of n m r: PowerSGD's two
 # projections and decompression, ACP-SGD's one projection a step and decompression (2 n m r each).
@@ -307,12 +310,13 @@ def machine_throughput(rank: int, device: str, quick: bool = False) -> dict:
     p = matrix @ q
 
     def products():
-        return matrix @ q, matrix.T @ p, p @ q.T
+        # M^T P as (P^T M)^T, the form maths.lowrank uses: an AMD EPYC's BLAS ran M.T @ P 7x slower.
+        return matrix @ q, (p.T @ matrix).T, p @ q.T
 
     gemm_seconds = _best_seconds(products, device)
     return {"threads": torch.get_num_threads(), "copy_bytes": 4 * numel,
             "bandwidth_bytes_per_s": 2 * 4 * numel / copy_seconds,
-            "gemm_shape": [GEMM_SIDE, GEMM_SIDE, rank],
+            "gemm_shape": [GEMM_SIDE, GEMM_SIDE, rank], "gemm_products": GEMM_PRODUCTS,
             "gemm_flops_per_s": 3 * 2 * GEMM_SIDE * GEMM_SIDE * rank / gemm_seconds}
 
 
@@ -586,6 +590,7 @@ def markdown(results, figures, operators=None):
     lines += ["", "Targets:", "", "| target | value | limit | met |", "|---|---|---|---|"]
     lines += [f"| {row['target']} | {row['value']:.2f} | {row['limit']} | {'yes' if row['met'] else 'no'} |"
               for row in results["targets"]]
+    lines += notes_lines(results)
     lines += [""] + [f"![{path.stem}]({path.as_posix()})" for path in figures]
     return "\n".join(lines) + "\n"
 
@@ -623,8 +628,9 @@ def floor_lines(results):
     lines = ["", f"Floor (issue 36; the model is in `benchmarks/codec.py`'s docstring): memory bandwidth "
              f"{machine_speed['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s (best of {THROUGHPUT_REPEATS} "
              f"copies of a {machine_speed['copy_bytes'] >> 20} MiB float32 buffer into another, read + "
-             f"write counted), GEMM {machine_speed['gemm_flops_per_s'] / 1e9:.2f} GFLOP/s (`M Q`, "
-             f"`M^T P` and `P Q^T` of a {GEMM_SIDE} x {GEMM_SIDE} `M` at rank {rank}, best of "
+             f"write counted), GEMM {machine_speed['gemm_flops_per_s'] / 1e9:.2f} GFLOP/s "
+             f"({machine_speed.get('gemm_products', EARLIER_GEMM_PRODUCTS)} of a {GEMM_SIDE} x "
+             f"{GEMM_SIDE} `M` at rank {rank}, best of "
              f"{THROUGHPUT_REPEATS}), measured in this run with {machine_speed['threads']} torch "
              f"threads, as the codecs ran. Floor = max(bytes / bandwidth, flops / GEMM throughput); "
              f"target: PowerSGD, ACP-SGD, Top-K and QSGD within {FLOOR_LIMIT}x of it.", "",
