@@ -41,9 +41,10 @@ It prints one table (method, setting, bytes one rank sends per step, codec and c
 time, projected step, speed-up over uncompressed, the steps-to-target factor and projected time
 to target where measured, and the quality this project measured for that setting:
 ``hvd_compress/data/quality_evidence.json``, from ``docs/benchmarks.md``) and one line of
-advice. Where any compressed setting has a steps-to-target factor, the advice is the setting
-(or uncompressed) with the shortest projected time to target, among those measured, if it beats
-uncompressed by ``WORTH_IT``. Otherwise, it is the fastest setting per step whose measured
+advice. Where any compressed setting has a steps-to-target factor on at least ``PICK_SEEDS``
+seeds, the advice is the setting (or uncompressed) with the shortest projected time to target,
+among those, if it beats uncompressed by ``WORTH_IT``; a setting projected sooner on fewer seeds
+is named, not picked. Otherwise, it is the fastest setting per step whose measured
 quality loss stays within ``QUALITY_LIMITS``, said to rest on step time alone; or "do not
 compress: the link is fast enough" when nothing beats uncompressed by ``WORTH_IT``.
 Controllers (L-GreCo, GraVAC) are not projected: their settings change during training; their

@@ -13,6 +13,10 @@ from hvd_compress.advise.projection import Candidate
 # by at most this many percent, accuracy down by at most this many points.
 QUALITY_LIMITS = {"%": 5.0, "points": 1.0}
 WORTH_IT = 1.05  # a projected speed-up below this is not worth compression's risks
+# The fewest seeds a steps-to-target factor must rest on for advise to pick by it: the time-to-train
+# rules (MLPerf, AlgoPerf) score no point on fewer, and one seed of a method here was a third
+# slower than the next (PowerSGD rank 8: 4,152 and 5,764 steps).
+PICK_SEEDS = 3
 EVIDENCE = Path(__file__).parents[1] / "data" / "quality_evidence.json"
 
 
@@ -52,7 +56,7 @@ def steps_for(method: str, setting: str, evidence: Dict[str, Any]) -> Tuple[str,
     steps = evidence.get("steps_to_target")
     if method == "none":
         return ("the target is its quality", 1.0) if steps else ("", None)
-    record = (steps or {}).get("methods", {}).get(method, {}).get(setting)
+    record = _steps_record(method, setting, evidence)
     if not record:
         return "", None
     seeds = f"{record['reached']} of {record['seeds']} seeds reached it"
@@ -61,10 +65,24 @@ def steps_for(method: str, setting: str, evidence: Dict[str, Any]) -> Tuple[str,
     return f"{record['factor']:.2f}x the steps ({seeds}; {steps['workload']})", record["factor"]
 
 
+def steps_seeds(method: str, setting: str, evidence: Dict[str, Any]) -> int:
+    """The seeds the setting's steps-to-target factor rests on (uncompressed's: the target's, so
+    never too few), 0 where none was measured."""
+    if method == "none":
+        return PICK_SEEDS if evidence.get("steps_to_target") else 0
+    record = _steps_record(method, setting, evidence)
+    return record["seeds"] if record else 0
+
+
+def _steps_record(method: str, setting: str, evidence: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    return evidence.get("steps_to_target", {}).get("methods", {}).get(method, {}).get(setting)
+
+
 def recommend(candidates: Sequence[Candidate]) -> str:
     """The one line of advice (the package docstring's rule)."""
     baseline = next(c for c in candidates if c.method == "none")
-    measured = [c for c in candidates if c.to_target is not None and c.method != "none"]
+    projected = [c for c in candidates if c.to_target is not None and c.method != "none"]
+    measured = [c for c in projected if c.steps_seeds >= PICK_SEEDS]
     if measured:
         best = min(measured, key=lambda c: c.to_target)
         if best.to_target > 1 / WORTH_IT:
@@ -74,6 +92,11 @@ def recommend(candidates: Sequence[Candidate]) -> str:
         else:
             line = (f"compress with {describe(best)}: projected to reach uncompressed's quality in "
                     f"{best.to_target:.2f}x its time ({best.speedup:.2f}x faster a step, {best.steps_evidence})")
+        thin = [c for c in projected if c.steps_seeds < PICK_SEEDS and c.to_target < min(best.to_target, 1.0)]
+        if thin:
+            sooner = min(thin, key=lambda c: c.to_target)
+            line += (f". Projected sooner but on fewer than {PICK_SEEDS} seeds, not picked: {describe(sooner)}, "
+                     f"{sooner.to_target:.2f}x its time ({sooner.steps_evidence})")
         # A setting whose steps to target were never measured may still be the one to try.
         unmeasured = [c for c in candidates if c.steps_factor is None and c.quality_ok is not False
                       and c.speedup * min(best.to_target, 1.0) > WORTH_IT]
@@ -83,6 +106,8 @@ def recommend(candidates: Sequence[Candidate]) -> str:
                      f"which pays if it needs under {fastest.speedup * min(best.to_target, 1.0):.2f}x the steps")
         return line
     line = recommend_by_step(candidates, baseline)
+    if projected:
+        return line + f"; steps to target measured on fewer than {PICK_SEEDS} seeds only, so this rests on step time alone"
     return line + "; steps to target not measured for any setting here, so this rests on step time alone"
 
 

@@ -49,6 +49,7 @@ class Candidate:
     # over uncompressed's (step time x steps).
     steps_factor: Optional[float] = None
     steps_evidence: str = ""
+    steps_seeds: int = 0  # the seeds the factor rests on
     to_target: Optional[float] = None
     # Rounds that follow another, one gradient after another: collective -> (messages, bytes each)
     serial_messages: Dict[str, Tuple[int, float]] = field(default_factory=dict)

@@ -163,9 +163,10 @@ def test_steps_to_target_evidence_gives_the_factor_or_says_it_was_not_reached():
     assert quality.steps_for("none", "", {}) == ("", None)
 
 
-def with_steps(candidates, factors):
+def with_steps(candidates, factors, seeds=5):
     for c in candidates:
         c.steps_evidence, c.steps_factor = "measured", factors.get(c.method, 1.0 if c.method == "none" else None)
+        c.steps_seeds = seeds
         if c.steps_factor is not None:
             c.to_target = c.steps_factor / c.speedup
     return candidates
@@ -181,6 +182,24 @@ def test_advice_picks_the_shortest_time_to_target_not_the_fastest_step():
     assert f"{compressed.to_target:.2f}x its time" in line
     compressed.to_target = 1.0  # as slow to the target as uncompressed
     assert quality.recommend([dense, compressed, risky]).startswith("do not compress: no measured setting")
+
+
+def test_advice_picks_only_by_steps_measured_on_enough_seeds_and_names_a_sooner_one_on_fewer():
+    dense, compressed, risky = with_steps(projected(1 / 1e8), {"powersgd": 1.5, "topk": 1.2})
+    risky.quality_ok, risky.steps_seeds, risky.steps_evidence = True, 1, "1.20x the steps (1 of 1 seeds reached it)"
+    line = quality.recommend([dense, compressed, risky])
+    assert line.startswith("compress with powersgd rank=4")
+    assert (f"Projected sooner but on fewer than {quality.PICK_SEEDS} seeds, not picked: topk density=0.001, "
+            f"{risky.to_target:.2f}x its time (1.20x the steps (1 of 1 seeds reached it))") in line
+    compressed.steps_seeds = 2  # nothing measured on enough seeds: step time decides, and says why
+    assert quality.recommend([dense, compressed, risky]).endswith(
+        f"measured on fewer than {quality.PICK_SEEDS} seeds only, so this rests on step time alone")
+
+
+def test_steps_seeds_are_the_records_and_the_targets_for_uncompressed():
+    assert quality.steps_seeds("powersgd", "rank=4", STEPS) == 3
+    assert quality.steps_seeds("powersgd", "rank=8", STEPS) == 0
+    assert quality.steps_seeds("none", "", STEPS) == quality.PICK_SEEDS and quality.steps_seeds("none", "", {}) == 0
 
 
 def test_advice_names_a_faster_setting_whose_steps_to_target_were_not_measured():
