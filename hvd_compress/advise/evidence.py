@@ -107,7 +107,8 @@ def recommend(candidates: Sequence[Candidate]) -> str:
         return line
     line = recommend_by_step(candidates, baseline)
     if projected:
-        return line + f"; steps to target measured on fewer than {PICK_SEEDS} seeds only, so this rests on step time alone"
+        return line + (f"; steps to target measured on fewer than {PICK_SEEDS} seeds only, so this rests on "
+                       "step time alone")
     return line + "; steps to target not measured for any setting here, so this rests on step time alone"
 
 
