@@ -162,15 +162,14 @@ def lowrank_kept_energies(matrix, q, ranks, seed, name):
     return torch.stack([kept[r - 1] for r in ranks]), projected.t().contiguous()
 
 
-def topk_kept_energies(flat, ks, magnitudes=None):
+def topk_kept_energies(flat, ks):
     """Energy of the k largest magnitudes for every k in ``ks`` (ks[0] the largest); on large
-    layers estimated (``_threshold_kept_energies`` on the CPU, the histogram on a GPU).
-    ``magnitudes``: ``flat.abs()`` where the caller has it."""
+    layers estimated (``_threshold_kept_energies`` on the CPU, the histogram on a GPU)."""
     if flat.numel() >= HISTOGRAM_MIN_NUMEL:
         ks = [min(k, flat.numel()) for k in ks]
         if flat.is_cuda:
             return _histogram_kept_energies(flat, ks)[0]
-        return _threshold_kept_energies(flat.abs() if magnitudes is None else magnitudes, ks)
+        return _threshold_kept_energies(flat.abs(), ks)
     return kept_within_selection(flat[topk_indices(flat, ks[0])], ks)
 
 
