@@ -38,6 +38,11 @@ def settings_of(method: str) -> List[Dict[str, Any]]:
     return [{key: value} for value in SETTINGS[key]]
 
 
+def every_rank(ranks, mine):
+    """Every rank's ``mine``, in rank order; rank 0's alone for a stand-in without ``gather``."""
+    return ranks.gather(mine) if hasattr(ranks, "gather") else [ranks.agree(mine)]
+
+
 def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, compute_ms: Optional[float] = None,
            methods: Optional[Sequence[str]] = None, ranks: Optional[LaunchedRanks] = None, codec_steps: int = 6,
            compute_steps: int = 6, repeats: int = 3) -> Advice:
@@ -62,9 +67,8 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
                          "loss_of(model) to measure it")
     if loss_of is not None:
         ranks.barrier()
-        mine = measure_compute(model, loss_of, compute_steps)
         # A step waits for the slowest rank's backward, as for the codec below.
-        forward_s, backward_s = max(ranks.gather(mine) if hasattr(ranks, "gather") else [ranks.agree(mine)], key=sum)
+        forward_s, backward_s = max(every_rank(ranks, measure_compute(model, loss_of, compute_steps)), key=sum)
     else:
         if compute_ms <= 0:
             raise ValueError(f"compute_ms must be positive, got {compute_ms!r}")
@@ -76,8 +80,7 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
         for setting in settings_of(method):
             ranks.barrier()  # every rank's codec runs at once, as in training
             mine = measure_codec(method, setting, grads, named, ranks.rank, ranks.size, codec_steps)
-            every_rank = ranks.gather(mine) if hasattr(ranks, "gather") else [ranks.agree(mine)]
-            candidates.append(slowest_codec(every_rank))
+            candidates.append(slowest_codec(every_rank(ranks, mine)))
     largest = {}
     for candidate in candidates:
         for collective, (_, per_message) in [*candidate.messages.items(), *candidate.serial_messages.items()]:
