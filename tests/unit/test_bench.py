@@ -538,8 +538,9 @@ def test_time_to_quality_schedule_target_and_scores():
     deciding, others = 5 * len(ttq.DECIDING), len(ttq.METHODS) - len(ttq.DECIDING)
     assert len(points) == deciding + 3 * others
     assert {p["label"] for p in points[:deciding]} == set(ttq.DECIDING)
-    assert [p["key"] for p in points[deciding - 3:deciding]] == [
-        "charlm/FP16/seed 4", "charlm/PowerSGD rank 8/seed 4", "charlm/ACP-SGD rank 16/seed 4"]
+    assert [p["key"] for p in points[deciding - 4:deciding]] == [
+        "charlm/FP16/seed 4", "charlm/PowerSGD rank 8/seed 4", "charlm/ACP-SGD rank 16/seed 4",
+        "charlm/L-GreCo (Top-K) density 0.1/seed 4"]
     assert all(p["seed"] == 0 for p in points[deciding:deciding + others]) and points[deciding + others]["seed"] == 1
 
 
