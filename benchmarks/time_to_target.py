@@ -346,8 +346,8 @@ def advised(cluster, args) -> Dict[str, Any]:
     return {"command": command, "recommendation": advice["recommendation"],
             "wall_seconds": round(time.perf_counter() - started, 1), "compute_ms": advice["compute_ms"],
             "steps_workload": advice["steps_workload"],
-            "candidates": [{key: c[key] for key in ("method", "setting", "step_ms", "speedup", "steps_factor",
-                                                   "to_target")} for c in advice["candidates"]]}
+            "candidates": [{key: c[key] for key in ("method", "setting", "step_ms", "timed_step_ms", "speedup",
+                                                   "steps_factor", "to_target")} for c in advice["candidates"]]}
 
 
 def stale_factors(advice: Dict[str, Any]) -> Dict[Tuple[str, str], Tuple[Optional[float], Optional[float]]]:
@@ -496,13 +496,16 @@ def advise_verdict(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], se
         lines.append(f"Target: advise's pick ({label}, {seconds[label]:.1f} s) within {bound:.0%} of the fastest "
                      f"measured ({fastest}, {seconds[fastest]:.1f} s): {'met' if slower <= bound else 'missed'} "
                      f"({slower:+.1%}).")
-    projected = {(c["method"], c["setting"]): c["to_target"] for c in entry["advise"]["candidates"]}
+    projected = {(c["method"], c["setting"]): c for c in entry["advise"]["candidates"]}
     base = seconds.get(ttq.UNCOMPRESSED)
-    pairs = [f"{lab}: projected {projected[key]:.2f}x, measured {seconds[lab] / base:.2f}x"
-             for key, lab in named.items() if lab in seconds and projected.get(key) is not None and base]
+    pairs = [f"{lab}: projected {projected[key]['to_target']:.2f}x"
+             f"{' (step timed)' if projected[key].get('timed_step_ms') is not None else ''}, "
+             f"measured {seconds[lab] / base:.2f}x"
+             for key, lab in named.items()
+             if lab in seconds and key in projected and projected[key]["to_target"] is not None and base]
     if pairs:
-        lines.append("advise's projected time to target against the measured (relative to uncompressed): "
-                     + "; ".join(pairs) + ".")
+        lines.append("advise's projected time to target against the measured (relative to uncompressed; "
+                     "\"step timed\": from advise's timed training steps, not its model): " + "; ".join(pairs) + ".")
     return lines
 
 

@@ -6,8 +6,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from hvd_compress.advise.evidence import (evidence_for, factor_text, recommend, shipped_evidence, steps_for,
-                                          steps_seeds)
+from hvd_compress.advise.check import check_by_timing, slowest_median, time_steps
+from hvd_compress.advise.evidence import (PICK_SEEDS, evidence_for, factor_text, recommend, shipped_evidence,
+                                          steps_for, steps_seeds)
 from hvd_compress.advise.measure import gradients_of, measure_codec, measure_compute, measure_links, slowest_codec
 from hvd_compress.advise.projection import Candidate, Link, project
 from hvd_compress.advise.ranks import LaunchedRanks, launched_ranks
@@ -45,7 +46,7 @@ def every_rank(ranks, mine):
 
 def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, compute_ms: Optional[float] = None,
            methods: Optional[Sequence[str]] = None, ranks: Optional[LaunchedRanks] = None, codec_steps: int = 6,
-           compute_steps: int = 6, repeats: int = 3) -> Advice:
+           compute_steps: int = 6, repeats: int = 3, timed_steps: int = 30) -> Advice:
     """Measures and projects every method (``methods``: registry names, default all) for
     ``model`` on the launched ranks; every rank must call it. ``compute_ms``: forward plus
     backward of one step, when ``loss_of`` is not given (backward taken as two thirds of it).
@@ -53,7 +54,9 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
     ``barrier``, ``agree`` and optionally ``gather`` (without it, rank 0's codec times count).
     ``codec_steps``, ``compute_steps``: timed steps (after an untimed one) whose median counts; with
     two, four ranks sharing two cores gave Top-K 1% a codec of 6 ms in one run and 12.5 in the
-    next, and the pick at r = 3 flipped between Top-K 1% and FP16."""
+    next, and the pick at r = 3 flipped between Top-K 1% and FP16. ``timed_steps``: real training
+    steps timed per setting that could be picked (``check.py``; needs ``loss_of`` and Horovod's
+    ranks; 0: projections alone)."""
     device = next(model.parameters()).device
     ranks = ranks or launched_ranks(device)
     methods = list(methods or COMPRESSORS)
@@ -62,6 +65,8 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
         raise ValueError(f"methods: {unknown} are not registered; known: {sorted(COMPRESSORS)}")
     if "none" not in methods:
         methods.insert(0, "none")
+    if timed_steps < 0:
+        raise ValueError(f"timed_steps must be 0 (projections alone) or more, got {timed_steps!r}")
     if loss_of is None and compute_ms is None:
         raise ValueError("compute_ms: give the compute time of one step (forward + backward, ms), or a "
                          "loss_of(model) to measure it")
@@ -98,6 +103,14 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
         if candidate.steps_factor is not None:
             candidate.to_target = candidate.steps_factor / candidate.speedup
     baseline.quality_ok = True
+    hvd = getattr(ranks, "horovod", None)
+    if timed_steps and loss_of is not None and hvd is not None:
+        def time_one(candidate: Candidate) -> float:
+            ranks.barrier()
+            mine = time_steps(model, loss_of, candidate.method, candidate.options, timed_steps, hvd)
+            return slowest_median(every_rank(ranks, mine))
+
+        check_by_timing(candidates, time_one, PICK_SEEDS)
     return Advice(ranks.size, sum(g.numel() for g in grads.values()), 1e3 * (forward_s + backward_s),
                   1e3 * backward_s, links, candidates, recommend(candidates),
                   steps_workload=evidence.get("steps_to_target", {}).get("workload", "")
@@ -112,12 +125,14 @@ def format_advice(advice: Advice) -> str:
     for collective, link in advice.links.items():
         bandwidth = "-" if math.isinf(link.bytes_per_s) else f"{8 * link.bytes_per_s / 1e9:.2f} Gbit/s"
         lines.append(f"  {collective:9} {1e6 * link.latency_s:8.0f} us  {bandwidth}")
-    header = ("method", "setting", "MB/step", "codec ms", "comm ms", "step ms", "speed-up", "steps",
+    header = ("method", "setting", "MB/step", "codec ms", "comm ms", "step ms", "timed ms", "speed-up", "steps",
               "time to target", "quality evidence")
     rows = [(c.method, c.setting or "-", f"{c.wire_bytes / 1e6:.2f}", f"{c.codec_ms:.1f}",
-             f"{c.communication_ms:.1f}", f"{c.step_ms:.1f}", f"{c.speedup:.2f}x", factor_text(c.steps_factor),
+             f"{c.communication_ms:.1f}", f"{c.step_ms:.1f}",
+             "-" if c.timed_step_ms is None else f"{c.timed_step_ms:.1f}", f"{c.speedup:.2f}x",
+             factor_text(c.steps_factor),
              factor_text(c.to_target), c.evidence)
-            for c in sorted(advice.candidates, key=lambda c: c.step_ms)]
+            for c in sorted(advice.candidates, key=lambda c: c.expected_step_ms)]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])

@@ -22,6 +22,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--methods", help="comma-separated registry names (default: every one)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", type=Path, help="also write the advice as JSON (rank 0)")
+    parser.add_argument("--timed-steps", type=int, default=30,
+                        help="real training steps timed per setting that could be picked (0: projections alone)")
     args = parser.parse_args(argv)
     model, loss_of = load_model(args.model)
     device = torch.device(args.device)
@@ -31,7 +33,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     model.to(device)
     ranks = launched_ranks(device)
     advice = advise(model, loss_of, compute_ms=args.compute_ms, ranks=ranks,
-                    methods=args.methods.split(",") if args.methods else None)
+                    methods=args.methods.split(",") if args.methods else None, timed_steps=args.timed_steps)
     if ranks.rank == 0:
         sys.stdout.write(format_advice(advice) + "\n")  # one write: whole lines under any launcher
         sys.stdout.flush()

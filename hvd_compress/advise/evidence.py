@@ -91,7 +91,8 @@ def recommend(candidates: Sequence[Candidate]) -> str:
                     f"its time)")
         else:
             line = (f"compress with {describe(best)}: projected to reach uncompressed's quality in "
-                    f"{best.to_target:.2f}x its time ({best.speedup:.2f}x faster a step, {best.steps_evidence})")
+                    f"{best.to_target:.2f}x its time ({best.speedup:.2f}x faster a step as "
+                    f"{'projected' if best.timed_step_ms is None else 'timed'}, {best.steps_evidence})")
         thin = [c for c in projected if c.steps_seeds < PICK_SEEDS and c.to_target < min(best.to_target, 1.0)]
         if thin:
             sooner = min(thin, key=lambda c: c.to_target)
@@ -114,16 +115,17 @@ def recommend(candidates: Sequence[Candidate]) -> str:
 
 def recommend_by_step(candidates: Sequence[Candidate], baseline: Candidate) -> str:
     """The advice by projected step time and the quality limits."""
-    fastest = min(candidates, key=lambda c: c.step_ms)
+    # By speed-up, not step: a timed candidate's is against uncompressed's timed step.
+    fastest = max(candidates, key=lambda c: c.speedup)
     safe = [c for c in candidates if c.method != "none" and c.quality_ok]
-    best = min(safe, key=lambda c: c.step_ms) if safe else None
+    best = max(safe, key=lambda c: c.speedup) if safe else None
     if best is None or best.speedup < WORTH_IT:
         if fastest.method == "none" or fastest.speedup < WORTH_IT:
-            return (f"do not compress: the link is fast enough (uncompressed {baseline.step_ms:.1f} ms a step; "
+            return (f"do not compress: the link is fast enough (uncompressed {baseline.expected_step_ms:.1f} ms a step; "
                     f"no method is projected {WORTH_IT:.2f}x faster)")
         return (f"do not compress: only {describe(fastest)} is projected faster ({fastest.speedup:.2f}x), "
                 f"and this project measured a quality loss for it beyond the limits (or holds no evidence)")
-    line = (f"compress with {describe(best)}: {baseline.step_ms:.1f} -> {best.step_ms:.1f} ms a step "
+    line = (f"compress with {describe(best)}: {baseline.expected_step_ms:.1f} -> {best.expected_step_ms:.1f} ms a step "
             f"({best.speedup:.2f}x); quality measured here: {best.evidence}")
     if fastest is not best and fastest.method != "none":
         line += (f". Faster but with a larger or unmeasured quality loss: {describe(fastest)} "

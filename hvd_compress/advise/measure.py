@@ -91,7 +91,7 @@ def measure_codec(method: str, setting: Dict[str, Any], grads: Dict[str, torch.T
     messages, serial = stock_messages(rounds)
     label = ",".join(f"{key}={value}" for key, value in setting.items())
     return Candidate(method, label, traffic.wire_bytes / max(1, traffic.steps), 1e3 * statistics.median(seconds),
-                     messages, serial_messages=serial, codec_step_ms=[1e3 * s for s in seconds])
+                     messages, serial_messages=serial, codec_step_ms=[1e3 * s for s in seconds], options=dict(setting))
 
 
 def slowest_codec(every_rank: Sequence[Candidate]) -> Candidate:

@@ -3,7 +3,7 @@
 projected step (``project``; the package docstring says why each rule is what it is)."""
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hvd_compress.comm.rounds import Collective
 
@@ -54,6 +54,15 @@ class Candidate:
     # Rounds that follow another, one gradient after another: collective -> (messages, bytes each)
     serial_messages: Dict[str, Tuple[int, float]] = field(default_factory=dict)
     codec_step_ms: List[float] = field(default_factory=list)  # per timed step
+    options: Dict[str, Any] = field(default_factory=dict)  # the registry's keywords, as ``setting`` says
+    # A real training step's time where advise timed one (``check.py``); speedup and to_target
+    # then come from it.
+    timed_step_ms: Optional[float] = None
+
+    @property
+    def expected_step_ms(self) -> float:
+        """The timed step where there is one, else the projected."""
+        return self.step_ms if self.timed_step_ms is None else self.timed_step_ms
 
 
 _FUSED_BY_HOROVOD = (Collective.ALLREDUCE, Collective.ALLGATHER)

@@ -27,6 +27,8 @@ class LaunchedRanks:
                  transport: Union[HorovodTransport, TorchTransport], device: torch.device):
         self.backend, self.transport, self.device = backend, transport, device
         self.rank, self.size = backend.rank, backend.size
+        # horovod.torch where Horovod launched the ranks: advise times real steps through it.
+        self.horovod = import_horovod("hvd_compress.advise") if isinstance(backend, HorovodBackend) else None
 
     def run(self, collective: str, tensor: torch.Tensor, label: str) -> None:
         """``collective`` ("allreduce", "allgather", "broadcast" from rank 0, "alltoall") of

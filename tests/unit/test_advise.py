@@ -196,6 +196,43 @@ def test_advice_picks_only_by_steps_measured_on_enough_seeds_and_names_a_sooner_
         f"measured on fewer than {quality.PICK_SEEDS} seeds only, so this rests on step time alone")
 
 
+def test_the_timed_check_times_in_the_order_of_the_projection_until_a_timed_setting_beats_the_rest():
+    from hvd_compress.advise.check import check_by_timing
+    dense = candidate("none", "", 0.0, {})
+    settings = {name: candidate(name, "", 0.0, {}) for name in ("a", "b", "c", "d")}
+    projected = {"a": 0.5, "b": 0.6, "c": 0.8, "d": 0.55}  # time to target, relative to uncompressed
+    for name, c in settings.items():
+        c.steps_factor, c.steps_seeds, c.speedup = 1.2, 3, 1.2 / projected[name]
+        c.to_target = projected[name]
+    settings["d"].steps_seeds = 1  # cannot be picked: never timed
+    timed_ms = {"none": 100.0, "a": 90.0, "b": 65.0, "c": 60.0, "d": 95.0}  # slower than projected
+    order = []
+
+    def time_one(c):
+        order.append(c.method)
+        return timed_ms[c.method]
+
+    check_by_timing([dense, *settings.values()], time_one, pick_seeds=3)
+    # a timed at 1.33x its time; then b, 0.78x, beats c's projection (0.8): c is not timed.
+    assert order == ["none", "a", "b"]
+    assert settings["a"].to_target == pytest.approx(1.2 * 90 / 100) and settings["b"].timed_step_ms == 65.0
+    assert settings["c"].timed_step_ms is None and settings["c"].to_target == 0.8
+    assert quality.recommend([dense, *settings.values()]).startswith("compress with b")
+    order.clear()
+    for name, c in settings.items():
+        c.timed_step_ms, c.speedup, c.to_target = None, 1.2 / projected[name], projected[name]
+    check_by_timing([dense, *settings.values()], time_one, pick_seeds=3, most=1)
+    assert order == ["none", "a"]  # at most one besides uncompressed
+    # Without steps to target, the order is the projected speed-up of settings of measured quality.
+    for c in settings.values():
+        c.timed_step_ms, c.steps_seeds, c.steps_factor, c.to_target = None, 0, None, None
+    settings["a"].quality_ok = False
+    order.clear()
+    check_by_timing([dense, *settings.values()], time_one, pick_seeds=3)
+    # d (projected 2.18x a step) timed at 1.05x, then b at 1.54x, ahead of c's projected 1.5x.
+    assert order == ["none", "d", "b"]
+
+
 def test_steps_seeds_are_the_records_and_the_targets_for_uncompressed():
     assert quality.steps_seeds("powersgd", "rank=4", STEPS) == 3
     assert quality.steps_seeds("powersgd", "rank=8", STEPS) == 0
@@ -283,6 +320,8 @@ def test_advise_refuses_bad_input_naming_it():
         adv.advise(model, ranks=OneRank())
     with pytest.raises(ValueError, match="methods"):
         adv.advise(model, compute_ms=10, methods=["zip"], ranks=OneRank())
+    with pytest.raises(ValueError, match="timed_steps"):
+        adv.advise(model, compute_ms=10, ranks=OneRank(), timed_steps=-1)
     with pytest.raises(ValueError, match="module:function"):
         measure.load_model("examples.models")
 
@@ -302,6 +341,9 @@ def test_advise_on_two_ranks_prints_its_table(tmp_path):
     assert lines[-1].startswith("advice: ")
     advice = json.loads(out.read_text())
     assert advice["world_size"] == 2 and len(advice["candidates"]) == 7
+    # Real steps timed: uncompressed always, and at least the setting the advice would pick.
+    timed = [c for c in advice["candidates"] if c["timed_step_ms"] is not None]
+    assert any(c["method"] == "none" for c in timed) and len(timed) >= 2 and all(c["timed_step_ms"] > 0 for c in timed)
 
 
 @pytest.mark.slow
