@@ -145,17 +145,38 @@ def seconds_of(fn, device="cpu"):
     return time.perf_counter() - start
 
 
+def as_integrations_run(make, grads):
+    """(refresh, step) of ``make()``'s compressor run as the integrations run it, each result
+    made in its gradient's memory: ``refresh()`` hands it the gradients anew, copied into memory
+    already touched, as backward leaves them (not timed, not counted); ``step()`` is one step's
+    codec work on them."""
+    compressor = make()
+    compressor.write_results_into_gradients()
+    work = {name: grad.clone() for name, grad in grads.items()}
+
+    def refresh():
+        for name, grad in grads.items():
+            work[name].copy_(grad)
+
+    def step():
+        for name, grad in work.items():
+            exchange_alone(compressor, name, grad)
+
+    return refresh, step
+
+
 def time_ours(make, grads, cycles, device):
     """{"cycles": seconds per step, one value per cycle; "operators": where one more step's
     time went (``where_time_goes``), on CPU}."""
-    compressor = make()
+    refresh, step = as_integrations_run(make, grads)
 
-    def step():
-        for name, grad in grads.items():
-            exchange_alone(compressor, name, grad)
+    def timed_step():
+        refresh()
+        return seconds_of(step, device)
 
-    timed = {"cycles": time_cycles(lambda: seconds_of(step, device), cycles)}
+    timed = {"cycles": time_cycles(timed_step, cycles)}
     if torch.device(device).type == "cpu":
+        refresh()
         timed["operators"] = where_time_goes(step)
     return timed
 
@@ -399,16 +420,14 @@ class OperatorCount(TorchDispatchMode):
 def operators_per_step(make, grads, steps=STEPS_PER_CYCLE):
     """Aten operators per step of one compressor, after the warm-up steps (ACP-SGD alternates
     its P and Q steps: the mean of a cycle)."""
-    compressor = make()
-
-    def step():
-        for name, grad in grads.items():
-            exchange_alone(compressor, name, grad)
-
+    refresh, step = as_integrations_run(make, grads)
     for _ in range(WARMUP_STEPS):
+        refresh()
         step()
-    with OperatorCount() as counter:
-        for _ in range(steps):
+    counter = OperatorCount()
+    for _ in range(steps):
+        refresh()
+        with counter:
             step()
     return counter.counts(steps)
 
@@ -548,7 +567,9 @@ def markdown(results, figures, operators=None):
              f"at the start, {info['load_average_end']:.2f} at the end).", "",
              "Per step: compress + error feedback + decompress of every gradient of the model on "
              "one rank, communication left out (each collective returns the rank's own payload), "
-             "each method in a fresh process. "
+             "each method in a fresh process, run as the integrations run it: each result made in its "
+             "gradient's memory (`write_results_into_gradients`), the gradients copied anew, untimed, "
+             "before each step, as the torch hook's buckets are filled. "
              f"Torch's `powerSGD_hook` runs over DDP-style 25 MiB buckets in {group} "
              f"(its one-rank all-reduces included), after its dense start-up. PowerSGD and ACP-SGD "
              f"rank {options['rank']}, Top-K density {options['density']}, QSGD {options['bits']} "

@@ -72,13 +72,17 @@ def measure_codec(method: str, setting: Dict[str, Any], grads: Dict[str, torch.T
     by :func:`stock_messages` on the last step's rounds."""
     compressor = COMPRESSORS[method].build(named, **setting)
     compressor.bind_world(rank, world)
+    compressor.write_results_into_gradients()  # as in training: each step is given fresh copies
     traffic = compressor.traffic
     device = next(iter(grads.values())).device
+    work = {name: grad.clone() for name, grad in grads.items()}
     seconds = []
     for step in range(steps + 1):
+        for name, grad in grads.items():
+            work[name].copy_(grad)
         started = finished_at(device, settle=True)
         rounds = []  # (gradient's round index, collective, bytes) of this step
-        for name, grad in grads.items():
+        for name, grad in work.items():
             traffic.add_gradient(grad)
             sent = []  # this gradient's rounds, each answered as if every rank had sent it
             run_alone(compressor.begin(name, grad), world, sent.append)

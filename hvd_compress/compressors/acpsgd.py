@@ -31,7 +31,6 @@ class ACPSGD(LowRankCompressor):
         return factor_bytes(shape, setting, self.phase(name).lower())
 
     def _rounds(self, name, grad, st, matrix, r):
-        shape, dtype = grad.shape, grad.dtype
         if st.step % 2 == 1:  # P step
             q_hat = lowrank.orthogonalize(self._reused(st, name, "q"))
             p = matrix @ q_hat
@@ -39,7 +38,7 @@ class ACPSGD(LowRankCompressor):
 
             def after_p(p_mean):
                 st.p, st.q = p_mean, q_hat
-                return (p_mean @ q_hat.t()).view(shape).to(dtype)
+                return self._decompressed(p_mean, q_hat, grad)
 
             return Round(p, Collective.ALLREDUCE, after_p, last=True)
 
@@ -49,7 +48,7 @@ class ACPSGD(LowRankCompressor):
 
         def after_q(q_mean):
             st.p, st.q = p_hat, q_mean
-            return (p_hat @ q_mean.t()).view(shape).to(dtype)
+            return self._decompressed(p_hat, q_mean, grad)
 
         return Round(q.contiguous(), Collective.ALLREDUCE, after_q, last=True)
 

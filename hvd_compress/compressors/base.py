@@ -141,6 +141,17 @@ class GradientCompression:
         names, and their settings are checked against the shards."""
         raise NotImplementedError
 
+    def write_results_into_gradients(self) -> None:
+        """Said by an integration that replaces each gradient with its exchange's result (every
+        one does: stock Horovod's optimizer, hvd_compress's, DDP, FSDP and DiLoCo; ``Binding``):
+        from then on a result may be made in its gradient's memory, which its exchange has
+        finished reading by then, as Horovod's all-reduce and torch's DDP hooks do. A fresh
+        gradient-sized result per layer costs a CPU its first-touch page faults, more than its
+        writes ("Codec cost" in docs/benchmarks.md), and a GPU a second gradient at the step's
+        peak. Not said (``hvd.allreduce(tensor, compression=...)``, tests), results are new
+        tensors and gradients stay as they were."""
+        raise NotImplementedError
+
     def use_process_set(self, process_set: Any) -> None:
         """The ranks the exchange runs among, as the integration names them (a Horovod
         ``ProcessSet``), for whatever talks to other ranks outside the rounds (L-GreCo's decision
@@ -292,9 +303,11 @@ class Compressor(GradientCompression):
         self.state: Dict[str, Any] = {}
         self._shapes: Dict[str, Shape] = {}  # every gradient seen (or checkpointed), by name
         self.skipped_steps = 0  # non-finite steps, which left no trace in the state
-        # Binding, by the integration: the world (bind_world) and the loss scale (track).
+        # Binding, by the integration: the world (bind_world), the loss scale (track) and
+        # where results go (write_results_into_gradients).
         self.rank, self.size = 0, 1
         self._bound = False
+        self._results_into_gradients = False
         self._expected_world: Optional[Tuple[int, int]] = None  # from a loaded checkpoint
         self._scaler = None
         self.traffic = Traffic()
@@ -359,6 +372,17 @@ class Compressor(GradientCompression):
         if self._expected_world is not None:
             self._check_world(self._expected_world)
             self._expected_world = None
+
+    def write_results_into_gradients(self) -> None:
+        self._results_into_gradients = True
+
+    def _result_memory(self, grad: torch.Tensor) -> Optional[torch.Tensor]:
+        """``grad``'s memory, flat, for its exchange's result where the integration said so
+        (``write_results_into_gradients``) and it holds float32 contiguously; else None (the
+        result is a new tensor)."""
+        if self._results_into_gradients and grad.dtype == torch.float32 and grad.is_contiguous():
+            return grad.view(-1)
+        return None
 
     def _begin_exchange(self, name: str, grad: torch.Tensor) -> Round:
         return self._begin_with(name, grad, self._begin)

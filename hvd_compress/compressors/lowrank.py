@@ -122,6 +122,13 @@ class LowRankCompressor(Compressor):
         if self.config.error_feedback:
             matrix.addmm_(p, q.t(), alpha=-1)
 
+    def _decompressed(self, p, q, grad):
+        """P Q^T shaped and typed as ``grad``, in its memory where ``_result_memory`` allows."""
+        into = self._result_memory(grad)
+        if into is None:
+            return (p @ q.t()).view(grad.shape).to(grad.dtype)
+        return torch.mm(p, q.t(), out=into.view(p.shape[0], q.shape[0])).view(grad.shape)
+
     def _reused(self, st, name, which):
         """The factor (``"p"`` or ``"q"``) to start this step from: last step's (warm start), or
         without warm start a fresh random one, identical on every rank."""

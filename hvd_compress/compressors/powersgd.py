@@ -29,7 +29,6 @@ class PowerSGD(LowRankCompressor):
         return factor_bytes(shape, setting, "pq")
 
     def _rounds(self, name, grad, st, matrix, r):
-        shape, dtype = grad.shape, grad.dtype
         p = matrix @ self._reused(st, name, "q")
 
         def after_p(p_mean):
@@ -39,7 +38,7 @@ class PowerSGD(LowRankCompressor):
 
             def after_q(q_mean):
                 st.q = q_mean
-                return (p_hat @ q_mean.t()).view(shape).to(dtype)
+                return self._decompressed(p_hat, q_mean, grad)
 
             return Round(q.contiguous(), Collective.ALLREDUCE, after_q, last=True)
 

@@ -112,7 +112,7 @@ class QSGD(Compressor):
         def after_gather(rows):
             mean = quantize.dequantize_mean([quantize.unpack_codes(row[:code_bytes], bits, n) for row in rows],
                                             [row[code_bytes:].view(torch.float32)[:norms.numel()] for row in rows],
-                                            bits, self.config.bucket_size)
+                                            bits, self.config.bucket_size, out=self._result_memory(grad))
             return mean.view(shape).to(dtype)
 
         return Round(payload, Collective.ALLGATHER, after_gather)

@@ -85,7 +85,8 @@ class ScaleCom(KSparse):
             self.feedback.keep(name, residual)
 
             def after_values(mean_values):
-                out = torch.zeros(n, device=mean_values.device)
+                into = self._result_memory(grad)
+                out = torch.zeros(n, device=mean_values.device) if into is None else into.zero_()
                 out[chosen] = mean_values
                 return out.view(shape).to(dtype)
 

@@ -51,6 +51,9 @@ class Controller(GradientCompression):
     def use_process_set(self, process_set: Any) -> None:
         self.inner.use_process_set(process_set)
 
+    def write_results_into_gradients(self) -> None:
+        self.inner.write_results_into_gradients()
+
     def adopt_parameters(self, named: Dict[str, Any]) -> None:
         self.inner.adopt_parameters(named)  # self.parameters is the same dict
 

@@ -154,10 +154,14 @@ class Binding:
     * :meth:`start`, :meth:`finish`, :meth:`exchange`: a step's rounds on the driver.
 
     ``rank_name`` maps a rank within the group to the rank a configuration error names
-    (default: the rank within the group; HSDP names global ranks)."""
+    (default: the rank within the group; HSDP names global ranks). ``replaces_gradients``: the
+    integration replaces each gradient with its result, so results may be made in the
+    gradients' memory (``write_results_into_gradients``); every integration does but stock
+    Horovod's compression called from outside its optimizer (``hvd.allreduce``)."""
 
     def __init__(self, compression: Any, group: Any, *, described: Any = None,
-                 rank_name: Optional[Callable[[int], int]] = None, bind_alone: bool = False):
+                 rank_name: Optional[Callable[[int], int]] = None, bind_alone: bool = False,
+                 replaces_gradients: bool = True):
         self.compression = compression
         self.group = group
         self.world = group.world()
@@ -169,6 +173,8 @@ class Binding:
         if self.active:
             compression.bind_world(group.rank, group.size)
             compression.use_process_set(group.process_set)
+            if replaces_gradients:
+                compression.write_results_into_gradients()
             self.driver = RoundDriver(group.backend(), compression.traffic)
 
     def stale(self, mid_step: bool = False) -> bool:

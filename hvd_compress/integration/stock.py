@@ -68,7 +68,9 @@ class StockBridge:
         self.sum_scale = self.process_set.size() if op == hvd.Sum else 1
         # Bound even in a world of one: Horovod calls compress there under elastic. The
         # configuration check waits for the first compress, when every rank is stepping.
-        self.binding = Binding(compressor, HorovodGroup(self.process_set), bind_alone=True)
+        # Horovod's optimizer sets each gradient to its result; hvd.allreduce returns a new tensor.
+        self.binding = Binding(compressor, HorovodGroup(self.process_set), bind_alone=True,
+                               replaces_gradients=optimizer is not None)
         self.owners = GradientOwners(compressor.parameters) if compressor.parameters else None
         self._results = {}
         self._outstanding = 0

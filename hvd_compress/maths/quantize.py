@@ -103,15 +103,16 @@ def dequantize(codes, norms, bits, bucket_size):
     return dequantize_mean([codes], [norms], bits, bucket_size)
 
 
-def dequantize_mean(codes, norms, bits, bucket_size):
-    """The mean over rows of ``dequantize(codes[i], norms[i], ...)`` as float32: the rows added
-    in their order, then divided by their count (where over one). Each rank's row of an
-    all-gather is decoded a chunk at a time, every row added and the sum divided while the chunk
-    is in cache, not row by row over the whole gradient: the same operations in the same order,
-    so bit for bit the row-by-row mean."""
+def dequantize_mean(codes, norms, bits, bucket_size, out=None):
+    """The mean over rows of ``dequantize(codes[i], norms[i], ...)`` as float32 (into ``out``, a
+    flat float32 tensor of the codes' length, where given): the rows added in their order, then
+    divided by their count (where over one). Each rank's row of an all-gather is decoded a chunk
+    at a time, every row added and the sum divided while the chunk is in cache, not row by row
+    over the whole gradient: the same operations in the same order, so bit for bit the row-by-row
+    mean."""
     s = levels_for_bits(bits)
     n = codes[0].numel()
-    mean = torch.empty(n, device=codes[0].device)
+    mean = torch.empty(n, device=codes[0].device) if out is None else out
     chunk = _chunk_entries(codes[0], bucket_size)
     row_values = torch.empty(min(chunk, n), device=codes[0].device) if len(codes) > 1 else None
     for start in range(0, n, chunk):

@@ -265,3 +265,22 @@ def test_a_non_finite_dense_switch_step_keeps_the_residual(name):
     sim.step([bad])
     assert not compressor.last_step_finite
     assert torch.equal(compressor.residual("fc.weight"), before)
+
+
+# The compressors whose result is a new gradient-sized tensor unless written into the gradient.
+WRITE_INTO_GRADIENTS = ("acpsgd", "powersgd", "qsgd", "scalecom", "topk")
+
+
+@pytest.mark.parametrize("name", WRITE_INTO_GRADIENTS)
+def test_results_go_into_float32_gradients_only_where_the_integration_says(name):
+    for into, dtype in [(True, torch.float32), (True, torch.float16), (False, torch.float32)]:
+        sim = world(lambda: hc.COMPRESSORS[name].build(small=True, min_numel=0), 2)
+        if into:
+            for compressor in sim.compressors:
+                compressor.write_results_into_gradients()
+        for step in range(3):
+            per_rank = [{n: g.to(dtype) for n, g in grads(10 * step + r).items()} for r in range(2)]
+            out = sim.step(per_rank)
+            for rank in range(2):
+                shared = out[rank]["fc.weight"].data_ptr() == per_rank[rank]["fc.weight"].data_ptr()
+                assert shared == (into and dtype == torch.float32), (name, into, dtype, step)

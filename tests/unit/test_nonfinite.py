@@ -165,3 +165,28 @@ def test_a_payload_without_a_marker_carries_a_bad_entry_of_a_large_gradient(name
     for rank in range(2):
         assert not torch.isfinite(outputs[rank]["w"]).all(), rank
         assert not compressors[rank].last_step_finite
+
+
+def into_gradients(make):
+    """``make``'s compression, told that its integration replaces gradients with their results."""
+    def made():
+        compression = make()
+        compression.write_results_into_gradients()
+        return compression
+    return made
+
+
+@pytest.mark.parametrize("make, world_size", methods())
+def test_results_written_into_the_gradients_are_the_same_and_a_bad_step_still_leaves_no_trace(make, world_size):
+    """As every integration runs them (``write_results_into_gradients``): each rank's results,
+    bad step included, bit for bit those made in new tensors, and the bad step skipped alike."""
+    bad = (BAD_STEP, world_size - 1, math.inf, POSITIONS[0])
+    _, fresh = run(make, world_size, bad=bad)
+    world, written = run(into_gradients(make), world_size, bad=bad)
+    for step, (got, expected) in enumerate(zip(written, fresh)):
+        for each in range(world_size):
+            for name in SHAPES:
+                assert torch.equal(got[each][name].nan_to_num(), expected[each][name].nan_to_num()), \
+                    (step, each, name)
+    for compression in world.compressors:
+        assert (compression.wrapped or compression).skipped_steps == 1
