@@ -45,7 +45,7 @@ def time_steps(model: torch.nn.Module, loss_of: Callable, method: str, options: 
     return seconds
 
 
-def contenders(candidates: Sequence[Candidate], pick_seeds: int) -> Optional[Callable[[Candidate], float]]:
+def contenders(candidates: Sequence[Candidate], pick_seeds: int) -> Callable[[Candidate], Optional[float]]:
     """How the advice ranks settings (``evidence.recommend``), lowest first, relative to
     uncompressed (a timed candidate's against its timed step, another's against its projected):
     by time to target where any has steps to target on ``pick_seeds`` seeds, else by step time
