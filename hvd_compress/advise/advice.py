@@ -97,11 +97,9 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
         candidate.evidence, candidate.quality_ok = evidence_for(candidate.method, candidate.setting, evidence)
     baseline = next(c for c in candidates if c.method == "none")
     for candidate in candidates:
-        candidate.speedup = baseline.step_ms / candidate.step_ms
         candidate.steps_evidence, candidate.steps_factor = steps_for(candidate.method, candidate.setting, evidence)
         candidate.steps_seeds = steps_seeds(candidate.method, candidate.setting, evidence)
-        if candidate.steps_factor is not None:
-            candidate.to_target = candidate.steps_factor / candidate.speedup
+        candidate.set_speedup(baseline.step_ms / candidate.step_ms)
     baseline.quality_ok = True
     hvd = getattr(ranks, "horovod", None)
     if timed_steps and loss_of is not None and hvd is not None:

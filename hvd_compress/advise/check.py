@@ -73,9 +73,7 @@ def check_by_timing(candidates: Sequence[Candidate], time_one: Callable[[Candida
             return
         candidate = untimed[0]
         candidate.timed_step_ms = time_one(candidate)
-        candidate.speedup = baseline.timed_step_ms / candidate.timed_step_ms
-        if candidate.steps_factor is not None:
-            candidate.to_target = candidate.steps_factor / candidate.speedup
+        candidate.set_speedup(baseline.timed_step_ms / candidate.timed_step_ms)
 
 
 def slowest_median(every_rank: Sequence[List[float]]) -> float:

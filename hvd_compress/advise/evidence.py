@@ -121,8 +121,8 @@ def recommend_by_step(candidates: Sequence[Candidate], baseline: Candidate) -> s
     best = max(safe, key=lambda c: c.speedup) if safe else None
     if best is None or best.speedup < WORTH_IT:
         if fastest.method == "none" or fastest.speedup < WORTH_IT:
-            return (f"do not compress: the link is fast enough (uncompressed {baseline.expected_step_ms:.1f} ms a step; "
-                    f"no method is projected {WORTH_IT:.2f}x faster)")
+            return (f"do not compress: the link is fast enough (uncompressed {baseline.expected_step_ms:.1f} ms a "
+                    f"step; no method is projected {WORTH_IT:.2f}x faster)")
         return (f"do not compress: only {describe(fastest)} is projected faster ({fastest.speedup:.2f}x), "
                 f"and this project measured a quality loss for it beyond the limits (or holds no evidence)")
     line = (f"compress with {describe(best)}: {baseline.expected_step_ms:.1f} -> {best.expected_step_ms:.1f} ms a step "

@@ -59,6 +59,13 @@ class Candidate:
     # then come from it.
     timed_step_ms: Optional[float] = None
 
+    def set_speedup(self, speedup: float) -> None:
+        """Its speed-up over uncompressed a step, and with it its time to target (where its
+        steps to target were measured): the one place the two are tied."""
+        self.speedup = speedup
+        if self.steps_factor is not None:
+            self.to_target = self.steps_factor / speedup
+
     @property
     def expected_step_ms(self) -> float:
         """The timed step where there is one, else the projected."""

@@ -384,6 +384,12 @@ class Compressor(GradientCompression):
             return grad.view(-1)
         return None
 
+    def _zeroed_result(self, grad: torch.Tensor) -> torch.Tensor:
+        """A flat float32 zero result for ``grad``'s exchange to scatter into: ``_result_memory``
+        zeroed where there is one, else a new tensor."""
+        into = self._result_memory(grad)
+        return torch.zeros(grad.numel(), device=grad.device) if into is None else into.zero_()
+
     def _begin_exchange(self, name: str, grad: torch.Tensor) -> Round:
         return self._begin_with(name, grad, self._begin)
 

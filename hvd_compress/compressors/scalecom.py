@@ -85,8 +85,7 @@ class ScaleCom(KSparse):
             self.feedback.keep(name, residual)
 
             def after_values(mean_values):
-                into = self._result_memory(grad)
-                out = torch.zeros(n, device=mean_values.device) if into is None else into.zero_()
+                out = self._zeroed_result(grad)
                 out[chosen] = mean_values
                 return out.view(shape).to(dtype)
 

@@ -139,10 +139,8 @@ class TopK(KSparse):
         acc.index_fill_(0, indices, 0)
         payload = torch.cat([values.view(torch.uint8), indices.to(torch.int32).view(torch.uint8)])
 
-        into = self._result_memory(grad)
-
         def after_gather(rows):
-            total = torch.zeros(n, device=rows.device) if into is None else into.zero_()
+            total = self._zeroed_result(grad)
             for row in rows:
                 total.index_add_(0, row[4 * k:].view(torch.int32).long(), row[:4 * k].view(torch.float32))
             if rows.shape[0] > 1:  # dividing by one would only cost a pass
