@@ -51,9 +51,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
 from benchmarks.report import (CodecClock, add_cluster_worker_options, add_job_options, checkout_pythonpath,
-                               cluster_job, command_line, describe_machine, init_cluster_worker, machine, notes_lines,
-                               resumed_section, root_cause, run_or_work, summarise, torchrun_job, undisturbed,
-                               worker_argv)
+                               cluster_job, command_line, describe_machine, init_cluster_worker, jobs_of, machine,
+                               notes_lines, pooled, resumed_section, root_cause, run_or_work, summarise, torchrun_job,
+                               undisturbed, worker_argv)
 
 RESULT_PREFIX = "DDP_RESULT "
 SECTION = "PyTorch DDP"
@@ -180,33 +180,6 @@ def summarise_timing(job):
             "step_ms_each": [round(1e3 * s, 1) for s in job["seconds"]],
             "wall_seconds": round(job.get("wall_seconds", 0.0), 1),
             "disturbed_attempts": job.get("disturbed_attempts", 0)}
-
-
-def jobs_of(entry):
-    """Timing jobs an entry holds (failed ones included); an entry from before ``--repeats`` is one."""
-    return 0 if entry is None else entry.get("jobs", 1)
-
-
-def pooled(entry, new):
-    """``entry`` (None, or earlier jobs of the same method) with one more job's summary: steps
-    pooled, compute and codec as the median of the jobs' medians, each job's median kept."""
-    if entry is None or "failed" in entry and "failed" in new:
-        return dict(new, jobs=jobs_of(entry) + 1)
-    if "failed" in new or "failed" in entry:
-        kept, failed = (entry, new) if "failed" in new else (new, entry)
-        return dict(kept, jobs=jobs_of(entry) + 1, failed_jobs=kept.get("failed_jobs", 0) + 1,
-                    failure=failed["failed"])
-    jobs = [entry.get("job_medians_ms", [entry["step_ms"]["median"]]), [new["step_ms"]["median"]]]
-    computes = [entry.get("compute_ms_each_job", [entry["compute_ms"]]), [new["compute_ms"]]]
-    merged = dict(entry, step_ms=summarise([ms / 1e3 for ms in entry["step_ms_each"] + new["step_ms_each"]]),
-                  step_ms_each=entry["step_ms_each"] + new["step_ms_each"], job_medians_ms=jobs[0] + jobs[1],
-                  compute_ms_each_job=computes[0] + computes[1], compute_ms=statistics.median(computes[0] + computes[1]),
-                  wall_seconds=entry["wall_seconds"] + new["wall_seconds"], jobs=jobs_of(entry) + 1,
-                  disturbed_attempts=entry["disturbed_attempts"] + new["disturbed_attempts"])
-    if "codec_ms" in new:
-        codecs = entry.get("codec_ms_each_job", [entry["codec_ms"]]) + [new["codec_ms"]]
-        merged.update(codec_ms_each_job=codecs, codec_ms=statistics.median(codecs))
-    return merged
 
 
 def run(args):

@@ -21,6 +21,9 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+from hvd_compress.advise.projection import setting_label
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Quality against bytes"
@@ -89,13 +92,10 @@ def steps_to_target(results):
     methods = {}
     for label in ttq.labels_in_order(results):
         spec = next(entry["spec"] for entry in results["points"].values() if entry["spec"]["label"] == label)
-        controller = (spec["controller"] or {}).get("kind")
-        if controller == "diloco":
+        named = advise_name(spec)
+        if named is None:
             continue
-        method = spec["compressor"] or "none"
-        if controller in ("lgreco", "gravac"):
-            method = f"{controller}/{method}"
-        setting = ",".join(f"{key}={value}" for key, value in spec["settings"].items())
+        method, setting = named
         outcome = ttq.score(ttq.records_of(results, label), goal["target"])
         methods.setdefault(method, {})[setting] = {
             "factor": None if outcome["median"] is None else round(outcome["median"] / base, 3),
@@ -104,6 +104,18 @@ def steps_to_target(results):
             "workload": f"Character LM, {results['np']} ranks, validation loss {goal['target']:.4f} "
                         f"(uncompressed: {base:,.0f} steps)",
             "methods": methods}
+
+
+def advise_name(spec: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+    """A time-to-quality point as advise and the evidence name it, (method, setting): ("none", ""),
+    ("topk", "density=0.1"), ("lgreco/topk", "density=0.1"); None for DiLoCo, which advise does not name."""
+    controller = (spec["controller"] or {}).get("kind")
+    if controller == "diloco":
+        return None
+    method = spec["compressor"] or "none"
+    if controller in ("lgreco", "gravac"):
+        method = f"{controller}/{method}"
+    return method, setting_label(spec["settings"])
 
 
 def gather(markdown: Path, steps: Path):

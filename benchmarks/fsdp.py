@@ -3,7 +3,7 @@ whose replicate all-reduce goes through ``hvd_compress.fsdp.register`` (PowerSGD
 L-GreCo over ACP-SGD).
 
     python -m benchmarks fsdp [--models charlm,cnn] [--rate 1] [--rank 4] [--warmup 4]
-        [--steps 8] [--quality-steps 200] [--methods HSDP,PowerSGD,ACP-SGD,L-GreCo,...] [--seeds 0,1]
+        [--steps 8] [--repeats 1] [--quality-steps 200] [--methods HSDP,PowerSGD,ACP-SGD,L-GreCo,...] [--seeds 0,1]
         [--out docs/] [--quick]
 
 The cluster: two "nodes" of two ranks each (:mod:`benchmarks.testbed` with ``ranks_per_node=2``:
@@ -53,9 +53,9 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.report import (CodecClock, add_cluster_worker_options, add_job_options, checkout_pythonpath,
-                               cluster_job, command_line, describe_machine, init_cluster_worker, machine, names_from,
-                               notes_lines, resumed_section, root_cause, run_or_work, summarise, torchrun_job,
-                               worker_argv)
+                               cluster_job, command_line, describe_machine, init_cluster_worker, jobs_of, machine,
+                               names_from, notes_lines, pooled, resumed_section, root_cause, run_or_work, summarise,
+                               torchrun_job, worker_argv)
 
 RESULT_PREFIX = "FSDP_RESULT "
 SECTION = "FSDP2 / HSDP on the emulated cluster"
@@ -192,8 +192,9 @@ def run(args):
     def label(method):
         return method if method == PLAIN or args.rank == results["rank"] else f"{method}, rank {args.rank}"
 
-    wanted = [(model, method) for model in args.models for method in args.methods
-              if label(method) not in results["timing"].get(model, {})]
+    # Round by round: every method's first job, then every method's second, ...
+    wanted = [(model, method) for repeat in range(args.repeats) for model in args.models for method in args.methods
+              if jobs_of(results["timing"].get(model, {}).get(label(method))) <= repeat]
     if wanted:
         shaped = contextlib.nullcontext() if args.quick else emulated_cluster(
             NODES * RANKS_PER_NODE, args.rate, ranks_per_node=RANKS_PER_NODE)
@@ -201,7 +202,8 @@ def run(args):
             if cluster is not None:
                 results["testbed"] = cluster.describe()
             for model, method in wanted:
-                results["timing"].setdefault(model, {})[label(method)] = timing_job(args, cluster, model, method)
+                methods = results["timing"].setdefault(model, {})
+                methods[label(method)] = pooled(methods.get(label(method)), timing_job(args, cluster, model, method))
                 save()
     for seed in args.seeds:
         for method in (m for m in args.methods if m not in TIMING_ONLY):
@@ -226,8 +228,9 @@ def markdown(results):
              + (f"{results['testbed']}." if shaped else "no network shaping (--quick).")
              + f" HSDP over a 2 x 2 (\"replicate\", \"shard\") mesh: each shard group one node, each "
              f"replicate group across both. Low-rank methods at rank {results['rank']} unless the row says; "
-             f"{results['warmup']} warm-up and {results['steps']} timed steps per job; how each "
-             "method runs: `benchmarks/fsdp.py`.", ""]
+             f"{results['warmup']} warm-up and {results['steps']} timed steps per job (a method of several "
+             "jobs, run in rounds over the methods: its timed steps pooled, its codec the median of its jobs'); "
+             "how each method runs: `benchmarks/fsdp.py`.", ""]
     where = f"{results['rate_gbit']:g} Gbit/s between nodes" if shaped else "no network shaping"
     for model, methods in results["timing"].items():
         base = methods.get(PLAIN, {}).get("step_ms", {}).get("median")
@@ -314,6 +317,7 @@ def parse_args(argv):
     parser.add_argument("--rank", type=int, default=4, help="rank of the low-rank methods")
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=1, help="timing jobs per method, in rounds over the methods")
     parser.add_argument("--quality-steps", type=int, default=200)
     parser.add_argument("--seeds", type=lambda text: [int(s) for s in text.split(",") if s], default=[0, 1],
                         help="seeds of the quality runs; empty: none")

@@ -192,6 +192,43 @@ def save_record(path: Path, results: Dict[str, Any]) -> None:
     path.write_text(json.dumps(results, indent=1) + "\n")
 
 
+# Per-job figures a pooled timing entry gives as the median of its jobs' (each job's kept under
+# ``<key>_each_job``), those it sums, and those it gives as the largest (the most disturbed job's).
+JOB_MEDIANS = ("compute_ms", "codec_ms")
+JOB_SUMS = ("wall_seconds", "disturbed_attempts")
+JOB_MAXIMA = ("load_average", "other_cpu_share")
+
+
+def jobs_of(entry: Optional[Dict[str, Any]]) -> int:
+    """Timing jobs an entry holds (failed ones included); an entry from before ``--repeats`` is one."""
+    return 0 if entry is None else entry.get("jobs", 1)
+
+
+def pooled(entry: Optional[Dict[str, Any]], new: Dict[str, Any]) -> Dict[str, Any]:
+    """``entry`` (None, or earlier timing jobs of one method: ``step_ms_each`` and its summary
+    ``step_ms``) with one more job's: steps pooled, each job's median kept, ``JOB_MEDIANS`` as the
+    median of the jobs', ``JOB_SUMS`` summed, ``JOB_MAXIMA`` the largest. A failed job counts, and
+    keeps its failure."""
+    if entry is None or "failed" in entry and "failed" in new:
+        return dict(new, jobs=jobs_of(entry) + 1)
+    if "failed" in new or "failed" in entry:
+        kept, failed = (entry, new) if "failed" in new else (new, entry)
+        return dict(kept, jobs=jobs_of(entry) + 1, failed_jobs=kept.get("failed_jobs", 0) + 1,
+                    failure=failed["failed"])
+    each = entry["step_ms_each"] + new["step_ms_each"]
+    merged = dict(entry, step_ms=summarise([ms / 1e3 for ms in each]), step_ms_each=each,
+                  job_medians_ms=entry.get("job_medians_ms", [entry["step_ms"]["median"]]) + [new["step_ms"]["median"]],
+                  jobs=jobs_of(entry) + 1)
+    for key in (k for k in JOB_MEDIANS if k in new):
+        values = entry.get(f"{key}_each_job", [entry[key]] if key in entry else []) + [new[key]]
+        merged.update({key: statistics.median(values), f"{key}_each_job": values})
+    for key in (k for k in JOB_SUMS if k in new):
+        merged[key] = entry.get(key, 0) + new[key]
+    for key in (k for k in JOB_MAXIMA if new.get(k) is not None):
+        merged[key] = max(new[key], entry.get(key) if entry.get(key) is not None else new[key])
+    return merged
+
+
 def resumed_section(out: Path, name: str, section: str, markdown: Callable[[Dict[str, Any]], str]
                     ) -> Tuple[Dict[str, Any], Callable[[], None]]:
     """A resumable benchmark's record, as earlier runs left it in ``out``/benchmarks/``name``.json,

@@ -64,10 +64,12 @@ import torch
 
 from benchmarks import quality
 from benchmarks import time_to_quality as ttq
+from benchmarks.evidence import advise_name
 from benchmarks.report import (DOCS, Progress, checkout_pythonpath, cluster_job, describe_machine, machine,
                                method_bars, notes_lines, panels, resumed, save_figure, save_record, undisturbed,
                                write_section)
 from benchmarks.workloads import charlm
+from hvd_compress.advise.advice import PROJECTED_CONTROLLERS
 from hvd_compress.advise.evidence import factor_text, shipped_evidence, steps_for
 
 RESULT_PREFIX = "TTT_RESULT "
@@ -364,10 +366,17 @@ def stale_factors(advice: Dict[str, Any]) -> Dict[Tuple[str, str], Tuple[Optiona
 
 
 def advise_names(methods: Dict[str, Dict[str, Any]]) -> Dict[Tuple[str, str], str]:
-    """(registry name, setting) -> label, for the methods advise can name (no controller; advise
-    projects the stock path)."""
-    return {label_of(m["spec"]): label for label, m in methods.items()
-            if not (m["spec"]["controller"] or {}) and "stock" not in m}
+    """(advise's name, setting) -> label, for the methods advise can name on the stock path:
+    compressors and L-GreCo over one (the controllers it projects)."""
+    names = {}
+    for label, m in methods.items():
+        named = advise_name(m["spec"])
+        if named is None or "stock" in m:
+            continue
+        controller, _, _ = named[0].rpartition("/")
+        if not controller or controller in PROJECTED_CONTROLLERS:
+            names[named] = label
+    return names
 
 
 def advised_label(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]]) -> Optional[str]:
@@ -380,13 +389,6 @@ def pick_of(recommendation: str) -> Tuple[str, str]:
     """advise's pick as (registry name, setting): "none" for "do not compress"."""
     match = re.match(r"compress with (\S+?)(?: (\S+=\S+))?:", recommendation)
     return (match.group(1), match.group(2) or "") if match else ("none", "")
-
-
-def label_of(spec: Dict[str, Any]) -> Tuple[str, str]:
-    """A time-to-quality point as advise names it: (registry name, setting)."""
-    if spec["compressor"] is None:
-        return "none", ""
-    return spec["compressor"], ",".join(f"{key}={value}" for key, value in spec["settings"].items())
 
 
 def recorded(entry: Optional[Dict[str, Any]], key: str) -> List[Dict[str, Any]]:

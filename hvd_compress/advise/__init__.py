@@ -56,8 +56,14 @@ among those, if it beats uncompressed by ``WORTH_IT``; a setting projected soone
 is named, not picked. Otherwise, it is the fastest setting per step whose measured
 quality loss stays within ``QUALITY_LIMITS``, said to rest on step time alone; or "do not
 compress: the link is fast enough" when nothing beats uncompressed by ``WORTH_IT``.
-Controllers (L-GreCo, GraVAC) are not projected: their settings change during training; their
-evidence is in ``docs/benchmarks.md``.
+L-GreCo is projected over each compressor at the settings this project measured it at (its
+quality or steps to target, the anchors a user starts from): rank 0's L-GreCo, at the registry's
+preset that decides within a few steps, makes one decision from this model's gradients, and that
+per-layer setting is measured and projected as a compressor's (``lgreco/topk density=0.1``: L-GreCo
+over ``TopK(density=0.1)``). Its later decisions, from later gradients and residuals, and the
+decisions' own cost (rank 0, in the background, every ``decide_every`` steps) are not in the
+projection. GraVAC is not projected: its factor follows the compression gain it measures over
+training's windows, which one gradient cannot show; its evidence is in ``docs/benchmarks.md``.
 
 The package: ``advice.py`` (``advise()``, ``Advice``, the printed table), ``measure.py`` (compute,
 codec and links on the launched ranks), ``projection.py`` (``Link``, ``Candidate``, the messages

@@ -2,21 +2,25 @@
 and ``format_advice``, the table rank 0 prints."""
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from hvd_compress.advise.check import check_by_timing, slowest_median, time_steps
 from hvd_compress.advise.evidence import (PICK_SEEDS, evidence_for, factor_text, recommend, shipped_evidence,
                                           steps_for, steps_seeds)
-from hvd_compress.advise.measure import gradients_of, measure_codec, measure_compute, measure_links, slowest_codec
-from hvd_compress.advise.projection import Candidate, Link, project
+from hvd_compress.advise.measure import (decided_settings, gradients_of, measure_codec, measure_compute,
+                                         measure_links, slowest_codec)
+from hvd_compress.advise.projection import Candidate, Link, project, setting_label
 from hvd_compress.advise.ranks import LaunchedRanks, launched_ranks
-from hvd_compress.registry import COMPRESSORS
+from hvd_compress.registry import COMPRESSORS, controllable
 
 # The settings tried per method (the registry's constructor keyword: values), from the least
 # to the most compressed; methods without a setting are tried once.
 SETTINGS = {"rank": (16, 8, 4), "density": (0.1, 0.01, 0.001), "bits": (8, 4, 2)}
+# Controllers projected from one decision on this model's gradients. GraVAC is not: its factor
+# follows the compression gain it measures over training's windows, which one gradient cannot show.
+PROJECTED_CONTROLLERS = ("lgreco",)
 
 
 @dataclass
@@ -39,6 +43,23 @@ def settings_of(method: str) -> List[Dict[str, Any]]:
     return [{key: value} for value in SETTINGS[key]]
 
 
+def controlled(methods: Sequence[str], evidence: Dict[str, Any]) -> List[Tuple[str, Dict[str, Any]]]:
+    """(``"<controller>/<compressor>"``, the compressor's setting) for each controller of
+    ``methods`` over each compressor of ``methods`` it can wrap, at the settings of ``SETTINGS``
+    this project measured it at (its quality or its steps to target: the anchors a user would
+    start from; a projection elsewhere would rest on nothing measured)."""
+    measured = {**evidence.get("methods", {})}
+    for method, settings in evidence.get("steps_to_target", {}).get("methods", {}).items():
+        measured[method] = {**measured.get(method, {}), **settings}
+    pairs = []
+    for controller in (m for m in methods if m in PROJECTED_CONTROLLERS):
+        for compressor in (m for m in methods if m in controllable()):
+            key = f"{controller}/{compressor}"
+            pairs += [(key, setting) for setting in settings_of(compressor)
+                      if setting_label(setting) in measured.get(key, {})]
+    return pairs
+
+
 def every_rank(ranks, mine):
     """Every rank's ``mine``, in rank order; rank 0's alone for a stand-in without ``gather``."""
     return ranks.gather(mine) if hasattr(ranks, "gather") else [ranks.agree(mine)]
@@ -59,10 +80,11 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
     ranks; 0: projections alone)."""
     device = next(model.parameters()).device
     ranks = ranks or launched_ranks(device)
-    methods = list(methods or COMPRESSORS)
-    unknown = sorted(set(methods) - set(COMPRESSORS))
+    methods = list(methods or [*COMPRESSORS, *PROJECTED_CONTROLLERS])
+    unknown = sorted(set(methods) - set(COMPRESSORS) - set(PROJECTED_CONTROLLERS))
     if unknown:
-        raise ValueError(f"methods: {unknown} are not registered; known: {sorted(COMPRESSORS)}")
+        raise ValueError(f"methods: {unknown} are not registered compressors or projected controllers; known: "
+                         f"{sorted(COMPRESSORS)} and {list(PROJECTED_CONTROLLERS)}")
     if "none" not in methods:
         methods.insert(0, "none")
     if timed_steps < 0:
@@ -80,18 +102,24 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
         forward_s, backward_s = compute_ms / 3e3, 2 * compute_ms / 3e3
     grads = gradients_of(model, loss_of)
     named = [(name, p) for name, p in model.named_parameters() if name in grads]
+    evidence = shipped_evidence()
     candidates = []
-    for method in methods:
+    for method in (m for m in methods if m in COMPRESSORS):
         for setting in settings_of(method):
             ranks.barrier()  # every rank's codec runs at once, as in training
             mine = measure_codec(method, setting, grads, named, ranks.rank, ranks.size, codec_steps)
             candidates.append(slowest_codec(every_rank(ranks, mine)))
+    for method, setting in controlled(methods, evidence):
+        # Rank 0 decides, as in training, and every rank runs its decision.
+        layer_settings = ranks.agree(decided_settings(method, setting, grads, named) if ranks.rank == 0 else None)
+        ranks.barrier()
+        mine = measure_codec(method, setting, grads, named, ranks.rank, ranks.size, codec_steps, layer_settings)
+        candidates.append(slowest_codec(every_rank(ranks, mine)))
     largest = {}
     for candidate in candidates:
         for collective, (_, per_message) in [*candidate.messages.items(), *candidate.serial_messages.items()]:
             largest[collective] = max(largest.get(collective, 0.0), per_message)
     links = measure_links(ranks, largest, device, repeats)
-    evidence = shipped_evidence()
     for candidate in candidates:
         project(candidate, links, forward_s + backward_s, backward_s)
         candidate.evidence, candidate.quality_ok = evidence_for(candidate.method, candidate.setting, evidence)
@@ -105,7 +133,7 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
     if timed_steps and loss_of is not None and hvd is not None:
         def time_one(candidate: Candidate) -> float:
             ranks.barrier()
-            mine = time_steps(model, loss_of, candidate.method, candidate.options, timed_steps, hvd)
+            mine = time_steps(model, loss_of, candidate, timed_steps, hvd)
             return slowest_median(every_rank(ranks, mine))
 
         check_by_timing(candidates, time_one, PICK_SEEDS)

@@ -13,24 +13,25 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from hvd_compress.advise.measure import build_compressor
 from hvd_compress.advise.projection import Candidate
 from hvd_compress.comm.timing import finished_at
-from hvd_compress.registry import COMPRESSORS
 
 WARMUP_STEPS = 5
 # How many settings besides uncompressed may be timed: each costs warm-up plus timed steps.
 MOST_TIMED = 4
 
 
-def time_steps(model: torch.nn.Module, loss_of: Callable, method: str, options: Dict[str, Any], steps: int,
-               hvd: Any) -> List[float]:
+def time_steps(model: torch.nn.Module, loss_of: Callable, candidate: Candidate, steps: int, hvd: Any) -> List[float]:
     """Seconds of each of ``steps`` training steps (after ``WARMUP_STEPS`` untimed) of a copy of
-    ``model`` through ``hvd.DistributedOptimizer`` with ``method`` at ``options`` ("none": no
-    compression). A copy, so that the optimizer's hooks leave the user's model as it was; SGD
-    at learning rate 0, so that every method times the same weights."""
+    ``model`` through ``hvd.DistributedOptimizer`` with ``candidate``'s compressor ("none": no
+    compression; a controller's: at the settings it decided). A copy, so that the optimizer's
+    hooks leave the user's model as it was; SGD at learning rate 0, so that every method times
+    the same weights."""
     replica = copy.deepcopy(model)
     named = list(replica.named_parameters())
-    compression = {} if method == "none" else {"compression": COMPRESSORS[method].build(named, **options)}
+    compression = {} if candidate.method == "none" else {
+        "compression": build_compressor(candidate.method, candidate.options, named, candidate.layer_settings)}
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(replica.parameters(), lr=0.0), named_parameters=named,
                                          **compression)
     device = next(replica.parameters()).device

@@ -8,10 +8,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from hvd_compress.advise.projection import Candidate, Link, fit_link, stock_messages
+from hvd_compress.advise.projection import Candidate, Link, fit_link, setting_label, stock_messages
 from hvd_compress.comm.simulated import run_alone
 from hvd_compress.comm.timing import finished_at
-from hvd_compress.registry import COMPRESSORS
+from hvd_compress.registry import COMPRESSORS, CONTROLLERS
 
 SMALLEST_PROBE = 4 << 10
 PROBE_SIZES = 4
@@ -65,12 +65,44 @@ def gradients_of(model, loss_of) -> Dict[str, torch.Tensor]:
     return grads
 
 
+def build_compressor(method: str, options: Dict[str, Any], named,
+                     layer_settings: Optional[Dict[str, Any]] = None) -> Any:
+    """A candidate's compressor: the registry's ``method`` at ``options``; for a controller's
+    candidate ("lgreco/topk"), the compressor it wraps, each layer at the setting the controller
+    decided (``layer_settings``, from :func:`decided_settings`)."""
+    compressor = COMPRESSORS[method.split("/")[-1]].build(named, **options)
+    for name, value in (layer_settings or {}).items():
+        compressor.set_setting(name, value)
+    return compressor
+
+
+def decided_settings(method: str, options: Dict[str, Any], grads: Dict[str, torch.Tensor], named,
+                     most_steps: int = 20) -> Dict[str, Any]:
+    """Each layer's setting as controller ``method`` ("lgreco/topk") decides it over its compressor
+    at ``options`` from these gradients: the controller at its registry preset that decides within a
+    few steps in a world of one, fed these gradients (each step a fresh copy) until its first
+    decision takes effect. From gradients of one batch at the model's first weights, where training
+    decides from gradients and residuals of later steps: a projection, as the rest of advise."""
+    controller_name, compressor_name = method.split("/")
+    controller = CONTROLLERS[controller_name].build(COMPRESSORS[compressor_name].build(named, **options), small=True)
+    controller.bind_world(0, 1)
+    for _ in range(most_steps):
+        for name, grad in grads.items():
+            run_alone(controller.begin(name, grad.clone()))
+        controller.end_step()
+        if controller.decisions:
+            return controller.inner.settings()
+    raise RuntimeError(f"advise: {method} made no decision in {most_steps} steps of its registry preset")
+
+
 def measure_codec(method: str, setting: Dict[str, Any], grads: Dict[str, torch.Tensor],
-                  named, rank: int, world: int, steps: int = 2) -> Candidate:
-    """One method at one setting on these gradients: codec seconds per step (median of
-    ``steps`` after one untimed), bytes per step and the messages of each collective, counted
-    by :func:`stock_messages` on the last step's rounds."""
-    compressor = COMPRESSORS[method].build(named, **setting)
+                  named, rank: int, world: int, steps: int = 2,
+                  layer_settings: Optional[Dict[str, Any]] = None) -> Candidate:
+    """One method at one setting (a controller's candidate: at the settings it decided per layer,
+    ``layer_settings``) on these gradients: codec seconds per step (median of ``steps`` after one
+    untimed), bytes per step and the messages of each collective, counted by
+    :func:`stock_messages` on the last step's rounds."""
+    compressor = build_compressor(method, setting, named, layer_settings)
     compressor.bind_world(rank, world)
     compressor.write_results_into_gradients()  # as in training: each step is given fresh copies
     traffic = compressor.traffic
@@ -93,9 +125,10 @@ def measure_codec(method: str, setting: Dict[str, Any], grads: Dict[str, torch.T
         if step:
             seconds.append(finished_at(device, settle=True) - started)
     messages, serial = stock_messages(rounds)
-    label = ",".join(f"{key}={value}" for key, value in setting.items())
-    return Candidate(method, label, traffic.wire_bytes / max(1, traffic.steps), 1e3 * statistics.median(seconds),
-                     messages, serial_messages=serial, codec_step_ms=[1e3 * s for s in seconds], options=dict(setting))
+    return Candidate(method, setting_label(setting), traffic.wire_bytes / max(1, traffic.steps),
+                     1e3 * statistics.median(seconds), messages, serial_messages=serial,
+                     codec_step_ms=[1e3 * s for s in seconds], options=dict(setting),
+                     layer_settings=dict(layer_settings or {}))
 
 
 def slowest_codec(every_rank: Sequence[Candidate]) -> Candidate:

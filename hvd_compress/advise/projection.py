@@ -32,6 +32,11 @@ class Link:
         return points[-1][1] + (nbytes - points[-1][0]) / self.bytes_per_s
 
 
+def setting_label(setting: Dict[str, Any]) -> str:
+    """A setting as advise's table and the evidence name it: {"rank": 8} -> "rank=8"."""
+    return ",".join(f"{key}={value}" for key, value in setting.items())
+
+
 @dataclass
 class Candidate:
     method: str
@@ -55,6 +60,8 @@ class Candidate:
     serial_messages: Dict[str, Tuple[int, float]] = field(default_factory=dict)
     codec_step_ms: List[float] = field(default_factory=list)  # per timed step
     options: Dict[str, Any] = field(default_factory=dict)  # the registry's keywords, as ``setting`` says
+    # A controller's candidate ("lgreco/topk"): each layer's setting as it decided from this model's gradients
+    layer_settings: Dict[str, Any] = field(default_factory=dict)
     # A real training step's time where advise timed one (``check.py``); speedup and to_target
     # then come from it.
     timed_step_ms: Optional[float] = None

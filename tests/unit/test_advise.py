@@ -14,7 +14,7 @@ from benchmarks import evidence as evidence_script
 from benchmarks.report import LOOPBACK_ONLY
 from benchmarks.testbed import run_bounded
 from hvd_compress import advise as adv
-from hvd_compress.advise import evidence as quality, measure, projection
+from hvd_compress.advise import advice as advice_module, evidence as quality, measure, projection
 from hvd_compress.comm.rounds import Collective
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -312,6 +312,35 @@ def test_advise_in_one_process_measures_every_asked_method_at_its_settings():
     steps = json.loads(quality.EVIDENCE.read_text()).get("steps_to_target")
     if steps and "fp16" in steps["methods"]:  # the shipped evidence names its workload whole
         assert f"time to target (relative to uncompressed) measured on: {steps['workload']}" in text
+
+
+def test_lgreco_is_projected_at_the_settings_the_evidence_measured_it_at():
+    evidence = {"methods": {"lgreco/topk": {"density=0.01": []}, "gravac/topk": {"": []}},
+                "steps_to_target": {"methods": {"lgreco/topk": {"density=0.1": {}}, "lgreco/qsgd": {"bits=3": {}}}}}
+    assert advice_module.controlled(["topk", "qsgd", "fp16", "lgreco"], evidence) == [
+        ("lgreco/topk", {"density": 0.1}), ("lgreco/topk", {"density": 0.01})]  # bits=3: not a setting tried
+    assert advice_module.controlled(["topk", "qsgd"], evidence) == []  # L-GreCo not asked for
+
+
+def test_lgreco_candidate_runs_the_settings_rank_0_decided_from_the_models_gradients():
+    model, loss_of = small_model()
+    grads = measure.gradients_of(model, loss_of)
+    named = list(model.named_parameters())
+    decided = measure.decided_settings("lgreco/topk", {"density": 0.1}, grads, named)
+    assert set(decided) == set(grads) and decided != {name: 0.1 for name in grads}  # per layer, not uniform
+    assert measure.build_compressor("lgreco/topk", {"density": 0.1}, named, decided).settings() == decided
+    counted = measure.measure_codec("lgreco/topk", {"density": 0.1}, grads, named, 0, 4, 1, decided)
+    uniform = measure.measure_codec("topk", {"density": 0.1}, grads, named, 0, 4, 1)
+    assert (counted.method, counted.setting, counted.layer_settings) == ("lgreco/topk", "density=0.1", decided)
+    assert counted.wire_bytes != uniform.wire_bytes
+    advice = adv.advise(model, loss_of, methods=["topk", "lgreco"], ranks=OneRank(), codec_steps=1,
+                        compute_steps=1, repeats=1)
+    projected = [c for c in advice.candidates if c.method == "lgreco/topk"]
+    shipped = json.loads(quality.EVIDENCE.read_text())
+    measured = {*shipped["methods"].get("lgreco/topk", {}),
+                *shipped["steps_to_target"]["methods"].get("lgreco/topk", {})}
+    assert {c.setting for c in projected} == measured & {"density=0.1", "density=0.01", "density=0.001"}
+    assert all(c.layer_settings and c.step_ms > 0 for c in projected)
 
 
 def test_advise_refuses_bad_input_naming_it():

@@ -241,7 +241,7 @@ def test_ddp_quick_times_and_trains_every_method_under_torchrun(tmp_path, monkey
 
 
 def test_ddp_repeated_timing_jobs_pool_their_steps_and_keep_a_failure_apart():
-    from benchmarks.ddp import jobs_of, pooled
+    from benchmarks.report import jobs_of, pooled
 
     def job(ms, codec=None):
         entry = {"step_ms": {"median": ms}, "step_ms_each": [ms] * 3, "compute_ms": ms / 2, "wall_seconds": 1.0,
