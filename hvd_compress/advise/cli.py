@@ -19,7 +19,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                                      description=sys.modules[__package__].__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="module:function returning the model, or (model, loss_of)")
     parser.add_argument("--compute-ms", type=float, help="forward + backward ms of one step (without loss_of)")
-    parser.add_argument("--methods", help="comma-separated registry names (default: every one)")
+    parser.add_argument("--methods", help="comma-separated registry names, and lgreco for L-GreCo over each "
+                        "named compressor it wraps (default: every one)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", type=Path, help="also write the advice as JSON (rank 0)")
     parser.add_argument("--timed-steps", type=int, default=30,
