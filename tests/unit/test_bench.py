@@ -240,7 +240,7 @@ def test_ddp_quick_times_and_trains_every_method_under_torchrun(tmp_path, monkey
     assert "## PyTorch DDP" in text and "python -m benchmarks ddp --quick" in text and "Targets:" in text
 
 
-def test_ddp_repeated_timing_jobs_pool_their_steps_and_keep_a_failure_apart():
+def test_repeated_timing_jobs_pool_their_steps_and_keep_a_failure_apart():
     from benchmarks.report import jobs_of, pooled
 
     def job(ms, codec=None):
@@ -257,6 +257,12 @@ def test_ddp_repeated_timing_jobs_pool_their_steps_and_keep_a_failure_apart():
     failed = pooled(both, {"failed": "Connection reset by peer"})
     assert failed["jobs"] == 3 and failed["failed_jobs"] == 1 and failed["step_ms"] == both["step_ms"]
     assert "failed" not in pooled({"failed": "x"}, job(210.0)) and pooled({"failed": "x"}, {"failed": "y"})["jobs"] == 2
+    # An FSDP job: no compute time, a load average (the largest kept) and a CPU share that may be unknown.
+    fsdp = [{"step_ms": {"median": ms}, "step_ms_each": [ms], "wall_seconds": 2.0, "load_average": load,
+             "other_cpu_share": share} for ms, load, share in ((1400.0, 4.4, None), (1500.0, 6.8, 0.01))]
+    pooled_fsdp = pooled(pooled(None, fsdp[0]), fsdp[1])
+    assert "compute_ms" not in pooled_fsdp and pooled_fsdp["load_average"] == 6.8
+    assert pooled_fsdp["other_cpu_share"] == 0.01 and pooled_fsdp["wall_seconds"] == 4.0
 
 
 # A stand-in for Horovod's test/ folder: the harness's plumbing, without Horovod's file (which
