@@ -40,11 +40,10 @@ What it does, on every rank together:
    through stock ``hvd.DistributedOptimizer`` (``--timed-steps``, after 5 untimed; SGD at learning
    rate 0) time uncompressed, then the setting the advice would pick, then the next, until the
    best timed one beats every projection not yet timed by 20%, the projection's error measured
-   there (at most 4 besides uncompressed). A timed
-   setting's speed-up and time to target come from its timed step: the projection leaves out the
-   host work of riding Horovod's hooks, Horovod's cycles and ranks that share cores, and on the
-   emulated cluster of "Time to target" it had put FP16 10% ahead of uncompressed where training
-   measured it 12% behind.
+   there (at most 4 besides uncompressed). A timed setting's speed-up and time to target come
+   from its timed step: the projection leaves out the host work of riding Horovod's hooks,
+   Horovod's cycles and ranks that share cores, and on the emulated cluster of "Time to target"
+   it had put FP16 10% ahead of uncompressed where training measured it 12% behind.
 
 It prints one table (method, setting, bytes one rank sends per step, codec and communication
 time, projected step, timed step where timed, speed-up over uncompressed, the steps-to-target

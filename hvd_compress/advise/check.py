@@ -67,9 +67,8 @@ def check_by_timing(candidates: Sequence[Candidate], time_one: Callable[[Candida
                     most: int = MOST_TIMED) -> None:
     """Times uncompressed, then the candidate the advice would pick as things stand, until the
     best timed one beats every projection not yet timed by ``PROJECTION_MARGIN`` (or ``most``
-    are timed). A timed
-    candidate's ``timed_step_ms`` is set, and its ``speedup`` and ``to_target`` are recomputed
-    from timed steps, against uncompressed's timed step."""
+    are timed). A timed candidate's ``timed_step_ms`` is set, and its ``speedup`` and
+    ``to_target`` are recomputed from timed steps, against uncompressed's timed step."""
     baseline = next(c for c in candidates if c.method == "none")
     baseline.timed_step_ms = time_one(baseline)
     for _ in range(most):
