@@ -77,6 +77,8 @@ SECTION = "Time to target"
 PROBE_RATES_GBIT = (0.05, 1.0)  # far apart, so that the fit separates latency from bandwidth
 PROBE_REPEATS = 12
 RATIO_TOLERANCE, MAX_PROBES = 0.1, 6  # a setting's measured r within 10% of the wanted one
+# Two probes at rates closer than this share differ in time by noise alone: no secant through them.
+DISTINCT_RATES = 0.05
 SLOWEST_RATE_GBIT, FASTEST_RATE_GBIT = 0.001, 40.0  # what tbf is asked for at most
 
 
@@ -166,6 +168,17 @@ def fitted_rate(probes: List[Dict[str, Any]], ratio: float) -> Tuple[Optional[fl
     return min(FASTEST_RATE_GBIT, max(SLOWEST_RATE_GBIT, c / (wanted - alpha))), alpha, c
 
 
+def secant_pair(probes: List[Dict[str, Any]], ratio: float) -> List[Dict[str, Any]]:
+    """The probe whose r is nearest ``ratio``, and the next nearest at a rate at least
+    ``DISTINCT_RATES`` away from its. A step's compute varies by up to a quarter between probe
+    jobs, so a probe at the fitted rate can miss r by more than the tolerance and the next fit
+    land on nearly the same rate; a secant through those two would read their noise as the link."""
+    nearest = sorted(probes, key=lambda p: abs(math.log(ratio_of(p) / ratio)))
+    first = nearest[0]
+    apart = next(p for p in nearest[1:] if abs(p["rate_gbit"] / first["rate_gbit"] - 1) >= DISTINCT_RATES)
+    return [first, apart]
+
+
 def ratio_of(probe_result: Dict[str, Any]) -> float:
     return probe_result["allreduce_s"] / probe_result["compute_s"]
 
@@ -239,8 +252,8 @@ def run(args) -> Dict[str, Any]:
             save_record(path, results)
         while "rate_gbit" not in entry:
             # The secant through the two probes nearest the wanted r, until one lands within RATIO_TOLERANCE.
-            nearest = sorted(entry["probes"], key=lambda p: abs(math.log(ratio_of(p) / ratio)))
-            rate, alpha, c = fitted_rate(nearest[:2], ratio)
+            nearest = secant_pair(entry["probes"], ratio)
+            rate, alpha, c = fitted_rate(nearest, ratio)
             entry.update(alpha_s=alpha, c_s_gbit=c)
             if rate is None:
                 entry["rate_gbit"] = None

@@ -557,6 +557,15 @@ def test_time_to_target_fits_the_rate_for_a_ratio_and_waits_out_late_schedules()
     rate, alpha, c = ttt.fitted_rate(probes, 3.0)
     assert rate == pytest.approx(10 / 28) and alpha == pytest.approx(0.002) and c == pytest.approx(0.010)
     assert ttt.fitted_rate(probes, 0.1)[0] is None  # 1 ms wanted, under the 2 ms latency floor
+    # A CI run's probes: the fit's rate measured r = 3.3 (that job's compute was the lowest), the
+    # next fit landed 0.1% away, and a secant through those two read a 5.9 ms latency floor: r = 3
+    # "out of reach". The secant takes the nearest probe at a distinct rate instead.
+    seen = [{"rate_gbit": rate, "allreduce_s": allreduce, "compute_s": compute} for rate, allreduce, compute in (
+        (0.05, 0.019367, 0.002353), (1.0, 0.001171, 0.002467), (0.136489, 0.006395, 0.001915),
+        (0.136357, 0.006396, 0.001966))]
+    pair = ttt.secant_pair(seen, 3.0)
+    assert [p["rate_gbit"] for p in pair] == [0.136357, 0.05]
+    assert ttt.fitted_rate(pair, 3.0)[0] is not None
     plain = {"controller": None}
     assert ttt.untimed_steps(plain, 8000, 20) == 20
     assert ttt.untimed_steps({"controller": {"kind": "lgreco"}}, 8000, 20) == 810
