@@ -251,7 +251,8 @@ def run(args) -> Dict[str, Any]:
             entry["probes"].append(probed(rate))
             save_record(path, results)
         while "rate_gbit" not in entry:
-            # The secant through the two probes nearest the wanted r, until one lands within RATIO_TOLERANCE.
+            # The secant through the probe nearest the wanted r and the next nearest at a distinct rate,
+            # until one lands within RATIO_TOLERANCE.
             nearest = secant_pair(entry["probes"], ratio)
             rate, alpha, c = fitted_rate(nearest, ratio)
             entry.update(alpha_s=alpha, c_s_gbit=c)
