@@ -2,7 +2,8 @@
 # The torch-only stage (.ci/run): a clean virtual environment with torch and numpy and no
 # Horovod, hvd_compress installed into it with pip from a copy of this checkout, then the
 # torchrun tier run against the installed package: every file in tests/ddp at np 2 (the DDP hook
-# and DiLoCo, tests/ddp/test_ddp_outer.py), tests/fsdp at np 4 (FSDP2/HSDP), and the
+# and DiLoCo, tests/ddp/test_ddp_outer.py), tests/teardown at np 2 (no Gloo thread outlives
+# destroy_process_group), tests/fsdp at np 4 (FSDP2/HSDP), and the
 # no-Horovod unit tests. The tests run from a copy outside the checkout, so that the ranks
 # import the installed package and not the source tree (tests/conftest.py puts the folder
 # above tests/ first on the path). Last, the README's torchrun examples (examples/quickstart_*.py)

@@ -17,6 +17,6 @@ if dist.get_rank() == 0:
     print(f"loss {loss:.3f}; per step: {state.compressor.traffic.summary()}")
 dist.barrier()  # every rank done before the group is torn down
 dist.destroy_process_group()
-# Released here, not at interpreter exit: left to exit, torch 2.13's DDP over Gloo aborted
-# about 1 run in 10 on the CPU ("terminate called without an active exception"; DEVELOPERS.md).
+# DDP holds its process group: released here, the group's Gloo threads stop now and not during
+# interpreter exit, where one can abort the process (DEVELOPERS.md).
 del model, state

@@ -50,6 +50,21 @@ def test_launch(np, test_file):
     run_torchrun(np, test_file, HERE, TIMEOUTS[test_file])
 
 
+@pytest.mark.skipif(shutil.which("torchrun") is None or not Path("/proc/self/task").is_dir(),
+                    reason="needs torchrun and Linux's /proc (the threads' names)")
+@pytest.mark.parametrize("np", [pytest.param(2, id="torchrun-2-gloo_threads.py")])  # ci/torch_only.sh's
+def test_destroy_process_group_stops_gloo_threads_with_integrations_bound(np):
+    """tests/teardown/gloo_threads.py at np 2: after the DDP hook and DiLoCo over L-GreCo ran on
+    the default group, destroy_process_group leaves no Gloo worker thread (one left into
+    interpreter shutdown can abort the process; DEVELOPERS.md)."""
+    folder = HERE.parent / "teardown"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(np),
+               "gloo_threads.py"]
+    # The folder above tests/ first: the checkout's package here, the installed one in ci/torch_only.sh.
+    run_launch(command, folder, 300, f"torchrun --nproc_per_node {np} gloo_threads.py", ["Gloo thread"],
+               {"PYTHONPATH": str(HERE.parents[1])})
+
+
 class Layers(nn.Module):
     """Eight 256 x 256 weights: 256 KiB each in float32, 2 MiB in all."""
 

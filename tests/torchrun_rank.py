@@ -6,6 +6,7 @@ at once; torchrun then stops the other ranks and the launch fails."""
 import torch
 import torch.distributed as dist
 
+import hvd_compress  # noqa: F401  (before init_process_group, as users do: integration/binding.py says why)
 from fail_fast import fail_fast
 
 dist.init_process_group("gloo")

@@ -19,6 +19,19 @@ import pickle
 import time
 
 
+class DefaultTorchGroup:
+    """``torch.distributed``'s default group, named without holding it. A ``ProcessGroup`` that
+    something still references outlives ``destroy_process_group``; its worker threads then last
+    into interpreter shutdown, where one that drops a finished collective's tensors needs the
+    GIL and aborts the process ("terminate called without an active exception", DEVELOPERS.md)."""
+
+    def __repr__(self):
+        return "DEFAULT_TORCH_GROUP"
+
+
+DEFAULT_TORCH_GROUP = DefaultTorchGroup()
+
+
 class DecisionTimeout(RuntimeError):
     """A peer did not answer before the deadline (dead or stalled)."""
 
@@ -105,7 +118,8 @@ class HorovodTransport:
 
 class TorchTransport:
     """``torch.distributed``'s asynchronous collectives within ``process_set``, a
-    ``torch.distributed`` process group (None: the default group); rank 0 of the group decides.
+    ``torch.distributed`` process group (None or ``DEFAULT_TORCH_GROUP``: the default group);
+    rank 0 of the group decides.
 
     Collectives on a group are matched by the order ranks issue them, not by tag: every rank of
     the group must call ``broadcast``/``allgather`` at the same point of its sequence of
@@ -120,10 +134,10 @@ class TorchTransport:
         self.dist = dist
         # torch 2.13 deprecates all_gather_into_tensor for all_gather_single (same arguments).
         self.all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        self.group = process_set
-        self.rank, self.size = dist.get_rank(process_set), dist.get_world_size(process_set)
-        self.root = 0 if process_set is None else dist.get_global_rank(process_set, 0)
-        on_gpu = dist.get_backend(process_set) == "nccl"
+        self.group = group = None if process_set is DEFAULT_TORCH_GROUP else process_set
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        self.root = 0 if group is None else dist.get_global_rank(group, 0)
+        on_gpu = dist.get_backend(group) == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
 
     def _wait(self, work, deadline, what):
@@ -160,8 +174,8 @@ class TorchTransport:
 
 
 def uses_torch_distributed(process_set):
-    """Whether "auto" means "torch": ``process_set`` is a ``torch.distributed`` process group,
-    or it is None while ``torch.distributed`` is initialised and Horovod is not (torchrun)."""
+    """Whether "auto" means "torch": ``process_set`` is a ``torch.distributed`` process group
+    (or ``DEFAULT_TORCH_GROUP``), or it is None while ``torch.distributed`` is initialised and Horovod is not (torchrun)."""
     import sys
     try:
         import torch.distributed as dist
@@ -169,7 +183,7 @@ def uses_torch_distributed(process_set):
         return False
     if not dist.is_available():
         return False
-    if isinstance(process_set, dist.ProcessGroup):
+    if process_set is DEFAULT_TORCH_GROUP or isinstance(process_set, dist.ProcessGroup):
         return True
     if process_set is not None or not dist.is_initialized():
         return False

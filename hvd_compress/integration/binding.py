@@ -27,13 +27,20 @@ import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
+# Imported after init_process_group (every optimizer's constructor imports it), torch._dynamo
+# keeps references to the default process group (torch 2.13), so destroy_process_group cannot
+# stop Gloo's worker threads; one that then drops a finished collective's tensors during
+# interpreter shutdown takes the GIL and aborts the process (DEVELOPERS.md). Imported with the
+# package, before the user's init_process_group, it keeps none. Costs nothing an optimizer would not.
+import torch._dynamo  # noqa: F401
 
 from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.fusion import FusionPlan
 from hvd_compress.comm.horovod_backend import HorovodBackend
 from hvd_compress.comm.timing import finished_at
 from hvd_compress.comm.torch_backend import TorchBackend
-from hvd_compress.comm.transports import HorovodTransport, TorchTransport, uses_torch_distributed
+from hvd_compress.comm.transports import (DEFAULT_TORCH_GROUP, HorovodTransport, TorchTransport,
+                                         uses_torch_distributed)
 from hvd_compress.integration.agreement import verify_same_configuration
 
 World = Optional[Tuple[int, Optional[int], Optional[int]]]
@@ -99,11 +106,11 @@ class TorchGroup:
     included = True  # a process outside a torch.distributed group never reaches an integration
 
     def __init__(self, group: Any = None):
-        import torch.distributed as dist
         self.group = group
         # For whatever talks to other ranks outside the rounds (L-GreCo's decisions): a
-        # torch.distributed group makes its "auto" transport torch.distributed's.
-        self.process_set = group if group is not None else dist.group.WORLD
+        # torch.distributed group makes its "auto" transport torch.distributed's. The default
+        # group by name, not dist.group.WORLD: held, it would outlive destroy_process_group.
+        self.process_set = group if group is not None else DEFAULT_TORCH_GROUP
 
     @property
     def rank(self) -> int:
