@@ -175,7 +175,8 @@ class TorchTransport:
 
 def uses_torch_distributed(process_set):
     """Whether "auto" means "torch": ``process_set`` is a ``torch.distributed`` process group
-    (or ``DEFAULT_TORCH_GROUP``), or it is None while ``torch.distributed`` is initialised and Horovod is not (torchrun)."""
+    (or ``DEFAULT_TORCH_GROUP``), or it is None while ``torch.distributed`` is initialised and
+    Horovod is not (torchrun)."""
     import sys
     try:
         import torch.distributed as dist
