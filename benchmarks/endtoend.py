@@ -58,8 +58,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import (DOCS, Progress, checkout_pythonpath, cluster_job, describe_machine, machine, panels,
-                               save_figure, summarise, timed_step, undisturbed, write_section)
+from benchmarks.report import (DOCS, Progress, checkout_pythonpath, cluster_job, describe_machine, machine,
+                               notes_lines, panels, save_figure, summarise, timed_step, undisturbed,
+                               write_section)
 from hvd_compress.comm.simulated import exchange_alone
 
 RESULT_PREFIX = "ENDTOEND_RESULT "
@@ -401,6 +402,7 @@ def markdown(results, figure):
     lines += ["Targets:", "", "| target | value | limit | met |", "|---|---|---|---|"]
     lines += [f"| {row['target']} | {row['value']:.2f} | {row['limit']} | {'yes' if row['met'] else 'no'} |"
               for row in results["targets"]]
+    lines += notes_lines(results)
     return "\n".join(lines) + "\n"
 
 
