@@ -4,6 +4,7 @@ killed on expiry, so no rank can hang the suite. The np 2 launch of test_ddp_exc
 the quick tier (``-m "not slow"``); the others are marked ``slow``.
 
 Also here, single-process: ``hvd_compress.ddp.scaled_bucket_cap_mb``."""
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -60,9 +61,11 @@ def test_destroy_process_group_stops_gloo_threads_with_integrations_bound(np):
     folder = HERE.parent / "teardown"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(np),
                "gloo_threads.py"]
-    # The folder above tests/ first: the checkout's package here, the installed one in ci/torch_only.sh.
+    # The folder above tests/ first: the checkout's package here, the installed one in
+    # ci/torch_only.sh; then examples/, for the examples' toy task.
+    root = HERE.parents[1]
     run_launch(command, folder, 300, f"torchrun --nproc_per_node {np} gloo_threads.py", ["Gloo thread"],
-               {"PYTHONPATH": str(HERE.parents[1])})
+               {"PYTHONPATH": os.pathsep.join([str(root), str(root / "examples")])})
 
 
 class Layers(nn.Module):

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 import hvd_compress
 import hvd_compress.ddp
+from toy_task import small_model, train  # examples/: the README's examples' model and loop
 
 GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")  # the names torch gives them
 
@@ -23,25 +24,12 @@ def gloo_threads():
     return [name for name in names if name in GLOO_THREADS]
 
 
-def model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
-
-
-def train(net, optimizer, steps):
-    for step in range(steps):
-        torch.manual_seed(100 * step + dist.get_rank())
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(net(torch.randn(16, 64)), torch.randint(0, 8, (16,))).backward()
-        optimizer.step()
-
-
 dist.init_process_group("gloo")
 assert gloo_threads(), "no Gloo worker threads to watch: has torch renamed them?"
-ddp = torch.nn.parallel.DistributedDataParallel(model())
+ddp = torch.nn.parallel.DistributedDataParallel(small_model())
 state = hvd_compress.ddp.register(ddp, hvd_compress.PowerSGD(rank=2))
 train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), steps=3)
-net = model()
+net = small_model()
 lgreco = hvd_compress.LGreCo(hvd_compress.TopK(density=0.05), warmup_steps=1, decide_every=2, apply_delay=1)
 diloco = hvd_compress.DiLoCo(torch.optim.AdamW(net.parameters(), lr=1e-3), net.named_parameters(), lgreco,
                              inner_steps=2)
