@@ -30,6 +30,8 @@ counted as bytes). Bandwidth: the best of several copies of a 256 MiB buffer int
 + write counted, STREAM's copy); GEMM throughput: the best of several runs of the three skinny
 products above on a 2048 x 2048 matrix at the run's rank. With ``--device cuda`` both are
 measured on the GPU. Target: PowerSGD, ACP-SGD, Top-K and QSGD within 1.5x of their floor.
+Beside the floor, not in it: QSGD's random draws (``noise_words``: a 64-bit word for four
+entries) at the rate one generator fills words in the same run, a bound the bytes do not show.
 Where one misses it, what bounds it: on CPU each method's process profiles one more step and the
 section names the aten operators that took most of it.
 
@@ -70,6 +72,7 @@ from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import exchange_alone
 from hvd_compress.compressors.base import Compressor
 from hvd_compress.maths.lowrank import factor_shapes
+from hvd_compress.maths.quantize import draw_noise, noise_words
 from hvd_compress.maths.sparsify import topk_indices
 
 logger = logging.getLogger(__name__)
@@ -94,6 +97,9 @@ GEMM_SIDE = 2048
 THROUGHPUT_REPEATS = 5
 GEMM_PRODUCTS = "`M Q`, `M^T P` as `(P^T M)^T` and `P Q^T`"
 EARLIER_GEMM_PRODUCTS = "`M Q`, `M^T P` and `P Q^T`"  # what runs before 2026-11-27 timed
+# Random 64-bit words per step of a compressed tensor of n entries, for the codecs that draw them:
+# QSGD's stochastic rounding. Not part of the issue's floor (bytes and GEMM flops): a bound beside it.
+NOISE_WORDS = {"QSGD": noise_words}
 FLOOR = "floor throughput"  # measure()'s label for the floor's measurements
 # Flops per step of a compressed n x m matrix at rank r, in units of n m r: PowerSGD's two
 # projections and decompression, ACP-SGD's one projection a step and decompression (2 n m r each).
@@ -300,7 +306,7 @@ def floor_model(label: str, compressor: Compressor, shapes: list) -> dict:
     on ``shapes`` ([(name, shape)]), at its settings; see the module docstring."""
     feedback = getattr(compressor, "feedback", None)
     per_entry = 16 if feedback is not None and feedback.enabled else 8
-    moved = flops = 0
+    moved = flops = words = 0
     for name, shape in shapes:
         numel, setting = math.prod(shape), compressor.setting(name)
         if not compressor.compresses(shape, setting):
@@ -310,13 +316,20 @@ def floor_model(label: str, compressor: Compressor, shapes: list) -> dict:
         if label in LOWRANK_FLOPS:
             n, m, r = factor_shapes(shape, setting)
             flops += LOWRANK_FLOPS[label] * n * m * r
-    return {"bytes": moved, "flops": flops}
+        if label in NOISE_WORDS:
+            words += NOISE_WORDS[label](numel)
+    return {"bytes": moved, "flops": flops, "random_words": words}
 
 
 def floor_ms(model: dict, throughput: dict) -> float:
     """The floor in milliseconds: moving the bytes or doing the flops, whichever takes longer."""
     return 1e3 * max(model["bytes"] / throughput["bandwidth_bytes_per_s"],
                      model["flops"] / throughput["gemm_flops_per_s"])
+
+
+def draws_ms(model: dict, throughput: dict) -> float:
+    """Milliseconds the model's random words take to draw at the measured rate."""
+    return 1e3 * model["random_words"] / throughput["random_words_per_s"]
 
 
 def machine_throughput(rank: int, device: str, quick: bool = False) -> dict:
@@ -335,7 +348,11 @@ def machine_throughput(rank: int, device: str, quick: bool = False) -> dict:
         return matrix @ q, (p.T @ matrix).T, p @ q.T
 
     gemm_seconds = _best_seconds(products, device)
+    words = torch.empty(numel // 2, dtype=torch.int64, device=device)
+    noise = torch.Generator(device=device).manual_seed(0)
+    draw_seconds = _best_seconds(lambda: draw_noise(words, noise), device)
     return {"threads": torch.get_num_threads(), "copy_bytes": 4 * numel,
+            "random_words": words.numel(), "random_words_per_s": words.numel() / draw_seconds,
             "bandwidth_bytes_per_s": 2 * 4 * numel / copy_seconds,
             "gemm_shape": [GEMM_SIDE, GEMM_SIDE, rank], "gemm_products": GEMM_PRODUCTS,
             "gemm_flops_per_s": 3 * 2 * GEMM_SIDE * GEMM_SIDE * rank / gemm_seconds}
@@ -510,6 +527,8 @@ def run(args):
                 model = floor_model(label, makers[label](), shapes)
                 model["floor_ms"] = floor_ms(model, throughput)
                 model["x_floor"] = 1e3 * seconds / model["floor_ms"]
+                if model["random_words"]:
+                    model["draws_ms"] = draws_ms(model, throughput)
                 entry["methods"][label]["floor"] = model
                 floor = f", floor {model['floor_ms']:.2f} ms ({model['x_floor']:.2f}x)"
             print(f"{set_name:>15} {label:>20}: {1e3 * seconds:9.2f} ms/step{floor}", flush=True)
@@ -671,7 +690,25 @@ def floor_lines(results):
     # from above what NoCompression must do: it can run under its "floor".
     return lines + ["", "A tensor sent whole counts as read and written once, what a real all-reduce "
                     "does; on one rank NoCompression hands the gradient back as it is and can run "
-                    "under that."] + bound_lines(results)
+                    "under that."] + draws_lines(results) + bound_lines(results)
+
+
+def draws_lines(results):
+    """The random draws of the codecs that make them, a bound beside the floor: their time at the
+    rate measured in this run, and each step against it (where the run measured the rate)."""
+    rate = results["throughput"].get("random_words_per_s")
+    rows = [(name, label, method) for name, entry in results["codec"].items()
+            for label, method in entry["methods"].items() if "draws_ms" in method.get("floor", {})]
+    if rate is None or not rows:
+        return []
+    cells = "; ".join(f"{name}: {m['floor']['random_words'] / 1e6:.1f} M words, {_ms(m['floor']['draws_ms'])}, "
+                      f"step {m['step_ms'] / m['floor']['draws_ms']:.1f}x that" for name, _, m in rows)
+    labels = ", ".join(dict.fromkeys(label for _, label, _ in rows))
+    entries_per_word = (1 << 20) // noise_words(1 << 20)
+    return ["", f"Random draws, a bound beside the floor (not in it): {labels} draws a 64-bit word for every "
+            f"{entries_per_word} entries, which this run's generator made at {rate / 1e6:.0f} M words/s "
+            f"(best of {THROUGHPUT_REPEATS} fills of {results['throughput']['random_words'] / 1e6:.1f} M words "
+            f"from one generator, as the codec draws them). {cells}."]
 
 
 def bound_lines(results):

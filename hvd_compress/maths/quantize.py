@@ -22,6 +22,17 @@ def levels_for_bits(bits):
     return (1 << (bits - 1)) - 1
 
 
+def noise_words(count):
+    """The 64-bit random words ``quantize`` draws for ``count`` entries (at least: its chunks
+    round up to whole words)."""
+    return -(-count // _NOISE_PER_WORD)
+
+
+def draw_noise(words, generator):
+    """Fills the int64 ``words`` with random bits from ``generator``, as ``quantize`` draws them."""
+    return words.random_(_INT64_MIN, None, generator=generator)
+
+
 def bucket_norms(x, bucket_size):
     """L2 norm of each bucket of ``bucket_size`` consecutive entries of the float32 (or
     narrower) ``x`` (last bucket padded), as float32.
@@ -80,7 +91,7 @@ def quantize(x, bits, bucket_size, generator):
     codes = torch.empty(n, dtype=torch.int8, device=x.device)
     chunk, wide = _norm_scratch(x, bucket_size)
     level = torch.empty(min(chunk, n), device=x.device)
-    words = torch.empty(-(-min(chunk, n) // _NOISE_PER_WORD), dtype=torch.int64, device=x.device)
+    words = torch.empty(noise_words(min(chunk, n)), dtype=torch.int64, device=x.device)
     for start in range(0, n, chunk):
         piece = x[start:start + chunk]
         count = piece.numel()
@@ -91,7 +102,7 @@ def quantize(x, bits, bucket_size, generator):
         # A zero norm's bucket holds zeros only: divided by 1 they stay 0, not NaN.
         denominators = torch.where(piece_norms > 0, piece_norms, 1.0)
         _per_bucket(torch.Tensor.div_, piece_level, denominators, 0, bucket_size)
-        noise = words[:-(-count // _NOISE_PER_WORD)].random_(_INT64_MIN, None, generator=generator)
+        noise = draw_noise(words[:noise_words(count)], generator)
         piece_level.mul_(s).add_(0.5).add_(noise.view(torch.int16)[:count], alpha=2 ** -16)
         codes[start:start + count] = piece_level.floor_()
     return codes, norms

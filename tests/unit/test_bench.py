@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import __main__ as bench
 import hvd_compress as hc
-from benchmarks.codec import HOOK, floor_ms, floor_model, measure_in_fresh_process
+from benchmarks.codec import HOOK, draws_ms, floor_ms, floor_model, measure_in_fresh_process
 from benchmarks.shapes import parameter_count, shape_set
 
 
@@ -53,17 +53,21 @@ def test_codec_floor_counts_each_methods_least_bytes_and_flops():
         return floor_model(label, hc.COMPRESSORS[name].build(**settings), shapes)
 
     # Rank 2: P 32 x 2 and Q 64 x 2 are 768 bytes; P = M Q, Q = M^T P, P Q^T: 3 x 2 x 32 x 64 x 2.
-    assert model("powersgd", "PowerSGD", rank=2) == {"bytes": 16 * 2048 + 2 * 768 + 128, "flops": 24_576}
+    assert model("powersgd", "PowerSGD", rank=2) == {"bytes": 16 * 2048 + 2 * 768 + 128, "flops": 24_576,
+                                                     "random_words": 0}
     # ACP-SGD sends P or Q (half of both on average) and does one projection and decompression.
-    assert model("acpsgd", "ACP-SGD", rank=2) == {"bytes": 16 * 2048 + 2 * 384 + 128, "flops": 16_384}
+    assert model("acpsgd", "ACP-SGD", rank=2) == {"bytes": 16 * 2048 + 2 * 384 + 128, "flops": 16_384,
+                                                  "random_words": 0}
     # k = 512 float32 values and int32 indices.
-    assert model("topk", "TopK", density=0.25) == {"bytes": 16 * 2048 + 2 * 4096 + 128, "flops": 0}
-    # No error feedback; 4-bit codes (1,024 bytes) and 4 bucket norms (16 bytes).
-    assert model("qsgd", "QSGD", bits=4) == {"bytes": 8 * 2048 + 2 * 1040 + 128, "flops": 0}
+    assert model("topk", "TopK", density=0.25) == {"bytes": 16 * 2048 + 2 * 4096 + 128, "flops": 0, "random_words": 0}
+    # No error feedback; 4-bit codes (1,024 bytes) and 4 bucket norms (16 bytes); a random 64-bit
+    # word for every four entries it compresses (beside the floor, not in it).
+    assert model("qsgd", "QSGD", bits=4) == {"bytes": 8 * 2048 + 2 * 1040 + 128, "flops": 0, "random_words": 512}
     # The larger of moving the bytes and doing the flops.
     speed = {"bandwidth_bytes_per_s": 1e9, "gemm_flops_per_s": 1e6}
     assert floor_ms({"bytes": 2e6, "flops": 1e3}, speed) == pytest.approx(2.0)
     assert floor_ms({"bytes": 2e6, "flops": 1e4}, speed) == pytest.approx(10.0)
+    assert draws_ms({"random_words": 3e6}, {"random_words_per_s": 1e9}) == pytest.approx(3.0)
 
 
 def test_codec_operators_counts_every_compressor_alone(tmp_path, monkeypatch):
