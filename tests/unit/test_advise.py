@@ -230,7 +230,18 @@ def test_the_timed_check_times_in_the_order_of_the_projection_until_a_timed_sett
     for name, c in settings.items():
         c.timed_step_ms, c.speedup, c.to_target = None, 1.2 / projected[name], projected[name]
     check_by_timing([dense, *settings.values()], time_one, pick_seeds=3, most=1)
-    assert order == ["none", "a"]  # at most one besides uncompressed
+    # One besides uncompressed to test the margin (a, 1.08x once timed); then b, which would be
+    # picked on its projection (0.6x), is timed too, and leads timed (0.78x): c is not timed.
+    assert order == ["none", "a", "b"] and settings["c"].timed_step_ms is None
+    assert quality.recommend([dense, *settings.values()]).startswith("compress with b")
+    # Past the budget, a setting projected no sooner than uncompressed is not timed (b, 1.05x, ahead of
+    # a's timed 1.08x): uncompressed would be picked over it.
+    order.clear()
+    for name, c in settings.items():
+        c.timed_step_ms, c.to_target = None, {"a": 1.0, "b": 1.05, "c": 1.3, "d": 1.0}[name]
+        c.speedup = 1.2 / c.to_target
+    check_by_timing([dense, *settings.values()], time_one, pick_seeds=3, most=1)
+    assert order == ["none", "a"]
     # Without steps to target, the order is the projected speed-up of settings of measured quality.
     for c in settings.values():
         c.timed_step_ms, c.steps_seeds, c.steps_factor, c.to_target = None, 0, None, None
