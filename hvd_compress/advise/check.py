@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from hvd_compress.advise.evidence import WORTH_IT
 from hvd_compress.advise.measure import build_compressor
 from hvd_compress.advise.projection import Candidate
 from hvd_compress.comm.timing import finished_at
@@ -85,8 +86,9 @@ def check_by_timing(candidates: Sequence[Candidate], time_one: Callable[[Candida
         if not untimed:
             return
         beaten = bool(timed) and key(timed[0]) * (1 + PROJECTION_MARGIN) <= key(untimed[0])
-        # Keys are relative to uncompressed: at 1 or more, the first would not be picked over it.
-        pick_timed = ranked[0].timed_step_ms is not None or key(ranked[0]) >= 1
+        # Keys are relative to uncompressed: the advice picks the first over it only if it is
+        # WORTH_IT sooner (``evidence.recommend``).
+        pick_timed = ranked[0].timed_step_ms is not None or key(ranked[0]) > 1 / WORTH_IT
         if beaten or (checked >= most and pick_timed):
             return
         candidate = untimed[0]

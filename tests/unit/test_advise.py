@@ -234,8 +234,8 @@ def test_the_timed_check_times_in_the_order_of_the_projection_until_a_timed_sett
     # picked on its projection (0.6x), is timed too, and leads timed (0.78x): c is not timed.
     assert order == ["none", "a", "b"] and settings["c"].timed_step_ms is None
     assert quality.recommend([dense, *settings.values()]).startswith("compress with b")
-    # Past the budget, a setting projected no sooner than uncompressed is not timed (b, 1.05x, ahead of
-    # a's timed 1.08x): uncompressed would be picked over it.
+    # Past the budget, a setting projected too little sooner than uncompressed to be picked is not
+    # timed (b, 1.05x, ahead of a's timed 1.08x): uncompressed would be picked over it.
     order.clear()
     for name, c in settings.items():
         c.timed_step_ms, c.to_target = None, {"a": 1.0, "b": 1.05, "c": 1.3, "d": 1.0}[name]
