@@ -167,6 +167,7 @@ def as_integrations_run(make, grads):
     def step():
         for name, grad in work.items():
             exchange_alone(compressor, name, grad)
+        compressor.end_step()  # keeps the step's residuals, as every integration does
 
     return refresh, step
 

@@ -51,8 +51,10 @@ class StagedSums:
         if current is None:
             staged = self._staged[name] = value.to(torch.float32, copy=True)
             return staged if value_weight == 1.0 else staged.mul_(value_weight)
-        if name in self._staged:
-            return current.mul_(current_weight).add_(value, alpha=value_weight)
+        if name in self._staged:  # a second update within the step
+            if current_weight != 1.0:
+                current.mul_(current_weight)
+            return current.add_(value, alpha=value_weight)
         buffer = self._spare.pop(name, None)
         if buffer is None or buffer.shape != current.shape:
             buffer = torch.empty_like(current)

@@ -102,17 +102,19 @@ class QSGD(Compressor):
     def _begin(self, name, grad):
         shape, dtype, n = grad.shape, grad.dtype, grad.numel()
         bits = self.setting(name)
-        codes, norms = quantize.quantize(grad.reshape(-1).float(), bits, self.config.bucket_size,
-                                         self._rounding_generator(name, grad.device))
         code_bytes = quantize.packed_size(n, bits)
+        buckets = -(-n // self.config.bucket_size)
         # Codes first and an even number of norms keep every gathered row 8-byte aligned.
-        padded_norms = torch.nn.functional.pad(norms, (0, norms.numel() % 2))
-        payload = torch.cat([quantize.pack_codes(codes, bits), padded_norms.view(torch.uint8)])
+        payload = torch.empty(code_bytes + 4 * (buckets + buckets % 2), dtype=torch.uint8, device=grad.device)
+        norms = payload[code_bytes:].view(torch.float32)
+        norms[buckets:] = 0
+        quantize.encode(grad.reshape(-1).float(), bits, self.config.bucket_size,
+                        self._rounding_generator(name, grad.device), payload[:code_bytes], norms[:buckets])
 
         def after_gather(rows):
-            mean = quantize.dequantize_mean([quantize.unpack_codes(row[:code_bytes], bits, n) for row in rows],
-                                            [row[code_bytes:].view(torch.float32)[:norms.numel()] for row in rows],
-                                            bits, self.config.bucket_size, out=self._result_memory(grad))
+            mean = quantize.decode_mean([row[:code_bytes] for row in rows],
+                                        [row[code_bytes:].view(torch.float32)[:buckets] for row in rows],
+                                        bits, self.config.bucket_size, n, out=self._result_memory(grad))
             return mean.view(shape).to(dtype)
 
         return Round(payload, Collective.ALLGATHER, after_gather)

@@ -5,6 +5,8 @@ chunks of whole buckets small enough to stay in cache, so the gradient streams t
 memory about once instead of once per step. Chunking changes no result: the chunks consume
 the random stream in order. Other devices process the whole tensor at once.
 """
+import math
+
 import torch
 
 # Entries per chunk on CPU: the four 1 MiB temporaries of a chunk stay in the L2/L3 caches;
@@ -51,9 +53,9 @@ def bucket_norms(x, bucket_size):
     return norms
 
 
-def _norm_scratch(x, bucket_size):
+def _norm_scratch(x, bucket_size, per_word=1):
     """(entries per chunk, the float64 buffer ``_chunk_norms`` uses for one)."""
-    chunk = _chunk_entries(x, bucket_size)
+    chunk = _chunk_entries(x.device, bucket_size, x.numel(), per_word)
     padded = -(-x.numel() // bucket_size) * bucket_size
     return chunk, torch.empty(min(chunk, padded), dtype=torch.float64, device=x.device)
 
@@ -85,13 +87,34 @@ def quantize(x, bits, bucket_size, generator):
     within 2^-16. No norm is below a magnitude of its bucket (see ``bucket_norms``), so
     |v| <= s, v + u < s + 1 (float32 holds s + 1 - 2^-16 for s <= 127) and a code never leaves
     [-s, s]. The chunks draw the words in order, so chunking changes no code."""
-    s = levels_for_bits(bits)
     n = x.numel()
     norms = torch.empty(-(-n // bucket_size), device=x.device)
     codes = torch.empty(n, dtype=torch.int8, device=x.device)
-    chunk, wide = _norm_scratch(x, bucket_size)
+    for _ in _quantized_chunks(x, bits, bucket_size, generator, norms, codes):
+        pass
+    return codes, norms
+
+
+def encode(x, bits, bucket_size, generator, packed, norms):
+    """``pack_codes(quantize(x, ...)[0], bits)`` into ``packed`` (uint8, ``packed_size`` bytes)
+    and the norms into ``norms`` (float32, one a bucket), bit for bit, packing each chunk's
+    codes while they are in cache: no gradient-sized codes are written and read back."""
+    per_word = 64 // bits
+    for start, codes in _quantized_chunks(x, bits, bucket_size, generator, norms, per_word=per_word):
+        first = start // per_word * 8
+        packed[first:first + packed_size(codes.numel(), bits)] = pack_codes(codes, bits)
+
+
+def _quantized_chunks(x, bits, bucket_size, generator, norms, codes=None, per_word=1):
+    """``quantize``'s work a chunk at a time, the norms written into ``norms``: yields (first
+    entry, the chunk's int8 codes), the codes in ``codes`` where given, else in a buffer the
+    next chunk reuses. Every chunk but the last is a multiple of ``per_word`` entries."""
+    s = levels_for_bits(bits)
+    n = x.numel()
+    chunk, wide = _norm_scratch(x, bucket_size, per_word)
     level = torch.empty(min(chunk, n), device=x.device)
     words = torch.empty(noise_words(min(chunk, n)), dtype=torch.int64, device=x.device)
+    scratch = torch.empty(min(chunk, n), dtype=torch.int8, device=x.device) if codes is None else None
     for start in range(0, n, chunk):
         piece = x[start:start + chunk]
         count = piece.numel()
@@ -104,8 +127,9 @@ def quantize(x, bits, bucket_size, generator):
         _per_bucket(torch.Tensor.div_, piece_level, denominators, 0, bucket_size)
         noise = draw_noise(words[:noise_words(count)], generator)
         piece_level.mul_(s).add_(0.5).add_(noise.view(torch.int16)[:count], alpha=2 ** -16)
-        codes[start:start + count] = piece_level.floor_()
-    return codes, norms
+        piece_codes = codes[start:start + count] if codes is not None else scratch[:count]
+        piece_codes.copy_(piece_level.floor_())
+        yield start, piece_codes
 
 
 def dequantize(codes, norms, bits, bucket_size):
@@ -121,22 +145,39 @@ def dequantize_mean(codes, norms, bits, bucket_size, out=None):
     at a time, every row added and the sum divided while the chunk is in cache, not row by row
     over the whole gradient: the same operations in the same order, so bit for bit the row-by-row
     mean."""
+    return _mean_of_rows(lambda row, start, stop: codes[row][start:stop], len(codes), norms, bits, bucket_size,
+                         codes[0].numel(), codes[0].device, out)
+
+
+def decode_mean(packed, norms, bits, bucket_size, count, out=None):
+    """``dequantize_mean`` of the rows ``unpack_codes(packed[i], bits, count)``, bit for bit, each
+    row's codes unpacked a chunk at a time where that chunk is decoded."""
+    def codes_of(row, start, stop):
+        return unpack_codes(packed[row][start // per_word * 8:packed_size(stop, bits)], bits, stop - start)
+
+    per_word = 64 // bits
+    return _mean_of_rows(codes_of, len(packed), norms, bits, bucket_size, count, packed[0].device, out, per_word)
+
+
+def _mean_of_rows(codes_of, rows, norms, bits, bucket_size, n, device, out, per_word=1):
+    """``dequantize_mean``'s work, row r's codes of entries [start, stop) read as
+    ``codes_of(r, start, stop)``; chunks are multiples of ``per_word`` entries but the last."""
     s = levels_for_bits(bits)
-    n = codes[0].numel()
-    mean = torch.empty(n, device=codes[0].device) if out is None else out
-    chunk = _chunk_entries(codes[0], bucket_size)
-    row_values = torch.empty(min(chunk, n), device=codes[0].device) if len(codes) > 1 else None
+    mean = torch.empty(n, device=device) if out is None else out
+    chunk = _chunk_entries(device, bucket_size, n, per_word)
+    row_values = torch.empty(min(chunk, n), device=device) if rows > 1 else None
     for start in range(0, n, chunk):
         piece = mean[start:start + chunk]
-        for row, (row_codes, row_norms) in enumerate(zip(codes, norms)):
+        stop = start + piece.numel()
+        for row in range(rows):
             values = piece if row == 0 else row_values[:piece.numel()]
-            values.copy_(row_codes[start:start + chunk])
+            values.copy_(codes_of(row, start, stop))
             values.div_(s)
-            _per_bucket(torch.Tensor.mul_, values, row_norms, start, bucket_size)
+            _per_bucket(torch.Tensor.mul_, values, norms[row], start, bucket_size)
             if row:
                 piece.add_(values)
-        if len(codes) > 1:  # dividing by one would only cost a pass
-            piece.div_(len(codes))
+        if rows > 1:  # dividing by one would only cost a pass
+            piece.div_(rows)
     return mean
 
 
@@ -237,13 +278,15 @@ def packed_size(count, bits):
     return -(-count // per_word) * 8
 
 
-def _chunk_entries(x, bucket_size):
-    """Entries per chunk: whole buckets, about ``_CPU_CHUNK`` of them on CPU, else every bucket
-    (the last one padded). A multiple of ``_NOISE_PER_WORD`` buckets, so that every chunk but
-    the last uses whole noise words."""
-    if x.device.type != "cpu":
-        return max(1, -(-x.numel() // bucket_size)) * bucket_size
-    buckets = -(-max(1, _CPU_CHUNK // bucket_size) // _NOISE_PER_WORD) * _NOISE_PER_WORD
+def _chunk_entries(device, bucket_size, n, per_word=1):
+    """Entries per chunk of ``n``: whole buckets, about ``_CPU_CHUNK`` of them on CPU, else every
+    bucket (the last one padded). A multiple of ``_NOISE_PER_WORD`` buckets, so that every chunk
+    but the last uses whole noise words, and of ``per_word`` entries, so that it packs into
+    whole 64-bit words."""
+    if torch.device(device).type != "cpu":
+        return max(1, -(-n // bucket_size)) * bucket_size
+    step = math.lcm(_NOISE_PER_WORD, per_word // math.gcd(per_word, bucket_size))
+    buckets = -(-max(1, _CPU_CHUNK // bucket_size) // step) * step
     return buckets * bucket_size
 
 

@@ -1,6 +1,7 @@
 """Top-k selection."""
 import functools
 import math
+import threading
 
 import torch
 
@@ -79,7 +80,7 @@ def indices_at_least(values, threshold):
     set are expanded."""
     n = values.numel()
     below = torch.nextafter(threshold, threshold.new_zeros(())).item()
-    mask = torch.empty(8 * -(-n // 8), dtype=torch.bool, device=values.device)
+    mask = _scratch_flags(8 * -(-n // 8), values.device)
     mask[n:] = False
     kept = torch.empty(min(n, _MASK_CHUNK), dtype=values.dtype, device=values.device)
     for start in range(0, n, _MASK_CHUNK):
@@ -92,3 +93,18 @@ def indices_at_least(values, threshold):
     (flags,) = torch.nonzero(as_words.index_select(0, hit).view(torch.bool), as_tuple=True)
     # A flag's position among the hit words gives its word (hit[p // 8]) and byte (p % 8).
     return hit.index_select(0, flags >> 3).mul_(8).add_(flags & 7)
+
+
+_scratch = threading.local()
+
+
+def _scratch_flags(size, device):
+    """A bool buffer of ``size`` for ``indices_at_least``'s flags, kept per thread and device and
+    grown as needed: a fresh one per call would be new pages at every call once it passes the
+    allocator's mmap limit (32 MiB in glibc), and their first-touch faults cost more than
+    writing the flags."""
+    buffers = _scratch.__dict__.setdefault("flags", {})
+    buffer = buffers.get(device)
+    if buffer is None or buffer.numel() < size:
+        buffer = buffers[device] = torch.empty(size, dtype=torch.bool, device=device)
+    return buffer[:size]

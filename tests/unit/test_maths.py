@@ -90,9 +90,31 @@ def test_qsgd_codes_do_not_depend_on_the_chunking(monkeypatch):
     x = torch.randn(5003)
     whole = quantize.quantize(x, 5, 100, torch.Generator().manual_seed(3))
     monkeypatch.setattr(quantize, "_CPU_CHUNK", 1024)
-    assert quantize._chunk_entries(x, 100) == 1200
+    assert quantize._chunk_entries(x.device, 100, x.numel()) == 1200
     chunked = quantize.quantize(x, 5, 100, torch.Generator().manual_seed(3))
     assert torch.equal(whole[0], chunked[0]) and torch.equal(whole[1], chunked[1])
+
+
+@pytest.mark.parametrize("bits", range(2, 9))
+@pytest.mark.parametrize("n,bucket_size", [(5003, 100), (4096, 7), (300, 512)])
+def test_encode_and_decode_mean_are_pack_and_unpack_of_the_codes_bit_for_bit(monkeypatch, bits, n, bucket_size):
+    """The fused path packs each chunk's codes and unpacks each chunk's bytes in cache: the bytes
+    of pack_codes(quantize(...)) and the mean of dequantize_mean over the unpacked rows, with
+    many chunks (each a whole number of 64-bit words), odd bucket sizes and a partial last one."""
+    monkeypatch.setattr(quantize, "_CPU_CHUNK", 1024)
+    buckets = -(-n // bucket_size)
+    rows = []
+    for row in range(3):
+        x = torch.randn(n) * 10 ** row
+        codes, norms = quantize.quantize(x, bits, bucket_size, torch.Generator().manual_seed(row))
+        packed = torch.empty(quantize.packed_size(n, bits), dtype=torch.uint8)
+        encoded_norms = torch.empty(buckets)
+        quantize.encode(x, bits, bucket_size, torch.Generator().manual_seed(row), packed, encoded_norms)
+        assert torch.equal(packed, quantize.pack_codes(codes, bits)) and torch.equal(encoded_norms, norms)
+        rows.append((codes, packed, norms))
+    expected = quantize.dequantize_mean([c for c, _, _ in rows], [m for _, _, m in rows], bits, bucket_size)
+    decoded = quantize.decode_mean([p for _, p, _ in rows], [m for _, _, m in rows], bits, bucket_size, n)
+    assert torch.equal(decoded, expected)
 
 
 @pytest.mark.parametrize("bits", range(2, 9))
@@ -114,6 +136,16 @@ def test_topk_indices_match_torch_topk_of_the_magnitudes(n, k):
     ours = topk_indices(x, k)
     assert ours.numel() == k and ours.unique().numel() == k
     assert torch.equal(x[ours].abs().sort().values, torch.topk(x.abs(), k).values.sort().values)
+
+
+def test_topk_indices_reuse_their_flags_buffer_across_sizes():
+    # The flags buffer is kept between calls: a smaller tensor after a larger one (whose flags
+    # are still in the buffer) and an odd size must select exactly as torch.topk does.
+    for n in [1 << 18, (1 << 16) + 3, 1 << 17]:
+        x = torch.randn(n)
+        k = n // 100
+        ours = topk_indices(x, k)
+        assert torch.equal(x[ours].abs().sort().values, torch.topk(x.abs(), k).values.sort().values)
 
 
 def test_topk_indices_with_many_ties():
