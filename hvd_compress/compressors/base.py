@@ -384,6 +384,14 @@ class Compressor(GradientCompression):
             return grad.view(-1)
         return None
 
+    def _typed_result(self, grad: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """``value`` (``grad``'s entries in any float dtype) as ``grad``'s result: cast into
+        ``_result_memory`` where there is one, else a new tensor of ``grad``'s dtype and shape."""
+        into = self._result_memory(grad)
+        if into is None:
+            return value.reshape(grad.shape).to(grad.dtype)
+        return into.copy_(value.reshape(-1)).view(grad.shape)
+
     def _zeroed_result(self, grad: torch.Tensor) -> torch.Tensor:
         """A flat float32 zero result for ``grad``'s exchange to scatter into: ``_result_memory``
         zeroed where there is one, else a new tensor."""

@@ -47,9 +47,8 @@ class FP16(_Settingless):
         return 2 * math.prod(shape)
 
     def _begin(self, name, grad):
-        dtype = grad.dtype
         return Round(grad.to(torch.float16), Collective.ALLREDUCE,
-                     lambda mean: mean.to(dtype), last=True)
+                     lambda mean: self._typed_result(grad, mean), last=True)
 
     def fixed_payload(self, shape):
         return True  # every gradient, as float16
@@ -71,7 +70,7 @@ class BF16(_Settingless):
         return 2 * chunk * (self.size + 1)
 
     def _begin(self, name, grad):
-        shape, dtype, n, w = grad.shape, grad.dtype, grad.numel(), self.size
+        n, w = grad.numel(), self.size
         flat = grad.reshape(-1).to(torch.bfloat16)
         pad = (-n) % w
         if pad:
@@ -83,7 +82,7 @@ class BF16(_Settingless):
             return Round(mean.to(torch.bfloat16).view(torch.int16), Collective.ALLGATHER, after_gather)
 
         def after_gather(rows):
-            return rows.view(torch.bfloat16).reshape(-1)[:n].view(shape).to(dtype)
+            return self._typed_result(grad, rows.view(torch.bfloat16).reshape(-1)[:n])
 
         return Round(chunks, Collective.ALLTOALL, after_scatter)
 

@@ -66,8 +66,8 @@ class ScaleCom(KSparse):
         if st.step <= self.config.warmup_steps:
             return dense_round(grad)
         k = self.k_for(self.setting(name), n)
-        # Not in place: the filter below needs the old residual.
-        acc = self.feedback.compensated(name, grad.reshape(-1), in_place=False)
+        # Built in the next residual's buffer; the residual the filter below needs stays as it was.
+        acc = self.feedback.compensated(name, grad.reshape(-1))
         leader = self.leader(st.step)
         if self.rank == leader:
             indices = chunked_topk_indices(acc.abs(), k, self.config.chunks).to(torch.int32)
@@ -76,20 +76,22 @@ class ScaleCom(KSparse):
 
         def after_indices(leader_indices):
             chosen = leader_indices.long()
-            # m + g - C(m + g); index_fill_, since assigning a Python 0 waits for a GPU per layer
-            residual = acc.clone().index_fill_(0, chosen, 0)
+            values = acc.index_select(0, chosen)
+            # m + g - C(m + g), where acc was; index_fill_, since assigning a Python 0 waits for a
+            # GPU per layer
+            acc.index_fill_(0, chosen, 0)
             if self.config.beta != 1.0:
+                acc.mul_(self.config.beta)
                 previous = self.feedback.residual(name, acc.device)  # None at first: zero; unscaled
-                residual = self.config.beta * residual if previous is None else torch.add(
-                    self.config.beta * residual, previous, alpha=(1 - self.config.beta) * self.loss_scale())
-            self.feedback.keep(name, residual)
+                if previous is not None:
+                    acc.add_(previous, alpha=(1 - self.config.beta) * self.loss_scale())
 
             def after_values(mean_values):
                 out = self._zeroed_result(grad)
                 out[chosen] = mean_values
                 return out.view(shape).to(dtype)
 
-            return Round(acc[chosen], Collective.ALLREDUCE, after_values, last=True)
+            return Round(values, Collective.ALLREDUCE, after_values, last=True)
 
         return Round(indices, Collective.BROADCAST, after_indices, root=leader)
 

@@ -268,7 +268,7 @@ def test_a_non_finite_dense_switch_step_keeps_the_residual(name):
 
 
 # The compressors whose result is a new gradient-sized tensor unless written into the gradient.
-WRITE_INTO_GRADIENTS = ("acpsgd", "powersgd", "qsgd", "scalecom", "topk")
+WRITE_INTO_GRADIENTS = ("acpsgd", "bf16", "fp16", "powersgd", "qsgd", "scalecom", "topk")
 
 
 @pytest.mark.parametrize("name", WRITE_INTO_GRADIENTS)
