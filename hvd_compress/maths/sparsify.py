@@ -80,9 +80,9 @@ def indices_at_least(values, threshold):
     set are expanded."""
     n = values.numel()
     below = torch.nextafter(threshold, threshold.new_zeros(())).item()
-    mask = _scratch_flags(8 * -(-n // 8), values.device)
+    mask = _scratch(8 * -(-n // 8), torch.bool, values.device)
     mask[n:] = False
-    kept = torch.empty(min(n, _MASK_CHUNK), dtype=values.dtype, device=values.device)
+    kept = _scratch(min(n, _MASK_CHUNK), values.dtype, values.device)
     for start in range(0, n, _MASK_CHUNK):
         piece = values[start:start + _MASK_CHUNK]
         count = piece.numel()
@@ -95,16 +95,17 @@ def indices_at_least(values, threshold):
     return hit.index_select(0, flags >> 3).mul_(8).add_(flags & 7)
 
 
-_scratch = threading.local()
+_scratches = threading.local()
 
 
-def _scratch_flags(size, device):
-    """A bool buffer of ``size`` for ``indices_at_least``'s flags, kept per thread and device and
-    grown as needed: a fresh one per call would be new pages at every call once it passes the
-    allocator's mmap limit (32 MiB in glibc), and their first-touch faults cost more than
-    writing the flags."""
-    buffers = _scratch.__dict__.setdefault("flags", {})
-    buffer = buffers.get(device)
+def _scratch(size, dtype, device):
+    """A buffer of ``size`` for ``indices_at_least``, kept per thread, dtype and device and grown
+    as needed. A fresh one per call is new pages at every call once it passes the allocator's
+    mmap limit (32 MiB in glibc; lower until large blocks have been freed, and heap memory is
+    given back when over twice that is free), and their first-touch faults cost more than
+    writing them."""
+    buffers = _scratches.__dict__.setdefault("buffers", {})
+    buffer = buffers.get((dtype, device))
     if buffer is None or buffer.numel() < size:
-        buffer = buffers[device] = torch.empty(size, dtype=torch.bool, device=device)
+        buffer = buffers[(dtype, device)] = torch.empty(size, dtype=dtype, device=device)
     return buffer[:size]
