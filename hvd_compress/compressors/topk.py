@@ -91,6 +91,10 @@ class TopK(KSparse):
     Tuning guide: ``density`` 0.01 (1%) is the common default; per-parameter ``k`` via
     ``set_setting(name, k)``. Selection estimates a threshold from a sample and sorts only
     the candidates above it, which is exact and much faster than ``torch.topk`` at low density.
+
+    Memory: the residual and the buffer the next one is built in (float32, per compressed
+    parameter); on CPU the selection also keeps one byte per entry of the largest gradient it
+    has selected from, per thread, between steps.
     """
 
     controllable = True
