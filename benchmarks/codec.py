@@ -165,9 +165,10 @@ def as_integrations_run(make, grads):
             work[name].copy_(grad)
 
     def step():
-        for name, grad in work.items():
-            exchange_alone(compressor, name, grad)
+        # The results live until the step ends, as the gradients they replace do in training.
+        results = [exchange_alone(compressor, name, grad) for name, grad in work.items()]
         compressor.end_step()  # keeps the step's residuals, as every integration does
+        return results
 
     return refresh, step
 
@@ -589,7 +590,8 @@ def markdown(results, figures, operators=None):
              "one rank, communication left out (each collective returns the rank's own payload), "
              "each method in a fresh process, run as the integrations run it: each result made in its "
              "gradient's memory (`write_results_into_gradients`), the gradients copied anew, untimed, "
-             "before each step, as the torch hook's buckets are filled. "
+             "before each step, as the torch hook's buckets are filled, and each step ended by `end_step`, "
+             "as theirs are. "
              f"Torch's `powerSGD_hook` runs over DDP-style 25 MiB buckets in {group} "
              f"(its one-rank all-reduces included), after its dense start-up. PowerSGD and ACP-SGD "
              f"rank {options['rank']}, Top-K density {options['density']}, QSGD {options['bits']} "
@@ -847,7 +849,8 @@ def parse_args(argv):
     parser.add_argument("--operators", action="store_true",
                         help="only count aten operators per step (on --device), not time anything")
     parser.add_argument("--report-only", action="store_true",
-                        help="rewrite the --device's section and figures from its JSON, measuring nothing")
+                        help="rewrite the --device's section and figures (with --operators, its operators section) "
+                             "from its JSON, measuring nothing")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available() and not args.report_only:
         parser.error("--device cuda: torch sees no CUDA device here")
@@ -866,8 +869,12 @@ def main(argv=None):
     if args.operators:
         if args.quick:
             args.shapes = ["tiny"]
-        results = run_operators(args)
-        (out / f"codec-operators{SUFFIX[args.device]}.json").write_text(json.dumps(results, indent=1) + "\n")
+        counted = out / f"codec-operators{SUFFIX[args.device]}.json"
+        if args.report_only:
+            results = json.loads(counted.read_text())
+        else:
+            results = run_operators(args)
+            counted.write_text(json.dumps(results, indent=1) + "\n")
         write_section(args.out / "benchmarks.md", OPERATORS_SECTION[args.device], operators_markdown(results))
         return
     path = out / f"codec{SUFFIX[args.device]}.json"
