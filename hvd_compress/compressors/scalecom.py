@@ -70,7 +70,7 @@ class ScaleCom(KSparse):
         acc = self.feedback.compensated(name, grad.reshape(-1))
         leader = self.leader(st.step)
         if self.rank == leader:
-            indices = chunked_topk_indices(acc.abs(), k, self.config.chunks).to(torch.int32)
+            indices = chunked_topk_indices(acc, k, self.config.chunks).to(torch.int32)
         else:
             indices = torch.zeros(k, dtype=torch.int32, device=grad.device)
 

@@ -1,9 +1,10 @@
 """Top-k selection."""
 import functools
 import math
-import threading
 
 import torch
+
+from hvd_compress.maths.scratch import scratch
 
 # Below this size, or when k is a large fraction of n, torch.topk is as fast as anything.
 _THRESHOLD_MIN_NUMEL = 1 << 15
@@ -80,9 +81,9 @@ def indices_at_least(values, threshold):
     set are expanded."""
     n = values.numel()
     below = torch.nextafter(threshold, threshold.new_zeros(())).item()
-    mask = _scratch(8 * -(-n // 8), torch.bool, values.device)
+    mask = scratch(8 * -(-n // 8), torch.bool, values.device)
     mask[n:] = False
-    kept = _scratch(min(n, _MASK_CHUNK), values.dtype, values.device)
+    kept = scratch(min(n, _MASK_CHUNK), values.dtype, values.device)
     for start in range(0, n, _MASK_CHUNK):
         piece = values[start:start + _MASK_CHUNK]
         count = piece.numel()
@@ -94,18 +95,3 @@ def indices_at_least(values, threshold):
     # A flag's position among the hit words gives its word (hit[p // 8]) and byte (p % 8).
     return hit.index_select(0, flags >> 3).mul_(8).add_(flags & 7)
 
-
-_scratches = threading.local()
-
-
-def _scratch(size, dtype, device):
-    """A buffer of ``size`` for ``indices_at_least``, kept per thread, dtype and device and grown
-    as needed. A fresh one per call is new pages at every call once it passes the allocator's
-    mmap limit (32 MiB in glibc; lower until large blocks have been freed, and heap memory is
-    given back when over twice that is free), and their first-touch faults cost more than
-    writing them."""
-    buffers = _scratches.__dict__.setdefault("buffers", {})
-    buffer = buffers.get((dtype, device))
-    if buffer is None or buffer.numel() < size:
-        buffer = buffers[(dtype, device)] = torch.empty(size, dtype=dtype, device=device)
-    return buffer[:size]
