@@ -42,6 +42,10 @@ class ScaleCom(KSparse):
     Tuning guide: ``density`` 0.01-0.04 (25-100x); ``warmup_steps`` dense steps first (the paper
     uses 1-5 epochs); ``chunks`` for the chunk-wise selection. Per-layer rates from FLOPs per
     gradient element: :meth:`set_rates_from_flops`.
+
+    Memory: the residual and the buffer the next one is built in (float32, per compressed
+    parameter); on CPU the leader's selection also keeps one float32 per entry of the largest
+    gradient it has selected from, per thread, between steps.
     """
 
     def __init__(self, named_parameters: NamedParameters = None, density: float = ScaleComConfig.density, *,
