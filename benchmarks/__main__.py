@@ -20,6 +20,7 @@ BENCHMARKS = {
     "fsdp": "FSDP2 / HSDP on an emulated cluster of 2 nodes x 2 ranks: plain HSDP against hvd_compress.fsdp",
     "fusion": "ACP-SGD step time against the fusion buffer size, on an emulated cluster",
     "horovod_suite": "Horovod's own optimizer tests with each compressor injected, both paths, np 2",
+    "layouts": "the low-rank codecs' skinny products on the CPU's BLAS, by the layout of their factors",
     "metrics_overhead": "host CPU time per step that a metrics exporter adds (per layer, per write)",
     "outer": "DiLoCo (local steps, compressed pseudo-gradients) against per-step methods, quality and bytes",
     "projection": "alpha-beta projection of the end-to-end results to 8-64 workers and 1-100 Gbit/s",

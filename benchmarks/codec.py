@@ -2,14 +2,16 @@
 the gradient shapes of real models, side by side with PyTorch's own PowerSGD comm hook.
 
     python -m benchmarks codec [--shapes resnet50,bert-base,transformer-xl] [--rank 4]
-        [--density 0.01] [--bits 4] [--repeats 3] [--device cpu|cuda] [--out docs/] [--quick]
-        [--report-only]
+        [--density 0.01] [--bits 4] [--repeats 3] [--rounds 3] [--device cpu|cuda] [--out docs/]
+        [--quick] [--report-only]
 
 Communication is left out: each compressor runs on one rank and every collective's result is
 the rank's own payload (what a world of one returns), so the time is encode + error feedback +
 decode. Torch's ``powerSGD_hook`` runs in a gloo process group of one over DDP-style buckets
 (reverse parameter order, 25 MiB cap); its all-reduces of one rank are part of its time.
-Each method runs in a fresh process, so none inherits another's allocator state.
+Each method runs in a fresh process, so none inherits another's allocator state, in ``--rounds``
+rounds over every method (each round's cycles pooled), so that a slow drift of the host hits
+every method alike; the floor's rates are measured in every round and the best is kept.
 
 Besides the per-step table the run measures Top-K selection alone (``topk_indices`` against
 ``torch.topk`` on the same magnitudes) and one memory pass over each shape set (``clone`` and
@@ -24,11 +26,14 @@ tensor it compresses, the gradient read and the result written once (4 bytes an 
 the residual read and written once where error feedback is on, and the payload written once and
 read back once (``payload_bytes``: factors, values and indices, codes and norms); a tensor sent
 whole is read once and written once. Flops: PowerSGD's ``P = M Q``, ``Q = M^T P`` and
-decompression ``P Q^T`` (2 n m r each), ACP-SGD's one projection a step and its decompression;
-orthogonalisation, ``O((n + m) r^2)``, and the element-wise work are left out (memory-bound,
-counted as bytes). Bandwidth: the best of several copies of a 256 MiB buffer into another (read
+decompression ``P Q^T`` (2 n m r each), ACP-SGD's one projection a step and its decompression,
+and with error feedback the residual ``M - P Q^T`` (this rank's factor, where the decompression
+takes the mean: a product of its own, 2 n m r; before 2026-11-28 the model counted only its
+bytes); orthogonalisation, ``O((n + m) r^2)``, and the element-wise work are left out
+(memory-bound, counted as bytes). Bandwidth: the best of several copies of a 256 MiB buffer into another (read
 + write counted, STREAM's copy); GEMM throughput: the best of several runs of the three skinny
-products above on a 2048 x 2048 matrix at the run's rank. With ``--device cuda`` both are
+products above on a 2048 x 2048 matrix at the run's rank, in the forms the codecs compute them
+(``maths.lowrank``; "Low-rank products by layout"). With ``--device cuda`` both are
 measured on the GPU. Target: PowerSGD, ACP-SGD, Top-K and QSGD within 1.5x of their floor.
 Beside the floor, not in it: QSGD's random draws (``noise_words``: a 64-bit word for four
 entries) at the rate one generator fills words in the same run, a bound the bytes do not show.
@@ -71,6 +76,7 @@ from benchmarks.report import (DOCS, OthersShare, describe_machine, machine, met
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import exchange_alone
 from hvd_compress.compressors.base import Compressor
+from hvd_compress.maths import lowrank
 from hvd_compress.maths.lowrank import factor_shapes
 from hvd_compress.maths.quantize import draw_noise, noise_words
 from hvd_compress.maths.sparsify import topk_indices
@@ -95,15 +101,19 @@ TOPK_SPEEDUP = {"cpu": 10.0, "cuda": 3.0}
 COPY_BYTES = 256 << 20
 GEMM_SIDE = 2048
 THROUGHPUT_REPEATS = 5
-GEMM_PRODUCTS = "`M Q`, `M^T P` as `(P^T M)^T` and `P Q^T`"
+GEMM_PRODUCTS = "`M Q` with Q column-major, `M^T P` as `(P^T M)^T` and `P Q^T` into existing memory"
 EARLIER_GEMM_PRODUCTS = "`M Q`, `M^T P` and `P Q^T`"  # what runs before 2026-11-27 timed
 # Random 64-bit words per step of a compressed tensor of n entries, for the codecs that draw them:
 # QSGD's stochastic rounding. Not part of the issue's floor (bytes and GEMM flops): a bound beside it.
 NOISE_WORDS = {"QSGD": noise_words}
 FLOOR = "floor throughput"  # measure()'s label for the floor's measurements
+RATES = ["bandwidth_bytes_per_s", "gemm_flops_per_s", "random_words_per_s"]  # machine_throughput's rates
 # Flops per step of a compressed n x m matrix at rank r, in units of n m r: PowerSGD's two
-# projections and decompression, ACP-SGD's one projection a step and decompression (2 n m r each).
+# projections and decompression, ACP-SGD's one projection a step and decompression (2 n m r each);
+# with error feedback on, the residual M - P Q^T as well: it takes this rank's factor where the
+# decompression takes the mean, so the two are separate products (RESIDUAL_FLOPS).
 LOWRANK_FLOPS = {"PowerSGD": 6, "ACP-SGD": 4}
+RESIDUAL_FLOPS = 2
 FLOOR_TARGETS = ["PowerSGD", "ACP-SGD", "TopK", "QSGD"]
 BREAKDOWN_OPERATORS = 3  # operators named in "where the step goes"
 FLOOR_LIMIT = 1.5
@@ -307,7 +317,8 @@ def floor_model(label: str, compressor: Compressor, shapes: list) -> dict:
     """The least bytes moved and flops per step of ``compressor`` (labelled as in ``LABELS``)
     on ``shapes`` ([(name, shape)]), at its settings; see the module docstring."""
     feedback = getattr(compressor, "feedback", None)
-    per_entry = 16 if feedback is not None and feedback.enabled else 8
+    with_feedback = feedback is not None and feedback.enabled
+    per_entry = 16 if with_feedback else 8
     moved = flops = words = 0
     for name, shape in shapes:
         numel, setting = math.prod(shape), compressor.setting(name)
@@ -317,7 +328,7 @@ def floor_model(label: str, compressor: Compressor, shapes: list) -> dict:
         moved += per_entry * numel + 2 * compressor.payload_bytes(shape, setting)
         if label in LOWRANK_FLOPS:
             n, m, r = factor_shapes(shape, setting)
-            flops += LOWRANK_FLOPS[label] * n * m * r
+            flops += (LOWRANK_FLOPS[label] + RESIDUAL_FLOPS * with_feedback) * n * m * r
         if label in NOISE_WORDS:
             words += NOISE_WORDS[label](numel)
     return {"bytes": moved, "flops": flops, "random_words": words}
@@ -344,10 +355,13 @@ def machine_throughput(rank: int, device: str, quick: bool = False) -> dict:
     matrix = torch.randn(GEMM_SIDE, GEMM_SIDE, generator=generator).to(device)
     q = torch.randn(GEMM_SIDE, rank, generator=generator).to(device)
     p = matrix @ q
+    decompressed = torch.empty_like(matrix)
 
     def products():
-        # M^T P as (P^T M)^T, the form maths.lowrank uses: an AMD EPYC's BLAS ran M.T @ P 7x slower.
-        return matrix @ q, (p.T @ matrix).T, p @ q.T
+        # In the forms the codecs compute them (maths.lowrank): the CPU's BLAS ran M Q with a
+        # row-major Q 1.5-5.7x slower at ranks 2-8 ("Low-rank products by layout"), and M.T @ P 7x.
+        return (lowrank.project_right(matrix, q), lowrank.project_left(matrix, p),
+                torch.mm(p, q.T, out=decompressed))
 
     gemm_seconds = _best_seconds(products, device)
     words = torch.empty(numel // 2, dtype=torch.int64, device=device)
@@ -358,6 +372,16 @@ def machine_throughput(rank: int, device: str, quick: bool = False) -> dict:
             "bandwidth_bytes_per_s": 2 * 4 * numel / copy_seconds,
             "gemm_shape": [GEMM_SIDE, GEMM_SIDE, rank], "gemm_products": GEMM_PRODUCTS,
             "gemm_flops_per_s": 3 * 2 * GEMM_SIDE * GEMM_SIDE * rank / gemm_seconds}
+
+
+def best_throughput(throughputs: list) -> dict:
+    """The machine's best of several rounds' ``machine_throughput``: each rate at its highest
+    (the floor is what the machine allows), each round's rates kept beside."""
+    best = dict(throughputs[0])
+    for key in RATES:
+        best[key] = max(t[key] for t in throughputs)
+        best[f"{key}_each_round"] = [t[key] for t in throughputs]
+    return best
 
 
 def _best_seconds(fn, device):
@@ -502,26 +526,45 @@ def run(args):
         args.shapes, args.repeats = ["tiny"], 1
     results = {"command": command_line(), "machine": dict(machine(), load_average_start=os.getloadavg()[0]),
                "options": {"shapes": args.shapes, "rank": args.rank, "density": args.density,
-                           "bits": args.bits, "repeats": args.repeats, "device": args.device},
+                           "bits": args.bits, "repeats": args.repeats, "rounds": 1 if args.quick else args.rounds,
+                           "device": args.device},
                "codec": {}, "memory_pass": {}}
     if args.device == "cuda":
         gpu = torch.cuda.get_device_properties(0)
         results["machine"]["gpu"] = f"{gpu.name}, {gpu.total_memory / 2 ** 30:.0f} GiB, CUDA {torch.version.cuda}"
-    # Measured like the codecs (a fresh process, except with --quick), before them.
-    throughput = (measure if args.quick else measure_in_fresh_process)(None, FLOOR, args)
+    rounds = 1 if args.quick else args.rounds
+    labels = [HOOK] + [label for label, _ in compressors(args)]
+    throughputs, timings = [], {(set_name, label): {"cycles": []} for set_name in args.shapes for label in labels}
+    # Rounds over every method, so that the host's slow drifts (this one's: 1.3-1.5x within
+    # minutes) hit every method alike; each round's cycles are pooled.
+    for round_ in range(rounds):
+        # Measured like the codecs (a fresh process, except with --quick), before them.
+        throughputs.append((measure if args.quick else measure_in_fresh_process)(None, FLOOR, args))
+        for set_name in args.shapes:
+            for label in labels:
+                call = measure if args.quick and label != HOOK else measure_in_fresh_process
+                timed = call(set_name, label, args)
+                timings[set_name, label]["cycles"] += timed["cycles"]
+                timings[set_name, label]["round_ms"] = timings[set_name, label].get("round_ms", []) + [
+                    1e3 * statistics.median(timed["cycles"])]
+                if "operators" in timed:
+                    timings[set_name, label]["operators"] = timed["operators"]
+                logger.info("round %d/%d %s %s: %.2f ms/step", round_ + 1, rounds, set_name, label,
+                            1e3 * statistics.median(timed["cycles"]))
+    throughput = best_throughput(throughputs)
     results["throughput"] = throughput
     makers = dict(compressors(args))
     for set_name in args.shapes:
         shapes = shape_set(set_name)
         entry = {"parameters": parameter_count(shapes), "tensors": len(shapes),
                  "gradient_bytes": 4 * parameter_count(shapes), "methods": {}}
-        for label in [HOOK] + [label for label, _ in compressors(args)]:
-            call = measure if args.quick and label != HOOK else measure_in_fresh_process
-            timed = call(set_name, label, args)
+        for label in labels:
+            timed = timings[set_name, label]
             seconds = statistics.median(timed["cycles"])
             entry["methods"][label] = {"step_ms": 1e3 * seconds,
                                        "gb_per_s": entry["gradient_bytes"] / seconds / 1e9,
-                                       "step_ms_each_cycle": [1e3 * s for s in timed["cycles"]]}
+                                       "step_ms_each_cycle": [1e3 * s for s in timed["cycles"]],
+                                       "step_ms_each_round": timed["round_ms"]}
             if "operators" in timed:
                 entry["methods"][label]["operators"] = timed["operators"]
             floor = ""
@@ -595,7 +638,7 @@ def markdown(results, figures, operators=None):
              f"Torch's `powerSGD_hook` runs over DDP-style 25 MiB buckets in {group} "
              f"(its one-rank all-reduces included), after its dense start-up. PowerSGD and ACP-SGD "
              f"rank {options['rank']}, Top-K density {options['density']}, QSGD {options['bits']} "
-             f"bits; median over {options['repeats']} cycles of two steps after two warm-up steps. "
+             f"bits; {_cycles_text(options)}. "
              "Cells: ms per step, gradient GB/s, time relative to the torch hook.", "",
              "Shape sets (`benchmarks/shapes.py`, every parameter's gradient, 1-D ones "
              "included): " + "; ".join(f"{name}: {DESCRIPTIONS[name]}, {results['codec'][name]['tensors']} "
@@ -734,6 +777,15 @@ def bound_lines(results):
     return lines
 
 
+def _cycles_text(options):
+    rounds = options.get("rounds", 1)  # one round before 2026-11-28
+    each = f"{options['repeats']} cycles of two steps after two warm-up steps"
+    if rounds == 1:
+        return f"median over {each}"
+    return (f"median over {rounds} rounds of every method in turn, each {each}, pooled; the floor's rates are "
+            f"the best round's")
+
+
 def _percent(value):
     return "an unknown share" if value is None else f"{value:.1f}%"
 
@@ -841,7 +893,9 @@ def parse_args(argv):
     parser.add_argument("--rank", type=int, default=4, help="PowerSGD and ACP-SGD rank")
     parser.add_argument("--density", type=float, default=0.01, help="Top-K density")
     parser.add_argument("--bits", type=int, default=4, help="QSGD bits")
-    parser.add_argument("--repeats", type=int, default=3, help="timed two-step cycles per method")
+    parser.add_argument("--repeats", type=int, default=3, help="timed two-step cycles per method and round")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds over every method (each a fresh process), their cycles pooled")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where gradients live and the codecs run")
     parser.add_argument("--out", type=Path, default=DOCS)
@@ -852,6 +906,9 @@ def parse_args(argv):
                         help="rewrite the --device's section and figures (with --operators, its operators section) "
                              "from its JSON, measuring nothing")
     args = parser.parse_args(argv)
+    for option, value in [("--repeats", args.repeats), ("--rounds", args.rounds)]:
+        if value < 1:
+            parser.error(f"{option} must be a positive integer, got {value}")
     if args.device == "cuda" and not torch.cuda.is_available() and not args.report_only:
         parser.error("--device cuda: torch sees no CUDA device here")
     for name in args.shapes:

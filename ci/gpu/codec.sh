@@ -7,7 +7,8 @@
 # $OUT/docs/benchmarks/ back by hand. Each stage has its own limit, and a failed stage does not
 # stop the next. Settings: TIER_SECONDS, CODEC_SECONDS, LOCATE (method ids whose waits to place
 # line by line), OPERATORS (shape sets whose operators per step to count on the GPU: the codec
-# table's time per operator reads them), OPERATORS_SECONDS, SKIP_CODEC, BATCHING_SECONDS (0 skips
+# table's time per operator reads them), OPERATORS_SECONDS, SKIP_CODEC, CODEC_ROUNDS (1: a GPU
+# machine is quiet, and three rounds would not fit), BATCHING_SECONDS (0 skips
 # `python -m benchmarks batching --device cuda`: what same-shape batching would buy on the GPU,
 # before it is built; on the CPU it bought nothing).
 set -u
@@ -39,6 +40,6 @@ if [ "${BATCHING_SECONDS:-60}" != 0 ]; then
 fi
 [ -n "${SKIP_CODEC:-}" ] && exit 0
 start=$(date +%s)
-timeout ${CODEC_SECONDS:-290} python3 -m benchmarks codec --device cuda --out $OUT/docs > $OUT/codec.log 2>&1
+timeout ${CODEC_SECONDS:-290} python3 -m benchmarks codec --device cuda --rounds ${CODEC_ROUNDS:-1} --out $OUT/docs > $OUT/codec.log 2>&1
 echo "codec exit $? after $(( $(date +%s) - start )) s" >> $OUT/codec.log
 tail -45 $OUT/codec.log

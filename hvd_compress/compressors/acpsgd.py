@@ -33,7 +33,7 @@ class ACPSGD(LowRankCompressor):
     def _rounds(self, name, grad, st, matrix, r):
         if st.step % 2 == 1:  # P step
             q_hat = lowrank.orthogonalize(self._reused(st, name, "q"))
-            p = matrix @ q_hat
+            p = lowrank.project_right(matrix, q_hat)
             self._remember(matrix, p, q_hat)
 
             def after_p(p_mean):
@@ -46,11 +46,12 @@ class ACPSGD(LowRankCompressor):
         q = lowrank.project_left(matrix, p_hat)
         self._remember(matrix, p_hat, q)
 
-        def after_q(q_mean):
-            st.p, st.q = p_hat, q_mean
-            return self._decompressed(p_hat, q_mean, grad)
+        def after_q(q_mean_t):
+            st.p, st.q = p_hat, q_mean_t.t()
+            return self._decompressed(p_hat, st.q, grad)
 
-        return Round(q.contiguous(), Collective.ALLREDUCE, after_q, last=True)
+        # Q travels as Q^T (r x m), the layout P^T M made it in: no copy.
+        return Round(q.t(), Collective.ALLREDUCE, after_q, last=True)
 
     def phase(self, name: str) -> str:
         """'P' or 'Q': what parameter ``name`` sends at its next step."""

@@ -29,17 +29,18 @@ class PowerSGD(LowRankCompressor):
         return factor_bytes(shape, setting, "pq")
 
     def _rounds(self, name, grad, st, matrix, r):
-        p = matrix @ self._reused(st, name, "q")
+        p = lowrank.project_right(matrix, self._reused(st, name, "q"))
 
         def after_p(p_mean):
             p_hat = lowrank.orthogonalize(p_mean)
             q = lowrank.project_left(matrix, p_hat)
             self._remember(matrix, p_hat, q)
 
-            def after_q(q_mean):
-                st.q = q_mean
-                return self._decompressed(p_hat, q_mean, grad)
+            def after_q(q_mean_t):
+                st.q = q_mean_t.t()  # column-major, as the next P = M Q wants it
+                return self._decompressed(p_hat, st.q, grad)
 
-            return Round(q.contiguous(), Collective.ALLREDUCE, after_q, last=True)
+            # Q travels as Q^T (r x m), the layout P^T M made it in: no copy.
+            return Round(q.t(), Collective.ALLREDUCE, after_q, last=True)
 
         return Round(p, Collective.ALLREDUCE, after_p)

@@ -10,7 +10,7 @@ the gradient's device and never wait for the device: GraVAC sends them with the 
 import torch
 
 from hvd_compress.maths.devices import on_device
-from hvd_compress.maths.lowrank import orthogonalize, seeded_normal
+from hvd_compress.maths.lowrank import orthogonalize, project_right, seeded_normal
 from hvd_compress.maths.quantize import bucket_norms, levels_for_bits
 from hvd_compress.maths.sparsify import sampled_kth_largest, topk_indices
 
@@ -157,9 +157,9 @@ def lowrank_kept_energies(matrix, q, ranks, seed, name):
     if q is None or q.shape[1] != top:
         q = seeded_normal(matrix.shape[1], top, seed, name, "gravac")
     q = q.to(matrix)  # a start drawn on the CPU, or loaded from a checkpoint mapped there
-    projected = orthogonalize(matrix @ q).t() @ matrix  # top x m
+    projected = orthogonalize(project_right(matrix, q)).t() @ matrix  # top x m
     kept = projected.double().square().sum(dim=1).cumsum(0)
-    return torch.stack([kept[r - 1] for r in ranks]), projected.t().contiguous()
+    return torch.stack([kept[r - 1] for r in ranks]), projected.t()  # column-major, as project_right wants
 
 
 def topk_kept_energies(flat, ks):

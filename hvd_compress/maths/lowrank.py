@@ -52,8 +52,18 @@ def orthogonalize(matrix, eps=1e-8):
 
 def project_left(matrix, p_hat):
     """Q = M^T P, computed as (P^T M)^T: one pass over M in row-major order, several
-    times faster on CPU than the transposed product."""
+    times faster on CPU than the transposed product. Q comes back column-major (a transposed
+    view of the r x m product): ``Q.t()`` is contiguous, the form to send and to keep."""
     return (p_hat.t() @ matrix).t()
+
+
+def project_right(matrix, q):
+    """P = M Q with Q's columns contiguous (copied so when Q is row-major, an m x r copy):
+    at ranks 2-8 the CPU's BLAS (MKL) ran M Q 1.5-5.7x slower with a row-major Q
+    (docs/benchmarks.md, "Low-rank products by layout")."""
+    if q.stride(0) != 1:  # row-major (a stride check: no operator where Q is column-major already)
+        q = q.t().contiguous().t()
+    return matrix @ q
 
 
 def seeded_normal(rows, cols, seed, name, salt=""):

@@ -52,11 +52,15 @@ def test_codec_floor_counts_each_methods_least_bytes_and_flops():
     def model(name, label, **settings):
         return floor_model(label, hc.COMPRESSORS[name].build(**settings), shapes)
 
-    # Rank 2: P 32 x 2 and Q 64 x 2 are 768 bytes; P = M Q, Q = M^T P, P Q^T: 3 x 2 x 32 x 64 x 2.
-    assert model("powersgd", "PowerSGD", rank=2) == {"bytes": 16 * 2048 + 2 * 768 + 128, "flops": 24_576,
+    # Rank 2: P 32 x 2 and Q 64 x 2 are 768 bytes; P = M Q, Q = M^T P, the residual M - P Q^T
+    # (this rank's factors) and the decompression (the mean's): 4 x 2 x 32 x 64 x 2.
+    assert model("powersgd", "PowerSGD", rank=2) == {"bytes": 16 * 2048 + 2 * 768 + 128, "flops": 32_768,
                                                      "random_words": 0}
-    # ACP-SGD sends P or Q (half of both on average) and does one projection and decompression.
-    assert model("acpsgd", "ACP-SGD", rank=2) == {"bytes": 16 * 2048 + 2 * 384 + 128, "flops": 16_384,
+    # Without error feedback, no residual: neither its bytes nor its product.
+    assert model("powersgd", "PowerSGD", rank=2, error_feedback=False) == {
+        "bytes": 8 * 2048 + 2 * 768 + 128, "flops": 24_576, "random_words": 0}
+    # ACP-SGD sends P or Q (half of both on average): one projection, the residual, the decompression.
+    assert model("acpsgd", "ACP-SGD", rank=2) == {"bytes": 16 * 2048 + 2 * 384 + 128, "flops": 24_576,
                                                   "random_words": 0}
     # k = 512 float32 values and int32 indices.
     assert model("topk", "TopK", density=0.25) == {"bytes": 16 * 2048 + 2 * 4096 + 128, "flops": 0, "random_words": 0}
@@ -105,6 +109,16 @@ def test_batching_quick_writes_its_section_and_counts_operators_per_shape(tmp_pa
     row = json.loads((tmp_path / "benchmarks" / "batching.json").read_text())["sets"]["tiny"]
     # QR, P = M Q, the residual, the decompression: per layer one at a time, per shape batched.
     assert row["per_layer_operators"] == 4 * row["layers"] and row["batched_operators"] == 4 * row["shapes"]
+
+
+def test_layouts_quick_times_both_layouts_at_every_rank(tmp_path):
+    assert bench.main(["layouts", "--quick", "--ranks", "2,4", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## Low-rank products by layout" in text and "python -m benchmarks layouts --quick --ranks 2,4" in text
+    shape = json.loads((tmp_path / "benchmarks" / "layouts.json").read_text())["shapes"]["small"]
+    assert [row["rank"] for row in shape["projection"]] == [2, 4]
+    assert all(row["row_major_ms"] > 0 and row["column_major_ms"] > 0 for row in shape["projection"])
+    assert shape["decompression"]["mm_out_ms"] > 0
 
 
 def test_controller_overhead_quick_measures_every_controller_and_resumes(tmp_path, monkeypatch):

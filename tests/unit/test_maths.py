@@ -17,6 +17,18 @@ def test_orthogonalize_zero_matrix_is_finite():
     assert torch.isfinite(lowrank.orthogonalize(torch.zeros(10, 3))).all()
 
 
+@pytest.mark.parametrize("rank", [1, 4])
+def test_projections_give_the_products_in_the_layouts_the_codecs_keep(rank):
+    matrix, q, p = torch.randn(40, 30), torch.randn(30, rank), torch.randn(40, rank)
+    # P = M Q whatever Q's layout, the same bits for either layout of the same values.
+    column_major = q.t().contiguous().t()
+    assert torch.allclose(lowrank.project_right(matrix, q), matrix @ q, atol=1e-5)
+    assert torch.equal(lowrank.project_right(matrix, q), lowrank.project_right(matrix, column_major))
+    # Q = M^T P comes back column-major: its transpose is what travels, with no copy.
+    projected = lowrank.project_left(matrix, p)
+    assert torch.allclose(projected, matrix.t() @ p, atol=1e-5) and projected.t().is_contiguous()
+
+
 def test_seeded_normal_is_identical_for_same_seed_and_name():
     a = lowrank.seeded_normal(5, 2, 0, "fc.weight")
     assert torch.equal(a, lowrank.seeded_normal(5, 2, 0, "fc.weight"))

@@ -1,0 +1,151 @@
+"""Low-rank products by memory layout: what the CPU's BLAS takes for the skinny products of
+PowerSGD and ACP-SGD, by the layout of their factors.
+
+    python -m benchmarks layouts [--ranks 1,2,4,8,16,32] [--threads 1] [--repeats 15]
+        [--out docs/] [--quick]
+
+For each matrix shape (``SHAPES``: the SmallVGG CNN's fc1, BERT-base's feed-forward pair and
+its word embedding) and rank r:
+
+* ``P = M Q`` with ``Q`` (m x r) row-major, the layout an all-reduced or freshly drawn factor
+  has, against column-major, the layout of a QR's Q and of ``maths.lowrank.project_right``'s
+  product (the codecs' form since this benchmark was written);
+* at ``--decompress-rank`` (default 4), ``P Q^T`` written into existing memory three ways:
+  ``torch.mm(..., out=)`` (the codecs' decompression), ``zero_()`` then ``addmm_`` onto it, and
+  ``addmm_`` onto the memory as it is (the residual's ``M -= P Q^T``, for reference: it does
+  the same flops).
+
+Each cell is the median of ``--repeats`` calls after one untimed call, at ``--threads`` torch
+threads (1: a DDP or Horovod rank's setting in the benchmarks). Writes ``layouts.json`` and the
+section "Low-rank products by layout".
+"""
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.report import DOCS, command_line, describe_machine, machine, write_section
+from hvd_compress.maths.lowrank import project_right
+
+logger = logging.getLogger(__name__)
+
+SECTION = "Low-rank products by layout"
+SHAPES = {"cnn fc1": (1024, 4096), "bert-base FFN in": (3072, 768), "bert-base FFN out": (768, 3072),
+          "bert-base word embedding": (30522, 768)}
+QUICK_SHAPES = {"small": (256, 512)}
+
+
+def median_ms(fn, repeats):
+    fn()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        seconds.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(seconds)
+
+
+def projection_row(matrix, rank, repeats, generator):
+    q = torch.randn(matrix.shape[1], rank, generator=generator)
+    row_major = median_ms(lambda: matrix @ q, repeats)
+    column_major = median_ms(lambda: project_right(matrix, q.t().contiguous().t()), repeats)
+    return {"rank": rank, "row_major_ms": row_major, "column_major_ms": column_major}
+
+
+def decompression_row(matrix, rank, repeats, generator):
+    n, m = matrix.shape
+    p = torch.randn(n, rank, generator=generator)
+    q = torch.linalg.qr(torch.randn(m, rank, generator=generator), mode="reduced").Q
+    into = torch.empty(n, m)
+    return {"rank": rank,
+            "mm_out_ms": median_ms(lambda: torch.mm(p, q.t(), out=into), repeats),
+            "zero_addmm_ms": median_ms(lambda: into.zero_().addmm_(p, q.t()), repeats),
+            "addmm_onto_ms": median_ms(lambda: matrix.addmm_(p, q.t(), alpha=-1), repeats)}
+
+
+def measure(shapes, ranks, decompress_rank, repeats):
+    generator = torch.Generator().manual_seed(0)
+    results = {}
+    for label, (n, m) in shapes.items():
+        matrix = torch.randn(n, m, generator=generator)
+        results[label] = {"shape": [n, m],
+                          "projection": [projection_row(matrix, r, repeats, generator) for r in ranks],
+                          "decompression": decompression_row(matrix, decompress_rank, repeats, generator)}
+        logger.info("%s done", label)
+    return results
+
+
+def markdown(results):
+    lines = [f"Command: `{results['command']}`", "", f"Machine: {describe_machine(results['machine'])} "
+             f"{results['threads']} torch thread(s); median of {results['repeats']} calls.", "",
+             "`P = M Q`, ms, with `Q` row-major (as all-reduced or drawn) against column-major (a QR's Q, "
+             "`project_right`):", "", "| matrix | n x m | " + " | ".join(f"r = {r}" for r in results["ranks"]) + " |",
+             "|---|---|" + "---|" * len(results["ranks"])]
+    for label, shape in results["shapes"].items():
+        cells = [f"{row['row_major_ms']:.3f} / {row['column_major_ms']:.3f} "
+                 f"({row['row_major_ms'] / row['column_major_ms']:.2f}x)" for row in shape["projection"]]
+        lines.append(f"| {label} | {shape['shape'][0]} x {shape['shape'][1]} | " + " | ".join(cells) + " |")
+    lines += ["", f"`P Q^T` at rank {results['decompress_rank']} written into existing memory, ms: "
+              "`torch.mm(out=)` (the codecs' decompression), `zero_()` then `addmm_`, and `addmm_` onto the "
+              "memory as it is (the residual's `M -= P Q^T`: the same flops):", "",
+              "| matrix | mm(out=) | zero_ + addmm_ | addmm_ onto M |", "|---|---|---|---|"]
+    for label, shape in results["shapes"].items():
+        row = shape["decompression"]
+        lines.append(f"| {label} | {row['mm_out_ms']:.3f} | {row['zero_addmm_ms']:.3f} | {row['addmm_onto_ms']:.3f} |")
+    return "\n".join(lines + [""] + summary(results)) + "\n"
+
+
+def summary(results):
+    """What the tables say, from their numbers: the layout's speed-up by rank, and the
+    decompression's forms against ``mm(out=)``."""
+    def span(values):
+        return f"{min(values):.2f}-{max(values):.2f}x"
+
+    shapes = list(results["shapes"].values())
+    speedups = {r: [shape["projection"][i]["row_major_ms"] / shape["projection"][i]["column_major_ms"]
+                    for shape in shapes] for i, r in enumerate(results["ranks"])}
+    by_rank = "; ".join(f"r = {r}: {span(values)}" for r, values in speedups.items())
+    zeroed = [s["decompression"]["zero_addmm_ms"] / s["decompression"]["mm_out_ms"] for s in shapes]
+    onto = [s["decompression"]["addmm_onto_ms"] / s["decompression"]["mm_out_ms"] for s in shapes]
+    return [f"Column-major `Q` ran this many times as fast as row-major: {by_rank}. The codecs keep `Q` column-major "
+            f"at every rank (`project_right`; Q travels as `Q^T`). Against `mm(out=)`, `zero_()` and `addmm_` "
+            f"took {span(zeroed)} its time and `addmm_` onto the memory as it is {span(onto)}: the decompression "
+            f"stays `mm(out=)`, one operator (a second, the `zero_`, would be one more launch a layer on a GPU)."]
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks layouts", description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=lambda text: [int(r) for r in text.split(",")], default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--decompress-rank", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--quick", action="store_true", help="one small matrix, one call: a smoke test")
+    args = parser.parse_args(argv)
+    for label, value in [("--ranks", min(args.ranks)), ("--decompress-rank", args.decompress_rank),
+                         ("--threads", args.threads), ("--repeats", args.repeats)]:
+        if value < 1:
+            parser.error(f"{label} must be positive integers, got {value}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    torch.set_num_threads(args.threads)
+    shapes, repeats = (QUICK_SHAPES, 1) if args.quick else (SHAPES, args.repeats)
+    results = {"command": command_line("layouts"), "machine": machine(), "threads": args.threads,
+               "repeats": repeats, "ranks": args.ranks, "decompress_rank": args.decompress_rank,
+               "shapes": measure(shapes, args.ranks, args.decompress_rank, repeats)}
+    out = args.out / "benchmarks"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "layouts.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_section(args.out / "benchmarks.md", SECTION, markdown(results))
+
+
+if __name__ == "__main__":
+    main()
