@@ -30,8 +30,8 @@ decompression ``P Q^T`` (2 n m r each), ACP-SGD's one projection a step and its 
 and with error feedback the residual ``M - P Q^T`` (this rank's factor, where the decompression
 takes the mean: a product of its own, 2 n m r; before 2026-11-28 the model counted only its
 bytes); orthogonalisation, ``O((n + m) r^2)``, and the element-wise work are left out
-(memory-bound, counted as bytes). Bandwidth: the best of several copies of a 256 MiB buffer into another (read
-+ write counted, STREAM's copy); GEMM throughput: the best of several runs of the three skinny
+(memory-bound, counted as bytes). Bandwidth: the best of several copies of a 256 MiB buffer into
+another (read + write counted, STREAM's copy); GEMM throughput: the best of several runs of the three skinny
 products above on a 2048 x 2048 matrix at the run's rank, in the forms the codecs compute them
 (``maths.lowrank``; "Low-rank products by layout"). With ``--device cuda`` both are
 measured on the GPU. Target: PowerSGD, ACP-SGD, Top-K and QSGD within 1.5x of their floor.
@@ -534,7 +534,8 @@ def run(args):
         results["machine"]["gpu"] = f"{gpu.name}, {gpu.total_memory / 2 ** 30:.0f} GiB, CUDA {torch.version.cuda}"
     rounds = 1 if args.quick else args.rounds
     labels = [HOOK] + [label for label, _ in compressors(args)]
-    throughputs, timings = [], {(set_name, label): {"cycles": []} for set_name in args.shapes for label in labels}
+    throughputs = []
+    timings = {(set_name, label): {"cycles": [], "round_ms": []} for set_name in args.shapes for label in labels}
     # Rounds over every method, so that the host's slow drifts (this one's: 1.3-1.5x within
     # minutes) hit every method alike; each round's cycles are pooled.
     for round_ in range(rounds):
@@ -543,14 +544,13 @@ def run(args):
         for set_name in args.shapes:
             for label in labels:
                 call = measure if args.quick and label != HOOK else measure_in_fresh_process
-                timed = call(set_name, label, args)
-                timings[set_name, label]["cycles"] += timed["cycles"]
-                timings[set_name, label]["round_ms"] = timings[set_name, label].get("round_ms", []) + [
-                    1e3 * statistics.median(timed["cycles"])]
+                timed, pooled = call(set_name, label, args), timings[set_name, label]
+                pooled["cycles"] += timed["cycles"]
+                pooled["round_ms"].append(1e3 * statistics.median(timed["cycles"]))
                 if "operators" in timed:
-                    timings[set_name, label]["operators"] = timed["operators"]
+                    pooled["operators"] = timed["operators"]
                 logger.info("round %d/%d %s %s: %.2f ms/step", round_ + 1, rounds, set_name, label,
-                            1e3 * statistics.median(timed["cycles"]))
+                            pooled["round_ms"][-1])
     throughput = best_throughput(throughputs)
     results["throughput"] = throughput
     makers = dict(compressors(args))
