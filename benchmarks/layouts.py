@@ -22,13 +22,12 @@ section "Low-rank products by layout".
 import argparse
 import json
 import logging
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.codec import median_seconds
 from benchmarks.report import DOCS, command_line, describe_machine, machine, write_section
 from hvd_compress.maths.lowrank import project_right
 
@@ -41,13 +40,7 @@ QUICK_SHAPES = {"small": (256, 512)}
 
 
 def median_ms(fn, repeats):
-    fn()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        seconds.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(seconds)
+    return 1e3 * median_seconds(fn, repeats, "cpu")
 
 
 def projection_row(matrix, rank, repeats, generator):
