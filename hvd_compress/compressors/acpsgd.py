@@ -38,6 +38,7 @@ class ACPSGD(LowRankCompressor):
 
             def after_p(p_mean):
                 st.p, st.q = p_mean, q_hat
+                self._result_bounded_by(name, p_mean, lowrank.orthonormal_product_growth(r))
                 return self._decompressed(p_mean, q_hat, grad)
 
             return Round(p, Collective.ALLREDUCE, after_p, last=True)
@@ -48,6 +49,7 @@ class ACPSGD(LowRankCompressor):
 
         def after_q(q_mean_t):
             st.p, st.q = p_hat, q_mean_t.t()
+            self._result_bounded_by(name, q_mean_t, lowrank.orthonormal_product_growth(r))
             return self._decompressed(p_hat, st.q, grad)
 
         # Q travels as Q^T (r x m), the layout P^T M made it in: no copy.

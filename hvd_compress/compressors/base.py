@@ -52,7 +52,11 @@ their input is declare ``payload_carries_input`` and send no marker, which saves
 every input: the 16-bit casts; the low-rank projections (``P = M Q``, ``Q = M^T P``: an Inf
 or NaN of ``M`` spoils its whole row or column of the product, Inf x 0 being NaN); Top-K (a
 non-finite magnitude outranks every finite one); QSGD (its bucket's norm travels non-finite).
-ScaleCom and SignSGD keep the marker. If the step was not finite, ``end_step`` puts the state
+ScaleCom and SignSGD keep the marker. The same four methods (low rank, Top-K, QSGD) check a
+float32 result through the small aggregate it was made from, whose largest magnitude bounds it
+(``_result_bounded_by``): the low-rank result is a mean factor times an orthonormal one, Top-K's
+and QSGD's a mean of gathered values, or of codes scaled by gathered norms, each no larger than
+it; so no pass over the gradient's memory follows its collective. If the step was not finite, ``end_step`` puts the state
 back as it was before the step (error feedback, warm starts, step counters), the gradients
 handed back stay non-finite (so that ``GradScaler`` or the user's check skips the step), and
 the next step runs as if the bad one had never happened. Controllers read ``last_step_finite``
@@ -79,12 +83,14 @@ from hvd_compress.comm.rounds import Collective, Round, Traffic, carrying, on_re
 from hvd_compress.compressors.config import CompressorConfig, check_checkpoint, checkpoint_header
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import errors as error_maths
-from hvd_compress.maths.finite import all_finite, extremes, nonfinite_marker, stacked
+from hvd_compress.maths.finite import extremes, largest_magnitude, nonfinite_marker, verdict
 
 logger = logging.getLogger(__name__)
 
 # Horovod's all-reduce sums these dtypes; anything else (bf16) travels as float32.
 _ALLREDUCE_DTYPES = (torch.float16, torch.float32, torch.float64)
+# Result dtypes that hold every float32 at most half float32's largest (a bound's margin).
+_WIDE_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 Shape = Tuple[int, ...]
 NamedParameters = Optional[Iterable[Tuple[str, torch.Tensor]]]
@@ -314,6 +320,10 @@ class Compressor(GradientCompression):
         # Per-step scratch, emptied by end_step.
         self.last_step_finite = True
         self._step_extremes: List[torch.Tensor] = []  # this step's aggregated gradients' min and max
+        # Results checked through what they were made from (_result_bounded_by): (tensor, growth)
+        # by name until the result is seen, then this step's (largest magnitude, growth, result).
+        self._result_bounds: Dict[Optional[str], Tuple[torch.Tensor, float]] = {}
+        self._step_bounds: List[Tuple[torch.Tensor, float, torch.Tensor]] = []
         self._rejected = False  # reject_step was called this step
         self._undo: Dict[str, Any] = {}
         self._step_scale: Optional[float] = None
@@ -424,7 +434,7 @@ class Compressor(GradientCompression):
             round_ = compress(name, grad)
             if not self.payload_carries_input:
                 round_ = _marking_non_finite_input(round_, grad)
-        return on_result(round_, self._watch_finite)
+        return on_result(round_, functools.partial(self._watch_finite, name))
 
     def _begin(self, name, grad):
         raise NotImplementedError
@@ -468,7 +478,7 @@ class Compressor(GradientCompression):
         """Sends ``grad`` plus its residual whole, in one all-reduce, and the residual becomes
         zero (GraVAC's scale-down to dense, line 23 of its Algorithm 1)."""
         self._remember_state(name)
-        return on_result(self._dense_round_with_residual(name, grad), self._watch_finite)
+        return on_result(self._dense_round_with_residual(name, grad), functools.partial(self._watch_finite, name))
 
     def _dense_round_with_residual(self, name, grad):
         """A layer sent whole (a setting that does not compress it, or GraVAC's dense phase)
@@ -519,19 +529,38 @@ class Compressor(GradientCompression):
     def reject_step(self) -> None:
         self._rejected = True
 
-    def _watch_finite(self, gradient):
+    def _watch_finite(self, name, gradient):
         """Aggregated gradients are identical on every rank, and a non-finite entry on any rank
         reaches them, so every rank reaches the same verdict without communicating. Their
-        extremes are kept and checked together at ``end_step``: one small pass per gradient."""
-        self._step_extremes.extend(extremes(gradient))
+        extremes are kept and checked together at ``end_step``: one pass per gradient, or one
+        over the small tensor it was made from where its continuation said so
+        (``_result_bounded_by``)."""
+        bound = self._result_bounds.pop(name, None)
+        if bound is not None and gradient.dtype in _WIDE_DTYPES:
+            aggregate, growth = bound
+            self._step_bounds.append((largest_magnitude(aggregate), growth, gradient))
+        else:
+            self._step_extremes.extend(extremes(gradient))
+
+    def _result_bounded_by(self, name: Optional[str], aggregate: torch.Tensor, growth: float) -> None:
+        """Said by a final continuation whose result's entries are at most ``growth`` times the
+        largest magnitude of ``aggregate`` (a factor, or the gathered values or norms: identical on
+        every rank, and non-finite wherever the result's input was, as ``payload_carries_input``
+        says): the step's finiteness check then reads ``aggregate``, not the result, a pass over
+        the gradient's memory saved, and fails the step where ``growth`` times it could overflow
+        float32. Only then, a worst case rarely reached, are the step's results read themselves, and
+        they decide. A float16 result is always read itself: its cast can overflow where the
+        float32 value did not."""
+        self._result_bounds[name] = (aggregate, growth)
 
     def _end_step(self, comm_seconds: Optional[float]) -> None:
         """Keeps the step's state updates if every aggregated gradient was finite; otherwise
         puts the state back as it was before the step (one host synchronisation per step)."""
-        extremes, self._step_extremes = self._step_extremes, []
+        found, self._step_extremes = self._step_extremes, []
+        bounds, self._step_bounds = self._step_bounds, []
+        self._result_bounds.clear()
         rejected, self._rejected = self._rejected, False
-        self.last_step_finite = not rejected and (
-            not extremes or bool(all_finite(stacked(extremes))))
+        self.last_step_finite = not rejected and _all_finite(found, bounds)
         if self.last_step_finite:
             if self.feedback is not None:
                 self.feedback.commit()
@@ -689,6 +718,7 @@ class Compressor(GradientCompression):
                              f"fit {cls}: {error}") from None
         # Checked: now change everything, a step cut off midway (elastic restore) included.
         self._undo, self._step_extremes, self._step_scale, self._rejected = {}, [], None, False
+        self._result_bounds, self._step_bounds = {}, []
         self._overrides = dict(state_dict["settings"])
         self.state = state
         self._shapes = dict(shapes)
@@ -736,6 +766,15 @@ class Compressor(GradientCompression):
 
 # The float32 marker of a compressed gradient's input (see the module docstring).
 MARKER_BYTES = 4
+
+
+def _all_finite(found, bounds):
+    """Whether a step's results were finite, from the ``extremes`` ``found`` of those read and the
+    ``bounds`` (largest magnitude, growth, result) of those checked through what they were made
+    from; where a bound fails, from those results read."""
+    if verdict(found, [(magnitude, growth) for magnitude, growth, _ in bounds]):
+        return True
+    return bool(bounds) and verdict(found + [e for _, _, result in bounds for e in extremes(result)], [])
 
 
 def _marking_non_finite_input(round_, grad):

@@ -1,5 +1,5 @@
 """Whether a tensor holds only finite values, without a host synchronisation."""
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -21,6 +21,25 @@ def all_finite(tensor: torch.Tensor) -> torch.Tensor:
         return torch.ones((), dtype=torch.bool, device=tensor.device)
     low, high = found
     return torch.isfinite(low) & torch.isfinite(high)
+
+
+def largest_magnitude(tensor: torch.Tensor) -> torch.Tensor:
+    """The largest magnitude of a non-empty floating-point tensor, as a 0-dim float32 tensor on its
+    device: NaN where ``tensor`` holds one, infinite where it holds an infinity (one pass)."""
+    return torch.linalg.vector_norm(tensor, float("inf"), dtype=torch.float32)
+
+
+def verdict(extremes: List[torch.Tensor], bounds: List[Tuple[torch.Tensor, float]]) -> bool:
+    """True iff every 0-dim tensor of ``extremes`` is finite and, for every (magnitude, growth)
+    of ``bounds``, ``growth`` times ``magnitude`` is within float32's range (NaN is not): one
+    host synchronisation for both."""
+    checks = [all_finite(stacked(extremes))] if extremes else []
+    by_growth: Dict[float, List[torch.Tensor]] = {}  # a few growths: no host value sent per layer
+    for magnitude, growth in bounds:
+        by_growth.setdefault(growth, []).append(magnitude)
+    for growth, magnitudes in by_growth.items():
+        checks.append((stacked(magnitudes) <= torch.finfo(torch.float32).max / growth).all())
+    return not checks or bool(torch.stack(checks).all())
 
 
 def stacked(scalars: List[torch.Tensor]) -> torch.Tensor:

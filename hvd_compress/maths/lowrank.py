@@ -50,6 +50,13 @@ def orthogonalize(matrix, eps=1e-8):
     return torch.linalg.qr(matrix, mode="reduced").Q
 
 
+def orthonormal_product_growth(rank):
+    """How many times the largest magnitude of A an entry of A B^T can reach, where B has
+    ``rank`` orthonormal columns (``orthogonalize``): a row of A has norm at most sqrt(rank)
+    times A's largest entry, and a row of B at most 1 (Cauchy-Schwarz); doubled, for rounding."""
+    return 2.0 * math.sqrt(rank)
+
+
 def project_left(matrix, p_hat):
     """Q = M^T P, computed as (P^T M)^T: one pass over M in row-major order, several
     times faster on CPU than the transposed product. Q comes back column-major (a transposed

@@ -427,6 +427,21 @@ def test_all_finite_finds_any_nan_or_infinity(dtype):
             assert not bool(all_finite(y)), (bad, at)
 
 
+def test_a_verdict_fails_on_a_non_finite_extreme_or_a_bound_beyond_float32():
+    from hvd_compress.maths.finite import largest_magnitude, verdict
+    x = torch.tensor([1.0, -3.0, 2.0])
+    assert largest_magnitude(x).item() == 3.0
+    assert largest_magnitude(x.half()).dtype == torch.float32
+    for bad in [float("nan"), float("inf"), -float("inf")]:
+        y = x.clone()
+        y[1] = bad
+        assert not verdict([largest_magnitude(y)], []) and not verdict([], [(largest_magnitude(y), 1.0)])
+    assert verdict([], []) and verdict([x[0]], [(largest_magnitude(x), 1e38)])
+    largest = torch.finfo(torch.float32).max
+    assert verdict([], [(torch.tensor(largest / 4), 4.0)])
+    assert not verdict([], [(torch.tensor(largest / 4), 4.5)])
+
+
 def test_lowrank_kept_energies_are_nested_projections_that_converge_to_the_best_ranks():
     """Rank r keeps the first r rows of P^T M: at the top rank, all of the projection's energy;
     warm-started over calls on one matrix (orthogonal iteration), the best rank-r energies."""

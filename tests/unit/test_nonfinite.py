@@ -6,9 +6,11 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import hvd_compress as hc
-from hvd_compress.comm.simulated import SimulatedWorld
+from hvd_compress.comm.rounds import Round
+from hvd_compress.comm.simulated import SimulatedWorld, echoed
 from hvd_compress.registry import controllable
 
 SHAPES = {"conv.weight": (32, 16, 3, 3), "fc.weight": (64, 128), "fc.bias": (64,)}
@@ -167,6 +169,21 @@ def test_a_payload_without_a_marker_carries_a_bad_entry_of_a_large_gradient(name
         assert not compressors[rank].last_step_finite
 
 
+class ReadsOfTheWhole(TorchDispatchMode):
+    """Records the reductions a finiteness check makes (extremes, largest magnitudes) over
+    tensors of ``numel`` entries."""
+
+    def __init__(self, numel):
+        super().__init__()
+        self.numel, self.extremes = numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.aminmax.default, torch.ops.aten.linalg_vector_norm.default) \
+                and args[0].numel() == self.numel:
+            self.extremes.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
 def into_gradients(make):
     """``make``'s compression, told that its integration replaces gradients with their results."""
     def made():
@@ -190,3 +207,39 @@ def test_results_written_into_the_gradients_are_the_same_and_a_bad_step_still_le
                     (step, each, name)
     for compression in world.compressors:
         assert (compression.wrapped or compression).skipped_steps == 1
+
+
+BOUNDED = ["powersgd", "acpsgd", "topk", "qsgd"]  # results checked through what they were made from
+
+
+@pytest.mark.parametrize("name", BOUNDED)
+def test_the_finiteness_check_reads_what_a_float32_result_was_made_from_not_the_result(name):
+    """A float32 result of these compressors is checked through its factor, or its gathered
+    values or norms (``_result_bounded_by``): no pass over a compressed gradient's size after its
+    collective; a float16 result is read itself."""
+    for dtype, reads_results in [(torch.float32, False), (torch.float16, True)]:
+        world = SimulatedWorld([hc.COMPRESSORS[name].build(small=True, min_numel=0) for _ in range(2)])
+        for step in range(2):
+            world.step([gradients(step, rank, dtype) for rank in range(2)])
+        compressor = world.compressors[0]
+        grads = [gradients(2, rank, dtype) for rank in range(2)]
+        rounds = {n: compressor.begin(n, g) for n, g in grads[0].items()}
+        with ReadsOfTheWhole(grads[0]["fc.weight"].numel()) as reads:
+            for n, round_ in rounds.items():
+                while isinstance(round_, Round):  # each round answered with this rank's payload
+                    round_ = round_.then(echoed(round_, 2))
+        assert bool(reads.extremes) == reads_results, (dtype, reads.extremes)
+
+
+def test_a_step_is_kept_where_a_bound_fails_but_its_results_are_finite_and_not_where_they_overflow():
+    """Top-K's bound is twice the ranks' count times the largest value sent: values near float32's
+    largest fail it, and the results themselves then decide."""
+    for value, finite in [(1e38, True), (3e38, False)]:
+        world = SimulatedWorld([hc.COMPRESSORS["topk"].build(density=0.01) for _ in range(2)])
+        grads = [{"w": torch.zeros(64, 64)} for _ in range(2)]
+        for rank in range(2):
+            grads[rank]["w"][5, 9] = value  # both send it, and the sum overflows from 1.7e38
+        outputs = world.step(grads)
+        for rank in range(2):
+            assert bool(torch.isfinite(outputs[rank]["w"]).all()) == finite, (value, rank)
+            assert world.compressors[rank].last_step_finite == finite, (value, rank)
