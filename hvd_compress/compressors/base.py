@@ -52,14 +52,14 @@ their input is declare ``payload_carries_input`` and send no marker, which saves
 every input: the 16-bit casts; the low-rank projections (``P = M Q``, ``Q = M^T P``: an Inf
 or NaN of ``M`` spoils its whole row or column of the product, Inf x 0 being NaN); Top-K (a
 non-finite magnitude outranks every finite one); QSGD (its bucket's norm travels non-finite).
-ScaleCom and SignSGD keep the marker. The same four methods (low rank, Top-K, QSGD) check a
-float32 result through the small aggregate it was made from, whose largest magnitude bounds it
-(``_result_bounded_by``): the low-rank result is a mean factor times an orthonormal one, Top-K's
+ScaleCom and SignSGD keep the marker. PowerSGD, ACP-SGD, Top-K and QSGD check a float32 result
+through the small aggregate it was made from, whose largest magnitude bounds it
+(``_result_bounded_by``): a low-rank result is a mean factor times an orthonormal one, Top-K's
 and QSGD's a mean of gathered values, or of codes scaled by gathered norms, each no larger than
-it; so no pass over the gradient's memory follows its collective. If the step was not finite, ``end_step`` puts the state
-back as it was before the step (error feedback, warm starts, step counters), the gradients
-handed back stay non-finite (so that ``GradScaler`` or the user's check skips the step), and
-the next step runs as if the bad one had never happened. Controllers read ``last_step_finite``
+it; so no pass over the gradient's memory follows its collective. If the step was not finite,
+``end_step`` puts the state back as it was before the step (error feedback, warm starts, step
+counters), the gradients handed back stay non-finite (so that ``GradScaler`` or the user's check
+skips the step), and the next step runs as if the bad one had never happened. Controllers read ``last_step_finite``
 after the wrapped compressor's ``end_step`` and drop their own updates of that step too.
 
 A new compressor subclasses ``Compressor``, passes its configuration (a frozen
