@@ -59,8 +59,9 @@ and QSGD's a mean of gathered values, or of codes scaled by gathered norms, each
 it; so no pass over the gradient's memory follows its collective. If the step was not finite,
 ``end_step`` puts the state back as it was before the step (error feedback, warm starts, step
 counters), the gradients handed back stay non-finite (so that ``GradScaler`` or the user's check
-skips the step), and the next step runs as if the bad one had never happened. Controllers read ``last_step_finite``
-after the wrapped compressor's ``end_step`` and drop their own updates of that step too.
+skips the step), and the next step runs as if the bad one had never happened. Controllers read
+``last_step_finite`` after the wrapped compressor's ``end_step`` and drop their own updates of
+that step too.
 
 A new compressor subclasses ``Compressor``, passes its configuration (a frozen
 ``compressors.config.CompressorConfig``, subclassed for the method's own options, checked when it
