@@ -8,7 +8,9 @@ its reason, where torch sees no CUDA device (CI's machines). On a GPU machine:
 * State stays on the device; float16 gradients come back float16 on the device.
 * A step waits for the device as often with 6 layers as with 2, and so does an L-GreCo decision
   (torch's own sync debug mode counts the waits; a failure names each one's line and thread).
-* A checkpoint written on the GPU, loaded with ``map_location="cpu"``, resumes on the GPU."""
+* A checkpoint written on the GPU, loaded with ``map_location="cpu"``, resumes on the GPU.
+* An Inf on one rank drops the step on every rank: the finiteness check on the device, through
+  the results' bounds (``Compressor._result_bounded_by``) as through their extremes."""
 import io
 import sys
 import threading
@@ -172,6 +174,23 @@ def test_a_gpu_checkpoint_loaded_on_the_cpu_resumes_on_the_gpu(make):
     for aggregates in resumed.step(per_rank):
         assert all(t.is_cuda and torch.isfinite(t).all() for t in aggregates.values())
 
+
+
+def dropped_everywhere(make, device):
+    """Whether an Inf in one rank's first gradient, after three clean steps on ``device``, drops
+    that step on every rank."""
+    world, _ = run(make, device, steps=3)
+    per_rank = [{n: g.to(device) for n, g in gradients(3, 2).items()} for _ in world.compressors]
+    per_rank[-1]["layer0.weight"][0, 0] = float("inf")
+    world.step(per_rank)
+    return all((c.wrapped or c).skipped_steps == 1 for c in world.compressors)
+
+
+# The check on the device, through the results' bounds (PowerSGD, ACP-SGD, Top-K and QSGD: the
+# largest magnitude of the mean factor or the gathered values) as through other results' extremes.
+@pytest.mark.parametrize("make", methods())
+def test_an_infinity_on_one_rank_drops_the_step_on_every_rank_on_the_gpu(make):
+    assert dropped_everywhere(make, "cuda")
 
 if __name__ == "__main__":
     # python tests/unit/test_cuda.py ID...: where each method (test_device_audit.methods' ids)
