@@ -90,7 +90,9 @@ logger = logging.getLogger(__name__)
 
 # Horovod's all-reduce sums these dtypes; anything else (bf16) travels as float32.
 _ALLREDUCE_DTYPES = (torch.float16, torch.float32, torch.float64)
-# Result dtypes that hold every float32 at most half float32's largest (a bound's margin).
+# What a result bound (``_result_bounded_by``) is multiplied by, for the rounding of the products
+# and sums it bounds; and the result dtypes that hold every float32 up to half float32's largest.
+_BOUND_MARGIN = 2.0
 _WIDE_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 Shape = Tuple[int, ...]
@@ -539,7 +541,7 @@ class Compressor(GradientCompression):
         bound = self._result_bounds.pop(name, None)
         if bound is not None and gradient.dtype in _WIDE_DTYPES:
             aggregate, growth = bound
-            self._step_bounds.append((largest_magnitude(aggregate), growth, gradient))
+            self._step_bounds.append((largest_magnitude(aggregate), _BOUND_MARGIN * growth, gradient))
         else:
             self._step_extremes.extend(extremes(gradient))
 
@@ -548,10 +550,10 @@ class Compressor(GradientCompression):
         largest magnitude of ``aggregate`` (a factor, or the gathered values or norms: identical on
         every rank, and non-finite wherever the result's input was, as ``payload_carries_input``
         says): the step's finiteness check then reads ``aggregate``, not the result, a pass over
-        the gradient's memory saved, and fails the step where ``growth`` times it could overflow
-        float32. Only then, a worst case rarely reached, are the step's results read themselves, and
-        they decide. A float16 result is always read itself: its cast can overflow where the
-        float32 value did not."""
+        the gradient's memory saved, and fails the step where ``growth`` times it (doubled, for
+        rounding) could overflow float32. Only then, a worst case rarely reached, are the step's
+        results read themselves, and they decide. A float16 result is always read itself: its
+        cast can overflow where the float32 value did not."""
         self._result_bounds[name] = (aggregate, growth)
 
     def _end_step(self, comm_seconds: Optional[float]) -> None:

@@ -114,7 +114,7 @@ class QSGD(Compressor):
         def after_gather(rows):
             # No entry decodes above its bucket's norm, and the mean adds one per rank, then divides.
             self._result_bounded_by(name, rows[:, code_bytes:code_bytes + 4 * buckets].view(torch.float32),
-                                    2.0 * rows.shape[0])
+                                    rows.shape[0])
             mean = quantize.decode_mean([row[:code_bytes] for row in rows],
                                         [row[code_bytes:].view(torch.float32)[:buckets] for row in rows],
                                         bits, self.config.bucket_size, n, out=self._result_memory(grad))

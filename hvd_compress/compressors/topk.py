@@ -145,7 +145,7 @@ class TopK(KSparse):
 
         def after_gather(rows):
             # An entry sums at most one value from each rank before the mean divides it.
-            self._result_bounded_by(name, rows[:, :4 * k].view(torch.float32), 2.0 * rows.shape[0])
+            self._result_bounded_by(name, rows[:, :4 * k].view(torch.float32), rows.shape[0])
             total = self._zeroed_result(grad)
             for row in rows:
                 total.index_add_(0, row[4 * k:].view(torch.int32).long(), row[:4 * k].view(torch.float32))

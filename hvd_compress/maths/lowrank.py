@@ -53,8 +53,8 @@ def orthogonalize(matrix, eps=1e-8):
 def orthonormal_product_growth(rank):
     """How many times the largest magnitude of A an entry of A B^T can reach, where B has
     ``rank`` orthonormal columns (``orthogonalize``): a row of A has norm at most sqrt(rank)
-    times A's largest entry, and a row of B at most 1 (Cauchy-Schwarz); doubled, for rounding."""
-    return 2.0 * math.sqrt(rank)
+    times A's largest entry, and a row of B at most 1 (Cauchy-Schwarz)."""
+    return math.sqrt(rank)
 
 
 def project_left(matrix, p_hat):
