@@ -101,7 +101,8 @@ TOPK_SPEEDUP = {"cpu": 10.0, "cuda": 3.0}
 COPY_BYTES = 256 << 20
 GEMM_SIDE = 2048
 THROUGHPUT_REPEATS = 5
-GEMM_PRODUCTS = "`M Q` with Q column-major, `M^T P` as `(P^T M)^T` and `P Q^T` into existing memory"
+GEMM_PRODUCTS = ("`M Q` as `project_right` computes it, as `(Q^T M^T)^T` at rank 4 on a CPU; `M^T P` as `(P^T M)^T`; "
+                 "and `P Q^T` into existing memory")
 EARLIER_GEMM_PRODUCTS = "`M Q`, `M^T P` and `P Q^T`"  # what runs before 2026-11-27 timed
 # Random 64-bit words per step of a compressed tensor of n entries, for the codecs that draw them:
 # QSGD's stochastic rounding. Not part of the floor (bytes and GEMM flops): a bound beside it.
@@ -358,8 +359,8 @@ def machine_throughput(rank: int, device: str, quick: bool = False) -> dict:
     decompressed = torch.empty_like(matrix)
 
     def products():
-        # In the forms the codecs compute them (maths.lowrank): the CPU's BLAS ran M Q with a
-        # row-major Q 1.5-5.7x slower at ranks 2-8 ("Low-rank products by layout"), and M.T @ P 7x.
+        # In the forms the codecs compute them (maths.lowrank, "Low-rank products by layout"):
+        # the CPU's BLAS ran M.T @ P 7x slower than (P^T M)^T.
         return (lowrank.project_right(matrix, q), lowrank.project_left(matrix, p),
                 torch.mm(p, q.T, out=decompressed))
 

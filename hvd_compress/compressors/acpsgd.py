@@ -35,13 +35,15 @@ class ACPSGD(LowRankCompressor):
             q_hat = lowrank.orthogonalize(self._reused(st, name, "q"))
             p = lowrank.project_right(matrix, q_hat)
             self._remember(matrix, p, q_hat)
+            payload, restore = lowrank.sendable(p)
 
             def after_p(p_mean):
+                p_mean = restore(p_mean)
                 st.p, st.q = p_mean, q_hat
                 self._result_bounded_by(name, p_mean, lowrank.orthonormal_product_growth(r))
                 return self._decompressed(p_mean, q_hat, grad)
 
-            return Round(p, Collective.ALLREDUCE, after_p, last=True)
+            return Round(payload, Collective.ALLREDUCE, after_p, last=True)
 
         p_hat = lowrank.orthogonalize(self._reused(st, name, "p"))
         q = lowrank.project_left(matrix, p_hat)

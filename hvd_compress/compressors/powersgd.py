@@ -30,9 +30,10 @@ class PowerSGD(LowRankCompressor):
 
     def _rounds(self, name, grad, st, matrix, r):
         p = lowrank.project_right(matrix, self._reused(st, name, "q"))
+        payload, restore = lowrank.sendable(p)
 
         def after_p(p_mean):
-            p_hat = lowrank.orthogonalize(p_mean)
+            p_hat = lowrank.orthogonalize(restore(p_mean))
             q = lowrank.project_left(matrix, p_hat)
             self._remember(matrix, p_hat, q)
 
@@ -44,4 +45,4 @@ class PowerSGD(LowRankCompressor):
             # Q travels as Q^T (r x m), the layout P^T M made it in: no copy.
             return Round(q.t(), Collective.ALLREDUCE, after_q, last=True)
 
-        return Round(p, Collective.ALLREDUCE, after_p)
+        return Round(payload, Collective.ALLREDUCE, after_p)

@@ -64,13 +64,48 @@ def project_left(matrix, p_hat):
     return (p_hat.t() @ matrix).t()
 
 
+# Where the CPU's BLAS (MKL) ran P = M Q faster as (Q^T M^T)^T, its transposed form, at one torch
+# thread: 1.7-3.5x at ranks 2-3 on every matrix measured; 0.96-2.1x at ranks 4-6 (at most 4% slower,
+# on BERT's 2.4 M-entry feed-forward matrices); at rank 8 1.2-1.6x on matrices of up to 2^18 entries
+# and 0.7-0.9x on larger ones; slower at ranks 1, 16 and 32. docs/benchmarks.md "Low-rank products
+# by layout" (``python -m benchmarks layouts``).
+_TRANSPOSED_RANKS = range(2, 7)
+_TRANSPOSED_SMALL_RANKS, _SMALL_NUMEL = range(2, 9), 1 << 18
+
+
+def _transposed_product_is_faster(matrix, rank):
+    if matrix.device.type != "cpu":  # measured on the CPU's BLAS only
+        return False
+    return rank in _TRANSPOSED_RANKS or (rank in _TRANSPOSED_SMALL_RANKS and matrix.numel() <= _SMALL_NUMEL)
+
+
 def project_right(matrix, q):
     """P = M Q with Q's columns contiguous (copied so when Q is row-major, an m x r copy):
-    at ranks 2-8 the CPU's BLAS (MKL) ran M Q 1.5-5.7x slower with a row-major Q
-    (docs/benchmarks.md, "Low-rank products by layout")."""
+    at ranks 2-8 the CPU's BLAS (MKL) ran M Q 1.5-5.7x slower with a row-major Q on an AMD EPYC.
+
+    Where the CPU's BLAS runs it faster so, P is made as (Q^T M^T)^T and comes back
+    column-major (a transposed view of the r x n product); ``sendable`` gives the form to send.
+    Every rank takes the same form for the same shape, rank and device."""
     if q.stride(0) != 1:  # row-major (a stride check: no operator where Q is column-major already)
         q = q.t().contiguous().t()
+    if _transposed_product_is_faster(matrix, q.shape[1]):
+        return (q.t() @ matrix.t()).t()
     return matrix @ q
+
+
+def sendable(factor):
+    """(payload, restore): ``factor`` as a contiguous tensor to send (itself, or where it is a
+    transposed view, its contiguous transpose), and the function that gives a received tensor of
+    the payload's form back in ``factor``'s orientation."""
+    if factor.is_contiguous():
+        return factor, _same
+    if not factor.t().is_contiguous():
+        raise ValueError(f"factor: a matrix or a transposed view of one is sendable, got strides {factor.stride()}")
+    return factor.t(), torch.t
+
+
+def _same(tensor):
+    return tensor
 
 
 def seeded_normal(rows, cols, seed, name, salt=""):

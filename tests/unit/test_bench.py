@@ -111,14 +111,22 @@ def test_batching_quick_writes_its_section_and_counts_operators_per_shape(tmp_pa
     assert row["per_layer_operators"] == 4 * row["layers"] and row["batched_operators"] == 4 * row["shapes"]
 
 
-def test_layouts_quick_times_both_layouts_at_every_rank(tmp_path):
-    assert bench.main(["layouts", "--quick", "--ranks", "2,4", "--out", str(tmp_path)]) == 0
+def test_layouts_quick_times_every_form_at_every_rank_and_rewrites_its_section(tmp_path):
+    assert bench.main(["layouts", "--quick", "--ranks", "1,2,4", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "benchmarks.md").read_text()
-    assert "## Low-rank products by layout" in text and "python -m benchmarks layouts --quick --ranks 2,4" in text
-    shape = json.loads((tmp_path / "benchmarks" / "layouts.json").read_text())["shapes"]["small"]
-    assert [row["rank"] for row in shape["projection"]] == [2, 4]
-    assert all(row["row_major_ms"] > 0 and row["column_major_ms"] > 0 for row in shape["projection"])
+    assert "## Low-rank products by layout" in text and "python -m benchmarks layouts --quick --ranks 1,2,4" in text
+    path = tmp_path / "benchmarks" / "layouts.json"
+    shape = json.loads(path.read_text())["shapes"]["small"]
+    assert [row["rank"] for row in shape["projection"]] == [1, 2, 4]
+    assert all(row["row_major_ms"] > 0 and row["column_major_ms"] > 0 and row["transposed_ms"] > 0
+               for row in shape["projection"])
+    # On a CPU the codecs' product takes M Q at rank 1 and the transposed form at ranks 2-4.
+    assert [row["codecs_form"] for row in shape["projection"]] == ["direct", "transposed", "transposed"]
     assert shape["decompression"]["mm_out_ms"] > 0
+    results = json.loads(path.read_text())
+    path.write_text(json.dumps(dict(results, notes=["A note kept in the JSON."])))
+    assert bench.main(["layouts", "--report-only", "--out", str(tmp_path)]) == 0
+    assert "A note kept in the JSON." in (tmp_path / "benchmarks.md").read_text()
 
 
 def test_controller_overhead_quick_measures_every_controller_and_resumes(tmp_path, monkeypatch):

@@ -53,12 +53,13 @@ def test_error_feedback_identity(make):
             assert torch.allclose(compensated, sent + residual, atol=1e-5)
 
 
-@pytest.mark.parametrize("make", [lambda: hc.PowerSGD(rank=2), lambda: hc.ACPSGD(rank=2)])
-def test_linearity_w_workers_equal_one_worker_at_w_times_batch(make):
+@pytest.mark.parametrize("rank", [1, 2, 8, 16])  # P = M Q in both forms (maths.lowrank.project_right)
+@pytest.mark.parametrize("method", [hc.PowerSGD, hc.ACPSGD])
+def test_linearity_w_workers_equal_one_worker_at_w_times_batch(method, rank):
     """Mean over W workers of batch-B gradients == one worker with their mean (batch W*B),
     step after step, because every operation is linear in the gradient given shared factors."""
     w = 4
-    many, one = world(make, w), world(make, 1)
+    many, one = world(lambda: method(rank=rank), w), world(lambda: method(rank=rank), 1)
     for step in range(4):
         per_rank = [grads(100 * step + r) for r in range(w)]
         mean = {n: sum(g[n] for g in per_rank) / w for n in SHAPES}

@@ -29,6 +29,24 @@ def test_projections_give_the_products_in_the_layouts_the_codecs_keep(rank):
     assert torch.allclose(projected, matrix.t() @ p, atol=1e-5) and projected.t().is_contiguous()
 
 
+@pytest.mark.parametrize("shape,rank", [((40, 30), 1), ((40, 30), 4), ((40, 30), 8), ((1024, 512), 8),
+                                        ((40, 30), 16)])
+def test_a_projection_is_sent_contiguous_and_restored_to_its_orientation(shape, rank):
+    """P = M Q comes back as M Q or as a transposed view of Q^T M^T, whichever the CPU's BLAS runs
+    faster at this shape and rank; either way what travels is contiguous and comes back as P."""
+    matrix, q = torch.randn(*shape), torch.randn(shape[1], rank)
+    p = lowrank.project_right(matrix, q)
+    assert torch.allclose(p, matrix @ q, atol=1e-4)
+    payload, restore = lowrank.sendable(p)
+    assert payload.is_contiguous() and payload.data_ptr() == p.data_ptr()
+    assert torch.equal(restore(payload.clone()), p)
+
+
+def test_only_a_matrix_or_a_transposed_view_of_one_is_sendable():
+    with pytest.raises(ValueError, match="factor"):
+        lowrank.sendable(torch.randn(10, 8)[:, ::2])
+
+
 def test_seeded_normal_is_identical_for_same_seed_and_name():
     a = lowrank.seeded_normal(5, 2, 0, "fc.weight")
     assert torch.equal(a, lowrank.seeded_normal(5, 2, 0, "fc.weight"))
