@@ -71,8 +71,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hvd_compress as hc
-from benchmarks.report import (DOCS, OthersShare, describe_machine, machine, method_bars, notes_lines, panels,
-                               write_section)
+from benchmarks.report import (DOCS, OthersShare, describe_machine, gpu_description, machine, method_bars, notes_lines,
+                               panels, write_section)
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import exchange_alone
 from hvd_compress.compressors.base import Compressor
@@ -531,8 +531,7 @@ def run(args):
                            "device": args.device},
                "codec": {}, "memory_pass": {}}
     if args.device == "cuda":
-        gpu = torch.cuda.get_device_properties(0)
-        results["machine"]["gpu"] = f"{gpu.name}, {gpu.total_memory / 2 ** 30:.0f} GiB, CUDA {torch.version.cuda}"
+        results["machine"]["gpu"] = gpu_description()
     rounds = 1 if args.quick else args.rounds
     labels = [HOOK] + [label for label, _ in compressors(args)]
     throughputs = []

@@ -1,8 +1,8 @@
-"""Low-rank products by memory layout: what the CPU's BLAS takes for the skinny products of
-PowerSGD and ACP-SGD, by the layout of their factors.
+"""Low-rank products by memory layout: what the BLAS (the CPU's, or with ``--device cuda``
+cuBLAS) takes for the skinny products of PowerSGD and ACP-SGD, by the layout of their factors.
 
     python -m benchmarks layouts [--ranks 1,2,4,8,16,32] [--threads 1] [--repeats 15]
-        [--out docs/] [--quick] [--report-only]
+        [--device cpu|cuda] [--out docs/] [--quick] [--report-only]
 
 For each matrix shape (``SHAPES``: the SmallVGG CNN's fc1, BERT-base's feed-forward pair, its
 attention projection and word embedding, and the character LM's four matrices) and rank r:
@@ -18,7 +18,8 @@ attention projection and word embedding, and the character LM's four matrices) a
 
 Each cell is the median of ``--repeats`` calls after one untimed call, at ``--threads`` torch
 threads (1: a DDP or Horovod rank's setting in the benchmarks). Writes ``layouts.json`` and the
-section "Low-rank products by layout".
+section "Low-rank products by layout"; with ``--device cuda``, ``layouts-cuda.json`` and "Low-rank
+products by layout on a GPU", where ``project_right`` keeps ``M Q`` until this says otherwise.
 """
 import argparse
 import json
@@ -29,12 +30,14 @@ from pathlib import Path
 import torch
 
 from benchmarks.codec import median_seconds
-from benchmarks.report import DOCS, command_line, describe_machine, machine, notes_lines, write_section
+from benchmarks.report import (DOCS, command_line, describe_machine, gpu_description, machine, notes_lines,
+                               write_section)
 from hvd_compress.maths.lowrank import project_right
 
 logger = logging.getLogger(__name__)
 
-SECTION = "Low-rank products by layout"
+SECTION = {"cpu": "Low-rank products by layout", "cuda": "Low-rank products by layout on a GPU"}
+SUFFIX = {"cpu": "", "cuda": "-cuda"}  # of the JSON file
 SHAPES = {"cnn fc1": (1024, 4096), "bert-base FFN in": (3072, 768), "bert-base FFN out": (768, 3072),
           "bert-base attention": (768, 768), "bert-base word embedding": (30522, 768),
           "char LM qkv": (768, 256), "char LM MLP in": (1024, 256), "char LM MLP out": (256, 1024),
@@ -42,16 +45,17 @@ SHAPES = {"cnn fc1": (1024, 4096), "bert-base FFN in": (3072, 768), "bert-base F
 QUICK_SHAPES = {"small": (256, 512)}
 
 
-def median_ms(fn, repeats):
-    return 1e3 * median_seconds(fn, repeats, "cpu")
+def median_ms(fn, repeats, device):
+    return 1e3 * median_seconds(fn, repeats, device)
 
 
 def projection_row(matrix, rank, repeats, generator):
-    q = torch.randn(matrix.shape[1], rank, generator=generator)
+    device = matrix.device
+    q = torch.randn(matrix.shape[1], rank, generator=generator).to(device)
     column_major_q = q.t().contiguous().t()
-    row_major = median_ms(lambda: matrix @ q, repeats)
-    column_major = median_ms(lambda: matrix @ column_major_q, repeats)
-    transposed = median_ms(lambda: (column_major_q.t() @ matrix.t()).t(), repeats)
+    row_major = median_ms(lambda: matrix @ q, repeats, device)
+    column_major = median_ms(lambda: matrix @ column_major_q, repeats, device)
+    transposed = median_ms(lambda: (column_major_q.t() @ matrix.t()).t(), repeats, device)
     # The transposed form's P is a transposed view: not contiguous (r > 1).
     direct = project_right(matrix, column_major_q).is_contiguous()
     return {"rank": rank, "row_major_ms": row_major, "column_major_ms": column_major,
@@ -59,21 +63,21 @@ def projection_row(matrix, rank, repeats, generator):
 
 
 def decompression_row(matrix, rank, repeats, generator):
-    n, m = matrix.shape
-    p = torch.randn(n, rank, generator=generator)
-    q = torch.linalg.qr(torch.randn(m, rank, generator=generator), mode="reduced").Q
-    into = torch.empty(n, m)
+    (n, m), device = matrix.shape, matrix.device
+    p = torch.randn(n, rank, generator=generator).to(device)
+    q = torch.linalg.qr(torch.randn(m, rank, generator=generator), mode="reduced").Q.to(device)
+    into = torch.empty(n, m, device=device)
     return {"rank": rank,
-            "mm_out_ms": median_ms(lambda: torch.mm(p, q.t(), out=into), repeats),
-            "zero_addmm_ms": median_ms(lambda: into.zero_().addmm_(p, q.t()), repeats),
-            "addmm_onto_ms": median_ms(lambda: matrix.addmm_(p, q.t(), alpha=-1), repeats)}
+            "mm_out_ms": median_ms(lambda: torch.mm(p, q.t(), out=into), repeats, device),
+            "zero_addmm_ms": median_ms(lambda: into.zero_().addmm_(p, q.t()), repeats, device),
+            "addmm_onto_ms": median_ms(lambda: matrix.addmm_(p, q.t(), alpha=-1), repeats, device)}
 
 
-def measure(shapes, ranks, decompress_rank, repeats):
+def measure(shapes, ranks, decompress_rank, repeats, device="cpu"):
     generator = torch.Generator().manual_seed(0)
     results = {}
     for label, (n, m) in shapes.items():
-        matrix = torch.randn(n, m, generator=generator)
+        matrix = torch.randn(n, m, generator=generator).to(device)
         results[label] = {"shape": [n, m],
                           "projection": [projection_row(matrix, r, repeats, generator) for r in ranks],
                           "decompression": decompression_row(matrix, decompress_rank, repeats, generator)}
@@ -84,6 +88,8 @@ def measure(shapes, ranks, decompress_rank, repeats):
 def markdown(results):
     lines = [f"Command: `{results['command']}`", "", f"Machine: {describe_machine(results['machine'])} "
              f"{results['threads']} torch thread(s); median of {results['repeats']} calls.", "",
+             *([f"GPU: **{results['machine']['gpu']}**; every timing starts and ends with a device synchronisation.",
+                ""] if "gpu" in results["machine"] else []),
              "`P = M Q`, ms, with `Q` row-major (as all-reduced or drawn) against column-major (a QR's Q):", ""]
     lines += projection_table(results, "row_major_ms", "column_major_ms")
     lines += ["", "`P = M Q` with `Q` column-major, ms, against its transposed form `(Q^T M^T)^T`; in bold the form "
@@ -146,6 +152,7 @@ def parse_args(argv):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the matrices live")
     parser.add_argument("--quick", action="store_true", help="one small matrix, one call: a smoke test")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite the section from layouts.json (its notes included), measuring nothing")
@@ -159,18 +166,21 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    out = args.out / "benchmarks"
+    out, device = args.out / "benchmarks", torch.device(args.device).type
+    path = out / f"layouts{SUFFIX[device]}.json"
     if args.report_only:
-        write_section(args.out / "benchmarks.md", SECTION, markdown(json.loads((out / "layouts.json").read_text())))
+        write_section(args.out / "benchmarks.md", SECTION[device], markdown(json.loads(path.read_text())))
         return
     torch.set_num_threads(args.threads)
     shapes, repeats = (QUICK_SHAPES, 1) if args.quick else (SHAPES, args.repeats)
     results = {"command": command_line("layouts"), "machine": machine(), "threads": args.threads,
-               "repeats": repeats, "ranks": args.ranks, "decompress_rank": args.decompress_rank,
-               "shapes": measure(shapes, args.ranks, args.decompress_rank, repeats)}
+               "repeats": repeats, "ranks": args.ranks, "decompress_rank": args.decompress_rank, "device": device,
+               "shapes": measure(shapes, args.ranks, args.decompress_rank, repeats, device)}
+    if device == "cuda":
+        results["machine"]["gpu"] = gpu_description()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "layouts.json").write_text(json.dumps(results, indent=1) + "\n")
-    write_section(args.out / "benchmarks.md", SECTION, markdown(results))
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    write_section(args.out / "benchmarks.md", SECTION[device], markdown(results))
 
 
 if __name__ == "__main__":

@@ -244,6 +244,13 @@ def resumed_section(out: Path, name: str, section: str, markdown: Callable[[Dict
     return results, save
 
 
+def gpu_description() -> str:
+    """The first CUDA device, as the GPU benchmarks' machine lines name it."""
+    import torch
+    gpu = torch.cuda.get_device_properties(0)
+    return f"{gpu.name}, {gpu.total_memory / 2 ** 30:.0f} GiB, CUDA {torch.version.cuda}"
+
+
 def notes_lines(results: Dict[str, Any]) -> List[str]:
     """What the numbers mean, written after a run into the JSON record's ``notes`` (kept when it
     resumes): a paragraph each, for a section's end."""
