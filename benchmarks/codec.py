@@ -36,7 +36,9 @@ products above on a 2048 x 2048 matrix at the run's rank, in the forms the codec
 (``maths.lowrank``; "Low-rank products by layout"). With ``--device cuda`` both are
 measured on the GPU. Target: PowerSGD, ACP-SGD, Top-K and QSGD within 1.5x of their floor.
 Beside the floor, not in it: QSGD's random draws (``noise_words``: a 64-bit word for four
-entries) at the rate one generator fills words in the same run, a bound the bytes do not show.
+entries) at the rate one generator fills words in the same run, a bound the bytes do not show;
+and the bytes the low-rank codecs' operators move (``OPERATOR_PASSES``: each operator through
+memory) at the same bandwidth, how far the code as written can get without fusing operators.
 Where one misses it, what bounds it: on CPU each method's process profiles one more step and the
 section names the aten operators that took most of it.
 
@@ -115,6 +117,12 @@ RATES = ["bandwidth_bytes_per_s", "gemm_flops_per_s", "random_words_per_s"]  # m
 # decompression takes the mean, so the two are separate products (RESIDUAL_FLOPS).
 LOWRANK_FLOPS = {"PowerSGD": 6, "ACP-SGD": 4}
 RESIDUAL_FLOPS = 2
+# Gradient-sized passes through memory that the low-rank codecs' operators make per compressed
+# tensor with error feedback on, each operator reading its inputs and writing its output: M = G + E
+# into the residual's buffer (3), P = M Q (1; ACP-SGD one projection a step), Q = M^T P (1,
+# PowerSGD), M -= P Q^T (2), P Q^T into the gradient (1). The floor counts 4 (G and E read, E and
+# the result written); only operators fused into one pass could close the difference.
+OPERATOR_PASSES = {"PowerSGD": 8, "ACP-SGD": 7}
 FLOOR_TARGETS = ["PowerSGD", "ACP-SGD", "TopK", "QSGD"]
 BREAKDOWN_OPERATORS = 3  # operators named in "where the step goes"
 FLOOR_LIMIT = 1.5
@@ -320,19 +328,26 @@ def floor_model(label: str, compressor: Compressor, shapes: list) -> dict:
     feedback = getattr(compressor, "feedback", None)
     with_feedback = feedback is not None and feedback.enabled
     per_entry = 16 if with_feedback else 8
-    moved = flops = words = 0
+    passes = OPERATOR_PASSES.get(label) if with_feedback else None
+    moved = flops = words = by_operators = 0
     for name, shape in shapes:
         numel, setting = math.prod(shape), compressor.setting(name)
         if not compressor.compresses(shape, setting):
             moved += 8 * numel
+            by_operators += 8 * numel
             continue
         moved += per_entry * numel + 2 * compressor.payload_bytes(shape, setting)
+        if passes:
+            by_operators += 4 * passes * numel + 2 * compressor.payload_bytes(shape, setting)
         if label in LOWRANK_FLOPS:
             n, m, r = factor_shapes(shape, setting)
             flops += (LOWRANK_FLOPS[label] + RESIDUAL_FLOPS * with_feedback) * n * m * r
         if label in NOISE_WORDS:
             words += NOISE_WORDS[label](numel)
-    return {"bytes": moved, "flops": flops, "random_words": words}
+    model = {"bytes": moved, "flops": flops, "random_words": words}
+    if passes:
+        model["operator_bytes"] = by_operators
+    return model
 
 
 def floor_ms(model: dict, throughput: dict) -> float:
@@ -736,7 +751,7 @@ def floor_lines(results):
     # from above what NoCompression must do: it can run under its "floor".
     return lines + ["", "A tensor sent whole counts as read and written once, what a real all-reduce "
                     "does; on one rank NoCompression hands the gradient back as it is and can run "
-                    "under that."] + draws_lines(results) + bound_lines(results)
+                    "under that."] + draws_lines(results) + passes_lines(results) + bound_lines(results)
 
 
 def draws_lines(results):
@@ -755,6 +770,28 @@ def draws_lines(results):
             f"{entries_per_word} entries, which this run's generator made at {rate / 1e6:.0f} M words/s "
             f"(best of {THROUGHPUT_REPEATS} fills of {results['throughput']['random_words'] / 1e6:.1f} M words "
             f"from one generator, as the codec draws them). {cells}."]
+
+
+def passes_lines(results):
+    """The low-rank codecs' steps against the bytes their operators move (``OPERATOR_PASSES``) at
+    this run's bandwidth: how far the code as written is from its own memory bound, and how far
+    that bound is from the algorithm's (the floor)."""
+    bandwidth = results["throughput"]["bandwidth_bytes_per_s"]
+    rows = [(name, label, method["step_ms"], method["floor"]) for name, entry in results["codec"].items()
+            for label, method in entry["methods"].items() if "operator_bytes" in method.get("floor", {})]
+    if not rows:
+        return []
+    cells = []
+    for name, label, step_ms, floor in rows:
+        bound_ms = 1e3 * floor["operator_bytes"] / bandwidth
+        cells.append(f"{name} {label} {floor['operator_bytes'] / 1e6:.0f} MB, {_ms(bound_ms)} "
+                     f"({bound_ms / floor['floor_ms']:.2f}x the floor), step {step_ms / bound_ms:.2f}x that")
+    passes = ", ".join(f"{label} {count}" for label, count in OPERATOR_PASSES.items())
+    return ["", f"The low-rank codecs' operators, a bound beside the floor (not in it): with error feedback they "
+            f"pass over a compressed gradient's size in memory several times a step ({passes}), where the floor counts 4 "
+            f"(`OPERATOR_PASSES` in `benchmarks/codec.py` lists them); at this run's bandwidth: "
+            f"{'; '.join(cells)}. Where that bound is more than {FLOOR_LIMIT}x the floor, no order of these "
+            f"operators meets the floor target: only fusing them into fewer passes can."]
 
 
 def bound_lines(results):

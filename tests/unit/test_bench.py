@@ -54,14 +54,15 @@ def test_codec_floor_counts_each_methods_least_bytes_and_flops():
 
     # Rank 2: P 32 x 2 and Q 64 x 2 are 768 bytes; P = M Q, Q = M^T P, the residual M - P Q^T
     # (this rank's factors) and the decompression (the mean's): 4 x 2 x 32 x 64 x 2.
+    # Its operators pass over the matrix 8 times (4 bytes an entry each), beside the floor.
     assert model("powersgd", "PowerSGD", rank=2) == {"bytes": 16 * 2048 + 2 * 768 + 128, "flops": 32_768,
-                                                     "random_words": 0}
-    # Without error feedback, no residual: neither its bytes nor its product.
+                                                     "random_words": 0, "operator_bytes": 32 * 2048 + 2 * 768 + 128}
+    # Without error feedback, no residual: neither its bytes nor its product (nor the operators' bound).
     assert model("powersgd", "PowerSGD", rank=2, error_feedback=False) == {
         "bytes": 8 * 2048 + 2 * 768 + 128, "flops": 24_576, "random_words": 0}
     # ACP-SGD sends P or Q (half of both on average): one projection, the residual, the decompression.
     assert model("acpsgd", "ACP-SGD", rank=2) == {"bytes": 16 * 2048 + 2 * 384 + 128, "flops": 24_576,
-                                                  "random_words": 0}
+                                                  "random_words": 0, "operator_bytes": 28 * 2048 + 2 * 384 + 128}
     # k = 512 float32 values and int32 indices.
     assert model("topk", "TopK", density=0.25) == {"bytes": 16 * 2048 + 2 * 4096 + 128, "flops": 0, "random_words": 0}
     # No error feedback; 4-bit codes (1,024 bytes) and 4 bucket norms (16 bytes); a random 64-bit
