@@ -105,18 +105,18 @@ def markdown(results):
     return "\n".join(lines + [""] + summary(results) + notes_lines(results)) + "\n"
 
 
-def projection_table(results, slower_key, faster_key, chosen=False):
-    """Cells ``slower / faster (slower / faster)`` by matrix and rank; with ``chosen``, the time of
-    the form ``project_right`` takes in bold."""
+def projection_table(results, first_key, second_key, chosen=False):
+    """Cells ``first / second (first / second)`` of two forms' times by matrix and rank; with
+    ``chosen``, the time of the form ``project_right`` takes in bold."""
     lines = ["| matrix | n x m | " + " | ".join(f"r = {r}" for r in results["ranks"]) + " |",
              "|---|---|" + "---|" * len(results["ranks"])]
     for label, shape in results["shapes"].items():
         cells = []
         for row in shape["projection"]:
-            first, second = f"{row[slower_key]:.3f}", f"{row[faster_key]:.3f}"
+            first, second = f"{row[first_key]:.3f}", f"{row[second_key]:.3f}"
             if chosen:
                 first, second = (f"**{first}**", second) if row["codecs_form"] == "direct" else (first, f"**{second}**")
-            cells.append(f"{first} / {second} ({row[slower_key] / row[faster_key]:.2f}x)")
+            cells.append(f"{first} / {second} ({row[first_key] / row[second_key]:.2f}x)")
         lines.append(f"| {label} | {shape['shape'][0]} x {shape['shape'][1]} | " + " | ".join(cells) + " |")
     return lines
 
