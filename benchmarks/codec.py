@@ -788,7 +788,8 @@ def passes_lines(results):
                      f"({bound_ms / floor['floor_ms']:.2f}x the floor), step {step_ms / bound_ms:.2f}x that")
     passes = ", ".join(f"{label} {count}" for label, count in OPERATOR_PASSES.items())
     return ["", f"The low-rank codecs' operators, a bound beside the floor (not in it): with error feedback they "
-            f"pass over a compressed gradient's size in memory several times a step ({passes}), where the floor counts 4 "
+            f"pass over a compressed gradient's size in memory several times a step ({passes}), where the floor "
+            f"counts 4 "
             f"(`OPERATOR_PASSES` in `benchmarks/codec.py` lists them); at this run's bandwidth: "
             f"{'; '.join(cells)}. Where that bound is more than {FLOOR_LIMIT}x the floor, no order of these "
             f"operators meets the floor target: only fusing them into fewer passes can."]

@@ -140,7 +140,8 @@ def summary(results):
     return [f"Column-major `Q` ran this many times as fast as row-major: {by_rank}. The codecs keep `Q` column-major "
             f"at every rank (`project_right`; Q travels as `Q^T`). Over every matrix and rank above, the form "
             f"`project_right` takes ran the products in {sum(chosen):.1f} ms against {sum(direct):.1f} ms for `M Q` "
-            f"alone and {sum(best):.1f} ms for the faster form of each cell. Against `mm(out=)`, `zero_()` and `addmm_` "
+            f"alone and {sum(best):.1f} ms for the faster form of each cell. Against `mm(out=)`, `zero_()` and "
+            f"`addmm_` "
             f"took {span(zeroed)} its time and `addmm_` onto the memory as it is {span(onto)}: the decompression "
             f"stays `mm(out=)`, one operator (a second, the `zero_`, would be one more launch a layer on a GPU)."]
 
