@@ -73,8 +73,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hvd_compress as hc
-from benchmarks.report import (DOCS, OthersShare, describe_machine, gpu_description, machine, method_bars, notes_lines,
-                               panels, write_section)
+from benchmarks.report import (DOCS, OthersShare, describe_machine, gpu_description, gpu_lines, machine, method_bars,
+                               notes_lines, panels, write_section)
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import exchange_alone
 from hvd_compress.compressors.base import Compressor
@@ -329,24 +329,22 @@ def floor_model(label: str, compressor: Compressor, shapes: list) -> dict:
     with_feedback = feedback is not None and feedback.enabled
     per_entry = 16 if with_feedback else 8
     passes = OPERATOR_PASSES.get(label) if with_feedback else None
-    moved = flops = words = by_operators = 0
+    moved = flops = words = compressed = 0
     for name, shape in shapes:
         numel, setting = math.prod(shape), compressor.setting(name)
         if not compressor.compresses(shape, setting):
             moved += 8 * numel
-            by_operators += 8 * numel
             continue
+        compressed += numel
         moved += per_entry * numel + 2 * compressor.payload_bytes(shape, setting)
-        if passes:
-            by_operators += 4 * passes * numel + 2 * compressor.payload_bytes(shape, setting)
         if label in LOWRANK_FLOPS:
             n, m, r = factor_shapes(shape, setting)
             flops += (LOWRANK_FLOPS[label] + RESIDUAL_FLOPS * with_feedback) * n * m * r
         if label in NOISE_WORDS:
             words += NOISE_WORDS[label](numel)
     model = {"bytes": moved, "flops": flops, "random_words": words}
-    if passes:
-        model["operator_bytes"] = by_operators
+    if passes:  # the floor's bytes, each compressed entry passed over by the operators instead
+        model["operator_bytes"] = moved + 4 * (passes - per_entry // 4) * compressed
     return model
 
 
@@ -638,8 +636,7 @@ def markdown(results, figures, operators=None):
     on_gpu = options.get("device") == "cuda"
     group = "an NCCL group of one" if on_gpu else "a gloo group of one"
     lines = [f"Command: `{results['command']}` ({results['minutes']:.1f} min)", "",
-             *([f"GPU: **{info['gpu']}**; every timing starts and ends with a device "
-                f"synchronisation.", ""] if on_gpu else []),
+             *gpu_lines(info),
              f"Machine: {describe_machine(info)} Torch ran with {info['torch_threads']} threads "
              f"(its default). Other processes used {_percent(info['others_cpu_percent'])} of "
              f"the CPUs during the run (1-minute load average {info['load_average_start']:.2f} "

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.codec import median_seconds
-from benchmarks.report import (DOCS, command_line, describe_machine, gpu_description, machine, notes_lines,
-                               write_section)
+from benchmarks.report import (DOCS, command_line, describe_machine, gpu_description, gpu_lines, machine,
+                               notes_lines, write_section)
 from hvd_compress.maths.lowrank import project_right
 
 logger = logging.getLogger(__name__)
@@ -88,8 +88,7 @@ def measure(shapes, ranks, decompress_rank, repeats, device="cpu"):
 def markdown(results):
     lines = [f"Command: `{results['command']}`", "", f"Machine: {describe_machine(results['machine'])} "
              f"{results['threads']} torch thread(s); median of {results['repeats']} calls.", "",
-             *([f"GPU: **{results['machine']['gpu']}**; every timing starts and ends with a device synchronisation.",
-                ""] if "gpu" in results["machine"] else []),
+             *gpu_lines(results["machine"]),
              "`P = M Q`, ms, with `Q` row-major (as all-reduced or drawn) against column-major (a QR's Q):", ""]
     lines += projection_table(results, "row_major_ms", "column_major_ms")
     lines += ["", "`P = M Q` with `Q` column-major, ms, against its transposed form `(Q^T M^T)^T`; in bold the form "

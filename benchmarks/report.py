@@ -251,6 +251,14 @@ def gpu_description() -> str:
     return f"{gpu.name}, {gpu.total_memory / 2 ** 30:.0f} GiB, CUDA {torch.version.cuda}"
 
 
+def gpu_lines(machine_info: Dict[str, Any]) -> List[str]:
+    """The GPU a run timed on (``gpu_description``, in its machine record) and how it was timed,
+    as a paragraph; none where it ran on the CPU."""
+    if "gpu" not in machine_info:
+        return []
+    return [f"GPU: **{machine_info['gpu']}**; every timing starts and ends with a device synchronisation.", ""]
+
+
 def notes_lines(results: Dict[str, Any]) -> List[str]:
     """What the numbers mean, written after a run into the JSON record's ``notes`` (kept when it
     resumes): a paragraph each, for a section's end."""

@@ -175,7 +175,6 @@ def test_a_gpu_checkpoint_loaded_on_the_cpu_resumes_on_the_gpu(make):
         assert all(t.is_cuda and torch.isfinite(t).all() for t in aggregates.values())
 
 
-
 def dropped_everywhere(make, device):
     """Whether an Inf in one rank's first gradient, after three clean steps on ``device``, drops
     that step on every rank."""
@@ -191,6 +190,7 @@ def dropped_everywhere(make, device):
 @pytest.mark.parametrize("make", methods())
 def test_an_infinity_on_one_rank_drops_the_step_on_every_rank_on_the_gpu(make):
     assert dropped_everywhere(make, "cuda")
+
 
 if __name__ == "__main__":
     # python tests/unit/test_cuda.py ID...: where each method (test_device_audit.methods' ids)
