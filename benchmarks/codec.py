@@ -541,7 +541,7 @@ def run(args):
     results = {"command": command_line(), "machine": dict(machine(), load_average_start=os.getloadavg()[0]),
                "options": {"shapes": args.shapes, "rank": args.rank, "density": args.density,
                            "bits": args.bits, "repeats": args.repeats, "rounds": 1 if args.quick else args.rounds,
-                           "device": args.device},
+                           "device": args.device, "results_in_gradients": True},
                "codec": {}, "memory_pass": {}}
     if args.device == "cuda":
         results["machine"]["gpu"] = gpu_description()
@@ -643,10 +643,7 @@ def markdown(results, figures, operators=None):
              f"at the start, {info['load_average_end']:.2f} at the end).", "",
              "Per step: compress + error feedback + decompress of every gradient of the model on "
              "one rank, communication left out (each collective returns the rank's own payload), "
-             "each method in a fresh process, run as the integrations run it: each result made in its "
-             "gradient's memory (`write_results_into_gradients`), the gradients copied anew, untimed, "
-             "before each step, as the torch hook's buckets are filled, and each step ended by `end_step`, "
-             "as theirs are. "
+             f"each method in a fresh process{_integration_text(options)}. "
              f"Torch's `powerSGD_hook` runs over DDP-style 25 MiB buckets in {group} "
              f"(its one-rank all-reduces included), after its dense start-up. PowerSGD and ACP-SGD "
              f"rank {options['rank']}, Top-K density {options['density']}, QSGD {options['bits']} "
@@ -810,6 +807,16 @@ def bound_lines(results):
         lines.append(f"| {name} | {label} | {method['floor']['x_floor']:.2f}x | {largest} | "
                      f"{100 * method['operators']['rest']:.0f}% |")
     return lines
+
+
+def _integration_text(options):
+    """How the codecs ran, where the run recorded it: runs before results were made in the
+    gradients' memory (the 2026-11-27 GPU run) made a fresh result per layer."""
+    if not options.get("results_in_gradients"):
+        return ""
+    return (", run as the integrations run it: each result made in its gradient's memory "
+            "(`write_results_into_gradients`), the gradients copied anew, untimed, before each step, as "
+            "the torch hook's buckets are filled, and each step ended by `end_step`, as theirs are")
 
 
 def _cycles_text(options):

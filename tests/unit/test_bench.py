@@ -40,6 +40,12 @@ def test_codec_quick_writes_json_figures_and_its_section(tmp_path, monkeypatch):
     # A second run replaces the section instead of appending another.
     assert bench.main(["codec", "--quick", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "benchmarks.md").read_text().count("## Codec cost") == 1
+    # How the codecs ran is said only where the run recorded it: older runs (a fresh result per layer) did not.
+    assert "run as the integrations run it" in (tmp_path / "benchmarks.md").read_text()
+    results["options"].pop("results_in_gradients")
+    (tmp_path / "benchmarks" / "codec.json").write_text(json.dumps(results))
+    assert bench.main(["codec", "--report-only", "--out", str(tmp_path)]) == 0
+    assert "run as the integrations run it" not in (tmp_path / "benchmarks.md").read_text()
 
 
 def test_codec_floor_counts_each_methods_least_bytes_and_flops():
