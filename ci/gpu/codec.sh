@@ -5,8 +5,9 @@
 # `python -m benchmarks codec --device cuda` against torch's powerSGD_hook, with each codec's
 # floor. The section lands in a copy of docs/benchmarks.md under $OUT/docs; copy it and
 # $OUT/docs/benchmarks/ back by hand. Each stage has its own limit, and a failed stage does not
-# stop the next. The stages' default limits add up to 570 s (the codec table, last, took 2.1 min on
+# stop the next. The default stages' limits add up to 570 s (the codec table, last, took 2.1 min on
 # an H200), under the device's 600 s a command: a stuck stage cannot cut the codec table off.
+# OPERATORS, off by default, adds up to OPERATORS_SECONDS (150): lower another stage's to fit.
 # Settings: TIER_SECONDS, CODEC_SECONDS, LOCATE (method ids whose waits to place line by line),
 # OPERATORS (shape sets whose operators per step to count on the GPU: the codec table's time per
 # operator reads them), OPERATORS_SECONDS, SKIP_CODEC, CODEC_ROUNDS (1: a GPU machine is quiet, and
