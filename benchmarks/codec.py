@@ -76,7 +76,8 @@ import hvd_compress as hc
 from benchmarks.report import (DOCS, OthersShare, describe_machine, gpu_description, gpu_lines, machine, method_bars,
                                notes_lines, panels, write_section)
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
-from hvd_compress.comm.simulated import exchange_alone
+from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
+from hvd_compress.comm.simulated import run_alone
 from hvd_compress.compressors.base import Compressor
 from hvd_compress.maths import lowrank
 from hvd_compress.maths.lowrank import factor_shapes
@@ -172,12 +173,17 @@ def seconds_of(fn, device="cpu"):
 
 def as_integrations_run(make, grads):
     """(refresh, step) of ``make()``'s compressor run as the integrations run it, each result
-    made in its gradient's memory: ``refresh()`` hands it the gradients anew, copied into memory
-    already touched, as backward leaves them (not timed, not counted); ``step()`` is one step's
-    codec work on them."""
+    made in its gradient's memory, each fusion bucket's gradients begun together (``begin_many``:
+    same-shape layers batched where the compressor batches), the buckets planned as
+    ``hvd_compress.DistributedOptimizer`` plans them (25 MiB scaled by the compression rate, in
+    backward order): ``refresh()`` hands it the gradients anew, copied into memory already
+    touched, as backward leaves them (not timed, not counted); ``step()`` is one step's codec
+    work on them."""
     compressor = make()
     compressor.write_results_into_gradients()
     work = {name: grad.clone() for name, grad in grads.items()}
+    backward = {name: tuple(grad.shape) for name, grad in reversed(grads.items())}
+    scheduler = FusionScheduler(compressor, backward, ScaledFusion())
 
     def refresh():
         for name, grad in grads.items():
@@ -185,7 +191,10 @@ def as_integrations_run(make, grads):
 
     def step():
         # The results live until the step ends, as the gradients they replace do in training.
-        results = [exchange_alone(compressor, name, grad) for name, grad in work.items()]
+        results = []
+        for bucket in scheduler.plan().buckets:
+            rounds = compressor.begin_many([(name, work[name]) for name in bucket.members])
+            results += [run_alone(round_) for round_ in rounds]
         compressor.end_step()  # keeps the step's residuals, as every integration does
         return results
 
@@ -899,7 +908,7 @@ def operators_markdown(results):
         for label, row in entry["error_rows"].items():
             lines.append(f"| {name} | {label} | {row['layers']} | {row['distinct_shapes']} | "
                          f"{_operators(row['one_at_a_time'])} | {_operators(row['batched'])} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + notes_lines(results)) + "\n"
 
 
 def _operators(counts):

@@ -12,8 +12,8 @@
 # OPERATORS (shape sets whose operators per step to count on the GPU: the codec table's time per
 # operator reads them), OPERATORS_SECONDS, SKIP_CODEC, CODEC_ROUNDS (1: a GPU machine is quiet, and
 # three rounds would not fit), BATCHING_SECONDS (0 skips `python -m benchmarks batching --device
-# cuda`: what same-shape batching would buy on the GPU, before it is built; on the CPU it bought
-# nothing), LAYOUTS_SECONDS (0 skips `python -m benchmarks layouts --device cuda`: whether cuBLAS
+# cuda`: what ACP-SGD's same-shape batching buys on the GPU),
+# LAYOUTS_SECONDS (0 skips `python -m benchmarks layouts --device cuda`: whether cuBLAS
 # runs P = M Q faster as (Q^T M^T)^T, as the CPU's BLAS does at ranks 2-6; `project_right` keeps
 # M Q on a GPU until it is known).
 set -u
@@ -41,7 +41,7 @@ fi
 if [ "${BATCHING_SECONDS:-50}" != 0 ]; then
     timeout ${BATCHING_SECONDS:-50} python3 -m benchmarks batching --device cuda --out $OUT/docs > $OUT/batching.log 2>&1
     echo "batching exit $?" >> $OUT/batching.log
-    grep -A8 "probed on a GPU" $OUT/docs/benchmarks.md | tail -5
+    grep -A8 "## Same-shape batching on a GPU" $OUT/docs/benchmarks.md | tail -5
 fi
 if [ "${LAYOUTS_SECONDS:-50}" != 0 ]; then  # whether cuBLAS, too, runs P = M Q faster transposed
     timeout ${LAYOUTS_SECONDS:-50} python3 -m benchmarks layouts --device cuda --ranks 1,2,3,4,6,8,16,32 --out $OUT/docs > $OUT/layouts.log 2>&1

@@ -28,6 +28,8 @@ class RoundDriver:
         self._bucket_of = {}
         self._buckets = ()
         self._waiting = {}  # bucket index -> {name: first round}
+        self._held = {}  # bucket index -> {name: gradient}, begun together (``hold``)
+        self._begin_many = None
 
     def use_plan(self, plan):
         """Fuses first rounds by ``plan`` (a FusionPlan, or None) from now on."""
@@ -41,6 +43,22 @@ class RoundDriver:
             self._submit(name, round_, 0)
             return
         self._waiting.setdefault(bucket, {})[name] = round_
+        self._start_bucket_if_complete(bucket)
+
+    def hold(self, name, grad, begin_many):
+        """As ``start``, but ``grad``'s first round is made later, with those of the rest of its
+        fusion bucket: when every member is held, ``begin_many([(name, gradient), ...])`` (in the
+        bucket's order) returns their first rounds, so that a compression can work on same-shape
+        members in one batched call. A gradient outside the plan is begun at once, alone. The
+        bucket's collective waits for its last member either way."""
+        self.traffic.add_gradient(grad)
+        bucket = self._bucket_of.get(name)
+        if bucket is None:
+            (round_,) = begin_many([(name, grad)])
+            self._submit(name, round_, 0)
+            return
+        self._begin_many = begin_many
+        self._held.setdefault(bucket, {})[name] = grad
         self._start_bucket_if_complete(bucket)
 
     def leave_out(self, name):
@@ -57,8 +75,14 @@ class RoundDriver:
 
     def _start_bucket_if_complete(self, bucket):
         members = self._buckets[bucket].members
-        if members and len(self._waiting.get(bucket, ())) == len(members):
-            rounds = self._waiting.pop(bucket)
+        held, waiting = self._held.get(bucket, {}), self._waiting.get(bucket, {})
+        if members and len(held) + len(waiting) == len(members):
+            rounds = dict(waiting)
+            if held:
+                names = [name for name in members if name in held]
+                rounds.update(zip(names, self._begin_many([(name, held[name]) for name in names])))
+            self._held.pop(bucket, None)
+            self._waiting.pop(bucket, None)
             # Named by a member too: two optimizers' drivers in one process never share a name.
             self._submit_together(f"bucket{bucket}.{members[0]}", [(name, rounds[name]) for name in members], 0)
 
@@ -86,8 +110,8 @@ class RoundDriver:
 
     def finish(self):
         """Waits for every exchange started since the last finish; returns {name: gradient}."""
-        if self._waiting:
-            raise RuntimeError(f"fusion buckets {sorted(self._waiting)} never got all their "
+        if self._waiting or self._held:
+            raise RuntimeError(f"fusion buckets {sorted(set(self._waiting) | set(self._held))} never got all their "
                                f"members; every parameter must be started before finish()")
         while self._inflight:
             key = min(self._inflight)  # buckets ("\0bucket...") first, then names

@@ -25,8 +25,13 @@ def aggregate(rounds):
 
 
 class SimulatedWorld:
-    def __init__(self, compressors):
+    """``one_at_a_time``: each gradient begun alone (``begin``), as stock Horovod's optimizer
+    does; by default a step's gradients are begun together (``begin_many``), as the integrations
+    begin a fusion bucket's, here one bucket holding them all."""
+
+    def __init__(self, compressors, one_at_a_time=False):
         self.compressors = list(compressors)
+        self.one_at_a_time = one_at_a_time
         for rank, compressor in enumerate(self.compressors):
             compressor.bind_world(rank, len(self.compressors))
 
@@ -39,11 +44,12 @@ class SimulatedWorld:
         aggregated gradients, one dict per rank."""
         pending = []
         for compressor, grads in zip(self.compressors, grads_per_rank):
-            exchanges = {}
-            for name, grad in grads.items():
+            for grad in grads.values():
                 compressor.traffic.add_gradient(grad)
-                exchanges[name] = compressor.begin(name, grad)
-            pending.append(exchanges)
+            if self.one_at_a_time:
+                pending.append({name: compressor.begin(name, grad) for name, grad in grads.items()})
+            else:
+                pending.append(dict(zip(grads, compressor.begin_many(list(grads.items())))))
         results = [{} for _ in self.compressors]
         while pending[0]:
             for name in sorted(pending[0]):

@@ -1,4 +1,6 @@
 """ACP-SGD (Zhang et al., 2023): PowerSGD's two half-steps on alternate training steps."""
+import torch
+
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.lowrank import LowRankCompressor, factor_bytes
 from hvd_compress.maths import lowrank
@@ -19,7 +21,16 @@ class ACPSGD(LowRankCompressor):
     PowerSGD rank r sends. How the two compared at equal bytes on a character LM: docs/choosing.md
     and docs/benchmarks.md "Quality against bytes"
     (``python -m benchmarks quality``).
+
+    Same-shape layers of one fusion bucket (a transformer block's q, k, v and output
+    projections) take each half-step together: one batched QR, projection and residual per
+    (shape, rank), where the integrations begin a bucket's gradients together (``begin_many``;
+    stock Horovod's optimizer hands them over one at a time). Fewer operators to launch, which
+    is what a GPU pays per layer; on a CPU the whole step ran as fast as one layer at a time
+    (docs/benchmarks.md "Same-shape batching").
     """
+
+    batches_layers = True
 
     def _compressed_bytes(self, shape, setting):
         return factor_bytes(shape, setting, "pq") // 2  # P and Q on alternate steps
@@ -57,6 +68,12 @@ class ACPSGD(LowRankCompressor):
         # Q travels as Q^T (r x m), the layout P^T M made it in: no copy.
         return Round(q.t(), Collective.ALLREDUCE, after_q, last=True)
 
+    def _batch_key(self, st):
+        return (st.step + 1) % 2  # 1: a P step
+
+    def _new_batch(self, names, n, m, r, device):
+        return _HalfSteps(self, names, n, m, r, device)
+
     def phase(self, name: str) -> str:
         """'P' or 'Q': what parameter ``name`` sends at its next step."""
         st = self.state.get(name)
@@ -65,3 +82,75 @@ class ACPSGD(LowRankCompressor):
     def schedule_phase(self):
         """The phase of the next step, from any compressed parameter (all move together)."""
         return self.phase(next(iter(self.state), None))
+
+
+class _HalfSteps:
+    """One half-step (P or Q) of same-shape matrices at one rank in batched calls: the QR of the
+    reused factors, the projection, and error feedback's residual, each one call for the group,
+    on the members' sums as error feedback stacked them (``ErrorFeedback.stacked``). Each
+    member keeps its own round, continuation, state and result, as ``ACPSGD._rounds`` makes
+    them; the results are the same maths in batched operators (every rank batches alike)."""
+
+    def __init__(self, compressor, names, n, m, r, device):
+        self.compressor, self.names, self.r = compressor, names, r
+        self.p_step = compressor.state[names[0]].step % 2 == 0  # the step about to be taken is odd
+        self.stack = compressor.feedback.stacked(names, (n, m), device)
+        self.members = []  # (name, state, sum M) in order of ``add``
+        if self.p_step:
+            self.transposed = lowrank.right_projection_is_transposed(n, m, r, device)
+            shape = (len(names), r, n) if self.transposed else (len(names), n, r)
+        else:
+            shape = (len(names), r, m)  # Q^T, as ``ACPSGD._rounds`` sends it
+        self.payloads = torch.empty(shape, dtype=torch.float32, device=device)
+        self.factors = None  # the orthogonalised reused factors, (k, m, r) or (k, n, r), by ``run``
+
+    def add(self, name, grad):
+        st, matrix, r = self.compressor._prepare(name, grad)
+        index = len(self.members)
+        self.members.append((name, st, matrix))
+        payload = self.payloads[index]
+        growth = lowrank.orthonormal_product_growth(r)
+        compressor = self.compressor
+
+        if self.p_step:
+            def after_p(received):
+                p_mean = received.t() if self.transposed else received
+                q_hat = self.factors[index]
+                st.p, st.q = p_mean, q_hat
+                compressor._result_bounded_by(name, p_mean, growth)
+                return compressor._decompressed(p_mean, q_hat, grad)
+
+            return Round(payload, Collective.ALLREDUCE, after_p, last=True)
+
+        def after_q(q_mean_t):
+            p_hat = self.factors[index]
+            st.p, st.q = p_hat, q_mean_t.t()
+            compressor._result_bounded_by(name, q_mean_t, growth)
+            return compressor._decompressed(p_hat, st.q, grad)
+
+        return Round(payload, Collective.ALLREDUCE, after_q, last=True)
+
+    def run(self):
+        """The group's shared work, once every member was added: fills their payloads."""
+        count = len(self.members)
+        if count == 0:
+            return
+        sums = [matrix for _, _, matrix in self.members]
+        stacked = (count == len(self.names) and self.stack is not None
+                   and all(matrix.data_ptr() == row.data_ptr() for matrix, row in zip(sums, self.stack)))
+        # A member without a residual yet has its sum elsewhere: copied in, and its residual back.
+        matrices = self.stack if stacked else torch.stack(sums)
+        payloads = self.payloads[:count]
+        reuse = "q" if self.p_step else "p"
+        factors = lowrank.orthogonalize_batch(torch.stack(
+            [self.compressor._reused(st, name, reuse) for name, st, _ in self.members]))
+        self.factors = factors
+        if self.p_step:
+            p = lowrank.project_right_batch(matrices, factors, out=payloads)
+            matrices.baddbmm_(p, factors.transpose(1, 2), alpha=-1)
+        else:
+            torch.bmm(factors.transpose(1, 2), matrices, out=payloads)
+            matrices.baddbmm_(factors, payloads, alpha=-1)
+        if not stacked:
+            for matrix, row in zip(sums, matrices):
+                matrix.copy_(row)

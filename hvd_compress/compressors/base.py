@@ -179,6 +179,23 @@ class GradientCompression:
         """``begin``'s work: the first round of ``grad``'s exchange."""
         raise NotImplementedError
 
+    #: Whether ``begin_many`` does better than one ``begin`` per gradient (same-shape layers in
+    #: one batched call): the integrations then begin a fusion bucket's gradients together, when
+    #: its last one is ready (``RoundDriver.hold``), instead of each as it is ready.
+    batches_layers = False
+
+    def begin_many(self, items: Sequence[Tuple[str, torch.Tensor]]) -> List[Round]:
+        """``begin`` of each (name, gradient) of ``items``, in order, their first rounds in a list;
+        a compression that ``batches_layers`` works on same-shape ones together. Observers see
+        each ``begin`` as it is: with any, the gradients are begun one at a time."""
+        if self._observers:
+            return [self.begin(name, grad) for name, grad in items]
+        return self._begin_many(items)
+
+    def _begin_many(self, items: Sequence[Tuple[str, torch.Tensor]]) -> List[Round]:
+        """``begin_many``'s work: one ``_begin_exchange`` each, unless a subclass batches."""
+        return [self._begin_exchange(name, grad) for name, grad in items]
+
     def reject_step(self) -> None:
         """The integration found this step non-finite where the compression cannot see it (under
         HSDP, another replicate group's shards): ``end_step`` drops the step as if one of its
@@ -413,6 +430,24 @@ class Compressor(GradientCompression):
 
     def _begin_exchange(self, name: str, grad: torch.Tensor) -> Round:
         return self._begin_with(name, grad, self._begin)
+
+    def _begin_many(self, items):
+        """Each gradient through ``_begin_with`` (its checks, state and finiteness watch), those that
+        ``_batches`` groups compressed by their group's ``add``, each group's shared work done once
+        all its members are in (``run``)."""
+        batches = self._batches(items)
+        rounds = [self._begin_with(name, grad, batches[name].add if name in batches else self._begin)
+                  for name, grad in items]
+        for batch in {id(batch): batch for batch in batches.values()}.values():
+            batch.run()
+        return rounds
+
+    def _batches(self, items):
+        """{name: its group} for the gradients among ``items`` that a batched call compresses
+        together; none by default. A group's ``add(name, grad)`` is called by ``_begin_with`` in
+        place of ``_begin`` and returns the member's round (its payload memory set aside, filled
+        by ``run``); ``run()`` is called once, after every ``add``."""
+        return {}
 
     def _begin_with(self, name, grad, compress):
         """``begin``, with ``compress`` (``_begin`` or a measuring one) making compressed rounds."""

@@ -7,7 +7,7 @@ handled in one place: a step's new residuals are staged, and become the residual
 step is known to be finite everywhere (``commit``); otherwise they are dropped (``rollback``)
 and the step leaves no trace.
 """
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -64,6 +64,21 @@ class StagedSums:
             torch.add(current, value, alpha=value_weight, out=buffer)
         self._staged[name] = buffer
         return buffer
+
+    def stacked_spares(self, names: Sequence[str], shape: Tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """A float32 tensor of shape ``(len(names), *shape)`` whose slices are the buffers the
+        names' next ``add`` writes into (made so, once, where they are not): a batched call then
+        reads their sums, and leaves what it writes there, with no stacking copy. The two
+        buffers a name alternates between are each a slice of one such stack after two steps."""
+        spares = [self._spare.get(name) for name in names]
+        base = getattr(spares[0], "_base", None)
+        if (base is not None and base.shape == (len(names), *shape) and base.device == device
+                and all(spare is not None and spare._base is base and spare.data_ptr() == row.data_ptr()
+                        for spare, row in zip(spares, base))):
+            return base
+        base = torch.empty((len(names), *shape), dtype=torch.float32, device=device)
+        self._spare.update(zip(names, base))
+        return base
 
     def put(self, name: str, value: torch.Tensor) -> None:
         """Stages ``value`` as the new value."""
@@ -144,6 +159,12 @@ class ErrorFeedback:
         if residual is None:
             return grad.to(torch.float32, copy=True)
         return torch.add(grad, residual, alpha=self.loss_scale)
+
+    def stacked(self, names: Sequence[str], shape: Tuple[int, ...], device: torch.device) -> Optional[torch.Tensor]:
+        """Where ``compensated`` will build the names' sums (each of ``shape``) in place, as the
+        slices of one ``(len(names), *shape)`` tensor, returned; None without error feedback.
+        Only a name with a residual is built there: check the sums' memory before relying on it."""
+        return self._sums.stacked_spares(names, shape, device) if self.enabled else None
 
     def keep(self, name: str, residual: torch.Tensor) -> None:
         """Makes ``residual`` (float32, the shape ``compensated`` returned) the next residual."""

@@ -146,6 +146,36 @@ class LowRankCompressor(Compressor):
     def _rounds(self, name, grad, st, matrix, r):
         raise NotImplementedError
 
+    # ----- same-shape layers in one batched call (``batches_layers``) ----------------------
+    def _batches(self, items):
+        """Groups of two or more gradients compressed this step whose matrices share a shape and
+        a rank (and whatever ``_batch_key`` adds), each ``_new_batch``'s. A gradient still in
+        the dense warm-up or without state yet (its first step) goes alone, as does everything
+        without error feedback (its sums are fresh copies, which a batch would copy again)."""
+        if not (self.batches_layers and self.config.error_feedback):
+            return {}
+        groups = {}
+        for name, grad in items:
+            st = self.state.get(name)
+            setting = self.setting(name)
+            if st is None or st.step + 1 <= self.config.start_step or not self.compresses(grad.shape, setting):
+                continue
+            key = (*lowrank.factor_shapes(tuple(grad.shape), setting), grad.device, self._batch_key(st))
+            groups.setdefault(key, []).append(name)
+        batches = {}
+        for (n, m, r, device, _), names in groups.items():
+            if len(names) > 1:
+                batch = self._new_batch(names, n, m, r, device)
+                batches.update(dict.fromkeys(names, batch))
+        return batches
+
+    def _batch_key(self, st):
+        """What else a batch's members must share (ACP-SGD: the half-step they take)."""
+        return None
+
+    def _new_batch(self, names, n, m, r, device):
+        raise NotImplementedError
+
 
 def factor_bytes(shape, rank, factors):
     """float32 bytes of ``factors`` ("pq", "p" or "q") for a gradient of ``shape`` at ``rank``."""

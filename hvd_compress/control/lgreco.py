@@ -267,17 +267,27 @@ class LGreCo(Controller):
         self._sums.clear()
         self.service.rejoin()
 
+    @property
+    def batches_layers(self):
+        return self.inner.batches_layers
+
     def _begin_exchange(self, name, grad):
-        if name not in self._shapes:
-            self._shapes[name] = tuple(grad.shape)
+        return self._begin_many([(name, grad)])[0]
+
+    def _begin_many(self, items):
+        for name, grad in items:
+            self._shapes.setdefault(name, tuple(grad.shape))
         if self.step < self.config.start_step:
-            return self.inner.begin_uncompressed(name, grad)
-        if self.rank == 0 and self._accumulating() and self.inner.tunable(self._shapes[name]):
-            self._accumulate(name, grad)
-        round_ = self.inner.begin(name, grad)
+            return [self.inner.begin_uncompressed(name, grad) for name, grad in items]
+        if self.rank == 0 and self._accumulating():
+            for name, grad in items:
+                if self.inner.tunable(self._shapes[name]):
+                    self._accumulate(name, grad)
+        rounds = self.inner.begin_many(items)
         if self.config.objective == "time":
-            self._count_bucket_bytes(name, round_.payload)
-        return round_
+            for (name, _), round_ in zip(items, rounds):
+                self._count_bucket_bytes(name, round_.payload)
+        return rounds
 
     def next_payload_bytes(self, name, shape):
         if self.step < self.config.start_step:

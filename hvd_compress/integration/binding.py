@@ -203,8 +203,12 @@ class Binding:
 
     def start(self, name: str, grad: torch.Tensor) -> None:
         """Begins ``grad``'s exchange (the gradient of ``name``) and starts its first round, or
-        holds it for its fusion bucket."""
-        self.driver.start(name, grad, self.compression.begin(name, grad))
+        holds it for its fusion bucket; a compression that batches layers begins a bucket's
+        gradients together, when the last one is ready."""
+        if self.compression.batches_layers:
+            self.driver.hold(name, grad, self.compression.begin_many)
+        else:
+            self.driver.start(name, grad, self.compression.begin(name, grad))
 
     def finish(self, device: Optional[torch.device] = None) -> Tuple[Dict[str, torch.Tensor], float]:
         """Every round started since the last finish, to the end, in name order: ({name:

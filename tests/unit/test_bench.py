@@ -112,10 +112,20 @@ def test_the_gpu_section_sets_each_step_against_its_operators(tmp_path, monkeypa
 def test_batching_quick_writes_its_section_and_counts_operators_per_shape(tmp_path):
     assert bench.main(["batching", "--quick", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "benchmarks.md").read_text()
-    assert "## Same-shape batching, probed" in text and "python -m benchmarks batching --quick" in text
+    assert "## Same-shape batching\n" in text and "python -m benchmarks batching --quick" in text
     row = json.loads((tmp_path / "benchmarks" / "batching.json").read_text())["sets"]["tiny"]
-    # QR, P = M Q, the residual, the decompression: per layer one at a time, per shape batched.
-    assert row["per_layer_operators"] == 4 * row["layers"] and row["batched_operators"] == 4 * row["shapes"]
+    # QR, P = M Q and the residual: per layer one at a time, per shape batched; the decompression
+    # per layer either way (each result goes to its own gradient).
+    assert row["per_layer_operators"] == 4 * row["layers"]
+    assert row["batched_operators"] == 3 * row["shapes"] + row["layers"]
+    # No two tiny matrices share a shape: no bucket group to time; the whole step is timed both ways.
+    results = json.loads((tmp_path / "benchmarks" / "batching.json").read_text())
+    assert results["bucket_groups"] == {"tiny": []}
+    assert results["whole_steps"]["tiny"]["off_ms"] > 0 and results["whole_steps"]["tiny"]["on_ms"] > 0
+    path = tmp_path / "benchmarks" / "batching.json"
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), notes=["A note kept in the JSON."])))
+    assert bench.main(["batching", "--report-only", "--out", str(tmp_path)]) == 0
+    assert "A note kept in the JSON." in (tmp_path / "benchmarks.md").read_text()
 
 
 def test_layouts_quick_times_every_form_at_every_rank_and_rewrites_its_section(tmp_path):

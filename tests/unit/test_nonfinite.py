@@ -12,7 +12,8 @@ import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld, run_alone
 from hvd_compress.registry import controllable
 
-SHAPES = {"conv.weight": (32, 16, 3, 3), "fc.weight": (64, 128), "fc.bias": (64,)}
+# Two layers of one shape: ACP-SGD batches them (its same-shape layers take one call per shape).
+SHAPES = {"conv.weight": (32, 16, 3, 3), "fc.weight": (64, 128), "fc2.weight": (64, 128), "fc.bias": (64,)}
 STEPS, BAD_STEP = 8, 3
 
 
