@@ -204,8 +204,8 @@ def whole_step_lines(results):
         return []
     lines = ["", f"ACP-SGD's whole codec work, a P step and a Q step as the integrations run them (every gradient, "
              f"error feedback and decompression included, `codec.as_integrations_run`), same-shape batching off "
-             f"(one gradient at a time) and on (each bucket's same-shape layers batched), a cycle of each in turn, median of "
-             f"{results['repeats']}.", "", "| shapes | off ms | on ms | off / on |", "|---|---|---|---|"]
+             f"(one gradient at a time) and on (each bucket's same-shape layers batched), a cycle of each in turn, "
+             f"median of {results['repeats']}.", "", "| shapes | off ms | on ms | off / on |", "|---|---|---|---|"]
     lines += [f"| {name} | {row['off_ms']:.1f} | {row['on_ms']:.1f} | {row['off_ms'] / row['on_ms']:.2f}x |"
               for name, row in steps.items()]
     return lines
