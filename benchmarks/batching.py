@@ -39,7 +39,7 @@ from benchmarks.report import DOCS, command_line, describe_machine, machine, not
 from benchmarks.shapes import shape_set
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.maths.lowrank import (factor_shapes, orthogonalize, orthogonalize_batch, project_right,
-                                       project_right_batch, right_projection_is_transposed)
+                                       project_right_batch, projection_batch_shape)
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +89,7 @@ def measure_group(n, m, r, layers, repeats, device):
     matrices = torch.randn(layers, n, m, generator=generator).to(device)
     qs = torch.randn(layers, m, r, generator=generator).to(device)
     ps = torch.randn(layers, n, r, generator=generator).to(device)
-    p_out = torch.empty((layers, r, n) if right_projection_is_transposed(n, m, r, device) else (layers, n, r),
-                        device=device)
+    p_out = torch.empty(projection_batch_shape(layers, n, m, r, device), device=device)
     q_out = torch.empty(layers, r, m, device=device)
     return {"n": n, "m": m, "rank": r, "layers": layers,
             "per_layer_ms": 1e3 * median_seconds(
@@ -162,8 +161,8 @@ def measure(set_name, rank, repeats, device):
     stacks = [torch.randn(count, n, m, generator=generator).to(device) for (n, m, _), count in groups.items()]
     factor_stacks = [torch.randn(count, m, r, generator=generator).to(device) for (_, m, r), count in groups.items()]
     # The payloads' memory, set aside before the batched call, as a batch's rounds hold it.
-    payloads = [torch.empty((count, r, n) if right_projection_is_transposed(n, m, r, device) else (count, n, r),
-                            device=device) for (n, m, r), count in groups.items()]
+    payloads = [torch.empty(projection_batch_shape(count, n, m, r, device), device=device)
+                for (n, m, r), count in groups.items()]
     matrices = [matrix for stack in stacks for matrix in stack.unbind(0)]
     factors = [q for stack in factor_stacks for q in stack.unbind(0)]
     sides = {"per_layer": (per_layer, (matrices, factors)), "batched": (batched, (stacks, factor_stacks, payloads))}

@@ -49,10 +49,7 @@ class ACPSGD(LowRankCompressor):
             payload, restore = lowrank.sendable(p)
 
             def after_p(p_mean):
-                p_mean = restore(p_mean)
-                st.p, st.q = p_mean, q_hat
-                self._result_bounded_by(name, p_mean, lowrank.orthonormal_product_growth(r))
-                return self._decompressed(p_mean, q_hat, grad)
+                return self._after_p(name, grad, st, r, restore(p_mean), q_hat)
 
             return Round(payload, Collective.ALLREDUCE, after_p, last=True)
 
@@ -61,12 +58,23 @@ class ACPSGD(LowRankCompressor):
         self._remember(matrix, p_hat, q)
 
         def after_q(q_mean_t):
-            st.p, st.q = p_hat, q_mean_t.t()
-            self._result_bounded_by(name, q_mean_t, lowrank.orthonormal_product_growth(r))
-            return self._decompressed(p_hat, st.q, grad)
+            return self._after_q(name, grad, st, r, q_mean_t, p_hat)
 
         # Q travels as Q^T (r x m), the layout P^T M made it in: no copy.
         return Round(q.t(), Collective.ALLREDUCE, after_q, last=True)
+
+    def _after_p(self, name, grad, st, r, p_mean, q_hat):
+        """A P step's end, from the ranks' mean P and this step's orthogonalised Q: the state
+        both half-steps reuse, the result's bound, and the result."""
+        st.p, st.q = p_mean, q_hat
+        self._result_bounded_by(name, p_mean, lowrank.orthonormal_product_growth(r))
+        return self._decompressed(p_mean, q_hat, grad)
+
+    def _after_q(self, name, grad, st, r, q_mean_t, p_hat):
+        """A Q step's end, from the ranks' mean Q^T and this step's orthogonalised P."""
+        st.p, st.q = p_hat, q_mean_t.t()
+        self._result_bounded_by(name, q_mean_t, lowrank.orthonormal_product_growth(r))
+        return self._decompressed(p_hat, st.q, grad)
 
     def _batch_key(self, st):
         return (st.step + 1) % 2  # 1: a P step
@@ -92,13 +100,13 @@ class _HalfSteps:
     them; the results are the same maths in batched operators (every rank batches alike)."""
 
     def __init__(self, compressor, names, n, m, r, device):
-        self.compressor, self.names, self.r = compressor, names, r
+        self.compressor, self.names = compressor, names
         self.p_step = compressor.state[names[0]].step % 2 == 0  # the step about to be taken is odd
         self.stack = compressor.feedback.stacked(names, (n, m), device)
         self.members = []  # (name, state, sum M) in order of ``add``
         if self.p_step:
             self.transposed = lowrank.right_projection_is_transposed(n, m, r, device)
-            shape = (len(names), r, n) if self.transposed else (len(names), n, r)
+            shape = lowrank.projection_batch_shape(len(names), n, m, r, device)
         else:
             shape = (len(names), r, m)  # Q^T, as ``ACPSGD._rounds`` sends it
         self.payloads = torch.empty(shape, dtype=torch.float32, device=device)
@@ -108,27 +116,19 @@ class _HalfSteps:
         st, matrix, r = self.compressor._prepare(name, grad)
         index = len(self.members)
         self.members.append((name, st, matrix))
-        payload = self.payloads[index]
-        growth = lowrank.orthonormal_product_growth(r)
         compressor = self.compressor
-
+        # The factors exist once ``run`` has been called: read at the round's end.
         if self.p_step:
             def after_p(received):
                 p_mean = received.t() if self.transposed else received
-                q_hat = self.factors[index]
-                st.p, st.q = p_mean, q_hat
-                compressor._result_bounded_by(name, p_mean, growth)
-                return compressor._decompressed(p_mean, q_hat, grad)
+                return compressor._after_p(name, grad, st, r, p_mean, self.factors[index])
 
-            return Round(payload, Collective.ALLREDUCE, after_p, last=True)
+            return Round(self.payloads[index], Collective.ALLREDUCE, after_p, last=True)
 
         def after_q(q_mean_t):
-            p_hat = self.factors[index]
-            st.p, st.q = p_hat, q_mean_t.t()
-            compressor._result_bounded_by(name, q_mean_t, growth)
-            return compressor._decompressed(p_hat, st.q, grad)
+            return compressor._after_q(name, grad, st, r, q_mean_t, self.factors[index])
 
-        return Round(payload, Collective.ALLREDUCE, after_q, last=True)
+        return Round(self.payloads[index], Collective.ALLREDUCE, after_q, last=True)
 
     def run(self):
         """The group's shared work, once every member was added: fills their payloads."""

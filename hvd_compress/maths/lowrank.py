@@ -73,10 +73,12 @@ _TRANSPOSED_RANKS = range(2, 7)
 _TRANSPOSED_SMALL_RANKS, _SMALL_NUMEL = range(2, 9), 1 << 18
 
 
-def _transposed_product_is_faster(numel, rank, device):
-    if device.type != "cpu":  # measured on the CPU's BLAS only
+def right_projection_is_transposed(n, m, rank, device):
+    """Whether ``project_right`` (and ``project_right_batch``) makes P = M Q, M n x m, in its
+    transposed form on ``device``: the same answer on every rank for the same shape."""
+    if torch.device(device).type != "cpu":  # measured on the CPU's BLAS only
         return False
-    return rank in _TRANSPOSED_RANKS or (rank in _TRANSPOSED_SMALL_RANKS and numel <= _SMALL_NUMEL)
+    return rank in _TRANSPOSED_RANKS or (rank in _TRANSPOSED_SMALL_RANKS and n * m <= _SMALL_NUMEL)
 
 
 def project_right(matrix, q):
@@ -88,7 +90,7 @@ def project_right(matrix, q):
     Every rank takes the same form for the same shape, rank and device."""
     if q.stride(0) != 1:  # row-major (a stride check: no operator where Q is column-major already)
         q = q.t().contiguous().t()
-    if _transposed_product_is_faster(matrix.numel(), q.shape[1], matrix.device):
+    if right_projection_is_transposed(*matrix.shape, q.shape[1], matrix.device):
         return (q.t() @ matrix.t()).t()
     return matrix @ q
 
@@ -100,16 +102,15 @@ def orthogonalize_batch(matrices, eps=1e-8):
     return torch.linalg.qr(matrices, mode="reduced").Q
 
 
-def right_projection_is_transposed(n, m, rank, device):
-    """Whether ``project_right`` (and ``project_right_batch``) makes P = M Q, M n x m, in its
-    transposed form on ``device``: the same answer on every rank for the same shape."""
-    return _transposed_product_is_faster(n * m, rank, torch.device(device))
+def projection_batch_shape(k, n, m, rank, device):
+    """The shape of ``project_right_batch``'s ``out`` for k n x m matrices at ``rank``."""
+    return (k, rank, n) if right_projection_is_transposed(n, m, rank, device) else (k, n, rank)
 
 
 def project_right_batch(matrices, q, out):
-    """P = M Q for each matrix of a (k, n, m) stack and its (k, m, r) factors, into ``out``:
-    (k, r, n) where ``right_projection_is_transposed`` (returned as its transposed view, as
-    ``project_right`` does), else (k, n, r)."""
+    """P = M Q for each matrix of a (k, n, m) stack and its (k, m, r) factors, into ``out`` (of
+    ``projection_batch_shape``: (k, r, n) where ``right_projection_is_transposed``, returned as
+    its transposed view, as ``project_right`` does, else (k, n, r))."""
     _, n, m = matrices.shape
     if right_projection_is_transposed(n, m, q.shape[2], matrices.device):
         return torch.bmm(q.transpose(1, 2), matrices.transpose(1, 2), out=out).transpose(1, 2)
