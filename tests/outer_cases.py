@@ -142,6 +142,32 @@ def nonfinite_pseudo_gradient_on_one_rank_skips_the_outer_step_everywhere(gather
     assert_identical(gather, net, "after-skip")
 
 
+def gradscaler_overflow_on_one_rank_keeps_the_periods_in_step(gather, rank):
+    """A reported situation: GradScaler, an Inf in rank 0's gradients at the second of four
+    iterations, H = 2. Only rank 0's scaler skips its inner step, but every rank counts the
+    call, so every rank takes its outer steps at the same iterations and the replicas end
+    identical. Were the skipped call not counted, rank 0's periods would run an iteration
+    late: pseudo-gradients of different periods averaged, then a last exchange without partner."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+    outer = hc.DiLoCo(torch.optim.SGD(net.parameters(), lr=0.05), net.named_parameters(),
+                      hc.NoCompression(), inner_steps=2)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024)
+    counts = []
+    for iteration, (x, y) in enumerate(batches(rank, 4)):
+        outer.zero_grad()
+        scaler.scale(nn.functional.mse_loss(net(x), y)).backward()
+        if rank == 0 and iteration == 1:
+            for p in net.parameters():
+                p.grad.fill_(float("inf"))
+        scaler.step(outer)
+        scaler.update()
+        counts.append((outer.step_in_period, outer.outer_steps))
+    assert counts == [(1, 0), (0, 1), (1, 1), (0, 2)], counts
+    assert all(torch.isfinite(p).all() for p in net.parameters())
+    assert_identical(gather, net, "gradscaler")
+
+
 def resume_mid_period_is_exact(gather, rank):
     """A checkpoint taken mid-period (model, inner AdamW, DiLoCo with Top-K's error feedback and
     Nesterov momentum), loaded into fresh objects built from other weights, continues bit for

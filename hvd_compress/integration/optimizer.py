@@ -12,6 +12,7 @@ from hvd_compress import arguments
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.compressors.cast import NoCompression
+from hvd_compress.integration import amp
 from hvd_compress.integration.binding import Binding, HorovodGroup
 from hvd_compress.integration.names import parameter_names
 from hvd_compress.integration.stock import check_op
@@ -135,7 +136,14 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         finally:
             self._should_synchronize = True
 
+    # GradScaler.step then calls step() whatever it found, with ``found_inf`` and ``grad_scale``
+    # set, so that the skip is decided here, on gradients every rank holds alike.
+    _step_supports_amp_scaling = True
+
     def step(self, closure=None):
+        found_inf, grad_scale = amp.scaler_call(self)
+        if found_inf is not None:
+            return self._scaled_step(closure, found_inf, grad_scale)
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
@@ -144,6 +152,24 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.step()` after optimizer.synchronize().")
             self.synchronize()
         self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def _scaled_step(self, closure, found_inf, grad_scale):
+        """``torch.amp.GradScaler.step``: skips the update where GradScaler found an Inf or NaN,
+        else unscales (unless ``scaler.unscale_`` did) and steps. GradScaler must have read the
+        exchanged gradients, identical on every rank, so that every rank decides alike (and its
+        scale moves alike): a rank that reached ``scaler.step`` before ``synchronize()`` has
+        checked only its own gradient, and every rank raises there."""
+        if self._binding.active and not self._synchronized:
+            raise RuntimeError(
+                "GradScaler checked this rank's gradients before they were exchanged, so ranks "
+                "could skip different steps. As with hvd.DistributedOptimizer: "
+                "optimizer.synchronize(); scaler.unscale_(optimizer) (to clip); then "
+                "`with optimizer.skip_synchronize(): scaler.step(optimizer)`")
+        self._synchronized = False
+        if bool(found_inf):  # identical on every rank: the aggregates are
+            return None
+        amp.unscale(self._parameter_names, grad_scale)
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, set_to_none=True):

@@ -39,6 +39,7 @@ from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.compressors.cast import NoCompression
 from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header, option
+from hvd_compress.integration import amp
 from hvd_compress.integration.binding import Binding, group_of
 from hvd_compress.integration.names import parameter_names
 from hvd_compress.maths.finite import all_finite, extremes, stacked
@@ -180,11 +181,30 @@ class DiLoCo(torch.optim.Optimizer):
         raise ValueError("DiLoCo: add_param_group: the parameters are fixed at construction (each "
                          "has its outer-start copy); build the inner optimizer with every group")
 
+    # GradScaler.step calls step() even when this rank's gradients overflowed (integration.amp):
+    # a step it skipped must still count in the period, or the ranks' outer steps (collectives)
+    # fall out of step.
+    _step_supports_amp_scaling = True
+
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        """One inner step; at the end of a period, the outer step (collective)."""
+        """One inner step; at the end of a period, the outer step (collective).
+
+        Every call counts in the period, whether or not the inner optimizer stepped, so that
+        every rank takes its outer steps at the same calls. Under ``torch.amp.GradScaler``
+        (``scaler.step(outer)``), a step whose gradients overflowed on this rank skips the inner
+        optimizer on this rank only and still counts; otherwise the gradients are unscaled
+        (unless ``scaler.unscale_`` already did) and the inner optimizer steps, as GradScaler
+        would have done itself."""
         if self._binding is None or self._binding.stale():
             self._bind()  # the first step, or an elastic reset re-formed the world
-        loss = self.optimizer.step(closure)
+        found_inf, grad_scale = amp.scaler_call(self)
+        if found_inf is None:
+            loss = self.optimizer.step(closure)
+        elif bool(found_inf):  # one host read per step, as GradScaler's own
+            loss = None
+        else:
+            amp.unscale((p for group in self.param_groups for p in group["params"]), grad_scale)
+            loss = self.optimizer.step(closure)
         self.step_in_period += 1
         if self.step_in_period == self.inner_steps:
             self._outer_step()

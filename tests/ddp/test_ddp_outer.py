@@ -34,6 +34,10 @@ def test_nonfinite_pseudo_gradient_on_one_rank_skips_the_outer_step_everywhere()
         gather, dist.get_rank(), dist.get_world_size())
 
 
+def test_gradscaler_overflow_on_one_rank_keeps_the_periods_in_step():
+    cases.gradscaler_overflow_on_one_rank_keeps_the_periods_in_step(gather, dist.get_rank())
+
+
 def test_resume_mid_period_is_exact():
     cases.resume_mid_period_is_exact(gather, dist.get_rank())
 

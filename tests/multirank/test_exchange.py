@@ -110,6 +110,56 @@ def test_a_non_finite_gradient_on_one_rank_is_skipped_everywhere_and_leaves_no_t
         assert torch.allclose(p, reference[name], rtol=0, atol=tol), name
 
 
+def train_under_gradscaler(path, explicit_unscale):
+    """Horovod's GradScaler order (synchronize, unscale_ if asked, step without synchronizing),
+    an Inf in the last rank's first weight gradient at step 1 of 4. Returns (model, the scale
+    after each step)."""
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    opt, _ = distributed(model, torch.optim.SGD(model.parameters(), lr=0.05), "topk", path)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    poison = OneInf()
+    next(p for p in model.parameters() if p.dim() >= 2).register_hook(poison)
+    scales = []
+    for step, (x, y) in enumerate(rank_batches(4, seed=5)):
+        poison.armed = step == 1 and hvd.rank() == hvd.size() - 1
+        opt.zero_grad()
+        scaler.scale(nn.functional.cross_entropy(model(x), y)).backward()
+        opt.synchronize()
+        if explicit_unscale:
+            scaler.unscale_(opt)
+        with opt.skip_synchronize():
+            scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return model, scales
+
+
+@pytest.mark.parametrize("explicit_unscale", [True, False])
+@pytest.mark.parametrize("path", PATHS)
+def test_gradscaler_overflow_on_one_rank_skips_the_step_on_every_rank(path, explicit_unscale):
+    """Every rank's scaler sees the exchanged gradients: the overflow halves every rank's scale,
+    no rank steps on it, and the replicas stay identical."""
+    model, scales = train_under_gradscaler(path, explicit_unscale)
+    assert scales == [2.0 ** 10, 2.0 ** 9, 2.0 ** 9, 2.0 ** 9]
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert_parameters_identical(model, f"gradscaler.{path}.{explicit_unscale}")
+
+
+def test_gradscaler_before_synchronize_fails_on_every_rank():
+    """The wrapper refuses a GradScaler step that checked unexchanged gradients, on every rank
+    alike, rather than let ranks skip different steps."""
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    opt, _ = distributed(model, torch.optim.SGD(model.parameters(), lr=0.05), "topk", "wrapper")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    x, y = next(rank_batches(1))
+    scaler.scale(nn.functional.cross_entropy(model(x), y)).backward()
+    with pytest.raises(RuntimeError, match="before they were exchanged"):
+        scaler.step(opt)
+    opt.synchronize()  # leaves no round outstanding for the tests after this one
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("method", ["powersgd", "topk", "bf16"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -31,6 +31,10 @@ def test_nonfinite_pseudo_gradient_on_one_rank_skips_the_outer_step_everywhere()
     cases.nonfinite_pseudo_gradient_on_one_rank_skips_the_outer_step_everywhere(gather, hvd.rank(), hvd.size())
 
 
+def test_gradscaler_overflow_on_one_rank_keeps_the_periods_in_step():
+    cases.gradscaler_overflow_on_one_rank_keeps_the_periods_in_step(gather, hvd.rank())
+
+
 def test_resume_mid_period_is_exact():
     cases.resume_mid_period_is_exact(gather, hvd.rank())
 

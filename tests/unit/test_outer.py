@@ -193,7 +193,9 @@ def test_elastic_state_commits_restores_and_syncs_the_outer_state():
     assert not outer._binding.stale() and (outer.outer_steps, outer.step_in_period) == (2, 0)
 
 
-def test_gradscaler_steps_it_and_an_overflow_step_does_not_count_in_the_period():
+def test_gradscaler_steps_it_and_an_overflow_step_counts_in_the_period():
+    """GradScaler skips the inner step of an overflow, but the call counts in the period (the
+    ranks whose gradients were finite count theirs), and the other steps are unscaled."""
     net = small_net()
     outer = diloco(net, inner_steps=2)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
@@ -205,4 +207,27 @@ def test_gradscaler_steps_it_and_an_overflow_step_does_not_count_in_the_period()
             net[0].weight.grad[0, 0] = float("inf")
         scaler.step(outer)
         scaler.update()
-    assert (outer.outer_steps, outer.step_in_period) == (1, 1)
+    assert (outer.outer_steps, outer.step_in_period) == (2, 0)
+    assert scaler.get_scale() == 2.0 ** 9  # the overflow halved it, as for any optimizer
+
+
+def test_gradscaler_unscales_as_for_the_inner_optimizer_alone():
+    """Under GradScaler, with or without an explicit unscale_, the inner step sees the same
+    gradients as GradScaler stepping the inner optimizer itself."""
+    results = []
+    for wrapped, explicit in [(False, False), (True, False), (True, True)]:
+        torch.manual_seed(0)
+        net = small_net()
+        inner = torch.optim.SGD(net.parameters(), lr=0.1)
+        stepped = hc.DiLoCo(inner, net.named_parameters(), inner_steps=5) if wrapped else inner
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+        for _ in range(3):
+            stepped.zero_grad()
+            scaler.scale(net(torch.ones(8, 16)).square().mean()).backward()
+            if explicit:
+                scaler.unscale_(stepped)
+            scaler.step(stepped)
+            scaler.update()
+        results.append({name: p.detach().clone() for name, p in net.named_parameters()})
+    for name in results[0]:
+        assert torch.equal(results[0][name], results[1][name]) and torch.equal(results[0][name], results[2][name])
