@@ -756,3 +756,30 @@ def test_time_to_target_finds_advise_run_on_older_evidence(tmp_path, monkeypatch
     assert ttt.stale_factors(advice) == {("powersgd", "rank=8"): (1.09, 1.3)}
     advice["candidates"][0]["steps_factor"] = 1.3
     assert ttt.stale_factors(advice) == {}
+
+
+def test_scaling_formula_fits_both_terms_and_finds_where_a_method_stops_paying():
+    from benchmarks.scaling import crossing, fit, formula
+    n = 1000
+    all_gather = {w: formula(0.0, 0.8 * n, w) for w in (2, 4, 8, 32)}  # Top-K 10%: 8 bytes per kept entry
+    a, b = fit(all_gather)
+    assert abs(a) < 1e-6 and b == pytest.approx(0.8 * n)
+    assert crossing(a, b, 8 * n) == 11  # sends more than a float32 ring all-reduce from W = 11
+    two_hop = {w: formula(2.1 * n, 0.0, w) for w in (2, 4, 8, 32)}
+    assert fit(two_hop) == pytest.approx((2.1 * n, 0.0)) and crossing(*fit(two_hop), 8 * n) is None
+    assert crossing(9.0 * n, 0.0, 8 * n) == 2
+
+
+@pytest.mark.slow
+def test_scaling_quick_counts_bytes_at_two_worlds_and_writes_its_section(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert bench.main(["scaling", "--quick", "--job-timeout", "300", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "benchmarks" / "scaling.json").read_text())
+    assert set(results["jobs"]) == {"2", "3"}
+    for job in results["jobs"].values():
+        dense = job["methods"]["uncompressed"]["bytes_per_step"][0]
+        assert dense > 0 and all(0 < m["bytes_per_step"][0] < dense
+                                 for label, m in job["methods"].items() if label != "uncompressed")
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## Bytes per rank as ranks grow" in text and "python -m benchmarks scaling --quick" in text
+    assert (tmp_path / "benchmarks" / "scaling.png").stat().st_size > 0
