@@ -153,7 +153,9 @@ def format_advice(advice: Advice) -> str:
         lines.append(f"  {collective:9} {1e6 * link.latency_s:8.0f} us  {bandwidth}")
     header = ("method", "setting", "MB/step", "codec ms", "comm ms", "step ms", "timed ms", "speed-up", "steps",
               "time to target", "quality evidence")
-    rows = [(c.method, c.setting or "-", f"{c.wire_bytes / 1e6:.2f}", f"{c.codec_ms:.1f}",
+    dense = next((c.wire_bytes for c in advice.candidates if c.method == "none"), math.inf)
+    rows = [(c.method, c.setting or "-", f"{c.wire_bytes / 1e6:.2f}" + ("*" if c.wire_bytes > dense else ""),
+             f"{c.codec_ms:.1f}",
              f"{c.communication_ms:.1f}", f"{c.step_ms:.1f}",
              "-" if c.timed_step_ms is None else f"{c.timed_step_ms:.1f}", f"{c.speedup:.2f}x",
              factor_text(c.steps_factor),
@@ -162,6 +164,9 @@ def format_advice(advice: Advice) -> str:
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    if any(c.wire_bytes > dense for c in advice.candidates):
+        lines.append(f"* sends more bytes per step than uncompressed at {advice.world_size} ranks: an "
+                     f"all-gather's bytes grow with the ranks, uncompressed's all-reduce's do not")
     if advice.steps_workload:
         lines.append(f"steps and time to target (relative to uncompressed) measured on: {advice.steps_workload}")
     lines.append(f"advice: {advice.recommendation}")

@@ -408,3 +408,19 @@ def test_advise_check_compares_the_model_with_a_measured_run(tmp_path, monkeypat
     assert bench.main(["advise_check", "--from", str(source), "--out", str(tmp_path)]) == 0
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## advise against end to end" in text and "| 1 | cnn | S-SGD |" in text
+
+
+def test_the_table_marks_methods_that_send_more_than_uncompressed_at_these_ranks():
+    """At 32 ranks Top-K 10% all-gathers 0.8 n (W-1) bytes against uncompressed's 8 n (W-1)/W:
+    the table says so."""
+    from hvd_compress.advise.projection import Candidate
+    n, w = 1_000_000, 32
+    candidates = [Candidate("none", "", 8 * n * (w - 1) / w, 0.0, {}),
+                  Candidate("topk", "density=0.1", 0.8 * n * (w - 1), 1.0, {}),
+                  Candidate("fp16", "", 4 * n * (w - 1) / w, 0.5, {})]
+    advice = advice_module.Advice(world_size=w, parameters=n, compute_ms=10.0, backward_ms=6.0, links={},
+                                  candidates=candidates, recommendation="do not compress")
+    text = adv.format_advice(advice)
+    marked = [line for line in text.splitlines() if line.startswith(("topk", "fp16", "none"))]
+    assert [line.split()[0] for line in marked if "*" in line.split()[2]] == ["topk"]
+    assert "* sends more bytes per step than uncompressed at 32 ranks" in text
