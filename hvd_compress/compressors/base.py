@@ -73,8 +73,10 @@ where Horovod is installed, by ``registry.public_class``.
 """
 import copy
 import functools
+import gc
 import logging
 import math
+import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
@@ -129,6 +131,14 @@ class GradientCompression:
     traffic: Traffic
     # Replaced, never mutated, on change; left out of copies and pickles (__getstate__).
     _observers: Tuple[StepObserver, ...] = ()
+    #: Whether one object may serve several optimizers or models at once (``serve``): only a
+    #: compression that keeps nothing between steps and sends the same whatever world it is bound
+    #: to (FP16, NoCompression), as Horovod's own compressors, which users share. Not BF16: its
+    #: chunks follow the size of the world it was bound to last.
+    shareable = False
+    # (weak reference to the owner, what it is) once an integration serves it; left out of
+    # copies and pickles, so that a copy is free to serve another.
+    _owner: Optional[Tuple[Any, str]] = None
 
     @property
     def wrapped(self) -> Optional["GradientCompression"]:
@@ -160,6 +170,49 @@ class GradientCompression:
         peak. Not said (``hvd.allreduce(tensor, compression=...)``, tests), results are new
         tensors and gradients stay as they were."""
         raise NotImplementedError
+
+    def serve(self, owner: Any, role: str, argument: str = "compression") -> None:
+        """Records that ``owner`` (an optimizer, a DDP hook's or an HSDP model's state, a
+        ``DiLoCo``: any object a weak reference can point to) drives the steps of this
+        compression and of a controller's wrapped compressor. ``role`` says what ``owner`` is
+        and ``argument`` which of its arguments took this object, for the error. An owner that
+        is garbage-collected frees it.
+
+        Raises ``ValueError`` (nothing recorded) where another owner that is still alive already
+        serves it, or its wrapped compressor, unless ``shareable``: its per-parameter state, its
+        non-finite rollback and a controller's schedule all count the steps of one owner, and
+        two owners step at different times. Serving the same owner again does nothing."""
+        chain = []
+        compression: Optional[GradientCompression] = self
+        while compression is not None:
+            chain.append(compression)
+            compression = compression.wrapped
+        for compression in chain:
+            compression._check_free_for(owner, role, argument)
+        for compression in chain:
+            if not compression.shareable:
+                compression._owner = (weakref.ref(owner), role)
+
+    def _owner_is_gone_or(self, owner):
+        current = self._owner[0]()
+        return current is None or current is owner
+
+    def _check_free_for(self, owner, role, argument):
+        if self.shareable or self._owner is None:
+            return
+        if not self._owner_is_gone_or(owner):
+            gc.collect()  # a dropped owner in a reference cycle frees the compression only here
+        if self._owner_is_gone_or(owner):
+            return
+        cls = type(self).__name__
+        raise ValueError(
+            f"{argument}: this {cls} object already serves {self._owner[1]} and cannot also serve "
+            f"{role}. One compressor or controller serves one optimizer or model: its "
+            f"per-parameter state (error feedback, warm starts, settings), its step and a "
+            f"controller's schedule are one owner's, and two owners step at different times. "
+            f"Build one per optimizer or model, or give the other a copy: "
+            f"{argument}=copy.deepcopy({argument}). "
+            f"(FP16 and NoCompression keep no state and may be shared.)")
 
     def use_process_set(self, process_set: Any) -> None:
         """The ranks the exchange runs among, as the integration names them (a Horovod
@@ -294,9 +347,11 @@ class GradientCompression:
         raise NotImplementedError
 
     def __getstate__(self):
-        # Observers belong to this process (an exporter's open file): copies start unobserved.
+        # Observers belong to this process (an exporter's open file), the owner to one
+        # integration: copies start unobserved and free to serve another.
         state = dict(self.__dict__)
         state.pop("_observers", None)
+        state.pop("_owner", None)
         return state
 
 

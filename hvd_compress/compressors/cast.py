@@ -42,6 +42,7 @@ class FP16(_Settingless):
     gradients with a wide range (or bf16 training)."""
 
     needs_parameter_names = False
+    shareable = True  # nothing kept between steps, nothing that depends on the world
 
     def _compressed_bytes(self, shape, setting):
         return 2 * math.prod(shape)
@@ -91,6 +92,7 @@ class NoCompression(_Settingless):
     """The uncompressed baseline: every gradient is all-reduced as it is (bf16 as float32)."""
 
     needs_parameter_names = False
+    shareable = True
 
     def tunable(self, shape):
         return False

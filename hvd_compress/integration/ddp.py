@@ -73,6 +73,7 @@ class State:
         if not isinstance(compressor, GradientCompression):
             raise ValueError(f"hvd_compress.ddp.State: compressor must be an hvd_compress "
                              f"compressor or controller, got {type(compressor).__name__}")
+        compressor.serve(self, "an hvd_compress.ddp hook's State", argument="compressor")
         self.compressor = compressor
         self.process_group = process_group
         self.iter = 0
@@ -182,6 +183,8 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, compressor: A
         process_group = getattr(ddp_model, "process_group", None)
     if isinstance(compressor, State):
         state = compressor
+        # A restored state's compressor is a copy, which nothing serves yet.
+        state.compressor.serve(state, "an hvd_compress.ddp hook's State", argument="compressor")
         if process_group is not None:
             state.process_group = process_group
     else:

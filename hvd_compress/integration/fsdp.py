@@ -95,6 +95,7 @@ class State:
         if not isinstance(compressor, GradientCompression):
             raise ValueError(f"hvd_compress.fsdp.register: compressor must be an hvd_compress "
                              f"compressor or controller, got {type(compressor).__name__}")
+        compressor.serve(self, "an HSDP model (hvd_compress.fsdp.register)", argument="compressor")
         if compressor.parameters:  # built with named_parameters: the same names, each rank's shards
             compressor.use_shards({name: p.to_local() for name, p in model.named_parameters()})
         self.compressor = compressor

@@ -22,6 +22,7 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  sparse_as_dense, process_set, fusion):
         super(self.__class__, self).__init__(params)
+        compression.serve(self, f"an hvd_compress.DistributedOptimizer over {type(self).__name__}")
         self._compression = compression
         self._parameter_names = parameter_names(self.param_groups, named_parameters)
         self._op = op

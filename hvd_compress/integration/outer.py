@@ -135,6 +135,7 @@ class DiLoCo(torch.optim.Optimizer):
             raise ValueError(f"DiLoCo: outer_optimizer must be a callable that builds a "
                              f"torch.optim.Optimizer from a list of tensors, got "
                              f"{type(outer_optimizer).__name__}")
+        compression.serve(self, "a DiLoCo")
         # Not Optimizer.__init__: the parameter groups are the inner optimizer's own objects.
         self.optimizer = optimizer
         self.defaults = optimizer.defaults

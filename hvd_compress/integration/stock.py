@@ -3,6 +3,7 @@ calls ``compress``/``decompress``, which :class:`StockBridge` serves with our ro
 Imported only where Horovod is (``registry.public_class`` mixes :class:`StockCompression` in)."""
 import sys
 import time
+import weakref
 
 import horovod.torch as hvd
 import torch
@@ -16,18 +17,18 @@ from hvd_compress.integration.names import GradientOwners
 
 class _RidesHorovod:
     """Context of a gradient whose single all-reduce is Horovod's own."""
-    __slots__ = ("round",)
+    __slots__ = ("bridge", "round")
 
-    def __init__(self, round_):
-        self.round = round_
+    def __init__(self, bridge, round_):
+        self.bridge, self.round = bridge, round_
 
 
 class _Driven:
     """Context of a gradient whose rounds run on our driver."""
-    __slots__ = ("name",)
+    __slots__ = ("bridge", "name")
 
-    def __init__(self, name):
-        self.name = name
+    def __init__(self, bridge, name):
+        self.bridge, self.name = bridge, name
 
 
 class StockBridge:
@@ -57,6 +58,7 @@ class StockBridge:
 
     def __init__(self, compressor, optimizer=None):
         self.compressor = compressor
+        self._optimizer = None if optimizer is None else weakref.ref(optimizer)
         op = getattr(optimizer, "op", hvd.Average) if optimizer is not None else hvd.Average
         if optimizer is not None and not hasattr(optimizer, "op"):  # Horovod's Adasum optimizer
             op = hvd.Adasum
@@ -76,6 +78,12 @@ class StockBridge:
         self._outstanding = 0
         self._first_decompress = None
 
+    @property
+    def optimizer(self):
+        """The optimizer whose ``compress`` calls this bridge serves; None outside one, or once
+        it is gone."""
+        return None if self._optimizer is None else self._optimizer()
+
     def close(self):
         """Removes this bridge's hooks from the parameters: a replacing bridge adds its own."""
         if self.owners is not None:
@@ -94,12 +102,12 @@ class StockBridge:
                 self.compressor.fixed_payload(tuple(tensor.shape)):
             self.compressor.traffic.add_gradient(tensor)
             self.compressor.traffic.add_payload(round_.payload, round_.collective)
-            return round_.payload, _RidesHorovod(round_)
+            return round_.payload, _RidesHorovod(self, round_)
         self.binding.driver.start(name, tensor, round_)
         self.binding.driver.poll()
         placeholder = torch.zeros(1, device=tensor.device)  # float32 (Horovod takes no bf16)
         self.compressor.traffic.add_payload(placeholder, Collective.ALLREDUCE)
-        return placeholder, _Driven(name)
+        return placeholder, _Driven(self, name)
 
     def decompress(self, tensor, ctx):
         if self._first_decompress is None:
@@ -138,27 +146,43 @@ class StockBridge:
 class StockCompression(HorovodCompressor):
     """Mixin that gives an hvd_compress compressor (or controller) Horovod's Compression API.
 
-    The bridge is built at the first ``compress``, when Horovod is initialised, dropped when
-    pickled (it holds hooks and Horovod handles), and rebuilt by a restored compressor or after
-    an elastic reset."""
+    A bridge is built at the first ``compress`` from each optimizer, when Horovod is
+    initialised, dropped when pickled (it holds hooks and Horovod handles), and rebuilt by a
+    restored compressor or after an elastic reset. The first optimizer serves the compression
+    (``GradientCompression.serve``): a second one that is still alive is refused at its first
+    ``compress``, on every rank alike, unless the compression is ``shareable`` (FP16,
+    NoCompression), which then has a bridge per optimizer, each with that optimizer's options
+    and steps."""
 
-    _stock_bridge = None
+    _stock_bridges = None  # {calling optimizer, or None outside one: its bridge}
 
     def compress(self, tensor):
-        if self._stock_bridge is None or self._stock_bridge.stale():
-            if self._stock_bridge is not None:
-                self._stock_bridge.close()
-            self._stock_bridge = StockBridge(self, _calling_optimizer(self))
-        return self._stock_bridge.compress(tensor)
+        optimizer = _calling_optimizer(self)
+        if self._stock_bridges is None:
+            self._stock_bridges = {}
+        key = None if optimizer is None else id(optimizer)
+        bridge = self._stock_bridges.get(key)
+        if bridge is not None and bridge.optimizer is not optimizer:
+            bridge = None  # another optimizer that took a dropped one's id
+        if bridge is None or bridge.stale():
+            if optimizer is not None:
+                self.serve(optimizer, "a stock hvd.DistributedOptimizer")
+            if bridge is not None:
+                bridge.close()
+            # Bridges of optimizers that are gone go with their hooks.
+            for gone in [k for k, b in self._stock_bridges.items() if k is not None and b.optimizer is None]:
+                self._stock_bridges.pop(gone).close()
+            bridge = self._stock_bridges[key] = StockBridge(self, optimizer)
+        return bridge.compress(tensor)
 
     def decompress(self, tensor, ctx):
         if ctx is None:  # Horovod's sparse all-gather path: nothing was compressed
             return tensor
-        return self._stock_bridge.decompress(tensor, ctx)
+        return ctx.bridge.decompress(tensor, ctx)
 
     def __getstate__(self):
         state = super().__getstate__()
-        state.pop("_stock_bridge", None)
+        state.pop("_stock_bridges", None)
         return state
 
 

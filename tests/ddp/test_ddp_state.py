@@ -225,3 +225,29 @@ def test_stalled_rank0_fails_every_rank_within_the_timeout():
     if dist.get_rank() == 0:
         dist.broadcast(torch.zeros(1, dtype=torch.int64), src=0)
     dist.barrier()
+
+
+def test_two_ddp_models_share_fp16_and_refuse_a_stateful_compressor():
+    """One object registered on two DDP models: a stateful compressor or a controller is refused
+    at the second ``register``, on every rank alike, with the way out; FP16 keeps no state and
+    is shared: the two models train as with an FP16 each."""
+    for compression in (hc.PowerSGD(rank=2), controlled("lgreco")):
+        served = make_ddp(compression)
+        with pytest.raises(ValueError, match=r"^compressor: this \w+ object already serves an "
+                                             r"hvd_compress.ddp hook's State.*compressor=copy\.deepcopy"):
+            make_ddp(compression, seed=1)
+        assert served[2].compressor is compression
+    data = list(batches(3, seed=5))
+
+    def trained(compressions):
+        pairs = [make_ddp(compression, seed=seed)[:2] for seed, compression in enumerate(compressions)]
+        optimizers = [torch.optim.SGD(model.parameters(), lr=0.05) for _, model in pairs]
+        for x, y in data:  # in turns, as a GAN's two optimizers
+            for (_, model), optimizer in zip(pairs, optimizers):
+                train(model, [(x, y)], optimizer)
+        return [{n: p.detach().clone() for n, p in module.named_parameters()} for module, _ in pairs]
+
+    fp16 = hc.FP16()
+    for shared, separate in zip(trained([fp16, fp16]), trained([hc.FP16(), hc.FP16()])):
+        for name, p in separate.items():
+            assert torch.equal(shared[name], p), name

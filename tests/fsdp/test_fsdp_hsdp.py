@@ -274,6 +274,16 @@ def test_pure_fsdp_and_misuse_are_refused():
         hvd_compress.fsdp.register(model, hc.PowerSGD([("other.weight", model.fc1.weight)], rank=2))
 
 
+def test_a_compressor_serving_another_hsdp_model_is_refused():
+    """One object for two models: refused at the second ``register``, on every rank alike."""
+    compressor = hc.PowerSGD(rank=2)
+    _, _, state = make_hsdp(compressor)
+    with pytest.raises(ValueError, match=r"^compressor: this PowerSGD object already serves an HSDP "
+                                         r"model.*compressor=copy\.deepcopy"):
+        make_hsdp(compressor, seed=1)
+    assert state.compressor is compressor
+
+
 @pytest.mark.parametrize("name", ["topk", "lgreco"])
 def test_a_compressor_built_with_named_parameters_compresses_the_shards(name):
     """Built with the model's named_parameters (after fully_shard: the same names), it takes

@@ -1,4 +1,5 @@
 """Horovod's options of DistributedOptimizer, on both paths: honoured, or refused at once."""
+import copy
 import warnings
 
 import horovod.torch as hvd
@@ -251,3 +252,86 @@ def test_stock_compressor_without_names_takes_the_optimizers(method):
     if compressor.needs_parameter_names:
         assert compressor.parameters == {name: p for p, name in opt._parameter_names.items()}
     assert_parameters_identical(nameless, f"nameless.{method}")
+
+
+class GAN:
+    """A generator and a discriminator, each with its own distributed optimizer, trained in the
+    usual alternation: the discriminator on detached fakes, then the generator through the
+    frozen discriminator."""
+
+    def __init__(self, path, compressions):
+        torch.manual_seed(0)
+        self.generator = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16))
+        self.discriminator = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 1))
+        self.optimizers = []
+        for part, compression in zip(("discriminator", "generator"), compressions):
+            model = getattr(self, part)
+            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+            named = [(f"{part}.{name}", p) for name, p in model.named_parameters()]
+            if path == "stock":
+                self.optimizers.append(hvd.DistributedOptimizer(optimizer, named_parameters=named,
+                                                                compression=compression))
+            else:
+                self.optimizers.append(hc.DistributedOptimizer(optimizer, named, compression))
+
+    def train(self, steps):
+        g = torch.Generator().manual_seed(hvd.rank())
+        loss = nn.functional.binary_cross_entropy_with_logits
+        d_opt, g_opt = self.optimizers
+        for _ in range(steps):
+            real, z = torch.randn(8, 16, generator=g) + 2, torch.randn(8, 8, generator=g)
+            d_opt.zero_grad()
+            scores = self.discriminator(torch.cat([real, self.generator(z).detach()]))
+            loss(scores, torch.cat([torch.ones(8, 1), torch.zeros(8, 1)])).backward()
+            d_opt.step()
+            g_opt.zero_grad()
+            self.discriminator.requires_grad_(False)
+            try:
+                loss(self.discriminator(self.generator(z)), torch.ones(8, 1)).backward()
+            finally:
+                self.discriminator.requires_grad_(True)
+            g_opt.step()
+
+    def parameters(self):
+        return {f"{part}.{name}": p.detach().clone() for part in ("discriminator", "generator")
+                for name, p in getattr(self, part).named_parameters()}
+
+
+def test_a_compressor_shared_by_a_gans_stock_optimizers_is_refused_with_what_to_do():
+    """One TopK for both stock optimizers: the discriminator's steps first and serves it; the
+    generator's first gradient is refused on every rank alike, with the way out."""
+    gan = GAN("stock", [hc.TopK(density=1.0)] * 2)
+    with pytest.raises(ValueError, match=r"compression: this TopK object already serves a stock "
+                                         r"hvd.DistributedOptimizer.*copy\.deepcopy"):
+        gan.train(1)
+
+
+@pytest.mark.parametrize("method", ["topk", "lgreco"])
+def test_a_compressor_shared_by_a_gans_wrapper_optimizers_is_refused_at_construction(method):
+    compression = (hc.TopK(density=1.0) if method == "topk"
+                   else hc.CONTROLLERS["lgreco"].build(hc.PowerSGD(rank=2), ranks=True))
+    with pytest.raises(ValueError, match=r"compression: this .* object already serves an "
+                                         r"hvd_compress.DistributedOptimizer over Adam.*copy\.deepcopy"):
+        GAN("wrapper", [compression] * 2)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_gan_shares_fp16_and_trains_as_with_two_copies(path):
+    """Horovod users pass hvd.Compression.fp16 to both optimizers: FP16 is shared as they are.
+    The two TopK(density=1.0) the error suggests send every entry: an uncompressed run."""
+    shared = GAN(path, [hc.FP16()] * 2)
+    shared.train(3)
+    separate = GAN(path, [hc.FP16(), hc.FP16()])
+    separate.train(3)
+    for name, p in separate.parameters().items():
+        torch.testing.assert_close(shared.parameters()[name], p, rtol=0, atol=1e-6, msg=name)
+    topk = hc.TopK(density=1.0, min_numel=0)
+    copies = GAN(path, [topk, copy.deepcopy(topk)])
+    copies.train(3)
+    dense = GAN(path, [hc.NoCompression()] * 2)
+    dense.train(3)
+    for name, p in dense.parameters().items():
+        torch.testing.assert_close(copies.parameters()[name], p, rtol=1e-5, atol=1e-6, msg=name)
+    assert_parameters_identical(shared.generator, f"gan.{path}.shared")
+    assert_parameters_identical(copies.generator, f"gan.{path}.copies")

@@ -191,7 +191,7 @@ def test_pickle_drops_communication_state():
     compressor = hc.PowerSGD(rank=2)
     SimulatedWorld([compressor]).step([grads(0)])
     restored = pickle.loads(pickle.dumps(compressor))
-    assert restored._stock_bridge is None and set(restored.state) == set(compressor.state)
+    assert restored._stock_bridges is None and set(restored.state) == set(compressor.state)
 
 
 @pytest.mark.parametrize("make", REGISTERED)
