@@ -3,6 +3,8 @@ gradient shapes of real models, and whether any rank stalls waiting for a decisi
 
     python -m benchmarks controller_overhead [--shapes resnet50,bert-base,transformer-xl]
         [--step-ms 300] [--decide-every 1000] [--out docs/] [--quick]
+    python -m benchmarks controller_overhead --decision-cost [--shapes bert-base] [--rounds 3]
+        [--out docs/] [--quick] [--report-only]
 
 One process, one torch thread, the local transport (a world of one). Gradients are synthetic
 and seeded: each matrix a rank-16 signal with power-law singular values plus noise, so that the
@@ -38,11 +40,21 @@ steps; the target is a measurement no dearer than the codec (ratio <= 1.0x).
 Results resume point by point from ``<out>/benchmarks/controller_overhead.json``; the section
 "Controller overhead" of ``<out>/benchmarks.md`` is rewritten after each. ``--quick``: the tiny
 shape set and 20 ms steps, a smoke test.
+
+``--decision-cost`` (default shapes: bert-base) times only the step that makes L-GreCo's first
+decision, at L-GreCo's defaults over PowerSGD rank 4 on seeded normal gradients, against the
+same decision with the exact SVD's error rows, the two in turn for ``--rounds`` rounds: wall
+and CPU seconds of the decision thread, and the load average, of each. The target is a decision
+at most ``DECISION_COST_TARGET`` of the exact one's time. Writes ``decision_cost.json`` and the
+section "L-GreCo decision cost"; ``--report-only`` rewrites the section from the JSON.
 """
 import argparse
+import contextlib
 import dataclasses
 import json
+import logging
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -50,14 +62,20 @@ from pathlib import Path
 import torch
 
 import hvd_compress as hc
-from benchmarks.report import DOCS, describe_machine, machine, resumed_section
+from benchmarks.report import DOCS, describe_machine, machine, notes_lines, resumed_section, write_section
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import SimulatedWorld, exchange_alone, run_alone
 from hvd_compress.compressors.feedback import StagedSums
 from hvd_compress.control.lgreco import LGreCoConfig
 from hvd_compress.maths import errors as error_maths
 
+logger = logging.getLogger(__name__)
+
 SECTION = "Controller overhead"
+COST_SECTION = "L-GreCo decision cost"
+COST_METHOD = "PowerSGD rank 4"
+# The decision with the randomized range finder against the same with the exact SVD's rows.
+DECISION_COST_TARGET = 0.12
 METHODS = {"PowerSGD rank 4": ("powersgd", {"rank": 4}), "ACP-SGD rank 4": ("acpsgd", {"rank": 4}),
            "Top-K 1%": ("topk", {"density": 0.01}), "QSGD 4 bits": ("qsgd", {"bits": 4})}
 LOWRANK = {"PowerSGD rank 4", "ACP-SGD rank 4"}
@@ -181,6 +199,17 @@ def gravac_seconds(grads):
     return record
 
 
+@contextlib.contextmanager
+def exact_lowrank_rows():
+    """Within: the low-rank error rows by the exact SVD (what the range finder replaces)."""
+    randomized = error_maths.lowrank_errors_of_batch
+    error_maths.lowrank_errors_of_batch = lambda matrices, ranks: randomized(matrices, ranks, exact=True)
+    try:
+        yield
+    finally:
+        error_maths.lowrank_errors_of_batch = randomized
+
+
 def measure_lgreco(method, grads, args):
     step = args.step_ms / 1000
     record = {"accumulation_seconds": accumulation_seconds(method, grads), "stall_seconds": {},
@@ -192,18 +221,63 @@ def measure_lgreco(method, grads, args):
         record.setdefault("decision_seconds", []).append(decision.seconds)
         record.setdefault("settings", decision.settings)
     if method in LOWRANK:
-        randomized = error_maths.lowrank_errors
-        error_maths.lowrank_errors = lambda matrix, ranks: randomized(matrix, ranks, exact=True)
-        try:
+        with exact_lowrank_rows():
             exact, _ = first_decision(method, grads, args.decide_every, 1, step)
-        finally:
-            error_maths.lowrank_errors = randomized
         record["exact_decision_seconds"] = exact.seconds
         record["same_settings_as_exact"] = exact.settings == record["settings"]
         differing = [n for n in exact.settings if exact.settings[n] != record["settings"][n]]
         record["differing_layers"] = len(differing)
     record["decision_seconds"] = statistics.median(record["decision_seconds"])
     del record["settings"]
+    return record
+
+
+def random_gradients(shapes, seed=0):
+    """name -> seeded standard normal gradient: the decision's cost does not follow the spectrum."""
+    g = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(shape, generator=g) for name, shape in shapes}
+
+
+def timed_first_decision(grads, exact):
+    """(the first Decision of L-GreCo at its defaults over PowerSGD rank 4, its thread's CPU
+    seconds): one step accumulates the gradients and submits it, the next waits for it
+    (``apply_delay=1``); ``exact``: the error rows by the exact SVD."""
+    # The exact decision outlasts the default timeout on a loaded machine.
+    lgreco = hc.LGreCo(wrapped(COST_METHOD), warmup_steps=1, apply_delay=1, transport="local", timeout=3600)
+    cpu = []
+    submit = lgreco.service.submit
+
+    def timed(compute):
+        def run():
+            started = time.thread_time()  # one torch thread: all of the decision's CPU is here
+            decision = compute()
+            cpu.append(time.thread_time() - started)
+            return decision
+        submit(run)
+
+    lgreco.service.submit = timed
+    with exact_lowrank_rows() if exact else contextlib.nullcontext():
+        SimulatedWorld([lgreco]).step([grads])
+        lgreco.end_step()  # the exchange: waits for the decision
+    return lgreco.decisions[0], cpu[0]
+
+
+def measure_decision_cost(grads, rounds):
+    """``rounds`` of L-GreCo's decision and the exact one in turn: seconds, CPU seconds, the
+    1-minute load average before each, and whether every round chose the same settings."""
+    record = {"lgreco": [], "exact": []}
+    settings = {"lgreco": [], "exact": []}
+    for _ in range(rounds):
+        for kind in ("lgreco", "exact"):  # in turn: other processes' load hits both alike
+            load = os.getloadavg()[0]
+            decision, cpu = timed_first_decision(grads, kind == "exact")
+            record[kind].append({"seconds": decision.seconds, "cpu_seconds": cpu, "load": load})
+            settings[kind].append(decision.settings)
+            logger.info("%s: %.2f s (CPU %.2f s), load %.2f", kind, decision.seconds, cpu, load)
+    record["same_settings_every_round"] = all(s == settings["lgreco"][0] for s in settings["lgreco"])
+    differing = [n for n in settings["exact"][0] if settings["exact"][0][n] != settings["lgreco"][0].get(n)]
+    record["differing_layers_from_exact"] = len(differing)
+    record["layers_decided"] = len(settings["lgreco"][0])
     return record
 
 
@@ -296,6 +370,48 @@ def markdown(results, args):
     return "\n".join(lines) + "\n"
 
 
+def cost_markdown(results):
+    lines = [f"`{results['command']}`", "", describe_machine(results["machine"]) +
+             " One torch thread, the local transport (a world of one).", "",
+             f"L-GreCo's first decision at its defaults over {COST_METHOD} (the step that makes it: error "
+             "rows by the randomized range finder, then the DP), on seeded normal gradients, against the "
+             "same decision with the exact SVD's rows (`torch.linalg.svdvals`), the two in turn in one "
+             "process. Seconds of the decision thread (`Decision.seconds`) and its CPU seconds (what other "
+             "processes' load changes least), with the 1-minute load average before each; ratio: the "
+             "medians' ratio, target <= "
+             f"{DECISION_COST_TARGET:g}x.", "",
+             "| shapes | layers decided | L-GreCo s (CPU s, load) | exact s (CPU s, load) | ratio (CPU) | "
+             "target | same choice every round | layers differing from exact |",
+             "|---|---|---|---|---|---|---|---|"]
+    for shapes, r in results["points"].items():
+        def cells(kind):
+            return "; ".join(f"{x['seconds']:.2f} ({x['cpu_seconds']:.2f}, {x['load']:.1f})" for x in r[kind])
+
+        def ratio(key):
+            return (statistics.median(x[key] for x in r["lgreco"]) /
+                    statistics.median(x[key] for x in r["exact"]))
+        met = "met" if max(ratio("seconds"), ratio("cpu_seconds")) <= DECISION_COST_TARGET else "MISSED"
+        lines.append(f"| {shapes} | {r['layers_decided']} | {cells('lgreco')} | {cells('exact')} | "
+                     f"{ratio('seconds'):.3f}x ({ratio('cpu_seconds'):.3f}x) | {met} | "
+                     f"{'yes' if r['same_settings_every_round'] else 'no'} | {r['differing_layers_from_exact']} |")
+    lines += ["", "Shape sets: " + "; ".join(f"{s}: {DESCRIPTIONS[s]}" for s in results["points"]) + "."]
+    return "\n".join(lines + notes_lines(results)) + "\n"
+
+
+def run_decision_cost(args):
+    path = args.out / "benchmarks" / "decision_cost.json"
+    if args.report_only:
+        write_section(args.out / "benchmarks.md", COST_SECTION, cost_markdown(json.loads(path.read_text())))
+        return None
+    results = {"command": command_line(args), "machine": machine(), "rounds": args.rounds, "points": {}}
+    for shapes in args.shapes:
+        results["points"][shapes] = measure_decision_cost(random_gradients(shape_set(shapes)), args.rounds)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    write_section(args.out / "benchmarks.md", COST_SECTION, cost_markdown(results))
+    return results
+
+
 def run(args):
     results, save = resumed_section(args.out, "controller_overhead", SECTION,
                                     lambda record: markdown(record, args))
@@ -324,19 +440,33 @@ def run(args):
 
 def command_line(args):
     command = "python -m benchmarks controller_overhead"
+    if args.decision_cost:
+        command += f" --decision-cost --shapes {','.join(args.shapes)} --rounds {args.rounds}"
     return command + " --quick" if args.quick else command
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="resnet50,bert-base,transformer-xl",
-                        help="comma-separated shape sets (benchmarks/shapes.py)")
+    parser.add_argument("--shapes", help="comma-separated shape sets (benchmarks/shapes.py); default "
+                        "resnet50,bert-base,transformer-xl, with --decision-cost bert-base")
     parser.add_argument("--step-ms", type=float, default=300.0, help="the emulated step time")
     parser.add_argument("--decide-every", type=int, default=1000, help="the default schedule's decision period")
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 20 ms steps: a smoke test")
+    parser.add_argument("--decision-cost", action="store_true",
+                        help="only the first decision's cost against the exact SVD's, in turn")
+    parser.add_argument("--rounds", type=int, default=3, help="--decision-cost: rounds of the two in turn")
+    parser.add_argument("--report-only", action="store_true",
+                        help="--decision-cost: rewrite its section from decision_cost.json, measuring nothing")
     args = parser.parse_args(argv)
-    args.shapes = ["tiny"] if args.quick else args.shapes.split(",")
+    if args.report_only and not args.decision_cost:
+        parser.error("--report-only goes with --decision-cost")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be positive, got {args.rounds}")
+    default = "bert-base" if args.decision_cost else "resnet50,bert-base,transformer-xl"
+    args.shapes = ["tiny"] if args.quick else (args.shapes or default).split(",")
+    if args.quick and args.decision_cost:
+        args.rounds = 1
     if args.quick:
         args.step_ms, args.decide_every = 20.0, 50
     for shapes in args.shapes:
@@ -346,7 +476,13 @@ def parse_args(argv=None):
 
 def main(argv=None):
     torch.set_num_threads(1)
-    run(parse_args(argv))
+    args = parse_args(argv)
+    if args.decision_cost:
+        logging.basicConfig(format="%(message)s")
+        logger.setLevel(logging.INFO)  # this benchmark's lines, not each decision's per-layer listing
+        run_decision_cost(args)
+    else:
+        run(args)
 
 
 if __name__ == "__main__":

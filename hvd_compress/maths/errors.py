@@ -50,9 +50,32 @@ def lowrank_errors_of_batch(matrices, ranks, exact=False):
             sketch = x @ (x.transpose(1, 2) @ torch.linalg.qr(sketch).Q)
         basis = torch.linalg.qr(sketch).Q
         squared = torch.linalg.svdvals((basis.transpose(1, 2) @ x).double()).square()
-    total = matrices.double().square().sum(dim=(1, 2))
+    total = squared_norms_of_batch(matrices)
     kept = torch.cat([squared.new_zeros(squared.shape[0], 1), squared.cumsum(1)], dim=1)
     return (total[:, None] - kept[:, on_device(ranks, torch.int64, kept.device)]).clamp_min(0).sqrt()
+
+
+# The total energy's float64 pass on a CPU takes a stack this many entries at a time (2 MiB of
+# float64, in cache): the whole stack in float64, and its square, are new pages whose first-touch
+# faults cost more than the range finder's products (on bert-base shapes a third of a decision).
+TOTAL_CHUNK_ENTRIES = 1 << 18
+
+
+def squared_norms_of_batch(matrices):
+    """||M||^2 of every matrix of a (batch, n, m) stack, as float64 (squares of float32 entries
+    are exact in float64). On a CPU a chunk at a time through one buffer; elsewhere in one
+    chunk: a GPU's caching allocator recycles the stack-sized buffer, and the operators stay
+    per distinct shape."""
+    flat = matrices.reshape(matrices.shape[0], -1)
+    width = flat.shape[1]
+    if flat.is_cpu:
+        width = min(width, max(1, TOTAL_CHUNK_ENTRIES // flat.shape[0]))
+    buffer = torch.empty(flat.shape[0], width, dtype=torch.float64, device=flat.device)
+    total = torch.zeros(flat.shape[0], dtype=torch.float64, device=flat.device)
+    for start in range(0, flat.shape[1], width):
+        chunk = buffer[:, :min(width, flat.shape[1] - start)]
+        total += chunk.copy_(flat[:, start:start + width]).square_().sum(dim=1)
+    return total
 
 
 # Top-K rows of layers of HISTOGRAM_MIN_NUMEL entries or more come from a histogram of the

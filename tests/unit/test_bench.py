@@ -163,6 +163,22 @@ def test_controller_overhead_quick_measures_every_controller_and_resumes(tmp_pat
     assert json.loads(path.read_text())["points"] == json.loads(before)["points"]  # nothing re-ran
 
 
+def test_decision_cost_quick_times_both_decisions_in_turn_and_rewrites_its_section(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert bench.main(["controller_overhead", "--decision-cost", "--quick", "--out", str(tmp_path)]) == 0
+    path = tmp_path / "benchmarks" / "decision_cost.json"
+    point = json.loads(path.read_text())["points"]["tiny"]
+    for kind in ("lgreco", "exact"):
+        assert len(point[kind]) == 1 and point[kind][0]["seconds"] > 0 and point[kind][0]["cpu_seconds"] > 0
+    assert point["same_settings_every_round"] is True and point["layers_decided"] > 0
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert "## L-GreCo decision cost" in text and "controller_overhead --decision-cost" in text
+    results = json.loads(path.read_text())
+    path.write_text(json.dumps(dict(results, notes=["A note kept in the JSON."])))
+    assert bench.main(["controller_overhead", "--decision-cost", "--report-only", "--out", str(tmp_path)]) == 0
+    assert "A note kept in the JSON." in (tmp_path / "benchmarks.md").read_text()
+
+
 def test_unknown_benchmark_prints_usage(capsys):
     assert bench.main(["nope"]) == 2
     assert "codec" in capsys.readouterr().err

@@ -214,6 +214,14 @@ def test_batched_lowrank_errors_are_bit_identical_to_one_matrix_at_a_time_on_the
     assert torch.equal(torch.stack([lowrank_errors(m, ranks) for m in matrices]), reference)
 
 
+def test_squared_norms_of_a_batch_in_chunks_match_one_float64_pass(monkeypatch):
+    from hvd_compress.maths import errors
+    matrices = torch.randn(3, 50, 70, generator=torch.Generator().manual_seed(0))
+    reference = matrices.double().square().sum(dim=(1, 2))
+    monkeypatch.setattr(errors, "TOTAL_CHUNK_ENTRIES", 3 * 512)  # 7 chunks, the last one short
+    assert torch.allclose(errors.squared_norms_of_batch(matrices), reference, rtol=1e-14, atol=0)
+
+
 def test_lowrank_errors_match_truncated_svd_both_ways():
     from hvd_compress.maths.errors import lowrank_errors
     # Seeded: five power steps are an approximation, within 1% for this draw but not for every one.
