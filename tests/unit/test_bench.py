@@ -163,6 +163,7 @@ def test_controller_overhead_quick_measures_every_controller_and_resumes(tmp_pat
     assert json.loads(path.read_text())["points"] == json.loads(before)["points"]  # nothing re-ran
 
 
+@pytest.mark.slow
 def test_decision_cost_quick_times_both_decisions_in_turn_and_rewrites_its_section(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     assert bench.main(["controller_overhead", "--decision-cost", "--quick", "--out", str(tmp_path)]) == 0
