@@ -111,7 +111,7 @@ def test_a_non_finite_gradient_on_one_rank_is_skipped_everywhere_and_leaves_no_t
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("method", ["powersgd", "topk", "bf16"])
+@pytest.mark.parametrize("method", ["powersgd", "topk", "bf16", "qallreduce"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_models(dtype, method, path):
     """Gradients come back in the model's dtype and ranks stay identical; bf16 dense tensors
