@@ -68,6 +68,11 @@ class QuantizedAllReduce(Compressor):
     (``payload_carries_input``: no marker). The result is bounded by s times the gathered
     scales, so no pass over it checks it.
 
+    Tuning guide: one step's relative error against the exact mean before feedback repays it,
+    measured on Gaussian 512 x 512 gradients at W = 4 with 256-entry blocks: 1.0e-2 at 8 bits,
+    0.18 at 4 and 1.1 at 2 (ternary codes: most entries round to 0), so 2 bits is for a
+    controller to pick for layers whose error it can afford, not a default.
+
     Shapes: any floating gradient; 1-D ones and those under ``min_numel`` entries go dense.
     Per-parameter bits: ``set_setting(name, bits)`` (L-GreCo, GraVAC). Raises ``ValueError``
     naming the parameter for bits outside (2, 4, 8) or a ``block_size`` that is not a positive

@@ -244,3 +244,19 @@ def test_controllers_set_bits_per_layer():
     assert compressor.setting("w") == 2
     lgreco = hc.CONTROLLERS["lgreco"].build(hc.QuantizedAllReduce(bits=4, min_numel=0), small=True)
     assert lgreco.wrapped.setting_name == "bits"
+
+
+def test_values_ride_an_all_to_all_to_every_rank():
+    """GraVAC's statistics ride QuantizedAllReduce's first hop (``comm.rounds.carrying``): every
+    rank receives their mean over ranks, and each row of the payload arrives unchanged."""
+    from hvd_compress.comm.rounds import Collective, Round, carrying
+    from hvd_compress.comm.simulated import aggregate
+    size = 3
+    payloads = [torch.arange(6, dtype=torch.int16).view(size, 2) + 10 * rank for rank in range(size)]
+    received = [[] for _ in range(size)]
+    rounds = [carrying(Round(payloads[rank], Collective.ALLTOALL, lambda rows: rows),
+                       torch.tensor([float(rank), 1.0]), received[rank].append) for rank in range(size)]
+    for rank, (round_, result) in enumerate(zip(rounds, aggregate(rounds))):
+        rows = round_.then(result)
+        assert torch.equal(rows, torch.stack([payloads[source][rank] for source in range(size)]))
+        assert torch.equal(received[rank][0], torch.tensor([1.0, 1.0]))
