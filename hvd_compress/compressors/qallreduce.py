@@ -49,8 +49,9 @@ class QuantizedAllReduce(Compressor):
     Error feedback conserves mass: the sum over ranks of their results' and residuals' sums
     (e_w, and W times e_s) equals the sum of their inputs and of the residuals they started
     with, to float32 rounding. Residuals are kept in float32 on the gradient's device; under
-    ``track`` in unscaled units. Both are in checkpoints (``state_dict``: "residuals" for e_w,
-    "owner_residuals" for e_s).
+    ``track`` in unscaled units: e_w in ``feedback`` (``residual(name)``, what controllers
+    see), e_s in ``owned`` (both ``ErrorFeedback``s, staged until the step is known finite).
+    Both are in checkpoints (``state_dict``: "residuals" for e_w, "owner_residuals" for e_s).
 
     World changes: e_s belongs to the chunk a rank owns, and ownership depends on the rank and
     W. A rank whose rank or W changes (an elastic reset, ``bind_world``, a checkpoint from
