@@ -98,7 +98,10 @@ METHODS = [("FP16", "fp16", {}, None),
            # DiLoCo with the codec "DiLoCo: local steps" found best (QSGD 4 bits, as good as FP16
            # at half its bytes), at two periods.
            ("DiLoCo H=50 (QSGD)", "qsgd", {"bits": 4}, {"kind": "diloco", "inner_steps": 50}),
-           ("DiLoCo H=10 (QSGD)", "qsgd", {"bits": 4}, {"kind": "diloco", "inner_steps": 10})]
+           ("DiLoCo H=10 (QSGD)", "qsgd", {"bits": 4}, {"kind": "diloco", "inner_steps": 10}),
+           # The two-hop quantized all-reduce, added after the points above had run.
+           ("QuantizedAllReduce", "qallreduce", {"bits": 8}, None),
+           ("QuantizedAllReduce", "qallreduce", {"bits": 4}, None)]
 
 
 # ----- one job: runs on every rank ----------------------------------------------------------------

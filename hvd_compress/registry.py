@@ -15,7 +15,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from hvd_compress.compressors import ACPSGD, BF16, FP16, QSGD, NoCompression, PowerSGD, ScaleCom, SignSGD, TopK
+from hvd_compress.compressors import (ACPSGD, BF16, FP16, QSGD, NoCompression, PowerSGD, QuantizedAllReduce, ScaleCom,
+                                      SignSGD, TopK)
 from hvd_compress.control.gravac import GraVAC
 from hvd_compress.control.lgreco import LGreCo
 from hvd_compress.control.wrapping import register_controllable
@@ -76,6 +77,8 @@ _COMPRESSOR_LIST = [
     Method("powersgd", PowerSGD, {"rank": 4}, {"rank": 2}),  # two all-reduces per matrix
     Method("acpsgd", ACPSGD, {"rank": 4}, {"rank": 4}),      # PowerSGD's half-steps, one all-reduce
     Method("qsgd", QSGD, {"bits": 4}, {"bits": 4, "bucket_size": 128}),  # all-gathered
+    # Two-hop int8/int4 all-reduce, error feedback on both hops.
+    Method("qallreduce", QuantizedAllReduce, {"bits": 8}, {"bits": 4, "block_size": 64}),
     Method("topk", TopK, {"density": 0.01}, {"density": 0.05}),          # all-gathered
     Method("scalecom", ScaleCom, {"density": 0.01}, {"density": 0.05}),  # cyclic local top-k, all-reduced
     Method("signsgd", SignSGD, {}, {}),        # 1 bit per entry, majority vote

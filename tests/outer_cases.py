@@ -11,7 +11,7 @@ from torch import nn
 import hvd_compress as hc
 
 # Outer steps through these, each with its own state (error feedback, warm starts, L-GreCo).
-COMPRESSIONS = ["none", "fp16", "qsgd", "topk", "powersgd", "lgreco"]
+COMPRESSIONS = ["none", "fp16", "qsgd", "qallreduce", "topk", "powersgd", "lgreco"]
 H = 3
 
 

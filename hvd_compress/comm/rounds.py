@@ -131,6 +131,8 @@ def carrying(round_: Round, values: torch.Tensor, receive: Callable[[torch.Tenso
       its result is cast back, so such payloads double; no compressor sends one compressed.
     * All-gather: the values' bytes are appended to each rank's payload bytes, and the rows'
       values averaged on receipt.
+    * All-to-all: the values' bytes are appended to every row (W times, as an all-gather sends
+      them), and the received rows' values averaged.
     * Broadcast: only the root's payload travels, so the values wait for the next round.
 
     NaN is kept by the mean, so a NaN in any rank's values reaches every rank."""
@@ -159,6 +161,16 @@ def carrying(round_: Round, values: torch.Tensor, receive: Callable[[torch.Tenso
             receive(rows[:, -tail:].contiguous().view(torch.float32).mean(dim=0))
             body = rows[:, :-tail].contiguous().view(payload.dtype)
             return round_.then(body.view(rows.shape[0], *payload.shape))
+    elif collective is Collective.ALLTOALL:
+        # Every row carries the values, so that each rank receives every rank's once.
+        rows = payload.shape[0]
+        body_bytes = payload.reshape(rows, -1).view(torch.uint8)
+        carried = torch.cat([body_bytes, values.float().view(torch.uint8).expand(rows, -1)], dim=1)
+        tail = 4 * count
+
+        def then(received):
+            receive(received[:, -tail:].contiguous().view(torch.float32).mean(dim=0))
+            return round_.then(received[:, :-tail].contiguous().view(payload.dtype).view(payload.shape))
     else:
         raise NotImplementedError(f"a {collective.value} payload cannot carry values")
     return Round(carried, collective, then, round_.last, round_.root)

@@ -43,25 +43,26 @@ uncompressed)``                                same work where it can, ||x||^2 a
 Non-finite steps: a compressor checks every aggregated gradient it returns. They are identical
 on every rank, so all ranks agree whether a step was finite. A non-finite entry of a dense
 gradient reaches the aggregate; a compressed one need not (a sparsifier may leave it out of
-every payload: ScaleCom sends only the leader's indices, and the entry would stay in that rank's
-error feedback for good). So each compressed gradient's exchange also carries a marker of its
-input, 0 or NaN, in the payload of its first round that every rank contributes to
+every payload: ScaleCom sends only the leader's indices, and the entry would stay in that
+rank's error feedback for good). So each compressed gradient's exchange also carries a marker
+of its input, 0 or NaN, in the payload of its first round that every rank contributes to
 (``comm.rounds.carrying``: 4 bytes, no extra collective), and the aggregated gradient is made
 non-finite wherever any rank's input was. Compressors whose payload is non-finite whenever
 their input is declare ``payload_carries_input`` and send no marker, which saves a pass over
-every input: the 16-bit casts; the low-rank projections (``P = M Q``, ``Q = M^T P``: an Inf
-or NaN of ``M`` spoils its whole row or column of the product, Inf x 0 being NaN); Top-K (a
-non-finite magnitude outranks every finite one); QSGD (its bucket's norm travels non-finite).
-ScaleCom and SignSGD keep the marker. PowerSGD, ACP-SGD, Top-K and QSGD check a float32 result
-through the small aggregate it was made from, whose largest magnitude bounds it
-(``_result_bounded_by``): a low-rank result is a mean factor times an orthonormal one, Top-K's
-and QSGD's a mean of gathered values, or of codes scaled by gathered norms, each no larger than
-it; so no pass over the gradient's memory follows its collective. If the step was not finite,
-``end_step`` puts the state back as it was before the step (error feedback, warm starts, step
-counters), the gradients handed back stay non-finite (so that ``GradScaler`` or the user's check
-skips the step), and the next step runs as if the bad one had never happened. Controllers read
-``last_step_finite`` after the wrapped compressor's ``end_step`` and drop their own updates of
-that step too.
+every input: the 16-bit casts; the low-rank projections (``P = M Q``, ``Q = M^T P``: an Inf or
+NaN of ``M`` spoils its whole row or column of the product, Inf x 0 being NaN); Top-K (a
+non-finite magnitude outranks every finite one); QSGD and QuantizedAllReduce (a bucket's norm,
+a block's scale, travels non-finite). ScaleCom and SignSGD keep the marker. PowerSGD, ACP-SGD,
+Top-K, QSGD and QuantizedAllReduce check a float32 result through the small aggregate it was
+made from, whose largest magnitude bounds it (``_result_bounded_by``): a low-rank result is a
+mean factor times an orthonormal one, Top-K's and QSGD's a mean of gathered values, or of codes
+scaled by gathered norms, each no larger than it, QuantizedAllReduce's codes of at most s times
+their gathered block scales; so no pass over the gradient's memory follows its collective. If
+the step was not finite, ``end_step`` puts the state back as it was before the step (error
+feedback, warm starts, step counters), the gradients handed back stay non-finite (so that
+``GradScaler`` or the user's check skips the step), and the next step runs as if the bad one
+had never happened. Controllers read ``last_step_finite`` after the wrapped compressor's
+``end_step`` and drop their own updates of that step too.
 
 A new compressor subclasses ``Compressor``, passes its configuration (a frozen
 ``compressors.config.CompressorConfig``, subclassed for the method's own options, checked when it

@@ -8,6 +8,7 @@ from typing import Any, Optional
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
+from hvd_compress.comm.twohop import chunk_length, padded_chunks, two_hop
 from hvd_compress.compressors.base import Compressor, NamedParameters
 from hvd_compress.compressors.config import CompressorConfig, configured
 
@@ -59,33 +60,28 @@ class BF16(_Settingless):
     """Sends gradients as bfloat16 while summing in float32.
 
     Horovod's collectives have no bf16, and summing bf16 bit patterns as integers would be
-    wrong, so BF16 runs the two halves of a ring all-reduce itself: an all-to-all hands rank j
-    the j-th chunk of every rank's bf16 gradient (as int16 bits), rank j sums its chunk in
-    float32 in rank order and rounds the mean to bf16, and an all-gather returns the chunks.
+    wrong, so BF16 runs the two halves of a ring all-reduce itself (``comm.twohop``): an
+    all-to-all hands rank j the j-th chunk of every rank's bf16 gradient (as int16 bits), rank
+    j sums its chunk in float32 and rounds the mean to bf16, and an all-gather returns the
+    chunks.
     Bytes per rank: 4n(W-1)/W, half of float32's ring all-reduce, with bf16's range.
     The result is bit-identical on every rank."""
 
     def _compressed_bytes(self, shape, setting):
         # The all-to-all carries every chunk, the all-gather one chunk per rank.
-        chunk = -(-math.prod(shape) // self.size)
+        chunk = chunk_length(math.prod(shape), self.size)
         return 2 * chunk * (self.size + 1)
 
     def _begin(self, name, grad):
         n, w = grad.numel(), self.size
         flat = grad.reshape(-1).to(torch.bfloat16)
-        pad = (-n) % w
-        if pad:
-            flat = torch.nn.functional.pad(flat, (0, pad))
-        chunks = flat.view(torch.int16).view(w, -1)
-
-        def after_scatter(received):
-            mean = received.view(torch.bfloat16).float().sum(dim=0) / w
-            return Round(mean.to(torch.bfloat16).view(torch.int16), Collective.ALLGATHER, after_gather)
+        chunks = padded_chunks(flat, w, chunk_length(n, w)).view(torch.int16)
 
         def after_gather(rows):
             return self._typed_result(grad, rows.view(torch.bfloat16).reshape(-1)[:n])
 
-        return Round(chunks, Collective.ALLTOALL, after_scatter)
+        return two_hop(chunks, lambda received: received.view(torch.bfloat16).float(),
+                       lambda mean: mean.to(torch.bfloat16).view(torch.int16), after_gather)
 
 
 class NoCompression(_Settingless):

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 
 from hvd_compress import arguments
-from hvd_compress.comm.rounds import Collective, carrying
+from hvd_compress.comm.rounds import carrying
 from hvd_compress.compressors.base import Compressor
 from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header, configured, option
 from hvd_compress.control.wrapping import Controller
@@ -253,13 +253,8 @@ class GraVAC(Controller):
         low-rank compressor's dense warm-up or dense layers) then travels as float32: the
         layer's payload doubles in those rounds only, and the result, summed in float32 and
         rounded, is identical on every rank. Otherwise the stats cost their own 4 values per
-        tunable layer and step (16 bytes; 32 in a float64 payload). An all-to-all is refused:
-        no controllable compressor starts with one, and a layer that carried nothing would
-        starve the policy."""
-        if round_.collective is Collective.ALLTOALL:
-            raise NotImplementedError(f"GraVAC: parameter {name!r}: {type(self.inner).__name__} "
-                                      f"starts with an all-to-all, which cannot carry "
-                                      f"GraVAC's statistics")
+        tunable layer and step (16 bytes; 32 in a float64 payload); in an all-to-all
+        (QuantizedAllReduce), once per row."""
         return carrying(round_, stats, lambda mean: self._step_stats.__setitem__(name, mean))
 
     # ----- the step -------------------------------------------------------------------------

@@ -161,7 +161,7 @@ def test_gradscaler_before_synchronize_fails_on_every_rank():
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("method", ["powersgd", "topk", "bf16"])
+@pytest.mark.parametrize("method", ["powersgd", "topk", "bf16", "qallreduce"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_models(dtype, method, path):
     """Gradients come back in the model's dtype and ranks stay identical; bf16 dense tensors

@@ -15,6 +15,7 @@ INNER = {
     "topk": lambda named: hc.TopK(named, density=0.1),
     "powersgd": lambda named: hc.PowerSGD(named, rank=4),
     "qsgd": lambda named: hc.QSGD(named, bits=4, bucket_size=128),
+    "qallreduce": lambda named: hc.QuantizedAllReduce(named, bits=4, block_size=64),
 }
 
 

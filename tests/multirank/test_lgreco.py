@@ -21,6 +21,7 @@ INNER = {
     "acpsgd": lambda named: hc.ACPSGD(named, rank=4),
     "topk": lambda named: hc.TopK(named, density=0.05),
     "qsgd": lambda named: hc.QSGD(named, bits=4, bucket_size=128),
+    "qallreduce": lambda named: hc.QuantizedAllReduce(named, bits=4, block_size=64),
 }
 
 
