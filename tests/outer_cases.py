@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 import hvd_compress as hc
+import overflow  # tests/overflow.py
+from degenerate import Degenerate  # tests/degenerate.py
 
 # Outer steps through these, each with its own state (error feedback, warm starts, L-GreCo).
 COMPRESSIONS = ["none", "fp16", "qsgd", "qallreduce", "topk", "powersgd", "lgreco"]
@@ -220,3 +222,45 @@ def _same(a, b):
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     return a == b
+
+
+def float16_pseudo_gradients_average_where_their_sum_overflows(gather, rank, size, method):
+    """Pseudo-gradients of 30000 on rank 0 and 50000 on the last rank (tests/overflow.py; one inner
+    SGD step at learning rate 1 on a loss whose gradient is that value), outer SGD at learning
+    rate 1: the outer step moves the weights by the mean, 40000 at two ranks, as torch's
+    fp16_compress_hook would average; a float16 sum would be Inf. FP16's payload, and a float16
+    model's pseudo-gradients sent dense, are divided by W before their float16 sum."""
+    dtype = torch.float16 if method == "none" else torch.float32
+    net = overflow.Scaled(dtype)
+    outer = hc.DiLoCo(torch.optim.SGD(net.parameters(), lr=1.0), net.named_parameters(),
+                      hc.COMPRESSORS[method].build(), inner_steps=1,
+                      outer_optimizer=lambda params: torch.optim.SGD(params, lr=1.0))
+    outer.zero_grad()
+    net(torch.full((8, 4), overflow.value(rank, size), dtype=dtype)).backward()
+    outer.step()
+    weight = net.w.detach()
+    assert weight.dtype == dtype and torch.isfinite(weight).all()
+    torch.testing.assert_close(weight.float(), torch.full((8, 4), -overflow.mean(size)), rtol=1e-3, atol=0)
+    if size == 2:
+        assert torch.equal(weight, torch.full((8, 4), -40000.0, dtype=dtype))
+    assert_identical(gather, net, f"float16.{method}")
+
+
+def degenerate_shapes_travel(gather, rank, method):
+    """Pseudo-gradients of every degenerate shape (tests/degenerate.py: an empty layer, a scalar,
+    a dimension of 1, channels_last, transposed), compressed where they can be: two outer steps
+    keep every replica identical, each parameter in its own layout."""
+    torch.manual_seed(0)  # the same weights everywhere
+    net = Degenerate()
+    layouts = {name: p.stride() for name, p in net.named_parameters()}
+    outer = hc.DiLoCo(torch.optim.SGD(net.parameters(), lr=0.05), net.named_parameters(),
+                      compression(method), inner_steps=2)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(4):
+        outer.zero_grad()
+        x, y = torch.randn(8, 1, 8, 8, generator=g), torch.randint(2, (8,), generator=g)
+        nn.functional.cross_entropy(net(x), y).backward()
+        outer.step()
+    assert outer.outer_steps == 2
+    assert {name: p.stride() for name, p in net.named_parameters()} == layouts
+    assert_identical(gather, net, f"degenerate.{method}")

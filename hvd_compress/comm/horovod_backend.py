@@ -1,6 +1,6 @@
 """Asynchronous Horovod collectives behind the driver's three-verb interface. Horovod is
 imported when a backend is made, so that ``DiLoCo`` can name this class without Horovod."""
-from hvd_compress.comm.rounds import Collective
+from hvd_compress.comm.rounds import Collective, divides_first
 
 
 class HorovodBackend:
@@ -19,12 +19,18 @@ class HorovodBackend:
         return self.process_set.rank()
 
     def start(self, op_name, round_):
-        hvd, payload = self.hvd, round_.payload
+        # Horovod refuses non-contiguous tensors (a cast keeps a channels_last gradient's layout).
+        hvd, payload = self.hvd, round_.payload.contiguous()
         # A name never carries two sizes (settings change payloads; ACP-SGD's P and Q fuse into
         # buckets of other sizes), so Horovod's response cache never invalidates one of ours
         # (DEVELOPERS.md: suspected in issue 31's Gloo timeouts, not proven).
         op_name = f"{op_name}.{str(payload.dtype)[6:]}x{payload.numel()}"
-        if round_.collective is Collective.ALLREDUCE:
+        if round_.collective is Collective.ALLREDUCE and divides_first(payload.dtype):
+            # hvd.Average divides after the sum (its postscale), which overflows float16 where
+            # the mean does not; Horovod's prescale divides each rank's payload before it.
+            handle = hvd.allreduce_async(payload, name=op_name, op=hvd.Sum,
+                                         prescale_factor=1.0 / self.size, process_set=self.process_set)
+        elif round_.collective is Collective.ALLREDUCE:
             handle = hvd.allreduce_async(payload, name=op_name, op=hvd.Average,
                                          process_set=self.process_set)
         elif round_.collective is Collective.ALLGATHER:

@@ -12,7 +12,8 @@ import torch
 
 
 class Collective(enum.Enum):
-    ALLREDUCE = "allreduce"  # result: element-wise mean over ranks (float16/32/64 payloads)
+    # result: element-wise mean over ranks (float16/32/64 payloads; ``divides_first`` says how)
+    ALLREDUCE = "allreduce"
     ALLGATHER = "allgather"  # result: shape (W, *payload.shape), row j is rank j's payload
     ALLTOALL = "alltoall"    # payload (W, c): row j goes to rank j; result row j came from rank j
     BROADCAST = "broadcast"  # result: the root's payload (other ranks' payloads only give the shape)
@@ -27,6 +28,22 @@ class Collective(enum.Enum):
         # All-to-all sends (W-1)/W of the payload; a pipelined broadcast forwards it W-1 times
         # among W ranks.
         return (w - 1) * payload_bytes // w
+
+
+# Payload dtypes whose sum over ranks can overflow where their mean does not.
+_REDUCED_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def divides_first(dtype: torch.dtype) -> bool:
+    """Whether an all-reduce of ``dtype`` divides each rank's payload by the world size W before
+    the sum (float16, bfloat16) rather than the sum after (float32, float64). Every backend
+    follows it, so the mean of a reduced-precision payload is representable wherever each rank's
+    entry and the mean are: float16 tops out at 65504, and two ranks' 30000 and 50000 sum to Inf
+    but average to 40000. The rule is torch's ``fp16_compress_hook``
+    (``torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py``: ``div_(world_size)``
+    before ``all_reduce``). Its price: entries below float16's normal range (6.1e-5) times W lose
+    bits to the division, as under torch's hook."""
+    return dtype in _REDUCED_PRECISION
 
 
 @dataclass

@@ -1,12 +1,13 @@
 """An in-process world of W ranks for the single-process unit tier and codec benchmarks.
 
 Each rank has its own compressor instance; rounds run in lockstep and collectives are
-computed exactly as their definitions say (mean, stack, transpose)."""
+computed exactly as their definitions say (mean, stack, transpose; a float16 or bfloat16 mean
+divided before its sum, as every backend's: ``rounds.divides_first``)."""
 from typing import Callable, Optional
 
 import torch
 
-from hvd_compress.comm.rounds import Collective, Round
+from hvd_compress.comm.rounds import Collective, Round, divides_first
 
 
 def aggregate(rounds):
@@ -14,7 +15,10 @@ def aggregate(rounds):
     payloads, collective = [r.payload for r in rounds], rounds[0].collective
     w = len(payloads)
     if collective is Collective.ALLREDUCE:
-        mean = torch.stack(payloads).sum(dim=0) / w
+        if divides_first(payloads[0].dtype):
+            mean = torch.stack([payload / w for payload in payloads]).sum(dim=0)
+        else:
+            mean = torch.stack(payloads).sum(dim=0) / w
         return [mean.clone() for _ in range(w)]
     if collective is Collective.ALLGATHER:
         stacked = torch.stack(payloads)

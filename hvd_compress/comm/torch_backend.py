@@ -13,8 +13,8 @@ takes int16 (BF16's payloads); NCCL has no int16 either. So:
 
 * the data-moving collectives (all-gather, all-to-all, broadcast) move every payload as its
   bytes (a uint8 view, reinterpreted back on arrival): bit-exact for any dtype;
-* all-reduce averages (sum, then divide by the group size, in the payload's dtype) and takes
-  floating-point payloads only; integer or boolean payloads raise ``TypeError``: a sum of
+* all-reduce averages in the payload's dtype (sum, then divide by the group size; float16 and
+  bfloat16 divide first, ``rounds.divides_first``) and takes floating-point payloads only; integer or boolean payloads raise ``TypeError``: a sum of
   packed codes or indices means nothing (packed uint8 payloads travel by all-gather).
 
 Device-agnostic: outputs are allocated on the payload's device, so CUDA tensors on an NCCL
@@ -23,7 +23,7 @@ group work the same way (untested here: no GPU on the development machine).
 import torch
 import torch.distributed as dist
 
-from hvd_compress.comm.rounds import Collective
+from hvd_compress.comm.rounds import Collective, divides_first
 
 # torch 2.13 deprecates all_gather_into_tensor for all_gather_single (same arguments).
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -61,8 +61,11 @@ class TorchBackend:
                                 f"payloads; got {payload.dtype} (integer and packed payloads "
                                 f"travel by all-gather)")
             total = payload.detach().clone(memory_format=torch.contiguous_format)
-            work = dist.all_reduce(total, group=self.group, async_op=True)
             size = self.size
+            if divides_first(total.dtype):  # the float16 sum may overflow where the mean does not
+                work = dist.all_reduce(total.div_(size), group=self.group, async_op=True)
+                return work, lambda: total
+            work = dist.all_reduce(total, group=self.group, async_op=True)
             return work, lambda: total.div_(size)
         data = _bytes_of(payload)
         shape, dtype = payload.shape, payload.dtype

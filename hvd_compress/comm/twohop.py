@@ -34,16 +34,17 @@ def two_hop(rows: torch.Tensor, decode: Callable[[torch.Tensor], torch.Tensor],
     """The exchange of this rank's encoded chunks ``rows`` (W, b), row j for rank j.
 
     Hop 1, all-to-all: rank j receives row j of every rank, (W, b) in rank order, and
-    ``decode``s them to float32 (W, c); their sum over ranks in float32 (torch's sum over the
-    rank dimension: one fixed order for a given W, c and device) divided by W is the mean of
-    its chunk, (c,). ``owner(mean)`` is its hop-2 payload (one row, the same shape on every
+    ``decode``s them to float32 (W, c); each divided by W first (``comm.rounds.divides_first``:
+    a mean near float32's largest value survives where the sum would not), their sum over ranks
+    in float32 (torch's sum over the rank dimension: one fixed order for a given W, c and
+    device) is the mean of its chunk, (c,). ``owner(mean)`` is its hop-2 payload (one row, the same shape on every
     rank). Hop 2, all-gather: ``finish`` gets the W owners' payloads (W, ...) and returns the
     result. Every rank finishes from the same bytes, so results are bit-identical on every
     rank. Bytes one rank sends: (W-1)/W of ``rows`` plus (W-1) owner payloads."""
     size = rows.shape[0]
 
     def after_scatter(received):
-        mean = decode(received).sum(dim=0).div_(size)
+        mean = decode(received).div_(size).sum(dim=0)
         return Round(owner(mean), Collective.ALLGATHER, finish)
 
     return Round(rows, Collective.ALLTOALL, after_scatter)

@@ -510,9 +510,6 @@ class Compressor(GradientCompression):
         if not grad.dtype.is_floating_point:
             raise TypeError(f"{type(self).__name__}: parameter {name!r}: gradient has dtype "
                             f"{grad.dtype}; only floating-point gradients can be compressed")
-        if grad.numel() == 0:
-            raise ValueError(f"{type(self).__name__}: parameter {name!r}: gradient is empty "
-                             f"(shape {tuple(grad.shape)})")
         self._state_to_device(name, grad.device)
         self._remember_state(name)
         shape = tuple(grad.shape)
@@ -676,8 +673,9 @@ class Compressor(GradientCompression):
 
     def tunable(self, shape: Sequence[int]) -> bool:
         """Whether some setting compresses a gradient of ``shape``: 1-D gradients (biases,
-        norms) and those under ``min_numel`` are a tiny share of the bytes, and go dense."""
-        return len(shape) >= 2 and math.prod(shape) >= self.config.min_numel
+        norms), those under ``min_numel`` and empty ones (nothing to compress) are a tiny share
+        of the bytes, and go dense."""
+        return len(shape) >= 2 and math.prod(shape) >= max(self.config.min_numel, 1)
 
     def fixed_payload(self, shape: Shape) -> bool:
         return not self.tunable(shape)

@@ -1,6 +1,6 @@
 """Stateless compressors: 16-bit casts, and the uncompressed baseline.
 
-FP16 rides Horovod's all-reduce; BF16 cannot, so it reduce-scatters."""
+FP16 all-reduces in float16; Horovod has no bf16, so BF16 reduce-scatters."""
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -20,7 +20,8 @@ class CastConfig(CompressorConfig):
 
 
 class _Settingless(Compressor):
-    """No per-parameter setting and no state; applies to every gradient, whatever its shape."""
+    """No per-parameter setting and no state; applies to every gradient with an entry, whatever
+    its shape (an empty one travels as it is)."""
 
     payload_carries_input = True  # a cast keeps infinities and NaN, and every entry travels
 
@@ -34,13 +35,16 @@ class _Settingless(Compressor):
             raise self._error(name, f"{type(self).__name__} has no per-parameter setting")
 
     def tunable(self, shape):
-        return math.prod(shape) >= self.config.min_numel
+        return math.prod(shape) >= max(self.config.min_numel, 1)
 
 
 class FP16(_Settingless):
-    """Sends gradients as float16 through Horovod's all-reduce and casts the mean back to the
-    gradient's dtype. Halves bytes at any W. Values above 65504 overflow: prefer BF16 for
-    gradients with a wide range (or bf16 training)."""
+    """Sends gradients as float16 through an all-reduce and casts the mean back to the
+    gradient's dtype. Halves bytes at any W. Each rank's payload is divided by W before the
+    float16 sum, as torch's ``fp16_compress_hook`` does (``comm.rounds.divides_first``), so a
+    mean up to 65504 survives where the sum would not; an entry above 65504 on any rank still
+    overflows at the cast, and entries below 6.1e-5 times W lose bits to the division: prefer
+    BF16 for gradients with a wide range (or bf16 training)."""
 
     needs_parameter_names = False
     shareable = True  # nothing kept between steps, nothing that depends on the world
@@ -49,7 +53,7 @@ class FP16(_Settingless):
         return 2 * math.prod(shape)
 
     def _begin(self, name, grad):
-        return Round(grad.to(torch.float16), Collective.ALLREDUCE,
+        return Round(grad.to(torch.float16, memory_format=torch.contiguous_format), Collective.ALLREDUCE,
                      lambda mean: self._typed_result(grad, mean), last=True)
 
     def fixed_payload(self, shape):
@@ -57,13 +61,15 @@ class FP16(_Settingless):
 
 
 class BF16(_Settingless):
-    """Sends gradients as bfloat16 while summing in float32.
+    """Sends gradients as bfloat16 while summing in float32, each rank's entry divided by W
+    first (as the float16 all-reduce: ``comm.rounds.divides_first``), so a mean near
+    bfloat16's largest value (3.4e38) survives where the float32 sum would overflow.
 
     Horovod's collectives have no bf16, and summing bf16 bit patterns as integers would be
     wrong, so BF16 runs the two halves of a ring all-reduce itself (``comm.twohop``): an
     all-to-all hands rank j the j-th chunk of every rank's bf16 gradient (as int16 bits), rank
-    j sums its chunk in float32 and rounds the mean to bf16, and an all-gather returns the
-    chunks.
+    j divides its chunk by W, sums it in float32 and rounds the mean to bf16, and an all-gather
+    returns the chunks.
     Bytes per rank: 4n(W-1)/W, half of float32's ring all-reduce, with bf16's range.
     The result is bit-identical on every rank."""
 

@@ -122,19 +122,16 @@ class State:
 
     def _start_bucket(self, bucket):
         buffer = bucket.buffer()
-        members = []
-        for param, grad in zip(bucket.parameters(), bucket.gradients()):
-            offset = (grad.data_ptr() - buffer.data_ptr()) // buffer.element_size()
-            members.append((self._name_of(param), grad, offset))
+        members = [(self._name_of(param), _gradient_in(buffer, param, grad))
+                   for param, grad in zip(bucket.parameters(), bucket.gradients())]
         # This bucket is one fusion bucket: its first-round payloads travel together.
-        self._plan.append(Bucket(tuple(name for name, _, _ in members), 0))
+        self._plan.append(Bucket(tuple(name for name, _ in members), 0))
         self._binding.driver.use_plan(FusionPlan("", 0, tuple(self._plan)))
-        for name, grad, _ in members:
+        for name, grad in members:
             self._binding.start(name, grad)
         future = (torch.futures.Future(devices=[buffer.device]) if buffer.is_cuda
                   else torch.futures.Future())
-        self._pending.append((buffer, [(name, offset, grad.numel()) for name, grad, offset in members],
-                              future))
+        self._pending.append((buffer, members, future))
         return future
 
     def _finish_step(self):
@@ -148,11 +145,24 @@ class State:
         for buffer, members, future in pending:
             # Into the bucket's own buffer, as torch's hooks do: every gradient in it was consumed
             # when its exchange began, and a fresh bucket-sized tensor costs page faults per step.
-            for name, offset, numel in members:
-                buffer[offset:offset + numel].copy_(results[name].reshape(-1))
+            for name, grad in members:
+                grad.copy_(results[name])
             future.set_result(buffer)
         self.iter += 1
         self.compressor.end_step(comm_seconds=comm_seconds)
+
+
+def _gradient_in(buffer: torch.Tensor, param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """``param``'s gradient in its DDP bucket ``buffer``, laid out as DDP's reducer copies it
+    there: in the parameter's own strides where its memory is dense (a channels_last
+    convolution, a transposed weight), else C-contiguous (torch 2.13,
+    ``torch/csrc/distributed/c10d/reducer.cpp``, ``initialize_bucket_views``). ``grad`` is
+    ``GradBucket.gradients()``'s view, always C-contiguous: read through it, such a gradient
+    comes out permuted, which only element-wise methods would not notice."""
+    if grad.numel() == 0 or param.is_contiguous() or not torch.ops.aten.is_non_overlapping_and_dense(param):
+        return grad
+    offset = (grad.data_ptr() - buffer.data_ptr()) // buffer.element_size()
+    return buffer.as_strided(param.shape, param.stride(), buffer.storage_offset() + offset)
 
 
 def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

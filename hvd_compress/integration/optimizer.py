@@ -213,7 +213,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     Horovod's options:
       * ``op``: ``hvd.Average`` or ``hvd.Sum`` (every gradient, compressed or not); others raise.
       * ``gradient_predivide_factor`` (with ``hvd.Average``, as in Horovod): accepted; it only
-        splits Horovod's scaling around its sum, and payloads here are averaged in float32.
+        splits Horovod's scaling around its sum, and payloads here are averaged by the round
+        driver (float16 ones divided by the world size before the sum: ``rounds.divides_first``).
       * ``backward_passes_per_step``: gradients accumulate locally, as in Horovod.
       * ``process_set``: the exchange, the configuration check and L-GreCo's decisions run among
         its ranks only; other ranks are never waited on.

@@ -10,7 +10,7 @@ import torch
 from horovod.torch.compression import Compressor as HorovodCompressor
 
 from hvd_compress.comm.timing import finished_at
-from hvd_compress.comm.rounds import Collective
+from hvd_compress.comm.rounds import Collective, divides_first
 from hvd_compress.integration.binding import Binding, HorovodGroup
 from hvd_compress.integration.names import GradientOwners
 
@@ -36,7 +36,12 @@ class StockBridge:
 
     * A gradient whose payload has its own shape at every step (FP16, and gradients that no
       setting compresses: ``fixed_payload``) rides that all-reduce: Horovod's fusion and
-      ``groups=`` apply unchanged.
+      ``groups=`` apply unchanged. Except a float16 payload (FP16's, a float16 gradient's)
+      where Horovod would sum it undivided (``hvd.Sum``, or ``hvd.Average`` with a
+      ``gradient_predivide_factor`` other than the world size): Horovod's ``Average`` divides
+      after the sum, which overflows where the mean would not (30000 and 50000 on two ranks
+      give Inf; torch's ``fp16_compress_hook`` gives 40000). Such a payload runs on our driver,
+      whose all-reduce divides first (``comm.rounds.divides_first``).
     * Anything else (ACP-SGD's P and Q, PowerSGD's two rounds, all-gathers, any setting a
       controller may change) is started asynchronously from ``compress`` on our driver, so it
       overlaps with backward (and Horovod fuses its all-reduces all the same), and Horovod
@@ -51,8 +56,9 @@ class StockBridge:
     Horovod's options are read from the optimizer that calls ``compress`` (``op``,
     ``process_set``): the exchange runs among the process set's ranks only, and with ``hvd.Sum``
     every gradient is summed, whether it rode Horovod's all-reduce or ran on our driver.
-    ``gradient_predivide_factor``, ``groups``, ``backward_passes_per_step`` and
-    ``sparse_as_dense`` act in Horovod before ``compress`` and need nothing here. Adasum, Min,
+    ``groups``, ``backward_passes_per_step`` and ``sparse_as_dense`` act in Horovod before
+    ``compress`` and need nothing here; ``gradient_predivide_factor`` only splits the division
+    of what rides Horovod's all-reduce, and decides whether float16 payloads ride it (above). Adasum, Min,
     Max and Product cannot combine compressed payloads and are refused.
     """
 
@@ -68,6 +74,12 @@ class StockBridge:
         if not compressor.parameters and names:
             compressor.adopt_parameters({name: param for param, name in names.items()})
         self.sum_scale = self.process_set.size() if op == hvd.Sum else 1
+        # Horovod sums a payload that rides its all-reduce as it comes, after dividing by
+        # gradient_predivide_factor (hvd.Average only): a float16 payload rides it only where
+        # that divides by the world size first, as our driver's all-reduce does
+        # (rounds.divides_first); elsewhere its sum could overflow where the mean does not.
+        predivide = getattr(optimizer, "gradient_predivide_factor", 1.0)
+        self.horovod_divides_first = op == hvd.Average and predivide == self.process_set.size()
         # Bound even in a world of one: Horovod calls compress there under elastic. The
         # configuration check waits for the first compress, when every rank is stepping.
         # Horovod's optimizer sets each gradient to its result; hvd.allreduce returns a new tensor.
@@ -99,10 +111,12 @@ class StockBridge:
         round_ = self.compressor.begin(name, tensor)
         self._outstanding += 1
         if round_.last and round_.collective is Collective.ALLREDUCE and \
-                self.compressor.fixed_payload(tuple(tensor.shape)):
+                self.compressor.fixed_payload(tuple(tensor.shape)) and \
+                (self.horovod_divides_first or not divides_first(round_.payload.dtype)):
             self.compressor.traffic.add_gradient(tensor)
             self.compressor.traffic.add_payload(round_.payload, round_.collective)
-            return round_.payload, _RidesHorovod(self, round_)
+            # Horovod refuses non-contiguous tensors (a cast keeps a channels_last gradient's layout).
+            return round_.payload.contiguous(), _RidesHorovod(self, round_)
         self.binding.driver.start(name, tensor, round_)
         self.binding.driver.poll()
         placeholder = torch.zeros(1, device=tensor.device)  # float32 (Horovod takes no bf16)

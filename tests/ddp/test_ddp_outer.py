@@ -21,6 +21,11 @@ def test_replicas_identical_after_every_outer_step(method):
     cases.replicas_identical_after_every_outer_step(gather, dist.get_rank(), method)
 
 
+@pytest.mark.parametrize("method", cases.COMPRESSIONS)
+def test_degenerate_shapes_travel(method):
+    cases.degenerate_shapes_travel(gather, dist.get_rank(), method)
+
+
 def test_outer_step_is_the_reference_outer_optimizer_on_the_mean():
     cases.outer_step_is_the_reference_outer_optimizer_on_the_mean(gather, dist.get_rank(), dist.get_world_size())
 
@@ -44,3 +49,9 @@ def test_resume_mid_period_is_exact():
 
 def test_ranks_that_disagree_all_fail():
     cases.ranks_that_disagree_all_fail(dist.get_rank())
+
+
+@pytest.mark.parametrize("method", ["fp16", "none"])
+def test_float16_pseudo_gradients_average_where_their_sum_overflows(method):
+    cases.float16_pseudo_gradients_average_where_their_sum_overflows(gather, dist.get_rank(), dist.get_world_size(), method)
+

@@ -19,6 +19,8 @@ from hvd_compress.comm.simulated import SimulatedWorld
 from hvd_compress.comm.transports import TorchTransport
 from hvd_compress.registry import controllable
 
+import overflow  # tests/overflow.py
+from degenerate import Degenerate  # tests/degenerate.py
 from fsdp_helpers import (METHODS, TOLERANCE, Net, assert_replicas_identical, batches, everyone,
                           expected_shards, local_shards, loss_of, make_hsdp, mesh, train)
 
@@ -306,3 +308,54 @@ def test_ranks_configured_differently_all_fail_at_the_first_step():
     _, model, _ = make_hsdp(hc.PowerSGD(rank=rank))
     with pytest.raises(ValueError, match=r"PowerSGD: default is [23] on rank [0-3] but [23] on rank [0-3]"):
         train(model, batches(1, seed=9))
+
+
+@pytest.mark.parametrize("compressor", [None, "fp16"])
+def test_a_float16_mean_whose_sum_overflows_survives_the_replicate_exchange(compressor):
+    """30000 on the first replica and 50000 on the second (tests/overflow.py; the same on both
+    ranks of a shard group, so that FSDP's float32 reduce-scatter averages it unchanged):
+    FP16's float16 all-reduce over the replicate group divides by its size first, as torch's
+    fp16_compress_hook does, and gives HSDP's own mean, 40000, not Inf."""
+    device_mesh = mesh()
+    model = overflow.Scaled()
+    fully_shard(model, mesh=device_mesh)
+    if compressor is not None:
+        hvd_compress.fsdp.register(model, hc.COMPRESSORS[compressor].build())
+    model(torch.full((8, 4), overflow.value(device_mesh.get_local_rank("replicate"), 2))).backward()
+    shard = model.w.grad.to_local()
+    assert torch.equal(shard, torch.full_like(shard, 40000.0))
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_degenerate_shapes_travel_as_plain_hsdp_trains_them(name):
+    """Shards of degenerate shapes (tests/degenerate.py), compressed where they can be
+    (min_numel 0): ``nn.Linear(8, 1)``'s one row is the first shard rank's, so the second
+    holds an empty shard of it; the scalar gain is one entry. FSDP2 (torch 2.13) itself
+    refuses scalar and non-contiguous parameters and cannot reduce an empty one
+    (``_chunk_cat expects non-empty tensor``), so those stay out. Three steps keep replicas
+    identical, and the uncompressed baseline's shards equal plain HSDP's bit for bit."""
+    def trained(compressor):
+        torch.manual_seed(0)
+        model = Degenerate(strided=False)
+        model.gain = torch.nn.Parameter(model.gain.detach().reshape(1))
+        model.empty = torch.nn.Linear(8, 2)
+        for layer in [model.stem, model.conv, model.body, model.one]:
+            fully_shard(layer, mesh=mesh())
+        fully_shard(model, mesh=mesh())
+        state = None if compressor is None else hvd_compress.fsdp.register(model, compressor)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(dist.get_rank())
+        for _ in range(3):
+            optimizer.zero_grad()
+            x, y = torch.randn(8, 1, 8, 8, generator=g), torch.randint(2, (8,), generator=g)
+            loss_of(model, x, y).backward()
+            optimizer.step()
+        return model, state
+
+    model, state = trained(hc.COMPRESSORS[name].build(small=True, min_numel=0))
+    assert model.one.weight.to_local().shape[0] == (1 if dist.get_rank() % 2 == 0 else 0)
+    assert_replicas_identical(model, state)
+    if name == "none":
+        plain, _ = trained(None)
+        for (key, expected), got in zip(local_shards(plain).items(), local_shards(model).values()):
+            assert torch.equal(got, expected), key

@@ -10,6 +10,7 @@ from benchmarks.workloads.digits import DigitsCNN
 
 from helpers import (CONFIGS, DENSE_SWITCHABLE, PATHS, assert_parameters_identical, distributed, gathered,
                      rank_batches, sends_whole)
+from degenerate import Degenerate  # tests/degenerate.py
 from poison import OneInf  # tests/poison.py
 
 # How close the real aggregate must be to the simulated reference: the methods are
@@ -66,7 +67,8 @@ def check_step_against_reference(model, opt, reference, method, x, y, tag):
             per_rank[r][name] = row.view_as(grad)
     expected = reference.step(per_rank)[hvd.rank()]
     for name, p in model.named_parameters():
-        tol = TOLERANCE.get(method, 1e-5) * expected[name].abs().max().item() + 1e-7
+        largest = expected[name].abs().max().item() if expected[name].numel() else 0.0
+        tol = TOLERANCE.get(method, 1e-5) * largest + 1e-7
         assert torch.allclose(p.grad, expected[name], rtol=0, atol=tol), (tag, name)
 
 
@@ -302,3 +304,52 @@ def test_a_layer_switched_to_dense_sends_its_residual_once(method, path):
             assert compressor.residual(name) is None
         with opt.skip_synchronize():
             opt.step()
+
+
+def _degenerate_steps(path, method, steps=3):
+    """``steps`` SGD steps of the degenerate-shapes model (contiguous: Horovod's own collectives
+    refuse the others) on ``path``, the same initial weights on every rank; ``method`` None:
+    stock Horovod uncompressed."""
+    torch.manual_seed(0)
+    module = Degenerate(strided=False)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
+    if method is None:
+        opt = hvd.DistributedOptimizer(optimizer, named_parameters=module.named_parameters())
+    else:
+        opt, _ = distributed(module, optimizer, method, path, broadcast=False)
+    for x, y in rank_batches(steps, seed=7):
+        opt.zero_grad()
+        nn.functional.cross_entropy(module(x), y % 2).backward()
+        opt.step()
+    return module
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_powersgd_trains_a_model_with_an_empty_layer_as_uncompressed_horovod(path):
+    """nn.Linear(8, 0)'s (0, 8) weight has nothing to compress and travels as it is; PowerSGD
+    (every layer of this model under its min_numel, so dense) trains as uncompressed Horovod."""
+    plain = _degenerate_steps(path, None)
+    ours = _degenerate_steps(path, "powersgd")
+    for (name, expected), got in zip(plain.state_dict().items(), ours.state_dict().values()):
+        assert got.shape == expected.shape and torch.equal(got, expected), name
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("method", sorted(hc.COMPRESSORS))
+def test_degenerate_shapes_match_the_reference(method, path):
+    """Every degenerate shape, compressed where it can be (min_numel 0), sent whole where it
+    cannot: aggregates equal the simulated world's, parameters stay identical on every rank.
+    Non-contiguous gradients too (channels_last, transposed), which Horovod's own all-reduce
+    refuses: every payload handed to Horovod is contiguous."""
+    torch.manual_seed(0)  # the same weights everywhere: hvd.broadcast_parameters refuses strided ones
+    module = Degenerate()
+    opt, _ = distributed(module, torch.optim.SGD(module.parameters(), lr=0.05), method, path,
+                         broadcast=False, settings={"min_numel": 0})
+    reference = SimulatedWorld([hc.COMPRESSORS[method].build(small=True, min_numel=0)
+                                for _ in range(hvd.size())])
+    for step, (x, y) in enumerate(rank_batches(3, seed=8)):
+        check_step_against_reference(module, opt, reference, method, x, y % 2,
+                                     f"degenerate.{method}.{path}.{step}")
+        with opt.skip_synchronize():
+            opt.step()
+    assert_parameters_identical(module, f"degenerate.{method}.{path}")

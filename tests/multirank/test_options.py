@@ -10,6 +10,7 @@ from torch import nn
 import hvd_compress as hc
 from benchmarks.workloads.digits import DigitsCNN
 
+import overflow  # tests/overflow.py
 from helpers import CONFIGS, PATHS, assert_parameters_identical, distributed, gathered, rank_batches
 
 # How close two runs that differ only in summation order (or in a scale of W) must stay.
@@ -335,3 +336,32 @@ def test_a_gan_shares_fp16_and_trains_as_with_two_copies(path):
         torch.testing.assert_close(copies.parameters()[name], p, rtol=1e-5, atol=1e-6, msg=name)
     assert_parameters_identical(shared.generator, f"gan.{path}.shared")
     assert_parameters_identical(copies.generator, f"gan.{path}.copies")
+
+
+@pytest.mark.parametrize("options", [{}, {"op": hvd.Sum}, {"gradient_predivide_factor": 2.0},
+                                     {"gradient_predivide_factor": "size"}])
+@pytest.mark.parametrize("method,dtype", [("fp16", torch.float32), ("fp16", torch.float16),
+                                          ("none", torch.float16)])
+@pytest.mark.parametrize("path", PATHS)
+def test_a_float16_mean_whose_sum_overflows_survives(path, method, dtype, options):
+    """30000 on rank 0 and 50000 on the last rank (evenly between): their float16 sum is Inf,
+    their mean 40000, which torch's fp16_compress_hook gives (it divides by W before the
+    float16 all-reduce). Every float16 payload (FP16's, a float16 gradient's) is divided first
+    on both paths, whatever op and gradient_predivide_factor say (Horovod's own
+    Compression.fp16 gives Inf here unless gradient_predivide_factor is the world size);
+    hvd.Sum gives W times the mean in the gradient's dtype."""
+    w, r = hvd.size(), hvd.rank()
+    options = {key: float(w) if value == "size" else value for key, value in options.items()}
+    if options.get("op") == hvd.Sum and dtype == torch.float16:
+        pytest.skip("the sum itself is beyond float16")
+    module = overflow.Scaled(dtype)
+    opt, _ = distributed(module, torch.optim.SGD(module.parameters(), lr=0.0), method, path, **options)
+    module(torch.full((8, 4), overflow.value(r, w), dtype=dtype)).backward()
+    opt.synchronize()
+    expected = overflow.mean(w) * (w if options.get("op") == hvd.Sum else 1)
+    got = module.w.grad
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    assert torch.allclose(got.float(), torch.full((8, 4), expected), rtol=1e-3, atol=0)
+    if w == 2:
+        assert torch.equal(got, torch.full((8, 4), expected, dtype=dtype))
+    assert_parameters_identical(module, f"float16.{path}.{method}")

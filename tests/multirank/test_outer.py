@@ -19,6 +19,11 @@ def test_replicas_identical_after_every_outer_step(method):
     cases.replicas_identical_after_every_outer_step(gather, hvd.rank(), method)
 
 
+@pytest.mark.parametrize("method", cases.COMPRESSIONS)
+def test_degenerate_shapes_travel(method):
+    cases.degenerate_shapes_travel(gather, hvd.rank(), method)
+
+
 def test_outer_step_is_the_reference_outer_optimizer_on_the_mean():
     cases.outer_step_is_the_reference_outer_optimizer_on_the_mean(gather, hvd.rank(), hvd.size())
 
@@ -41,3 +46,9 @@ def test_resume_mid_period_is_exact():
 
 def test_ranks_that_disagree_all_fail():
     cases.ranks_that_disagree_all_fail(hvd.rank())
+
+
+@pytest.mark.parametrize("method", ["fp16", "none"])
+def test_float16_pseudo_gradients_average_where_their_sum_overflows(method):
+    cases.float16_pseudo_gradients_average_where_their_sum_overflows(gather, hvd.rank(), hvd.size(), method)
+
