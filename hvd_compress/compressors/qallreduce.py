@@ -2,7 +2,7 @@
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -135,6 +135,51 @@ class QuantizedAllReduce(Compressor):
 
         return two_hop(absmax.pack_rows(codes, scales, bits),
                        lambda received: absmax.decode_rows(received, bits, c, block), owner, finish)
+
+    # ----- hop 1 alone: a reduce-scatter (pure FSDP) ---------------------------------------
+    def quantize_reduce_scatter(self, rows: torch.Tensor, layout: Sequence[Tuple[str, Tuple[int, ...]]]
+                                ) -> torch.Tensor:
+        """Hop 1's worker side for a reduce-scatter laid out as FSDP2's (ZeRO++'s qgZ, Wang et
+        al. 2023, arXiv 2306.10209, section 4.3): ``rows`` (W, m), row j the entries rank j
+        reduces, the concatenation over ``layout``'s parameters (name, full shape; dim 0
+        sharded) of each one's rows on rank j, ceil(dim0 / W) rows, the missing last ones zero.
+        Adds each parameter's residual e_w (float32, the full shape) to its entries, quantizes
+        each row with this compressor's default bits and ``block_size`` (rows zero-padded to c,
+        a multiple of 32 entries) and leaves e_w = x - D(Q(x)), staged until ``end_step``.
+        Returns the packed rows, uint8 (W, ``row_bytes(c)``), row j for rank j. Raises
+        ``ValueError`` where ``layout`` does not fill m entries."""
+        size, m = rows.shape
+        bits, block = self.config.default, self.config.block_size
+        x = torch.zeros(size, chunk_length(m, 1, absmax.ROW_MULTIPLE), dtype=torch.float32, device=rows.device)
+        x[:, :m] = rows
+        compensated = []  # per parameter: its sum (left holding its residual), its columns of x
+        offset = 0
+        for name, shape in layout:
+            self._remember_state(name)
+            self._shapes.setdefault(name, tuple(shape))
+            per_rank = -(-shape[0] // size)
+            columns = x[:, offset:offset + per_rank * math.prod(shape[1:])]
+            total = self.feedback.compensated(name, columns.reshape(size * per_rank, *shape[1:])[:shape[0]])
+            pad = size * per_rank - shape[0]
+            padded = torch.cat([total, total.new_zeros(pad, *shape[1:])]) if pad else total
+            columns.copy_(padded.reshape(size, -1))
+            compensated.append((total, columns, per_rank))
+            offset += columns.shape[1]
+        if offset != m:
+            raise ValueError(f"{type(self).__name__}: the reduce-scatter's rows hold {m} entries, "
+                             f"its parameters' rows {offset}")
+        codes, scales = absmax.quantize_rows(x, bits, block)
+        x.sub_(absmax.dequantize_rows(codes, scales, block))  # what quantisation left out
+        for total, columns, per_rank in compensated:
+            total.copy_(columns.reshape(size * per_rank, *total.shape[1:])[:total.shape[0]])
+        return absmax.pack_rows(codes, scales, bits)
+
+    def decode_reduce_scatter(self, received: torch.Tensor, length: int) -> torch.Tensor:
+        """The float32 values (W, ``length``) of the packed rows (W, ``row_bytes``) that
+        ``quantize_reduce_scatter`` made on each rank for rows of ``length`` entries."""
+        c = chunk_length(length, 1, absmax.ROW_MULTIPLE)
+        values = absmax.decode_rows(received, self.config.default, c, self.config.block_size)
+        return values[:, :length]
 
     def _dense_round_with_residual(self, name, grad):
         """Sent whole, a layer takes the owner's residual along too: W e_s added to this rank's

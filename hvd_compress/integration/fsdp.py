@@ -1,5 +1,7 @@
-"""Compression of HSDP's replicate all-reduce (FSDP2, ``torch.distributed.fsdp.fully_shard``
-over a 2-D ``("replicate", "shard")`` mesh): ``hvd_compress.fsdp.register(model, compressor)``.
+"""Compression of FSDP2's gradient exchange (``torch.distributed.fsdp.fully_shard``):
+``hvd_compress.fsdp.register(model, compressor)``. Over a 2-D ``("replicate", "shard")`` mesh
+(HSDP) it compresses the replicate all-reduce with any compressor; over a 1-D mesh (pure FSDP)
+it quantizes the reduce-scatter with ``QuantizedAllReduce`` (section "Pure FSDP").
 
 What changes, and what does not
 -------------------------------
@@ -53,13 +55,40 @@ Behaviour, as under DDP:
 * A custom ``set_gradient_divide_factor`` is refused: the divide factor of HSDP's sum over both
   groups has no counterpart once the replicate exchange averages.
 
-Pure FSDP (a 1-D mesh) is refused: its only gradient collective is the reduce-scatter, whose
-output shards are sums that each rank receives once; no compressor here can replace it and keep
-the shards exact (they would need a compressed reduce-scatter with per-rank error feedback on
-rows the rank does not own). HSDP's replicate all-reduce is the slow, inter-node one.
+Pure FSDP: the quantized reduce-scatter
+---------------------------------------
+Over a mesh with a shard dimension only, the one gradient collective is the reduce-scatter;
+:func:`register` replaces it, through FSDP2's public ``set_custom_reduce_scatter``, by the first
+hop of ``QuantizedAllReduce`` alone (ZeRO++'s qgZ, Wang et al. 2023, arXiv 2306.10209, section
+4.3, with error feedback on each rank's own input): each rank adds its residuals to the group's
+flat gradient buffer (W rows of m entries, row j rank j's rows of every parameter), quantizes
+each row per block (the compressor's default bits, int8 unless set, and ``block_size``; one
+float32 scale a block), sends row j to rank j (``all_to_all_single`` on uint8 bytes) and keeps
+what quantisation left out as its residuals. The receiver decodes the W rows, divides each by W
+first (``comm.rounds.divides_first``) where FSDP asks for the average, sums them in float32 and
+writes FSDP's reduce-scatter output, which FSDP then divides (its float16 factors), casts and
+stores as gradients as it would its own. Bytes a rank sends per group: (W-1)/W (m bits / 8 +
+4 m / block_size), against (W-1)/W 4 m for a float32 reduce-scatter.
 
-Checkpoints: :class:`State` is a ``torch.distributed.checkpoint`` ``Stateful``; save it beside
-the model and optimizer (``{"model": ..., "optim": ..., "compression": state}``). Its state dict
+* Only ``QuantizedAllReduce`` is accepted (``ValueError`` naming ``compressor`` otherwise): the
+  other compressors' payloads do not decode row by row into a sum. Per-parameter settings
+  (``set_setting``, controllers) do not apply: a group's rows are quantized as one buffer.
+* Residuals: one per parameter, float32, the full parameter's shape (each rank quantized the
+  whole gradient, every rank's rows), in the compressor's error feedback under the parameter's
+  name (``compressor.residual(name)``); the second hop's residual is unused. They are staged
+  and kept at the end of backward, and saved by :class:`ShardedState` as by :class:`State`.
+* Non-finite steps: an Inf on one rank reaches only the rows decoded from its blocks, so at the
+  end of backward every rank learns (a MIN over the shard group) whether any output was
+  non-finite; if one was, every gradient is made NaN on every rank and the step's residuals
+  are dropped (``reject_step``).
+* Meshes: a 1-D mesh (or a 1-D slice of a larger one), parameters ``Shard(0)``; other
+  placements and a custom ``set_gradient_divide_factor`` are refused. Unused parameters reduce
+  as zeros (``set_reduce_scatter_unused_params``), so every group's layout is fixed.
+* Gradient accumulation: ``set_requires_gradient_sync(False)`` micro-batches do not reduce;
+  the synchronised backward quantizes their sum once.
+
+Checkpoints: :class:`State` (and :class:`ShardedState`) is a ``torch.distributed.checkpoint``
+``Stateful``; save it beside the model and optimizer (``{"model": ..., "optim": ..., "compression": state}``). Its state dict
 holds every rank's compressor state (gathered at save: each rank's error feedback is its own),
 so a resume at the same world shape is bit-identical. At another world shape it restores
 everything but error feedback where the shards keep their shapes (another number of replicas);
@@ -69,23 +98,67 @@ controller restarts its schedule with its compressor's settings restored.
 import io
 import logging
 import math
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from torch.distributed.fsdp._fully_shard._fsdp_common import DDPMeshInfo, FSDPMeshInfo
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.compressors.base import GradientCompression
+from hvd_compress.compressors.qallreduce import QuantizedAllReduce
 from hvd_compress.integration.binding import Binding, TorchGroup
 from hvd_compress.maths.finite import all_finite
 
 logger = logging.getLogger(__name__)
 
 
-class State:
+class _Checkpointed:
+    """The ``torch.distributed.checkpoint`` ``Stateful`` of :class:`State` and
+    :class:`ShardedState`: ``compressor``, ``iter``, ``_world_shape`` (the mesh's sizes) and
+    ``_local_shapes`` (name -> the shape the compressor's state of it has)."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Every rank's compressor state (a collective over the world: DCP calls it on every
+        rank), the world shape it was taken at and the local shard shapes."""
+        buffer = io.BytesIO()
+        torch.save({"compressor": self.compressor.state_dict(), "iter": self.iter}, buffer)
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, buffer.getvalue())
+        return {"world_shape": list(self._world_shape), "ranks": everyone,
+                "shapes": {name: list(shape) for name, shape in sorted(self._local_shapes.items())}}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """This rank's own state at the same world shape. Otherwise rank 0's, without error
+        feedback, and without the warm starts of shards whose shape changed (another shard
+        group size); there a controller restarts its schedule (its statistics are per shard)
+        and only its compressor's state, the per-layer settings included, comes back."""
+        same_world = (list(state_dict["world_shape"]) == list(self._world_shape)
+                      and len(state_dict["ranks"]) == dist.get_world_size())
+        source = dist.get_rank() if same_world else 0
+        saved = torch.load(io.BytesIO(state_dict["ranks"][source]), weights_only=True)
+        compressor_state = saved["compressor"]
+        self.iter = saved["iter"]
+        if same_world:
+            self.compressor.load_state_dict(compressor_state)
+            return
+        compressor_state = self.compressor.world_change_state(compressor_state)
+        changed = {name for name, shape in state_dict["shapes"].items()
+                   if tuple(shape) != self._local_shapes.get(name)}
+        if not changed:
+            self.compressor.load_state_dict(compressor_state)
+            return
+        if self.compressor.wrapped is not None:
+            logger.warning("hvd_compress.fsdp: the checkpoint's shards have other shapes (%d "
+                           "parameters); %s restarts its schedule, its compressor's settings "
+                           "come back", len(changed), type(self.compressor).__name__)
+        self.compressor.restart_from(compressor_state, forget=changed)
+
+
+class State(_Checkpointed):
     """The compression of one HSDP model's replicate all-reduce; :func:`register` makes it.
 
     ``compressor``: the compressor or controller; ``iter``: steps exchanged so far. A
@@ -233,47 +306,101 @@ class State:
         dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=self.shard_group)
         return bool(verdict.item() == 1)
 
-    # ----- torch.distributed.checkpoint ----------------------------------------------------
-    def state_dict(self) -> Dict[str, Any]:
-        """Every rank's compressor state (a collective over the world: DCP calls it on every
-        rank), the world shape it was taken at and the local shard shapes."""
-        buffer = io.BytesIO()
-        torch.save({"compressor": self.compressor.state_dict(), "iter": self.iter}, buffer)
-        everyone = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, buffer.getvalue())
-        return {"world_shape": list(self._world_shape), "ranks": everyone,
-                "shapes": {name: list(shape) for name, shape in sorted(self._local_shapes.items())}}
 
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """This rank's own state at the same world shape. Otherwise rank 0's, without error
-        feedback, and without the warm starts of shards whose shape changed (another shard
-        group size); there a controller restarts its schedule (its statistics are per shard)
-        and only its compressor's state, the per-layer settings included, comes back."""
-        same_world = (list(state_dict["world_shape"]) == list(self._world_shape)
-                      and len(state_dict["ranks"]) == dist.get_world_size())
-        source = dist.get_rank() if same_world else 0
-        saved = torch.load(io.BytesIO(state_dict["ranks"][source]), weights_only=True)
-        compressor_state = saved["compressor"]
-        self.iter = saved["iter"]
-        if same_world:
-            self.compressor.load_state_dict(compressor_state)
+class ShardedState(_Checkpointed):
+    """The quantized reduce-scatter of one pure FSDP model; :func:`register` makes it.
+
+    ``compressor``: the ``QuantizedAllReduce`` whose ``bits`` (its default) and ``block_size``
+    it uses and whose error feedback holds each parameter's residual (``residual(name)``: float32,
+    the full parameter's shape); ``iter``: steps reduced so far; ``group``: the shard group. A
+    ``torch.distributed.checkpoint`` ``Stateful``."""
+
+    def __init__(self, compressor: GradientCompression, model: FSDPModule, groups):
+        if not isinstance(compressor, QuantizedAllReduce):
+            raise ValueError(f"hvd_compress.fsdp.register: compressor: pure FSDP (a mesh without a "
+                             f"replicate dimension) accepts QuantizedAllReduce only, got "
+                             f"{type(compressor).__name__}")
+        compressor.serve(self, "a pure FSDP model (hvd_compress.fsdp.register)", argument="compressor")
+        self.compressor = compressor
+        self.iter = 0
+        self.group = groups[0][1].mesh_info.shard_process_group
+        compressor.bind_world(dist.get_rank(self.group), self.group.size())
+        names = {id(p): name for name, p in model.named_parameters()}
+        self._world_shape = [self.group.size()]
+        # Residuals are gradient-shaped: their shapes do not depend on the world.
+        self._local_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+        self._grads = [(p, names[id(p)]) for _, _, params in groups for p in params]
+        self._verdicts: List[torch.Tensor] = []  # whether each reduce-scatter output was finite
+
+    def _after_reduce_scatter(self, output: torch.Tensor) -> None:
+        """Called by each group's reduce-scatter: this rank's verdict on its output; the first
+        call of a backward queues the step's end, after FSDP has stored every group's shards."""
+        if not self._verdicts:
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        self._verdicts.append(all_finite(output))
+
+    def _end_of_backward(self):
+        """An Inf on one rank reaches only the shards decoded from its blocks: every rank learns
+        (a MIN over the shard group) whether any output was non-finite, and if one was, makes
+        every gradient NaN (the user's or ``GradScaler``'s check skips the step everywhere) and
+        drops the step's residuals (``reject_step``)."""
+        if not self._verdicts:
             return
-        compressor_state = self.compressor.world_change_state(compressor_state)
-        changed = {name for name, shape in state_dict["shapes"].items()
-                   if tuple(shape) != self._local_shapes.get(name)}
-        if not changed:
-            self.compressor.load_state_dict(compressor_state)
-            return
-        if self.compressor.wrapped is not None:
-            logger.warning("hvd_compress.fsdp: the checkpoint's shards have other shapes (%d "
-                           "parameters); %s restarts its schedule, its compressor's settings "
-                           "come back", len(changed), type(self.compressor).__name__)
-        self.compressor.restart_from(compressor_state, forget=changed)
+        verdict = torch.stack(self._verdicts).all().to(torch.float32).reshape(1)
+        self._verdicts = []
+        dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=self.group)
+        if verdict.item() != 1:
+            for param, _ in self._grads:
+                if param.grad is not None:
+                    param.grad.to_local().fill_(float("nan"))
+            self.compressor.reject_step()
+        self.iter += 1
+        self.compressor.end_step()
+
+
+class QuantizedReduceScatter(ReduceScatter):
+    """One parameter group's reduce-scatter, quantized: the first hop of ``QuantizedAllReduce``
+    (ZeRO++'s qgZ, Wang et al. 2023, arXiv 2306.10209, section 4.3) with error feedback on this
+    rank's input (Karimireddy et al. 2019), through FSDP2's ``set_custom_reduce_scatter``.
+
+    FSDP hands a flat input of W rows (W: the shard group's size) of m entries each, row j the
+    concatenation of every parameter's rows on rank j (each zero-padded to ceil(dim0 / W) rows),
+    and a flat output of m entries, this rank's row of the reduction. Each row, plus this rank's
+    residuals laid out the same way, is quantized per block (``maths.absmax``, rows zero-padded
+    to a multiple of 32 entries); the residuals become what quantisation left out. Row j's
+    bytes go to rank j (``all_to_all_single`` on uint8); the receiver decodes the W rows, divides
+    each by W first where FSDP asked for the average (``ReduceOp.AVG``; ``comm.rounds.divides_first``)
+    and sums them in float32 into the output. Raises ``ValueError`` for another reduce op (a
+    custom divide factor) or an input that is not the group's parameters."""
+
+    def __init__(self, state: ShardedState, layout: List[Tuple[str, Tuple[int, ...]]]):
+        self._state = state
+        self._layout = layout  # (name, full shape) of the group's parameters, in FSDP's order
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
+                 op: Any, async_op: bool = False) -> None:
+        if op not in (dist.ReduceOp.AVG, dist.ReduceOp.SUM):
+            raise ValueError(f"hvd_compress.fsdp: the quantized reduce-scatter sums or averages, "
+                             f"FSDP asked for {op}")
+        compressor = self._state.compressor
+        size, m = group.size(), output_tensor.numel()
+        rows = compressor.quantize_reduce_scatter(input_tensor.view(size, m), self._layout)
+        received = torch.empty_like(rows)
+        dist.all_to_all_single(received, rows, group=group)
+        values = compressor.decode_reduce_scatter(received, m)
+        if op == dist.ReduceOp.AVG:
+            values.div_(size)
+        output_tensor.copy_(values.sum(dim=0)[:m])
+        self._state._after_reduce_scatter(output_tensor)
 
 
 def _param_groups(model):
-    """[(FSDP module, its parameter group, its parameters)] for every FSDP module of ``model``,
-    checked to be HSDP over one mesh; ValueError naming what is not."""
+    """(whether the model is HSDP, [(FSDP module, its parameter group, its parameters)]) for
+    every FSDP module of ``model``: HSDP (a replicate and a shard dimension) or pure FSDP (a
+    shard dimension only), over one mesh; ValueError naming what is neither."""
     if not isinstance(model, FSDPModule):
         raise ValueError(f"hvd_compress.fsdp.register: model must be an FSDP2 module (after "
                          f"torch.distributed.fsdp.fully_shard), got {type(model).__name__}")
@@ -282,33 +409,30 @@ def _param_groups(model):
         if not isinstance(module, FSDPModule):
             continue
         for group in module._get_fsdp_state()._fsdp_param_groups:
-            mesh_info = group.mesh_info
-            if not isinstance(mesh_info, DDPMeshInfo) or not isinstance(mesh_info, FSDPMeshInfo):
+            if not isinstance(group.mesh_info, FSDPMeshInfo):
                 raise ValueError(
-                    "hvd_compress.fsdp.register: the model is not HSDP (fully_shard over a 2-D "
-                    "(\"replicate\", \"shard\") mesh). Pure FSDP (a 1-D mesh) has no replicate "
-                    "all-reduce: its one gradient collective is the reduce-scatter, whose shards "
-                    "no compressor here can replace exactly; replicate-only meshes are not "
-                    "supported either. Shard within a node and replicate across nodes: "
-                    "init_device_mesh(..., (nodes, ranks_per_node), mesh_dim_names=(\"replicate\", "
-                    "\"shard\")).")
+                    "hvd_compress.fsdp.register: replicate-only meshes (fully_shard without a "
+                    "shard dimension) are not supported: use the DDP comm hook "
+                    "(hvd_compress.ddp.register)")
             found.append((module, group, [p.sharded_param for p in group.fsdp_params]))
     if not found:
         raise ValueError("hvd_compress.fsdp.register: the model has no parameters managed by FSDP")
     first = found[0][1].mesh_info
+    hsdp = isinstance(first, DDPMeshInfo)
+    placements = (Replicate(), Shard(0)) if hsdp else (Shard(0),)
     for _, group, params in found:
-        if group.mesh_info.mesh != first.mesh:
+        if group.mesh_info.mesh != first.mesh or isinstance(group.mesh_info, DDPMeshInfo) != hsdp:
             raise ValueError("hvd_compress.fsdp.register: every fully_shard of the model must use "
                              "the same mesh")
         for param in params:
-            if not (isinstance(param, DTensor) and tuple(param.placements) == (Replicate(), Shard(0))):
+            if not (isinstance(param, DTensor) and tuple(param.placements) == placements):
                 raise ValueError(f"hvd_compress.fsdp.register: parameters must be sharded on dim 0 "
-                                 f"(HSDP's (Replicate(), Shard(0))); one has placements "
-                                 f"{getattr(param, 'placements', None)}")
+                                 f"({'HSDP' if hsdp else 'FSDP'}'s {placements}); one has "
+                                 f"placements {getattr(param, 'placements', None)}")
         if group.gradient_divide_factor is not None:
             raise ValueError("hvd_compress.fsdp.register: set_gradient_divide_factor is not "
-                             "supported: the replicate exchange averages over the replicate group")
-    return found
+                             "supported: the compressed exchange averages over its group")
+    return hsdp, found
 
 
 def _shard_only(mesh_info):
@@ -321,25 +445,44 @@ def _shard_only(mesh_info):
 
 
 def register(model: FSDPModule, compressor: GradientCompression, *,
-             fusion: ScaledFusion = ScaledFusion()) -> State:
-    """Compresses ``model``'s replicate all-reduce with ``compressor`` (a compressor or
-    controller from the registry, built with or without the model's ``named_parameters``: it
-    compresses each rank's local shards under the parameters' names either way); returns the
-    :class:`State` (save it with ``torch.distributed.checkpoint``). Call once, after
-    ``fully_shard`` and before the first backward (it replaces any ``set_all_reduce_hook`` of
-    the model's modules); the one line an HSDP script adds::
+             fusion: ScaledFusion = ScaledFusion()) -> Union[State, ShardedState]:
+    """Compresses ``model``'s gradient exchange with ``compressor``; returns the
+    :class:`State` or :class:`ShardedState` (save it with ``torch.distributed.checkpoint``).
+    Call once, after ``fully_shard`` and before the first backward; the one line a script adds.
+
+    HSDP (a ("replicate", "shard") mesh): the replicate all-reduce, by ``compressor`` (a
+    compressor or controller from the registry, built with or without the model's
+    ``named_parameters``: it compresses each rank's local shards under the parameters' names
+    either way); it replaces any ``set_all_reduce_hook`` of the model's modules::
 
         state = hvd_compress.fsdp.register(model, hvd_compress.PowerSGD(rank=4))
 
-    ``fusion``: how payloads fuse, as in ``hvd_compress.DistributedOptimizer`` (default: 25 MiB
-    scaled by the compression rate; ``ScaledFusion(0)``: one collective per shard)."""
+    Pure FSDP (a mesh with a shard dimension only): the reduce-scatter, quantized with
+    ``compressor``'s bits and block size; ``compressor`` must be a ``QuantizedAllReduce``
+    (ValueError naming ``compressor`` otherwise); it replaces any ``set_custom_reduce_scatter``::
+
+        state = hvd_compress.fsdp.register(model, hvd_compress.QuantizedAllReduce(bits=8))
+
+    ``fusion``: how HSDP's payloads fuse, as in ``hvd_compress.DistributedOptimizer`` (default:
+    25 MiB scaled by the compression rate; ``ScaledFusion(0)``: one collective per shard);
+    pure FSDP sends one all-to-all per parameter group, as FSDP's own reduce-scatter."""
     if getattr(model, "_hvd_compress_fsdp", None) is not None:
-        raise ValueError("hvd_compress.fsdp.register: this model's replicate all-reduce is "
+        raise ValueError("hvd_compress.fsdp.register: this model's gradient exchange is "
                          "already compressed (register once)")
     if not isinstance(fusion, ScaledFusion):
         raise ValueError(f"hvd_compress.fsdp.register: fusion must be a ScaledFusion, got "
                          f"{type(fusion).__name__}")
-    groups = _param_groups(model)
+    hsdp, groups = _param_groups(model)
+    if not hsdp:
+        sharded = ShardedState(compressor, model, groups)
+        names = {id(p): name for name, p in model.named_parameters()}
+        for module, _, params in groups:
+            module.set_custom_reduce_scatter(QuantizedReduceScatter(
+                sharded, [(names[id(p)], tuple(p.shape)) for p in params]))
+        # A fixed layout of each group's rows: every parameter is reduced, as zeros where unused.
+        model.set_reduce_scatter_unused_params(True)
+        model._hvd_compress_fsdp = sharded
+        return sharded
     state = State(compressor, model, groups, fusion)
     for module, group, params in groups:
         old = group.mesh_info

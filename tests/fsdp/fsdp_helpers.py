@@ -1,9 +1,14 @@
 """What the FSDP test files share: HSDP over a ("replicate", "shard") mesh of a small network
 with a layer used on rank 0 only and one used by no rank, rank-dependent data, and a
 reference computed from every rank's raw gradients."""
+import tempfile
+
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -64,11 +69,20 @@ def make_hsdp(compressor=None, seed=0, shape=(2, 2), fusion=None, **fsdp_options
     """(plain reference module, HSDP model, state or None): one fully_shard per layer and the
     root; ``compressor`` None leaves HSDP's own all-reduce; ``fusion`` (a ScaledFusion) goes to
     ``register``."""
+    return make_sharded(mesh(shape), compressor, seed, fusion, **fsdp_options)
+
+
+def make_fsdp(compressor=None, seed=0, **fsdp_options):
+    """As ``make_hsdp``, pure FSDP: a 1-D ("shard",) mesh over the world."""
+    device_mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("shard",))
+    return make_sharded(device_mesh, compressor, seed, None, **fsdp_options)
+
+
+def make_sharded(device_mesh, compressor, seed, fusion, **fsdp_options):
     torch.manual_seed(seed)
     plain = Net()
     model = Net()
     model.load_state_dict(plain.state_dict())
-    device_mesh = mesh(shape)
     # ``extra`` stays in the root's group: FSDP all-gathers each group on every rank of its
     # shard group, so a group of its own, used on rank 0 only, would leave rank 0 waiting.
     for layer in [model.fc1, model.fc2, model.spare, model.head]:
@@ -154,3 +168,24 @@ def expected_shards(plain, model, x, y, reference, replicate_group, shard_group)
             mean = sum(rows[m] for m in group) / len(group)
             per_replica[r][name] = torch.chunk(mean, len(shard_ranks), dim=0)[my_shard].contiguous()
     return reference.step(per_replica)[replicate_ranks.index(dist.get_rank())]
+
+
+def shared_directory():
+    path = [tempfile.mkdtemp(prefix="hvd_compress_fsdp_") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(path, src=0)
+    return path[0]
+
+
+def save(model, optimizer, state, path):
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd, "compression": state}, checkpoint_id=path)
+
+
+def load(model, optimizer, state, path):
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    everything = {"model": model_sd, "optim": optim_sd, "compression": state}
+    # Partial: get_state_dict makes a momentum buffer for every parameter of a fresh
+    # optimizer, but ``spare`` never had a gradient, so the checkpoint has none for it.
+    dcp.load(everything, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
+    set_state_dict(model, optimizer, model_state_dict=everything["model"],
+                   optim_state_dict=everything["optim"])

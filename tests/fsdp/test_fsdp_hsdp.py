@@ -2,15 +2,10 @@
 mesh): every registered method and both controllers keep replicas bit-identical and match a
 reference computed from every rank's raw gradients; checkpoints through
 torch.distributed.checkpoint; a non-finite gradient on one rank; unused parameters; gradient
-accumulation; mixed precision; pure FSDP refused."""
-import tempfile
-
+accumulation; mixed precision; misuse refused (pure FSDP: test_fsdp_quantized.py)."""
 import pytest
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultLoadPlanner
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import hvd_compress as hc
@@ -22,7 +17,8 @@ from hvd_compress.registry import controllable
 import overflow  # tests/overflow.py
 from degenerate import Degenerate  # tests/degenerate.py
 from fsdp_helpers import (METHODS, TOLERANCE, Net, assert_replicas_identical, batches, everyone,
-                          expected_shards, local_shards, loss_of, make_hsdp, mesh, train)
+                          expected_shards, load, local_shards, loss_of, make_hsdp, mesh, save,
+                          shared_directory, train)
 
 # Each registered controller at its multi-rank settings (L-GreCo decides at 2, 5, ...), over
 # the first compressor it can wrap.
@@ -68,27 +64,6 @@ def test_aggregate_matches_the_reference_from_gathered_shards(name):
             tol = TOLERANCE.get(name, 1e-5) * want.abs().max().item() + 1e-7
             assert torch.allclose(got, want, rtol=0, atol=tol), (name, n, (got - want).abs().max())
         optimizer.step()
-
-
-def shared_directory():
-    path = [tempfile.mkdtemp(prefix="hvd_compress_fsdp_") if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(path, src=0)
-    return path[0]
-
-
-def save(model, optimizer, state, path):
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd, "compression": state}, checkpoint_id=path)
-
-
-def load(model, optimizer, state, path):
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    everything = {"model": model_sd, "optim": optim_sd, "compression": state}
-    # Partial: get_state_dict makes a momentum buffer for every parameter of a fresh
-    # optimizer, but ``spare`` never had a gradient, so the checkpoint has none for it.
-    dcp.load(everything, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
-    set_state_dict(model, optimizer, model_state_dict=everything["model"],
-                   optim_state_dict=everything["optim"])
 
 
 @pytest.mark.parametrize("name", ["powersgd", "acpsgd", "topk", "lgreco"])
@@ -261,11 +236,7 @@ def test_mixed_precision_with_bf16_reduce():
     assert_replicas_identical(model, state)
 
 
-def test_pure_fsdp_and_misuse_are_refused():
-    model = Net()
-    fully_shard(model)  # a 1-D mesh over the world
-    with pytest.raises(ValueError, match="not HSDP.*Pure FSDP"):
-        hvd_compress.fsdp.register(model, hc.PowerSGD(rank=2))
+def test_misuse_is_refused():
     with pytest.raises(ValueError, match="FSDP2 module"):
         hvd_compress.fsdp.register(Net(), hc.PowerSGD(rank=2))
     _, model, _ = make_hsdp(hc.PowerSGD(rank=2))

@@ -260,3 +260,40 @@ def test_values_ride_an_all_to_all_to_every_rank():
         rows = round_.then(result)
         assert torch.equal(rows, torch.stack([payloads[source][rank] for source in range(size)]))
         assert torch.equal(received[rank][0], torch.tensor([1.0, 1.0]))
+
+
+def fsdp_rows(grads, size):
+    """FSDP2's reduce-scatter input of ``grads`` (name -> full gradient, dim 0 sharded): (size,
+    m), row j every gradient's rows of rank j, dim 0 zero-padded to a multiple of ``size``."""
+    rows = []
+    for g in grads.values():
+        per_rank = -(-g.shape[0] // size)
+        padded = torch.cat([g, g.new_zeros(size * per_rank - g.shape[0], *g.shape[1:])])
+        rows.append(padded.reshape(size, -1))
+    return torch.cat(rows, dim=1)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_reduce_scatter_hop_keeps_input_minus_sent_per_parameter(bits):
+    """Hop 1 alone on FSDP's layout (fc.weight's 33 rows padded to 36 at W = 4): what it sends
+    decodes to the float64 reference's values of input plus residual, and the residual each
+    parameter keeps (its full shape) is what quantisation left out."""
+    size, shapes = 4, {"fc.weight": (33, 70), "conv.weight": (16, 8, 3, 3)}
+    compressor = hc.QuantizedAllReduce(bits=bits, block_size=64)
+    layout = list(shapes.items())
+    residuals = {name: torch.zeros(shape) for name, shape in shapes.items()}
+    for step in range(3):
+        grads = gradients(step, 0, shapes)
+        x = fsdp_rows({name: g + residuals[name] for name, g in grads.items()}, size)
+        m = x.shape[1]
+        padded = torch.nn.functional.pad(x.double(), (0, (-m) % absmax.ROW_MULTIPLE))
+        values, left_out = quantized64(padded, bits, 64)
+        sent = compressor.quantize_reduce_scatter(fsdp_rows(grads, size), layout)
+        decoded = compressor.decode_reduce_scatter(sent, m)
+        assert torch.allclose(decoded.double(), values[:, :m], rtol=1e-5, atol=1e-5)
+        compressor.end_step()
+        residuals = {name: compressor.residual(name) for name in shapes}
+        assert torch.allclose(fsdp_rows(residuals, size).double(), left_out[:, :m], atol=1e-5)
+        assert torch.equal(fsdp_rows(residuals, size), x - decoded)
+    with pytest.raises(ValueError, match="rows hold"):
+        compressor.quantize_reduce_scatter(fsdp_rows(grads, size), layout[:1])
