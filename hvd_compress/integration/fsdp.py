@@ -333,11 +333,11 @@ class ShardedState(_Checkpointed):
         self._verdicts: List[torch.Tensor] = []  # whether each reduce-scatter output was finite
 
     def _after_reduce_scatter(self, output: torch.Tensor) -> None:
-        """Called by each group's reduce-scatter: this rank's verdict on its output; the first
-        call of a backward queues the step's end, after FSDP has stored every group's shards."""
-        if not self._verdicts:
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        """Called by each group's reduce-scatter: this rank's verdict on its output, and the
+        step's end queued after FSDP has stored every group's shards (one callback per group,
+        not per backward, as :class:`State`'s: the first does the work, the others find none)."""
         self._verdicts.append(all_finite(output))
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 
     def _end_of_backward(self):
         """An Inf on one rank reaches only the shards decoded from its blocks: every rank learns

@@ -1,10 +1,11 @@
 """hvd_compress.fsdp on pure FSDP (torchrun, Gloo, a 1-D mesh over every rank): the quantized
 reduce-scatter gives the exact reduce-scatter of the ranks' dequantized inputs, keeps each
 rank's residual, skips a non-finite step on every rank without a trace, resumes from a DCP
-checkpoint bit for bit, and refuses other compressors."""
+checkpoint bit for bit, follows FSDP's reduce dtypes and refuses other compressors."""
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 import hvd_compress as hc
 import hvd_compress.fsdp
@@ -127,6 +128,23 @@ def test_resumed_from_a_dcp_checkpoint_equals_uninterrupted():
     train(model, data[4:], optimizer)
     for n, p in local_shards(model).items():
         assert torch.equal(p, uninterrupted[n]), n
+
+
+@pytest.mark.parametrize("reduce_dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_reduce_follows_fsdps_divide_factors(reduce_dtype):
+    """bf16 reduces with ReduceOp.AVG, float16 with SUM between FSDP's pre- and post-divide:
+    either way the gradients stay near plain FSDP's."""
+    policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype)
+    _, model, _ = make_fsdp(hc.QuantizedAllReduce(bits=8, block_size=64), mp_policy=policy)
+    _, exact, _ = make_fsdp(mp_policy=policy)
+    x, y = next(batches(1, seed=6))
+    for m in (model, exact):
+        loss_of(m, x, y).backward()
+    for (name, p), q in zip(model.named_parameters(), exact.parameters()):
+        if q.grad is not None:
+            want = q.grad.full_tensor()
+            error = (p.grad.full_tensor() - want).abs().max() / want.abs().max()
+            assert error < 3e-2, (name, float(error))
 
 
 def test_another_compressor_is_refused_by_name():
