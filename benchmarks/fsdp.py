@@ -24,7 +24,10 @@ it. Methods: plain HSDP (FSDP's own float32 all-reduce over the replicate group)
 ACP-SGD at rank ``--rank``; L-GreCo over ACP-SGD at that rank (first decision at step 3, then
 every 1000 steps, ``apply_delay="auto"``: its decision runs during the timed steps); and, timed
 only, plain HSDP with its replicate all-reduce switched off (``set_requires_all_reduce(False)``),
-the step that no exchange can beat: the ceiling of any compressor's speed-up here.
+the step that no exchange can beat: the ceiling of any compressor's speed-up here. Named in
+``--methods`` only, timed only: pure FSDP over a 1-D mesh of the 4 ranks (its reduce-scatter and
+all-gathers cross the shaped links), plain ("FSDP") and with its reduce-scatter quantized by
+``QuantizedAllReduce`` ("FSDP int8", "FSDP int4"; 256-entry blocks), rated against plain FSDP.
 
 Quality: the character LM of the quality benchmark (``benchmarks.workloads.charlm.fit``: d_model
 128, 2 layers, AdamW, warm-up and cosine decay, batch 32 per rank) under HSDP on a 2 x 2 mesh,
@@ -64,7 +67,11 @@ PLAIN = "HSDP"
 # replicas drift apart, so it is timed only, as the step no exchange could beat on this testbed.
 FLOOR = "HSDP without replicate exchange"
 METHODS = [PLAIN, "PowerSGD", "ACP-SGD", "L-GreCo", FLOOR]
-TIMING_ONLY = {FLOOR}
+# Pure FSDP (a 1-D mesh over all 4 ranks: its reduce-scatter crosses the links), plain and with
+# the quantized reduce-scatter; compared with plain FSDP. Run only when named in --methods.
+PLAIN_FSDP = "FSDP"
+PURE_FSDP = [PLAIN_FSDP, "FSDP int8", "FSDP int4"]
+TIMING_ONLY = {FLOOR, *PURE_FSDP}
 NODES, RANKS_PER_NODE = 2, 2
 PORT = 29541
 TARGET = ("charlm", "ACP-SGD", 1.5)  # (model, method, least step-rate ratio to plain HSDP)
@@ -75,25 +82,30 @@ def make_compressor(method, rank, first_decision, decide_every):
     """The compressor or controller of ``method`` (None for plain HSDP)."""
     import hvd_compress as hc
 
-    if method in (PLAIN, FLOOR):
+    if method in (PLAIN, FLOOR, PLAIN_FSDP):
         return None
-    compressors = {"PowerSGD": lambda: hc.PowerSGD(rank=rank), "ACP-SGD": lambda: hc.ACPSGD(rank=rank),
+    compressors = {"FSDP int8": lambda: hc.QuantizedAllReduce(bits=8), "FSDP int4": lambda: hc.QuantizedAllReduce(bits=4),
+                   "PowerSGD": lambda: hc.PowerSGD(rank=rank), "ACP-SGD": lambda: hc.ACPSGD(rank=rank),
                    "L-GreCo": lambda: hc.LGreCo(hc.ACPSGD(rank=rank), warmup_steps=first_decision,
                                                decide_every=decide_every)}
     if method not in compressors:
-        raise ValueError(f"fsdp: unknown method {method!r}; known: {', '.join(METHODS)}")
+        raise ValueError(f"fsdp: unknown method {method!r}; known: {', '.join(METHODS + PURE_FSDP)}")
     return compressors[method]()
 
 
 def hsdp(model, method, rank, first_decision=3, decide_every=1000):
-    """``model`` sharded in place over the 2 x 2 ("replicate", "shard") mesh, one ``fully_shard``
-    per block (transformer) or layer (CNN) and the root, ``method`` registered on it; returns
-    the model and the method's compressor (None for plain HSDP)."""
+    """``model`` sharded in place over the 2 x 2 ("replicate", "shard") mesh (the 1-D mesh of all
+    ranks for pure FSDP's methods), one ``fully_shard`` per block (transformer) or layer (CNN) and
+    the root, ``method`` registered on it; returns the model and the method's compressor (None
+    for plain HSDP or FSDP)."""
     import hvd_compress.fsdp
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh("cpu", (NODES, RANKS_PER_NODE), mesh_dim_names=("replicate", "shard"))
+    if method in PURE_FSDP:
+        mesh = init_device_mesh("cpu", (NODES * RANKS_PER_NODE,), mesh_dim_names=("shard",))
+    else:
+        mesh = init_device_mesh("cpu", (NODES, RANKS_PER_NODE), mesh_dim_names=("replicate", "shard"))
     layers = list(model.blocks) if hasattr(model, "blocks") else [*model.convs, model.fc1, model.fc2, model.head]
     for layer in layers:
         fully_shard(layer, mesh=mesh)
@@ -115,7 +127,8 @@ def timing_worker(args):
     torch.manual_seed(0)
     model, data, loss_of = WORKLOADS[args.model](torch.Generator().manual_seed(rank))
     model, compressor = hsdp(model, args.method, args.rank)
-    codec = CodecClock(compressor)
+    # The quantized reduce-scatter runs outside the compressor's timed rounds: no codec column.
+    codec = CodecClock(None if args.method in PURE_FSDP else compressor)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     seconds = []
     for _ in range(args.warmup + args.steps):
@@ -233,16 +246,19 @@ def markdown(results):
              "how each method runs: `benchmarks/fsdp.py`.", ""]
     where = f"{results['rate_gbit']:g} Gbit/s between nodes" if shaped else "no network shaping"
     for model, methods in results["timing"].items():
-        base = methods.get(PLAIN, {}).get("step_ms", {}).get("median")
+        bases = {family: methods.get(family, {}).get("step_ms", {}).get("median") for family in (PLAIN, PLAIN_FSDP)}
         floor = (f" Plain HSDP's replicate all-reduce alone needs {wire_ms(model, results['rate_gbit']):.0f} ms "
                  "a step on the wire (both ranks of a node send their float32 shard, half the model each, "
                  "through the node's link)." if shaped else "")
         lines += [f"**{model}, {where}** ({parameter_count(model) / 1e6:.1f} M parameters).{floor}", "",
-                  "| method | median step ms (p25-p75) | step rate vs plain HSDP | load average at start | "
+                  "| method | median step ms (p25-p75) | step rate vs plain HSDP (FSDP rows: plain FSDP) | "
+                  "load average at start | "
                   "CPU to other processes | codec ms (rank 0) |", "|---|---|---|---|---|---|"]
         # The methods in their usual order, then runs at another rank ("ACP-SGD, rank 16").
-        ordered = [m for m in METHODS if m in methods] + [m for m in methods if m not in METHODS]
+        known = METHODS + PURE_FSDP
+        ordered = [m for m in known if m in methods] + [m for m in methods if m not in known]
         for method, entry in ((m, methods[m]) for m in ordered):
+            base = bases[PLAIN_FSDP if method in PURE_FSDP else PLAIN]
             if "failed" in entry:
                 lines.append(f"| {method} | failed: `{entry['failed']}` | - | {entry['load_average']} | - | - |")
                 continue
@@ -312,7 +328,8 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks fsdp", description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=lambda text: [m for m in text.split(",") if m], default=["charlm", "cnn"],
                         help="models of the timing jobs; empty: none (quality runs only)")
-    parser.add_argument("--methods", type=names_from(METHODS), default=METHODS)
+    parser.add_argument("--methods", type=names_from(METHODS + PURE_FSDP), default=METHODS,
+                        help=f"also: {', '.join(PURE_FSDP)} (pure FSDP, 1-D mesh; timing only)")
     parser.add_argument("--rate", type=float, default=1.0, help="link rate between nodes, Gbit/s")
     parser.add_argument("--rank", type=int, default=4, help="rank of the low-rank methods")
     parser.add_argument("--warmup", type=int, default=4)

@@ -325,11 +325,10 @@ class ShardedState(_Checkpointed):
         self.iter = 0
         self.group = groups[0][1].mesh_info.shard_process_group
         compressor.bind_world(dist.get_rank(self.group), self.group.size())
-        names = {id(p): name for name, p in model.named_parameters()}
         self._world_shape = [self.group.size()]
         # Residuals are gradient-shaped: their shapes do not depend on the world.
         self._local_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
-        self._grads = [(p, names[id(p)]) for _, _, params in groups for p in params]
+        self._params = [p for _, _, params in groups for p in params]
         self._verdicts: List[torch.Tensor] = []  # whether each reduce-scatter output was finite
 
     def _after_reduce_scatter(self, output: torch.Tensor) -> None:
@@ -350,7 +349,7 @@ class ShardedState(_Checkpointed):
         self._verdicts = []
         dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=self.group)
         if verdict.item() != 1:
-            for param, _ in self._grads:
+            for param in self._params:
                 if param.grad is not None:
                     param.grad.to_local().fill_(float("nan"))
             self.compressor.reject_step()
