@@ -324,7 +324,11 @@ class ShardedState(_Checkpointed):
         self.compressor = compressor
         self.iter = 0
         self.group = groups[0][1].mesh_info.shard_process_group
-        compressor.bind_world(dist.get_rank(self.group), self.group.size())
+        group = self.group
+        # Binds the compressor to the shard group; its cross-rank configuration check names
+        # global ranks. FSDP stores the reduced shards itself: no results into gradients.
+        self._binding = Binding(compressor, TorchGroup(group), replaces_gradients=False,
+                                rank_name=lambda rank: dist.get_global_rank(group, rank))
         self._world_shape = [self.group.size()]
         # Residuals are gradient-shaped: their shapes do not depend on the world.
         self._local_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
@@ -370,7 +374,8 @@ class QuantizedReduceScatter(ReduceScatter):
     bytes go to rank j (``all_to_all_single`` on uint8); the receiver decodes the W rows, divides
     each by W first where FSDP asked for the average (``ReduceOp.AVG``; ``comm.rounds.divides_first``)
     and sums them in float32 into the output. Raises ``ValueError`` for another reduce op (a
-    custom divide factor) or an input that is not the group's parameters."""
+    custom divide factor), an input that is not the group's parameters, or ranks configured
+    differently (at the first call, on every rank)."""
 
     def __init__(self, state: ShardedState, layout: List[Tuple[str, Tuple[int, ...]]]):
         self._state = state
@@ -384,6 +389,9 @@ class QuantizedReduceScatter(ReduceScatter):
         if op not in (dist.ReduceOp.AVG, dist.ReduceOp.SUM):
             raise ValueError(f"hvd_compress.fsdp: the quantized reduce-scatter sums or averages, "
                              f"FSDP asked for {op}")
+        # Every rank reaches its first reduce-scatter together: ranks configured differently
+        # (bits, block size) raise here, naming the difference, not in a mismatched all-to-all.
+        self._state._binding.check_configuration()
         compressor = self._state.compressor
         size, m = group.size(), output_tensor.numel()
         rows = compressor.quantize_reduce_scatter(input_tensor.view(size, m), self._layout)

@@ -1,7 +1,7 @@
 """hvd_compress.fsdp on pure FSDP (torchrun, Gloo, a 1-D mesh over every rank): the quantized
 reduce-scatter gives the exact reduce-scatter of the ranks' dequantized inputs, keeps each
 rank's residual, skips a non-finite step on every rank without a trace, resumes from a DCP
-checkpoint bit for bit, follows FSDP's reduce dtypes and refuses other compressors."""
+checkpoint bit for bit, follows FSDP's reduce dtypes and refuses other compressors and ranks configured differently."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -153,3 +153,12 @@ def test_another_compressor_is_refused_by_name():
     _, model, _ = make_fsdp(hc.QuantizedAllReduce())
     with pytest.raises(ValueError, match="already compressed"):
         hvd_compress.fsdp.register(model, hc.QuantizedAllReduce())
+
+
+def test_ranks_configured_differently_all_fail_at_the_first_step():
+    """Runs last in this file (the failed backward leaves its model unusable): 8 bits on the
+    first half of the ranks, 4 on the others; every rank raises, naming the difference."""
+    bits = 8 if dist.get_rank() < dist.get_world_size() // 2 else 4
+    _, model, _ = make_fsdp(hc.QuantizedAllReduce(bits=bits))
+    with pytest.raises(ValueError, match=r"QuantizedAllReduce: default is [48] on rank [0-3] but [48] on rank"):
+        train(model, batches(1, seed=9))
