@@ -291,7 +291,7 @@ def test_decision_log_names_every_layer(caplog):
 
 
 def test_bad_configuration_is_named():
-    with pytest.raises(ValueError, match="compressor must be one of ACPSGD, PowerSGD, QSGD, TopK"):
+    with pytest.raises(ValueError, match="compressor must be one of ACPSGD, PowerSGD, QSGD, QuantizedAllReduce, TopK"):
         hc.LGreCo(hc.FP16())
     with pytest.raises(ValueError, match="apply_delay"):
         hc.LGreCo(hc.PowerSGD(), decide_every=5, apply_delay=5)
