@@ -16,16 +16,18 @@ CONFIGS = sorted(name for name in hc.COMPRESSORS if name != "none")
 PATHS = ["stock", "wrapper"]
 
 
-def distributed(model, optimizer, compressor_name, path, broadcast=True, **kwargs):
-    """Wraps ``optimizer`` the way a user would, on the stock or the wrapper path."""
+def distributed(model, optimizer, compressor_name, path, broadcast=True, compressor_options=None, **kwargs):
+    """Wraps ``optimizer`` the way a user would, on the stock or the wrapper path; the
+    compressor at its small settings and ``compressor_options``."""
     if broadcast:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    compressor_options = compressor_options or {}
     if path == "stock":
-        compressor = hc.COMPRESSORS[compressor_name].build(model.named_parameters(), small=True)
+        compressor = hc.COMPRESSORS[compressor_name].build(model.named_parameters(), small=True, **compressor_options)
         opt = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                        compression=compressor, **kwargs)
     else:
-        compressor = hc.COMPRESSORS[compressor_name].build(small=True)
+        compressor = hc.COMPRESSORS[compressor_name].build(small=True, **compressor_options)
         opt = hc.DistributedOptimizer(optimizer, model.named_parameters(), compressor, **kwargs)
     return opt, compressor
 

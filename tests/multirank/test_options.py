@@ -15,11 +15,14 @@ from helpers import CONFIGS, PATHS, assert_parameters_identical, distributed, ga
 TOLERANCE = {"fp16": 2e-3, "bf16": 2e-2}
 
 
-def gradients_after(method, path, steps=3, **options):
-    """Every synchronized gradient of ``steps`` steps (SGD, lr 0 so that the model stays put)."""
+def gradients_after(method, path, steps=3, made=None, **options):
+    """Every synchronized gradient of ``steps`` steps (SGD, lr 0 so that the model stays put);
+    the compressor is appended to ``made`` where given."""
     torch.manual_seed(0)
     model = DigitsCNN()
-    opt, _ = distributed(model, torch.optim.SGD(model.parameters(), lr=0.0), method, path, **options)
+    opt, compressor = distributed(model, torch.optim.SGD(model.parameters(), lr=0.0), method, path, **options)
+    if made is not None:
+        made.append(compressor)
     history = []
     for x, y in rank_batches(steps, seed=4):
         opt.zero_grad()
@@ -251,3 +254,20 @@ def test_stock_compressor_without_names_takes_the_optimizers(method):
     if compressor.needs_parameter_names:
         assert compressor.parameters == {name: p for p, name in opt._parameter_names.items()}
     assert_parameters_identical(nameless, f"nameless.{method}")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_compiled_qsgd_compiles_before_its_first_round_and_keeps_ranks_identical(path):
+    """QSGD with ``compiled=True``: its kernels compile in the first step's configuration
+    check, before any round (``compile_seconds``), every rank runs them compiled, every
+    synchronized gradient is bit-identical on every rank, and matches the eager run's to
+    rounding."""
+    made = []
+    compiled = gradients_after("qsgd", path, made=made, compressor_options={"compiled": True})
+    for step, gradients in enumerate(compiled):
+        for name, gradient in gradients.items():
+            rows = gathered(gradient, f"compiled.{path}.{step}.{name}")
+            assert all(torch.equal(rows[0], row) for row in rows), (step, name)
+    metrics = made[0].metrics()
+    assert metrics["compiled"] == 1.0 and metrics["compile_seconds"] > 0 and metrics["compiled_graphs"] >= 1
+    assert_close(compiled, gradients_after("qsgd", path), "qsgd")
