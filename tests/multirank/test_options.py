@@ -261,7 +261,9 @@ def test_compiled_qsgd_compiles_before_its_first_round_and_keeps_ranks_identical
     """QSGD with ``compiled=True``: its kernels compile in the first step's configuration
     check, before any round (``compile_seconds``), every rank runs them compiled, every
     synchronized gradient is bit-identical on every rank, and matches the eager run's to
-    rounding."""
+    rounding. At np 2 only: decoding compiles a graph per world size, and one shows it."""
+    if hvd.size() != 2:
+        pytest.skip("compiled QSGD runs at np 2 only (a decode graph per world size)")
     made = []
     compiled = gradients_after("qsgd", path, made=made, compressor_options={"compiled": True})
     for step, gradients in enumerate(compiled):

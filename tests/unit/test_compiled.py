@@ -1,7 +1,8 @@
 """The compiled path (``config.compiled``, ``maths.compiled``) in a simulated world: ranks stay
 bit-identical, every rank falls back to eager together, and the choice is agreed and
-checkpointed. Shapes are tiny and one bit width is used, so that the test compiles two graphs
-(QSGD's encode and decode at two ranks), cached on disk by inductor for later runs."""
+checkpointed. The tests that compile are marked slow: shapes are tiny and one bit width is
+used, so they compile two graphs (QSGD's encode and decode at two ranks), which inductor
+caches on disk for later runs; the others compile nothing."""
 import logging
 
 import pytest
@@ -36,6 +37,7 @@ def steps(world, count=2):
     return [world.step([gradients(10 * step + rank) for rank in range(world.size)]) for step in range(count)]
 
 
+@pytest.mark.slow
 def test_compiled_ranks_agree_bit_for_bit_and_match_eager():
     compiled = SimulatedWorld([qsgd(True), qsgd(True)])
     eager = SimulatedWorld([qsgd(False), qsgd(False)])
@@ -49,6 +51,7 @@ def test_compiled_ranks_agree_bit_for_bit_and_match_eager():
     assert "compiled" not in eager.compressors[0].metrics()
 
 
+@pytest.mark.slow
 def test_compiled_kernels_give_eager_bytes_on_these_gradients():
     """Encode and decode compiled against eager: the same bytes here (norms of float64 sums
     rounded to float32, codes from the same noise)."""
@@ -66,14 +69,15 @@ def test_compiled_kernels_give_eager_bytes_on_these_gradients():
 
 
 def test_every_rank_falls_back_to_eager_when_one_cannot_compile(monkeypatch, caplog):
-    broken = qsgd(True)
+    working, broken = qsgd(True), qsgd(True)
 
     def fails(*_):
         raise CompileFailed("no C++ compiler") from OSError("gcc: not found")
 
+    monkeypatch.setattr(working, "_warm_up", lambda *_: None)  # compiled, as far as it knows
     monkeypatch.setattr(broken, "_warm_up", fails)
     with caplog.at_level(logging.WARNING):
-        world = SimulatedWorld([qsgd(True), broken])
+        world = SimulatedWorld([working, broken])
     assert [c.compiles for c in world.compressors] == [False, False]
     assert [r.getMessage() for r in caplog.records].count(
         "QSGD: compiled=True, but torch.compile failed on rank(s) [1]; its kernels run eagerly from now on") == 1
