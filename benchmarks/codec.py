@@ -43,8 +43,8 @@ Where one misses it, what bounds it: on CPU each method's process profiles one m
 section names the aten operators that took most of it.
 
 ``--compiled`` adds, beside each method that has compiled kernels (``config.compiled``; so far
-QSGD's encode and decode), its compiled form as a method of its own ("QSGD compiled"), compiled
-before its first timed step (``prepare_compiled``; its seconds recorded per process: the run's
+QSGD's encode and decode, Top-K's selection flags), its compiled form as a method of its own
+("QSGD compiled"), compiled before its first timed step (``prepare_compiled``; its seconds recorded per process: the run's
 first process compiles into an empty inductor cache of its own, later ones find it there), and
 then, per shape set, eager and compiled timed in one fresh process, cycle for cycle in turn, the
 comparison that the noise between processes (20-40% here) does not blur: the section's table

@@ -88,9 +88,10 @@ class CompressorConfig(MethodConfig):
     all-reduced uncompressed), ``default``, the per-parameter setting unless overridden
     (checked by the compressor itself, which alone knows its settings), and ``compiled``: run
     the codec's arithmetic between collectives through ``torch.compile`` where the compressor
-    has compiled kernels (``maths.compiled``; QSGD's encode and decode), compiled before the
-    first collective, eagerly on every rank where some rank cannot compile. Agreed across ranks
-    and recorded in checkpoints: compiled and eager kernels may round differently."""
+    has compiled kernels (``maths.compiled``; QSGD's encode and decode, Top-K's selection
+    flags), compiled before the first collective, eagerly on every rank where some rank cannot
+    compile. Agreed across ranks and recorded in checkpoints: compiled and eager kernels may
+    round differently."""
     min_numel: int = option(1024, arguments.integer, low=0)
     default: Any = None
     compiled: bool = option(False, arguments.flag)

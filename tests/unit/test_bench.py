@@ -56,7 +56,7 @@ def test_codec_quick_compiled_times_both_paths_in_one_process(tmp_path, monkeypa
     entry = json.loads((tmp_path / "benchmarks" / "codec.json").read_text())["codec"]["tiny"]
     assert entry["methods"]["QSGD compiled"]["step_ms"] > 0
     assert entry["methods"]["QSGD compiled"]["compile_seconds_each_round"][0] > 0
-    assert set(entry["interleaved"]) == {"QSGD", "QSGD compiled"}
+    assert set(entry["interleaved"]) == {"QSGD", "QSGD compiled", "TopK", "TopK compiled"}
     assert entry["interleaved"]["QSGD compiled"]["compile_seconds"] > 0
     assert "| shape set | method | eager | compiled | compiled / eager |" in (tmp_path / "benchmarks.md").read_text()
 

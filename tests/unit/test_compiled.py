@@ -1,8 +1,8 @@
 """The compiled path (``config.compiled``, ``maths.compiled``) in a simulated world: ranks stay
 bit-identical, every rank falls back to eager together, and the choice is agreed and
-checkpointed. The tests that compile are marked slow: shapes are tiny and one bit width is
-used, so they compile two graphs (QSGD's encode and decode at two ranks), which inductor
-caches on disk for later runs; the others compile nothing."""
+checkpointed. The tests that compile are marked slow: shapes are small and one bit width is
+used, so they compile three graphs (QSGD's encode and decode at two ranks, Top-K's flags),
+which inductor caches on disk for later runs; the others compile nothing."""
 import logging
 
 import pytest
@@ -126,3 +126,23 @@ def test_a_checkpoint_of_the_other_path_is_refused_and_an_older_one_is_eager():
     qsgd(False).load_state_dict(older)
     with pytest.raises(ValueError, match="compiled is False in the checkpoint but True here"):
         qsgd(True).load_state_dict(older)
+
+
+@pytest.mark.slow
+def test_compiled_topk_selects_as_eager_bit_for_bit():
+    """Top-K's candidates' flags compiled: the same indices, so the same bytes everywhere (a layer
+    large enough for the sampled threshold: 2^15 entries at 1%)."""
+    shapes = {"w": (256, 128)}
+
+    def topk(compiled):
+        return hc.TopK([(name, torch.nn.Parameter(torch.zeros(shape))) for name, shape in shapes.items()],
+                       density=0.01, compiled=compiled)
+
+    def grads(seed):
+        return {"w": torch.randn(*shapes["w"], generator=torch.Generator().manual_seed(seed))}
+
+    compiled, eager = SimulatedWorld([topk(True), topk(True)]), SimulatedWorld([topk(False), topk(False)])
+    for step in range(3):
+        fast, slow = (world.step([grads(10 * step), grads(10 * step + 1)]) for world in (compiled, eager))
+        assert torch.equal(fast[0]["w"], fast[1]["w"]) and torch.equal(fast[0]["w"], slow[0]["w"])
+    assert compiled.compressors[0].metrics()["compiled"] == 1.0
