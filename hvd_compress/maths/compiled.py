@@ -37,7 +37,7 @@ class Compilable:
     def __init__(self, fn: Callable[..., Any]):
         functools.update_wrapper(self, fn)
         self.eager = fn
-        self.graphs = 0  # graphs inductor compiled for this kernel in this process
+        self.graphs = 0  # graphs handed to inductor for this kernel in this process (built or cached)
         self._compiled: Optional[Callable[..., Any]] = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -70,11 +70,10 @@ def _is_compile_error(error: BaseException) -> bool:
     running a graph on bad inputs."""
     from torch._dynamo import exc
     compile_errors = tuple(kind for kind in (getattr(exc, "BackendCompilerFailed", None),
-                                             getattr(exc, "TorchRuntimeError", None),
                                              getattr(exc, "Unsupported", None),
                                              getattr(exc, "InternalTorchDynamoError", None))
                            if kind is not None)
-    inductor = type(error).__module__.startswith(("torch._inductor", "torch._dynamo"))
+    inductor = type(error).__module__.startswith("torch._inductor")
     return isinstance(error, compile_errors) or inductor or isinstance(error, OSError)
 
 
