@@ -3,7 +3,7 @@ the gradient shapes of real models, side by side with PyTorch's own PowerSGD com
 
     python -m benchmarks codec [--shapes resnet50,bert-base,transformer-xl] [--rank 4]
         [--density 0.01] [--bits 4] [--repeats 3] [--rounds 3] [--device cpu|cuda] [--out docs/]
-        [--quick] [--report-only]
+        [--compiled] [--quick] [--report-only]
 
 Communication is left out: each compressor runs on one rank and every collective's result is
 the rank's own payload (what a world of one returns), so the time is encode + error feedback +
@@ -42,6 +42,14 @@ memory) at the same bandwidth, how far the code as written can get without fusin
 Where one misses it, what bounds it: on CPU each method's process profiles one more step and the
 section names the aten operators that took most of it.
 
+``--compiled`` adds, beside each method that has compiled kernels (``config.compiled``; so far
+QSGD's encode and decode, Top-K's selection flags), its compiled form as a method of its own
+("QSGD compiled"), compiled before its first timed step (``prepare_compiled``; its seconds recorded per process: the run's
+first process compiles into an empty inductor cache of its own, later ones find it there), and
+then, per shape set, eager and compiled timed in one fresh process, cycle for cycle in turn, the
+comparison that the noise between processes (20-40% here) does not blur: the section's table
+"Compiled against eager".
+
 ``--operators`` measures instead, and alone, the aten operators a step dispatches (counted under
 a ``TorchDispatchMode``) for every compressor, and those of L-GreCo's low-rank error rows one
 layer at a time against batched by shape, on each shape set (layers against distinct shapes):
@@ -63,6 +71,7 @@ import multiprocessing
 import os
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -136,12 +145,28 @@ LABELS = {"powersgd": "PowerSGD", "acpsgd": "ACP-SGD", "topk": "TopK", "qsgd": "
           "bf16": "BF16", "none": "NoCompression"}
 
 
+# The label of a method's compiled form (``--compiled``): "QSGD compiled".
+COMPILED = " compiled"
+INTERLEAVED = "compiled against eager"  # measure()'s label for the one-process comparison
+
+
 def compressors(args):
-    """(label, factory) for every compressor at the command line's settings."""
+    """(label, factory) for every compressor at the command line's settings; with ``--compiled``,
+    then the compiled form of each that has compiled kernels."""
     settings = {"powersgd": {"rank": args.rank}, "acpsgd": {"rank": args.rank},
                 "topk": {"density": args.density}, "qsgd": {"bits": args.bits}}
-    return [(label, functools.partial(hc.COMPRESSORS[name].build, **settings.get(name, {})))
+    made = [(label, functools.partial(hc.COMPRESSORS[name].build, **settings.get(name, {})))
             for name, label in LABELS.items()]
+    if getattr(args, "compiled", False):
+        made += [(label + COMPILED, functools.partial(hc.COMPRESSORS[name].build, compiled=True,
+                                                      **settings.get(name, {})))
+                 for name, label in LABELS.items() if hc.COMPRESSORS[name].cls.compiled_kernels]
+    return made
+
+
+def base_label(label):
+    """The method a label times: "QSGD" for "QSGD compiled"."""
+    return label.removesuffix(COMPILED)
 
 
 def gradients(shapes, device="cpu", seed=0):
@@ -201,19 +226,61 @@ def as_integrations_run(make, grads):
     return refresh, step
 
 
+def prepared(make, grads, made):
+    """A factory of ``make()``'s compressor with its compiled kernels (if any) compiled on the
+    gradients' shapes, as a binding has them before the first step; each one made is appended
+    to ``made``."""
+    def build():
+        compressor = make()
+        compressor.prepare_compiled({name: tuple(grad.shape) for name, grad in grads.items()})
+        made.append(compressor)
+        return compressor
+
+    return build
+
+
 def time_ours(make, grads, cycles, device):
     """{"cycles": seconds per step, one value per cycle; "operators": where one more step's
-    time went (``where_time_goes``), on CPU}."""
-    refresh, step = as_integrations_run(make, grads)
+    time went (``where_time_goes``), on CPU; "compile_seconds" of a compiled one}."""
+    made = []
+    refresh, step = as_integrations_run(prepared(make, grads, made), grads)
 
     def timed_step():
         refresh()
         return seconds_of(step, device)
 
     timed = {"cycles": time_cycles(timed_step, cycles)}
+    if made[0].config.compiled:
+        timed["compile_seconds"] = made[0].compile_seconds
     if torch.device(device).type == "cpu":
         refresh()
         timed["operators"] = where_time_goes(step)
+    return timed
+
+
+def time_interleaved(makers, grads, cycles, device):
+    """Each method of ``makers`` ({label: factory}) eager and compiled in this one process, a
+    cycle of each in turn: {label: {"cycles": [...]}}, a compiled one's with its
+    "compile_seconds" (this process's, before its first step)."""
+    made, runs = [], {}
+    for label, make in makers.items():
+        runs[label] = as_integrations_run(prepared(make, grads, made), grads)
+    compile_seconds = dict(zip(makers, (compressor.compile_seconds for compressor in made)))
+    for refresh, step in runs.values():
+        for _ in range(WARMUP_STEPS):
+            refresh()
+            step()
+    timed = {label: {"cycles": []} for label in makers}
+    for _ in range(cycles):
+        for label, (refresh, step) in runs.items():
+            seconds = 0.0
+            for _ in range(STEPS_PER_CYCLE):
+                refresh()
+                seconds += seconds_of(step, device)
+            timed[label]["cycles"].append(seconds / STEPS_PER_CYCLE)
+    for label in makers:
+        if label.endswith(COMPILED):
+            timed[label]["compile_seconds"] = compile_seconds[label]
     return timed
 
 
@@ -334,6 +401,7 @@ def median_seconds(fn, repeats, device):
 def floor_model(label: str, compressor: Compressor, shapes: list) -> dict:
     """The least bytes moved and flops per step of ``compressor`` (labelled as in ``LABELS``)
     on ``shapes`` ([(name, shape)]), at its settings; see the module docstring."""
+    label = base_label(label)
     feedback = getattr(compressor, "feedback", None)
     with_feedback = feedback is not None and feedback.enabled
     per_entry = 16 if with_feedback else 8
@@ -428,6 +496,11 @@ def measure(set_name, label, options):
     if label == FLOOR:
         return machine_throughput(options.rank, options.device, options.quick)
     grads = gradients(shape_set(set_name), options.device)
+    if label == INTERLEAVED:
+        makers = dict(compressors(options))
+        both = {each: makers[each] for compiled in makers if compiled.endswith(COMPILED)
+                for each in (base_label(compiled), compiled)}
+        return time_interleaved(both, grads, options.repeats * options.rounds, options.device)
     if label == HOOK:
         created = world_of_one(options.device)
         try:
@@ -547,17 +620,20 @@ def run(args):
     started, others = time.perf_counter(), OthersShare()
     if args.quick:
         args.shapes, args.repeats = ["tiny"], 1
+    if args.compiled and not args.quick:  # the run's first compiled process compiles from nothing
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="hvd_compress-codec-inductor-")
     results = {"command": command_line(), "machine": dict(machine(), load_average_start=os.getloadavg()[0]),
                "options": {"shapes": args.shapes, "rank": args.rank, "density": args.density,
                            "bits": args.bits, "repeats": args.repeats, "rounds": 1 if args.quick else args.rounds,
-                           "device": args.device, "results_in_gradients": True},
+                           "device": args.device, "results_in_gradients": True, "compiled": args.compiled},
                "codec": {}, "memory_pass": {}}
     if args.device == "cuda":
         results["machine"]["gpu"] = gpu_description()
     rounds = 1 if args.quick else args.rounds
     labels = [HOOK] + [label for label, _ in compressors(args)]
     throughputs = []
-    timings = {(set_name, label): {"cycles": [], "round_ms": []} for set_name in args.shapes for label in labels}
+    timings = {(set_name, label): {"cycles": [], "round_ms": [], "compile_seconds": []}
+               for set_name in args.shapes for label in labels}
     # Rounds over every method, so that the host's slow drifts (this one's: 1.3-1.5x within
     # minutes) hit every method alike; each round's cycles are pooled.
     for round_ in range(rounds):
@@ -571,6 +647,8 @@ def run(args):
                 pooled["round_ms"].append(1e3 * statistics.median(timed["cycles"]))
                 if "operators" in timed:
                     pooled["operators"] = timed["operators"]
+                if "compile_seconds" in timed:
+                    pooled["compile_seconds"].append(timed["compile_seconds"])
                 logger.info("round %d/%d %s %s: %.2f ms/step", round_ + 1, rounds, set_name, label,
                             pooled["round_ms"][-1])
     throughput = best_throughput(throughputs)
@@ -589,6 +667,8 @@ def run(args):
                                        "step_ms_each_round": timed["round_ms"]}
             if "operators" in timed:
                 entry["methods"][label]["operators"] = timed["operators"]
+            if timed["compile_seconds"]:  # in the order the processes ran: the run's first one compiled cold
+                entry["methods"][label]["compile_seconds_each_round"] = timed["compile_seconds"]
             floor = ""
             if label in makers:
                 model = floor_model(label, makers[label](), shapes)
@@ -599,6 +679,10 @@ def run(args):
                 entry["methods"][label]["floor"] = model
                 floor = f", floor {model['floor_ms']:.2f} ms ({model['x_floor']:.2f}x)"
             print(f"{set_name:>15} {label:>20}: {1e3 * seconds:9.2f} ms/step{floor}", flush=True)
+        if args.compiled:
+            call = measure if args.quick else measure_in_fresh_process
+            entry["interleaved"] = {label: dict(timed, step_ms=1e3 * statistics.median(timed["cycles"]))
+                                    for label, timed in call(set_name, INTERLEAVED, args).items()}
         results["codec"][set_name] = entry
         results["memory_pass"][set_name] = time_memory_pass(gradients(shapes, args.device),
                                                             max(args.repeats, 3), args.device)
@@ -672,7 +756,7 @@ def markdown(results, figures, operators=None):
             cells.append(f"{_ms(entry['step_ms'])}, {entry['gb_per_s']:.2f} GB/s, "
                          f"{entry['step_ms'] / methods[HOOK]['step_ms']:.2f}x")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    lines += floor_lines(results)
+    lines += floor_lines(results) + compiled_lines(results)
     if on_gpu and operators:
         lines += per_operator_lines(results, operators)
     lines += ["", "Top-K selection alone: `topk_indices(m, k)` against `torch.topk(m, k)` on the same "
@@ -745,7 +829,7 @@ def floor_lines(results):
             if "floor" not in method:
                 continue
             floor = method["floor"]
-            verdict = ("—" if label not in FLOOR_TARGETS
+            verdict = ("—" if base_label(label) not in FLOOR_TARGETS
                        else "met" if floor["x_floor"] <= FLOOR_LIMIT else "missed")
             lines.append(f"| {name} | {label} | {_ms(method['step_ms'])} | {floor['bytes'] / 1e6:.1f} MB | "
                          f"{floor['flops'] / 1e9:.2f} | {_ms(floor['floor_ms'])} | "
@@ -755,6 +839,37 @@ def floor_lines(results):
     return lines + ["", "A tensor sent whole counts as read and written once, what a real all-reduce "
                     "does; on one rank NoCompression hands the gradient back as it is and can run "
                     "under that."] + draws_lines(results) + passes_lines(results) + bound_lines(results)
+
+
+def compiled_lines(results):
+    """``--compiled``'s comparison: per shape set, each method eager and compiled in one process,
+    against its floor, and the seconds its kernels took to compile in each process."""
+    rows = [(name, entry) for name, entry in results["codec"].items() if "interleaved" in entry]
+    if not rows:
+        return []
+    lines = ["", "Compiled against eager (`--compiled`): each method with compiled kernels "
+             "(`compiled=True`: its arithmetic between collectives through `torch.compile`, inductor's C++ "
+             "kernels) eager and compiled in one fresh process per shape set, a cycle of each in turn: "
+             f"median over {results['options']['repeats'] * results['options']['rounds']} cycles of two "
+             f"steps after {WARMUP_STEPS} warm-up steps. x floor: against the floor above. Compile: seconds "
+             "`prepare_compiled` took before the first step, in the table's processes in the order they "
+             "ran; the run's first compiled process started from an empty inductor cache, later ones "
+             "found its graphs on disk.", "",
+             "| shape set | method | eager | compiled | compiled / eager | eager x floor | compiled x floor | "
+             "compile (s) |", "|---|---|---|---|---|---|---|---|"]
+    for name, entry in rows:
+        methods = entry["methods"]
+        for label, timed in entry["interleaved"].items():
+            if not label.endswith(COMPILED):
+                continue
+            eager = entry["interleaved"][base_label(label)]
+            floor = methods[base_label(label)]["floor"]["floor_ms"]
+            compile_seconds = methods.get(label, {}).get("compile_seconds_each_round", []) + [timed["compile_seconds"]]
+            lines.append(f"| {name} | {base_label(label)} | {_ms(eager['step_ms'])} | {_ms(timed['step_ms'])} | "
+                         f"{timed['step_ms'] / eager['step_ms']:.2f} | {eager['step_ms'] / floor:.2f}x | "
+                         f"{timed['step_ms'] / floor:.2f}x | "
+                         f"{', '.join(f'{seconds:.1f}' for seconds in compile_seconds)} |")
+    return lines
 
 
 def draws_lines(results):
@@ -950,6 +1065,8 @@ def parse_args(argv):
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where gradients live and the codecs run")
     parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--compiled", action="store_true",
+                        help="also time each method with compiled kernels compiled, and against eager in one process")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, one cycle: a smoke test")
     parser.add_argument("--operators", action="store_true",
                         help="only count aten operators per step (on --device), not time anything")

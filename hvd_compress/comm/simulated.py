@@ -38,6 +38,11 @@ class SimulatedWorld:
         self.one_at_a_time = one_at_a_time
         for rank, compressor in enumerate(self.compressors):
             compressor.bind_world(rank, len(self.compressors))
+        # As a binding's configuration check does: compiled kernels ready before the first
+        # round, and compiled on every rank or on none.
+        ready = [compressor.prepare_compiled() for compressor in self.compressors]
+        for compressor in self.compressors:
+            compressor.use_compiled(ready)
 
     @property
     def size(self):

@@ -87,6 +87,7 @@ from hvd_compress.comm.rounds import Collective, Round, Traffic, carrying, on_re
 from hvd_compress.compressors.config import CompressorConfig, check_checkpoint, checkpoint_header
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import errors as error_maths
+from hvd_compress.maths.compiled import Compilable, CompileFailed, graphs, timed_warm_up
 from hvd_compress.maths.finite import extremes, largest_magnitude, nonfinite_marker, verdict
 
 logger = logging.getLogger(__name__)
@@ -219,6 +220,19 @@ class GradientCompression:
         """The ranks the exchange runs among, as the integration names them (a Horovod
         ``ProcessSet``), for whatever talks to other ranks outside the rounds (L-GreCo's decision
         service). Compressors need nothing but ``bind_world``."""
+
+    def prepare_compiled(self, shapes: Optional[Dict[str, Shape]] = None) -> bool:
+        """Compiles the kernels the compression runs compiled (``compiled=True`` in its
+        configuration) on the gradients' ``shapes`` ({name: shape}; None: its parameters'),
+        before the first collective, so that no rank compiles while the others wait in one;
+        returns whether they compiled (True where none are asked for). The binding calls it
+        before the cross-rank configuration check, and hands every rank's answer to
+        ``use_compiled``."""
+        return True
+
+    def use_compiled(self, ready: Sequence[bool]) -> None:
+        """Every rank's ``prepare_compiled`` answer, in rank order: where any is False, every
+        rank runs its kernels eagerly from now on (one log line), so that all round alike."""
 
     def begin(self, name: str, grad: torch.Tensor) -> Round:
         """Starts the exchange of ``grad``, the gradient of parameter ``name``."""
@@ -373,6 +387,8 @@ class Compressor(GradientCompression):
     payload_carries_input = False
     # Error feedback, for compressors that have it (set in their constructor).
     feedback: Optional[ErrorFeedback] = None
+    # The maths kernels the compressor runs compiled under ``config.compiled`` (maths.compiled).
+    compiled_kernels: Tuple[Compilable, ...] = ()
 
     def __init__(self, named_parameters: NamedParameters, config: CompressorConfig):
         # Configuration: fixed at construction, agreed by every rank, recorded in checkpoints.
@@ -403,6 +419,10 @@ class Compressor(GradientCompression):
         self._rejected = False  # reject_step was called this step
         self._undo: Dict[str, Any] = {}
         self._step_scale: Optional[float] = None
+        # The compiled path: asked for, and not given up (use_compiled, a failed compile).
+        self.compiles = config.compiled and bool(self.compiled_kernels)
+        self.compile_seconds = 0.0  # spent in prepare_compiled
+        self._compile_error: Optional[str] = None
 
     # ----- settings, addressable by parameter name ---------------------------------------
     def setting(self, name: str) -> Any:
@@ -461,6 +481,53 @@ class Compressor(GradientCompression):
 
     def write_results_into_gradients(self) -> None:
         self._results_into_gradients = True
+
+    # ----- the compiled path (config.compiled) -------------------------------------------
+    def prepare_compiled(self, shapes: Optional[Dict[str, Shape]] = None) -> bool:
+        if not self.compiles:
+            return True
+        # Parameters know their device; gradients of given shapes are taken to be on the CPU.
+        devices = {name: param.device for name, param in self.parameters.items()}
+        if shapes is None:
+            shapes = {name: tuple(param.shape) for name, param in self.parameters.items()}
+        layers = {(math.prod(shape), self.setting(name), devices.get(name, torch.device("cpu")))
+                  for name, shape in shapes.items() if self.compresses(shape, self.setting(name))}
+
+        def warm():
+            for numel, setting, device in sorted(layers, key=str):
+                self._warm_up(numel, setting, device)
+
+        seconds, self._compile_error = timed_warm_up(warm)
+        self.compile_seconds += seconds
+        if self._compile_error is None:
+            logger.info("%s: compiled kernels ready for %d layer sizes in %.1f s (%d graphs)",
+                        type(self).__name__, len(layers), seconds, graphs(self.compiled_kernels))
+        return self._compile_error is None
+
+    def _warm_up(self, numel: int, setting: Any, device: torch.device) -> None:
+        """Runs each compiled kernel once on a flat gradient of ``numel`` entries at ``setting``,
+        touching no state (``prepare_compiled``)."""
+        raise NotImplementedError
+
+    def use_compiled(self, ready: Sequence[bool]) -> None:
+        if self.compiles and not all(ready):
+            self._fall_back(f"torch.compile failed on rank(s) {[r for r, ok in enumerate(ready) if not ok]}"
+                            + (f" (here: {self._compile_error})" if self._compile_error else ""))
+
+    def _fall_back(self, reason: str) -> None:
+        self.compiles = False
+        logger.warning("%s: compiled=True, but %s; its kernels run eagerly from now on", type(self).__name__, reason)
+
+    def _compiled_or_eager(self, run: Callable[[bool], Any]) -> Any:
+        """``run(compiled)`` on the path in force. A compile that fails here, outside
+        ``prepare_compiled`` (an unbound compressor, a layer it did not know), falls back to eager
+        in this process alone: bound ones compile every layer ahead, where all ranks agree."""
+        if self.compiles:
+            try:
+                return run(True)
+            except CompileFailed as error:
+                self._fall_back(str(error.__cause__ or error))
+        return run(False)
 
     def _result_memory(self, grad: torch.Tensor) -> Optional[torch.Tensor]:
         """``grad``'s memory, flat, for its exchange's result where the integration said so
@@ -753,7 +820,11 @@ class Compressor(GradientCompression):
         """This process's numbers after the last step, as one flat dict of numbers (bytes sent,
         ratio, skipped non-finite steps; codec seconds where ``hvd_compress.metrics`` times
         them). Reads no tensor: free to call every step."""
-        return dict(self.traffic.metrics(), skipped_steps=self.skipped_steps)
+        numbers = dict(self.traffic.metrics(), skipped_steps=self.skipped_steps)
+        if self.config.compiled:  # graphs: this process's, for the kernels this class runs
+            numbers.update(compiled=float(self.compiles), compiled_graphs=graphs(self.compiled_kernels),
+                           compile_seconds=self.compile_seconds)
+        return numbers
 
     # ----- configuration, checkpointing -------------------------------------------------------
     def describe(self) -> Dict[str, Any]:

@@ -85,10 +85,16 @@ def _declared(kind: type, name: str) -> Mapping[str, Any]:
 @dataclass(frozen=True, kw_only=True)
 class CompressorConfig(MethodConfig):
     """What every compressor has: ``min_numel`` (smaller gradients, and every 1-D gradient, are
-    all-reduced uncompressed) and ``default``, the per-parameter setting unless overridden
-    (checked by the compressor itself, which alone knows its settings)."""
+    all-reduced uncompressed), ``default``, the per-parameter setting unless overridden
+    (checked by the compressor itself, which alone knows its settings), and ``compiled``: run
+    the codec's arithmetic between collectives through ``torch.compile`` where the compressor
+    has compiled kernels (``maths.compiled``; QSGD's encode and decode, Top-K's selection
+    flags), compiled before the first collective, eagerly on every rank where some rank cannot
+    compile. Agreed across ranks and recorded in checkpoints: compiled and eager kernels may
+    round differently."""
     min_numel: int = option(1024, arguments.integer, low=0)
     default: Any = None
+    compiled: bool = option(False, arguments.flag)
 
 
 def configured(kind: Type[Config], owner: str, config: Optional[Config], options: Dict[str, Any],
@@ -143,7 +149,11 @@ def check_checkpoint(owner: str, state_dict: Dict[str, Any], keys: Iterable[str]
     if state_dict["class"] != owner:
         raise ValueError(f"{owner}.load_state_dict: the checkpoint is a {state_dict['class']} "
                          f"checkpoint, not a {owner} one")
-    mine, theirs = config.describe(), state_dict["config"]
+    mine, theirs = config.describe(), dict(state_dict["config"])
+    # A checkpoint taken before a field existed ran with that field's default.
+    for each in fields(config):
+        if each.name in mine and each.name not in theirs and each.default is not MISSING:
+            theirs[each.name] = _plain(each.default)
     for key in sorted(set(mine) | set(theirs)):
         if mine.get(key) != theirs.get(key):
             raise ValueError(f"{owner}.load_state_dict: {key} is {theirs.get(key)!r} in the "

@@ -47,6 +47,7 @@ class QSGD(Compressor):
 
     setting_name = "bits"
     controllable = True
+    compiled_kernels = quantize.COMPILED_KERNELS
     # A bucket holding an Inf or NaN travels a non-finite norm (quantize.bucket_norms), and every
     # entry of that bucket decodes non-finite on every rank.
     payload_carries_input = True
@@ -91,33 +92,55 @@ class QSGD(Compressor):
     def kept_energies(self, name, x, settings, memo):
         return error_maths.qsgd_kept_energies(x.reshape(-1), settings, self.config.bucket_size)
 
-    def _rounding_generator(self, name, device):
+    def _rounding_key(self, name):
         """Rounding noise differs per rank (so it averages out) and is reproducible from
-        (seed, rank, parameter, step) whatever order gradients arrive in."""
+        (seed, rank, parameter, step) whatever order gradients arrive in: the seed of the step's
+        generator."""
         st = self.state.setdefault(name, QSGDState())
         st.step += 1
-        key = zlib.crc32(f"{self.config.seed}:{self.rank}:{name}:{st.step}".encode())
-        return torch.Generator(device=device).manual_seed(key)
+        return zlib.crc32(f"{self.config.seed}:{self.rank}:{name}:{st.step}".encode())
+
+    def _payload(self, n, bits, device):
+        """(payload, its codes, its norms) for ``n`` entries at ``bits``: codes first and an even
+        number of norms keep every gathered row 8-byte aligned; the padding norm is zero."""
+        code_bytes = quantize.packed_size(n, bits)
+        buckets = -(-n // self.config.bucket_size)
+        payload = torch.empty(code_bytes + 4 * (buckets + buckets % 2), dtype=torch.uint8, device=device)
+        norms = payload[code_bytes:].view(torch.float32)
+        norms[buckets:] = 0
+        return payload, payload[:code_bytes], norms[:buckets]
+
+    def _encode(self, x, bits, key, codes, norms, compiled):
+        quantize.encode(x, bits, self.config.bucket_size, torch.Generator(device=x.device).manual_seed(key),
+                        codes, norms, compiled=compiled)
+
+    def _decode_mean(self, rows, n, bits, out, compiled):
+        """The mean of the gathered ``rows`` (one payload a rank), into ``out`` where given."""
+        code_bytes = quantize.packed_size(n, bits)
+        buckets = -(-n // self.config.bucket_size)
+        return quantize.decode_mean(rows[:, :code_bytes], rows[:, code_bytes:].view(torch.float32)[:, :buckets],
+                                    bits, self.config.bucket_size, n, out=out, compiled=compiled)
+
+    def _warm_up(self, numel, setting, device):
+        payload, codes, norms = self._payload(numel, setting, device)
+        self._encode(torch.zeros(numel, device=device), setting, 0, codes, norms, True)
+        # Gathered rows as the collective returns them (contiguous), so that no stride differs.
+        self._decode_mean(payload.repeat(self.size, 1), numel, setting, None, True)
 
     def _begin(self, name, grad):
         shape, dtype, n = grad.shape, grad.dtype, grad.numel()
         bits = self.setting(name)
-        code_bytes = quantize.packed_size(n, bits)
-        buckets = -(-n // self.config.bucket_size)
-        # Codes first and an even number of norms keep every gathered row 8-byte aligned.
-        payload = torch.empty(code_bytes + 4 * (buckets + buckets % 2), dtype=torch.uint8, device=grad.device)
-        norms = payload[code_bytes:].view(torch.float32)
-        norms[buckets:] = 0
-        quantize.encode(grad.reshape(-1).float(), bits, self.config.bucket_size,
-                        self._rounding_generator(name, grad.device), payload[:code_bytes], norms[:buckets])
+        payload, codes, norms = self._payload(n, bits, grad.device)
+        x, key = grad.reshape(-1).float(), self._rounding_key(name)
+        self._compiled_or_eager(lambda compiled: self._encode(x, bits, key, codes, norms, compiled))
 
         def after_gather(rows):
             # No entry decodes above its bucket's norm, and the mean adds one per rank, then divides.
+            code_bytes, buckets = codes.numel(), norms.numel()
             self._result_bounded_by(name, rows[:, code_bytes:code_bytes + 4 * buckets].view(torch.float32),
                                     rows.shape[0])
-            mean = quantize.decode_mean([row[:code_bytes] for row in rows],
-                                        [row[code_bytes:].view(torch.float32)[:buckets] for row in rows],
-                                        bits, self.config.bucket_size, n, out=self._result_memory(grad))
+            out = self._result_memory(grad)
+            mean = self._compiled_or_eager(lambda compiled: self._decode_mean(rows, n, bits, out, compiled))
             return mean.view(shape).to(dtype)
 
         return Round(payload, Collective.ALLGATHER, after_gather)

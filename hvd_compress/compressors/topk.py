@@ -11,6 +11,7 @@ from hvd_compress.compressors.base import Compressor, NamedParameters, check_can
 from hvd_compress.compressors.config import CompressorConfig, configured, option
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import errors as error_maths
+from hvd_compress.maths import sparsify
 from hvd_compress.maths.sparsify import topk_indices
 
 
@@ -98,6 +99,7 @@ class TopK(KSparse):
     """
 
     controllable = True
+    compiled_kernels = sparsify.COMPILED_KERNELS
     # An Inf or NaN magnitude ranks above every finite one (torch.topk, and the sampled
     # threshold's candidates, which keep NaN), so a non-finite input is always among the k sent.
     payload_carries_input = True
@@ -112,6 +114,9 @@ class TopK(KSparse):
 
     def _begin(self, name, grad):
         return self._compress(name, grad, None)[0]
+
+    def _warm_up(self, numel, setting, device):
+        sparsify.warm_up(numel, device)
 
     def _begin_measured(self, name, grad, settings, memo):
         return self._compress(name, grad, nested_ks(settings))
@@ -128,7 +133,7 @@ class TopK(KSparse):
         # Gradient plus residual, built in the residual's buffer; zeroing what is sent leaves
         # the next residual there.
         acc = self.feedback.compensated(name, grad.reshape(-1))
-        indices = topk_indices(acc, k)
+        indices = self._compiled_or_eager(lambda compiled: topk_indices(acc, k, compiled))
         values = acc.index_select(0, indices)
         energies = None
         if nested is not None:

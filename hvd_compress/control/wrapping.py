@@ -54,6 +54,12 @@ class Controller(GradientCompression):
     def write_results_into_gradients(self) -> None:
         self.inner.write_results_into_gradients()
 
+    def prepare_compiled(self, shapes: Optional[Dict[str, Shape]] = None) -> bool:
+        return self.inner.prepare_compiled(shapes)
+
+    def use_compiled(self, ready: Sequence[bool]) -> None:
+        self.inner.use_compiled(ready)
+
     def adopt_parameters(self, named: Dict[str, Any]) -> None:
         self.inner.adopt_parameters(named)  # self.parameters is the same dict
 

@@ -6,21 +6,26 @@ import time
 AGREEMENT_TIMEOUT = 600.0
 
 
-def verify_same_configuration(compression, transport, rank_name=None):
+def verify_same_configuration(compression, transport, rank_name=None, compiled_ready=True):
     """All-gathers ``compression.describe()`` over ``transport`` (one of ``comm/transports.py``,
     among the ranks of its process set) and raises ValueError on every rank, naming what
     differs, if any rank disagrees. Collective: every rank of the set must call it; ranks
     outside it are never waited on. ``rank_name`` maps a rank within the set to the rank the
-    error names (default: the rank within the set; HSDP names global ranks)."""
+    error names (default: the rank within the set; HSDP names global ranks).
+
+    ``compiled_ready``: whether this rank's compiled kernels compiled
+    (``GradientCompression.prepare_compiled``), gathered in the same message; returns every
+    rank's, in rank order, so that all ranks make the same choice."""
     rank_name = rank_name or (lambda rank: rank)
     mine = compression.describe()
     deadline = time.monotonic() + AGREEMENT_TIMEOUT
-    everyone = transport.allgather(mine, "hvd_compress.configuration", deadline,
-                                   "the cross-rank configuration check")
+    everyone = transport.allgather({"configuration": mine, "compiled_ready": compiled_ready},
+                                   "hvd_compress.configuration", deadline, "the cross-rank configuration check")
     for other_rank, theirs in enumerate(everyone):
-        if theirs != mine:
-            raise ValueError(describe_difference(mine, theirs, rank_name(transport.rank),
+        if theirs["configuration"] != mine:
+            raise ValueError(describe_difference(mine, theirs["configuration"], rank_name(transport.rank),
                                                  rank_name(other_rank)))
+    return [theirs["compiled_ready"] for theirs in everyone]
 
 
 def describe_difference(mine, theirs, my_rank, other_rank):

@@ -194,11 +194,18 @@ class Binding:
             return self.world[0] != world_generation()
         return self.world != self.group.world()
 
-    def check_configuration(self) -> None:
+    def check_configuration(self, shapes: Optional[Dict[str, Tuple[int, ...]]] = None) -> None:
         """That every rank runs the same configuration (ValueError naming the difference), once
-        per binding. Collective over the group: every rank must call it at the same point."""
+        per binding. Collective over the group: every rank must call it at the same point, and
+        every integration calls it before its first round. So the compression compiles its
+        kernels here first, on the gradients' ``shapes`` ({name: shape}; None: its parameters',
+        ``prepare_compiled``; the check waits for the slowest rank, up to
+        ``agreement.AGREEMENT_TIMEOUT``), and runs them compiled only where every rank could."""
         if self.active and not self._checked:
-            verify_same_configuration(self._described, self.group.transport(), self._rank_name)
+            ready = self.compression.prepare_compiled(shapes)
+            everyone = verify_same_configuration(self._described, self.group.transport(), self._rank_name,
+                                                 compiled_ready=ready)
+            self.compression.use_compiled(everyone)
             self._checked = True
 
     def start(self, name: str, grad: torch.Tensor) -> None:

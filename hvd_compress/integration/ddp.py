@@ -78,6 +78,7 @@ class State:
         self.process_group = process_group
         self.iter = 0
         self._names: Dict[int, str] = {}
+        self._shapes: Dict[str, Tuple[int, ...]] = {}  # what compiled kernels are warmed on
         self._lookup: Dict[int, str] = {}  # id(parameter) -> name
         self._binding: Optional[Binding] = None  # made at the first bucket, configuration checked
         self._plan = []        # this step's buckets so far, as fusion buckets
@@ -89,6 +90,7 @@ class State:
         """Names gradients by their parameters' identity: ``model.named_parameters()``."""
         named = arguments.named_parameters("hvd_compress.ddp.State", named_parameters)
         self._names = {id(param): name for name, param in named.items()}
+        self._shapes = {name: tuple(param.shape) for name, param in named.items()}
         self._build_lookup()
 
     def _build_lookup(self):
@@ -98,7 +100,7 @@ class State:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.update(process_group=None, _names={}, _lookup={}, _binding=None, _plan=[], _pending=[])
+        state.update(process_group=None, _names={}, _shapes={}, _lookup={}, _binding=None, _plan=[], _pending=[])
         return state
 
     # ----- used by hook() -------------------------------------------------------------------
@@ -116,7 +118,7 @@ class State:
         if self._binding is not None:
             return
         binding = Binding(self.compressor, TorchGroup(self.process_group))
-        binding.check_configuration()
+        binding.check_configuration(self._shapes or None)
         self._build_lookup()
         self._binding = binding
 

@@ -60,7 +60,7 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         rank runs the same configuration (collective) once per world."""
         if self._binding.stale():
             self._bind_world()
-        self._binding.check_configuration()
+        self._binding.check_configuration({self._parameter_names[p]: tuple(p.shape) for p in self._requires_update})
 
     def _make_hook(self):
         def hook(p):

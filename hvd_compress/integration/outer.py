@@ -220,7 +220,7 @@ class DiLoCo(torch.optim.Optimizer):
         if binding.active:
             shapes = {name: tuple(p.shape) for name, p in reversed(self._named.items())}
             self._scheduler = FusionScheduler(self.compression, shapes, ScaledFusion(), self.rank)
-            binding.check_configuration()
+            binding.check_configuration(shapes)
             self._broadcast_anchors(binding.driver.backend)
         self._binding = binding
 

@@ -4,10 +4,17 @@ On CPU, quantising and dequantising take several element-wise steps each; they r
 chunks of whole buckets small enough to stay in cache, so the gradient streams through
 memory about once instead of once per step. Chunking changes no result: the chunks consume
 the random stream in order. Other devices process the whole tensor at once.
+
+``encode`` and ``decode_mean`` may run each chunk's arithmetic compiled (``compiled=True``,
+``maths.compiled``): one fused loop over the chunk instead of an operator a step. The noise is
+drawn eagerly, chunk by chunk, from the same stream, so only float rounding can differ from the
+eager path (a norm's float64 sum in another order, a fused multiply-add).
 """
 import math
 
 import torch
+
+from hvd_compress.maths.compiled import compilable
 
 # Entries per chunk on CPU: the four 1 MiB temporaries of a chunk stay in the L2/L3 caches;
 # smaller chunks pay more per-op overhead (measured on the benchmark machine).
@@ -95,11 +102,16 @@ def quantize(x, bits, bucket_size, generator):
     return codes, norms
 
 
-def encode(x, bits, bucket_size, generator, packed, norms):
+def encode(x, bits, bucket_size, generator, packed, norms, compiled=False):
     """``pack_codes(quantize(x, ...)[0], bits)`` into ``packed`` (uint8, ``packed_size`` bytes)
     and the norms into ``norms`` (float32, one a bucket), bit for bit, packing each chunk's
-    codes while they are in cache: no gradient-sized codes are written and read back."""
+    codes while they are in cache: no gradient-sized codes are written and read back.
+    ``compiled``: each chunk's norms, codes and packing in one compiled kernel
+    (``_encode_chunk``), the same up to float rounding; may raise ``maths.compiled.CompileFailed``."""
     per_word = 64 // bits
+    if compiled:
+        _encode_compiled(x, bits, bucket_size, generator, packed, norms)
+        return
     for start, codes in _quantized_chunks(x, bits, bucket_size, generator, norms, per_word=per_word):
         first = start // per_word * 8
         packed[first:first + packed_size(codes.numel(), bits)] = pack_codes(codes, bits)
@@ -149,9 +161,16 @@ def dequantize_mean(codes, norms, bits, bucket_size, out=None):
                          codes[0].numel(), codes[0].device, out)
 
 
-def decode_mean(packed, norms, bits, bucket_size, count, out=None):
+def decode_mean(packed, norms, bits, bucket_size, count, out=None, compiled=False):
     """``dequantize_mean`` of the rows ``unpack_codes(packed[i], bits, count)``, bit for bit, each
-    row's codes unpacked a chunk at a time where that chunk is decoded."""
+    row's codes unpacked a chunk at a time where that chunk is decoded. ``packed`` and ``norms``:
+    sequences of rows (lists, or 2-D tensors whose rows are contiguous: an all-gather's).
+    ``compiled`` (2-D tensors only): each chunk's unpacking, scaling and mean of every row in one
+    compiled kernel (``_decode_chunk``), the same up to float rounding; may raise
+    ``maths.compiled.CompileFailed``."""
+    if compiled:
+        return _decode_mean_compiled(packed, norms, bits, bucket_size, count, out)
+
     def codes_of(row, start, stop):
         return unpack_codes(packed[row][start // per_word * 8:packed_size(stop, bits)], bits, stop - start)
 
@@ -299,3 +318,102 @@ def _per_bucket(op, values, per_bucket, start, bucket_size):
         op(values[:full * bucket_size].view(full, bucket_size), per_bucket[first:first + full].unsqueeze(1))
     if full * bucket_size < values.numel():
         op(values[full * bucket_size:], per_bucket[first + full])
+
+
+# ----- the compiled path -----------------------------------------------------------------------
+def _packs_bytes(bits):
+    """Whether ``bits`` divides 8: codes then pack into bytes (a byte holds 8 / bits of them,
+    least significant first), which is what packing into 64-bit words leaves in memory on a
+    little-endian machine, without shifting a field into an int64's sign bit."""
+    return 8 % bits == 0
+
+
+def _packed_view(packed, bits):
+    """``packed`` (uint8, last dimension a multiple of 8 bytes) as the fields' container the
+    compiled kernels read and write: itself where codes pack into bytes, else int64 words."""
+    return packed if _packs_bytes(bits) else packed.view(torch.int64)
+
+
+@compilable
+def _encode_chunk(piece, noise, packed, bits: int, bucket_size: int):
+    """``encode``'s work on one chunk (whole buckets but perhaps the last): ``piece`` (float32,
+    n entries), ``noise`` (int16, at least n: the chunk's words), the codes into ``packed``
+    (uint8, the chunk's ``packed_size(n, bits)`` bytes); returns the chunk's norms (float32,
+    one a bucket; the caller copies them into the payload, whose float32 view of its bytes a
+    compiled function cannot write). The same steps as ``_quantized_chunks`` and
+    ``pack_codes``, fused."""
+    s = levels_for_bits(bits)
+    n = piece.shape[0]
+    buckets = -(-n // bucket_size)
+    wide = torch.nn.functional.pad(piece, (0, buckets * bucket_size - n)).to(torch.float64)
+    wide_norms = wide.view(buckets, bucket_size).square().sum(dim=1).sqrt()
+    # finfo, not the module's float: dynamo would make a global float a symbol and trace twice.
+    largest = torch.finfo(torch.float32).max
+    chunk_norms = torch.where(wide_norms.isinf(), wide_norms, wide_norms.clamp(max=largest)).to(torch.float32)
+    denominators = torch.where(chunk_norms > 0, chunk_norms, 1.0)
+    bucket = torch.arange(n, device=piece.device) // bucket_size
+    level = piece / denominators[bucket] * s + 0.5 + noise[:n].to(torch.float32) * 2 ** -16
+    unsigned = (level.floor() + s).to(torch.int64)
+    per_field, field_bytes = (8 // bits, 1) if _packs_bytes(bits) else (64 // bits, 8)
+    fields = torch.nn.functional.pad(unsigned, (0, packed.shape[0] // field_bytes * per_field - n)).view(-1, per_field)
+    word = fields[:, 0]
+    for field in range(1, per_field):
+        word = word | (fields[:, field] << field * bits)
+    packed.copy_(word.to(torch.uint8) if field_bytes == 1 else word.view(torch.uint8))
+    return chunk_norms
+
+
+def _encode_compiled(x, bits, bucket_size, generator, packed, norms):
+    """``encode`` a chunk at a time through ``_encode_chunk``, drawing the noise as
+    ``_quantized_chunks`` does."""
+    n, per_word = x.numel(), 64 // bits
+    chunk = _chunk_entries(x.device, bucket_size, n, per_word)
+    words = torch.empty(noise_words(min(chunk, n)), dtype=torch.int64, device=x.device)
+    for start in range(0, n, chunk):
+        piece = x[start:start + chunk]
+        count = piece.numel()
+        noise = draw_noise(words[:noise_words(count)], generator).view(torch.int16)
+        first = start // per_word * 8
+        chunk_norms = _encode_chunk.compiled(piece, noise, packed[first:first + packed_size(count, bits)], bits,
+                                             bucket_size)
+        norms[start // bucket_size:start // bucket_size + chunk_norms.numel()] = chunk_norms
+
+
+@compilable
+def _decode_chunk(packed, norms, out, bits: int, bucket_size: int):
+    """``decode_mean``'s work on one chunk of n entries (whole buckets but perhaps the last):
+    ``packed`` (rows x the chunk's fields, ``_packed_view``), ``norms`` (rows x the chunk's
+    buckets), the mean into ``out`` (float32, n). Rows are added in order, then divided by
+    their count, as ``_mean_of_rows`` does."""
+    s = levels_for_bits(bits)
+    n = out.shape[0]
+    mask = (1 << bits) - 1
+    per_field = 8 // bits if _packs_bytes(bits) else 64 // bits
+    bucket = torch.arange(n, device=out.device) // bucket_size
+    total = None
+    for row in range(packed.shape[0]):
+        fields = packed[row].to(torch.int64)
+        unsigned = torch.stack([(fields >> field * bits) & mask for field in range(per_field)], dim=1).view(-1)[:n]
+        values = (unsigned - s).to(torch.float32) / s * norms[row][bucket]
+        total = values if total is None else total + values
+    out.copy_(total / packed.shape[0] if packed.shape[0] > 1 else total)
+
+
+def _decode_mean_compiled(packed, norms, bits, bucket_size, n, out):
+    """``decode_mean`` a chunk at a time through ``_decode_chunk``."""
+    mean = torch.empty(n, device=packed.device) if out is None else out
+    per_word = 64 // bits
+    chunk = _chunk_entries(packed.device, bucket_size, n, per_word)
+    fields = _packed_view(packed, bits)
+    per_field = 1 if _packs_bytes(bits) else 8
+    for start in range(0, n, chunk):
+        piece = mean[start:start + chunk]
+        first = start // per_word * 8
+        _decode_chunk.compiled(fields[:, first // per_field:(first + packed_size(piece.numel(), bits)) // per_field],
+                               norms[:, start // bucket_size:(start + piece.numel() - 1) // bucket_size + 1],
+                               piece, bits, bucket_size)
+    return mean
+
+
+#: The kernels ``encode`` and ``decode_mean`` run compiled.
+COMPILED_KERNELS = (_encode_chunk, _decode_chunk)

@@ -4,6 +4,7 @@ import math
 
 import torch
 
+from hvd_compress.maths.compiled import compilable
 from hvd_compress.maths.scratch import scratch
 
 # Below this size, or when k is a large fraction of n, torch.topk is as fast as anything.
@@ -19,8 +20,10 @@ _MARGIN_SIGMAS = 4.0
 _MASK_CHUNK = 1 << 20
 
 
-def topk_indices(values, k):
+def topk_indices(values, k, compiled=False):
     """Indices of the k entries of largest magnitude of a 1-D tensor (order unspecified).
+    ``compiled``: the candidates' flags in one compiled pass (``indices_at_least``); the same
+    indices.
 
     For large tensors at low density, a threshold estimated from a fixed random sample keeps
     a candidate set a little larger than k in one pass; an exact top-k over the candidates
@@ -43,7 +46,7 @@ def topk_indices(values, k):
         threshold = sample.topk(above, sorted=False).values.min()
         if not threshold > 0:  # every entry is a candidate
             return torch.topk(values.abs(), k, sorted=False).indices
-        candidates = indices_at_least(values, threshold)
+        candidates = indices_at_least(values, threshold, compiled)
         if candidates.numel() >= k:
             break
         if above == sample_size:
@@ -51,6 +54,23 @@ def topk_indices(values, k):
         fraction *= 4
     chosen = torch.topk(values.index_select(0, candidates).abs_(), k, sorted=False).indices
     return candidates.index_select(0, chosen)
+
+
+@compilable
+def _flags(values, threshold, mask):
+    """``mask`` (bool, like ``values``) = |values| >= ``threshold`` (a 0-d tensor), in one pass."""
+    mask.copy_(values.abs() >= threshold)
+
+
+#: The kernels ``topk_indices`` runs compiled.
+COMPILED_KERNELS = (_flags,)
+
+
+def warm_up(numel, device):
+    """Compiles ``topk_indices``' kernels for float32 values of ``numel`` entries on ``device``
+    (shapes are dynamic: one size serves all); may raise ``maths.compiled.CompileFailed``."""
+    mask = scratch(numel, torch.bool, device)
+    _flags.compiled(torch.zeros(numel, device=device), torch.ones((), device=device), mask)
 
 
 def sampled_kth_largest(magnitudes, k):
@@ -70,25 +90,29 @@ def _sample_positions(n, device):
     return torch.randint(n, (min(_MAX_SAMPLE_SIZE, n >> _SAMPLE_SHIFT),), generator=generator).to(device)
 
 
-def indices_at_least(values, threshold):
+def indices_at_least(values, threshold, compiled=False):
     """Ascending indices of the entries of ``values`` whose magnitude is >= ``threshold`` (a
     positive 0-d tensor): ``(values.abs() >= threshold).nonzero()``, several times faster
     when few entries qualify.
 
-    Comparisons write bools slowly, so the flags come from ``threshold(|x|, below, 0)`` (zero
-    unless |x| > below, the float just under ``threshold``) copied to bool, a chunk at a time.
-    The flags are then scanned eight at a time as 64-bit words, and only words with a flag
-    set are expanded."""
+    Comparisons write bools slowly in eager torch, so the flags come from ``threshold(|x|,
+    below, 0)`` (zero unless |x| > below, the float just under ``threshold``) copied to bool,
+    a chunk at a time; ``compiled``, from one compiled pass (``_flags``: the same flags, NaN
+    flagged by neither). The flags are then scanned eight at a time as 64-bit words, and only
+    words with a flag set are expanded."""
     n = values.numel()
-    below = torch.nextafter(threshold, threshold.new_zeros(())).item()
     mask = scratch(8 * -(-n // 8), torch.bool, values.device)
     mask[n:] = False
-    kept = scratch(min(n, _MASK_CHUNK), values.dtype, values.device)
-    for start in range(0, n, _MASK_CHUNK):
-        piece = values[start:start + _MASK_CHUNK]
-        count = piece.numel()
-        magnitudes = torch.abs(piece, out=kept[:count])
-        mask[start:start + count].copy_(torch.threshold(magnitudes, below, 0.0, out=magnitudes))
+    if compiled:
+        _flags.compiled(values, threshold, mask[:n])
+    else:
+        below = torch.nextafter(threshold, threshold.new_zeros(())).item()
+        kept = scratch(min(n, _MASK_CHUNK), values.dtype, values.device)
+        for start in range(0, n, _MASK_CHUNK):
+            piece = values[start:start + _MASK_CHUNK]
+            count = piece.numel()
+            magnitudes = torch.abs(piece, out=kept[:count])
+            mask[start:start + count].copy_(torch.threshold(magnitudes, below, 0.0, out=magnitudes))
     as_words = mask.view(torch.int64)
     (hit,) = torch.nonzero(as_words, as_tuple=True)
     (flags,) = torch.nonzero(as_words.index_select(0, hit).view(torch.bool), as_tuple=True)

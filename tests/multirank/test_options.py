@@ -17,11 +17,14 @@ from helpers import CONFIGS, PATHS, assert_parameters_identical, distributed, ga
 TOLERANCE = {"fp16": 2e-3, "bf16": 2e-2}
 
 
-def gradients_after(method, path, steps=3, **options):
-    """Every synchronized gradient of ``steps`` steps (SGD, lr 0 so that the model stays put)."""
+def gradients_after(method, path, steps=3, made=None, **options):
+    """Every synchronized gradient of ``steps`` steps (SGD, lr 0 so that the model stays put);
+    the compressor is appended to ``made`` where given."""
     torch.manual_seed(0)
     model = DigitsCNN()
-    opt, _ = distributed(model, torch.optim.SGD(model.parameters(), lr=0.0), method, path, **options)
+    opt, compressor = distributed(model, torch.optim.SGD(model.parameters(), lr=0.0), method, path, **options)
+    if made is not None:
+        made.append(compressor)
     history = []
     for x, y in rank_batches(steps, seed=4):
         opt.zero_grad()
@@ -365,3 +368,22 @@ def test_a_float16_mean_whose_sum_overflows_survives(path, method, dtype, option
     if w == 2:
         assert torch.equal(got, torch.full((8, 4), expected, dtype=dtype))
     assert_parameters_identical(module, f"float16.{path}.{method}")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_compiled_qsgd_compiles_before_its_first_round_and_keeps_ranks_identical(path):
+    """QSGD with ``compiled=True``: its kernels compile in the first step's configuration
+    check, before any round (``compile_seconds``), every rank runs them compiled, every
+    synchronized gradient is bit-identical on every rank, and matches the eager run's to
+    rounding. At np 2 only: decoding compiles a graph per world size, and one shows it."""
+    if hvd.size() != 2:
+        pytest.skip("compiled QSGD runs at np 2 only (a decode graph per world size)")
+    made = []
+    compiled = gradients_after("qsgd", path, made=made, settings={"compiled": True})
+    for step, gradients in enumerate(compiled):
+        for name, gradient in gradients.items():
+            rows = gathered(gradient, f"compiled.{path}.{step}.{name}")
+            assert all(torch.equal(rows[0], row) for row in rows), (step, name)
+    metrics = made[0].metrics()
+    assert metrics["compiled"] == 1.0 and metrics["compile_seconds"] > 0 and metrics["compiled_graphs"] >= 1
+    assert_close(compiled, gradients_after("qsgd", path), "qsgd")

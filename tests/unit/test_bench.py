@@ -48,6 +48,19 @@ def test_codec_quick_writes_json_figures_and_its_section(tmp_path, monkeypatch):
     assert "run as the integrations run it" not in (tmp_path / "benchmarks.md").read_text()
 
 
+@pytest.mark.slow
+def test_codec_quick_compiled_times_both_paths_in_one_process(tmp_path, monkeypatch):
+    (tmp_path / "benchmarks.md").write_text("# Benchmarks\n")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert bench.main(["codec", "--quick", "--compiled", "--out", str(tmp_path)]) == 0
+    entry = json.loads((tmp_path / "benchmarks" / "codec.json").read_text())["codec"]["tiny"]
+    assert entry["methods"]["QSGD compiled"]["step_ms"] > 0
+    assert entry["methods"]["QSGD compiled"]["compile_seconds_each_round"][0] > 0
+    assert set(entry["interleaved"]) == {"QSGD", "QSGD compiled", "TopK", "TopK compiled"}
+    assert entry["interleaved"]["QSGD compiled"]["compile_seconds"] > 0
+    assert "| shape set | method | eager | compiled | compiled / eager |" in (tmp_path / "benchmarks.md").read_text()
+
+
 def test_codec_floor_counts_each_methods_least_bytes_and_flops():
     """By hand: a 32 x 64 matrix (2,048 entries, compressed) and a 16-entry bias (sent whole:
     read and written once, 128 bytes). Error feedback reads and writes the residual too (16

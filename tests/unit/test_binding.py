@@ -23,7 +23,8 @@ class TwinBackend:
 
 
 class Gathering:
-    """A transport whose other ranks answer ``theirs``; counts the all-gathers."""
+    """A transport whose other ranks answer ``theirs`` as their configuration; counts the
+    all-gathers."""
     rank = 0
 
     def __init__(self, theirs):
@@ -31,7 +32,7 @@ class Gathering:
 
     def allgather(self, obj, tag, deadline, what):
         self.calls += 1
-        return [obj, obj if self.theirs is None else self.theirs]
+        return [obj, obj if self.theirs is None else dict(obj, configuration=self.theirs)]
 
 
 class TwinGroup:
