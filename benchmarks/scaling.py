@@ -33,8 +33,8 @@ import torch
 import hvd_compress as hc
 from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
-from benchmarks.report import (DOCS, add_job_options, command_line, describe_machine, machine, mpirun_job, panels,
-                               resumed_section, save_figure, say)
+from benchmarks.report import (add_job_options, command_line, describe_machine, machine, mpirun_job, panels,
+                               resumed_section, save_figure, say, write_section)
 from benchmarks.workloads import charlm
 
 RESULT_PREFIX = "SCALING_RESULT "
@@ -217,7 +217,6 @@ def draw_figure(results: Dict[str, Any], path: Path) -> None:
 
 
 def write_report(results: Dict[str, Any], out: Path) -> None:
-    from benchmarks.report import write_section
     figure = out / "benchmarks" / "scaling.png"
     if summary(results):
         draw_figure(results, figure)
