@@ -71,8 +71,12 @@ class StockBridge:
         check_op("hvd_compress compression", op)
         self.process_set = getattr(optimizer, "process_set", hvd.global_process_set)
         names = getattr(optimizer, "_parameter_names", None)  # {parameter: name}, as Horovod names them
-        if not compressor.parameters and names:
-            compressor.adopt_parameters({name: param for param, name in names.items()})
+        own = {name: param for param, name in names.items()} if names else {}
+        if not compressor.parameters and own:
+            compressor.adopt_parameters(own)
+        # A shared cast serves several optimizers: each bridge names its own optimizer's
+        # gradients, so that the rounds of two same-sized ones never share a collective's name.
+        named = own if own and getattr(compressor, "shareable", False) else compressor.parameters
         self.sum_scale = self.process_set.size() if op == hvd.Sum else 1
         # Horovod sums a payload that rides its all-reduce as it comes, after dividing by
         # gradient_predivide_factor (hvd.Average only): a float16 payload rides it only where
@@ -85,7 +89,7 @@ class StockBridge:
         # Horovod's optimizer sets each gradient to its result; hvd.allreduce returns a new tensor.
         self.binding = Binding(compressor, HorovodGroup(self.process_set), bind_alone=True,
                                replaces_gradients=optimizer is not None)
-        self.owners = GradientOwners(compressor.parameters) if compressor.parameters else None
+        self.owners = GradientOwners(named) if named else None
         self._results = {}
         self._outstanding = 0
         self._first_decompress = None
