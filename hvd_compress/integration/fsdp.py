@@ -275,7 +275,8 @@ class State(_Checkpointed):
             self._binding.driver.use_plan(None)
             return
         results, comm_seconds = self._binding.finish(self._device)
-        finite = self._agree_on_finiteness()
+        # The compressor's own check sees only its replicate group's aggregates.
+        finite = _finite_everywhere(self._verdicts, (self.replicate_group, self.shard_group), self._device)
         for name, shard in self._shards.items():
             if finite:
                 shard.copy_(results[name].view_as(shard))
@@ -295,16 +296,16 @@ class State(_Checkpointed):
                     prior.to_local().add_(param.grad.to_local())
                 param.grad = prior
 
-    def _agree_on_finiteness(self) -> bool:
-        """Whether every rank's reduced shards were finite: a MIN over the replicate group, then
-        over the shard group, of each rank's verdict. The compressor's own check sees only its
-        replicate group's aggregates."""
-        verdict = torch.ones(1, dtype=torch.float32, device=self._device)
-        if self._verdicts:
-            verdict.mul_(torch.stack(self._verdicts).all())
-        dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=self.replicate_group)
-        dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=self.shard_group)
-        return bool(verdict.item() == 1)
+
+def _finite_everywhere(verdicts: List[torch.Tensor], groups, device: torch.device) -> bool:
+    """Whether every rank's reduced outputs were finite: each rank's ``verdicts`` (0-d bools;
+    none: finite) as one value, its MIN over each of ``groups`` in turn. Collective over them."""
+    verdict = torch.ones(1, dtype=torch.float32, device=device)
+    if verdicts:
+        verdict.mul_(torch.stack(verdicts).all())
+    for group in groups:
+        dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=group)
+    return bool(verdict.item() == 1)
 
 
 class ShardedState(_Checkpointed):
@@ -349,10 +350,8 @@ class ShardedState(_Checkpointed):
         drops the step's residuals (``reject_step``)."""
         if not self._verdicts:
             return
-        verdict = torch.stack(self._verdicts).all().to(torch.float32).reshape(1)
-        self._verdicts = []
-        dist.all_reduce(verdict, op=dist.ReduceOp.MIN, group=self.group)
-        if verdict.item() != 1:
+        verdicts, self._verdicts = self._verdicts, []
+        if not _finite_everywhere(verdicts, (self.group,), verdicts[0].device):
             for param in self._params:
                 if param.grad is not None:
                     param.grad.to_local().fill_(float("nan"))

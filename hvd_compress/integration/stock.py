@@ -76,7 +76,7 @@ class StockBridge:
             compressor.adopt_parameters(own)
         # A shared cast serves several optimizers: each bridge names its own optimizer's
         # gradients, so that the rounds of two same-sized ones never share a collective's name.
-        named = own if own and getattr(compressor, "shareable", False) else compressor.parameters
+        named = own if own and compressor.shareable else compressor.parameters
         self.sum_scale = self.process_set.size() if op == hvd.Sum else 1
         # Horovod sums a payload that rides its all-reduce as it comes, after dividing by
         # gradient_predivide_factor (hvd.Average only): a float16 payload rides it only where
