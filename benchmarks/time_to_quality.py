@@ -73,11 +73,13 @@ BASE_SEEDS, OTHER_SEEDS = 5, 3
 QUICK = {"lengths": [8, 12, 16, 24], "warmup": 2, "longest": 16, "base_seeds": 2, "other_seeds": 1,
          "knee_gain": 1.0, "eval_windows": 64}
 
-# The points issue 33's targets rest on, as "Time to target" measured them (2026-11-27): FP16 (the
-# strong baseline), ACP-SGD rank 16 and PowerSGD rank 8 (the soonest and advise's pick at r = 3 in
-# its first pass), L-GreCo over Top-K 10% (the soonest at r = 3 since, on one seed).
-# MLPerf/AlgoPerf: as many seeds as the target's own, and run first.
-DECIDING = ("FP16", "ACP-SGD rank 16", "PowerSGD rank 8", "L-GreCo (Top-K) density 0.1")
+# The points the time-to-target claims rest on: FP16 (the strong baseline), ACP-SGD rank 16 and
+# PowerSGD rank 8 (the soonest and advise's pick at r = 3 in its first pass), L-GreCo over Top-K
+# 10% (the soonest at r = 3 on one seed), and the two-hop quantized all-reduce at 8 and 4 bits
+# (the method whose bytes stay flat as ranks grow). MLPerf/AlgoPerf: as many seeds as the
+# target's own, and run first.
+DECIDING = ("FP16", "ACP-SGD rank 16", "PowerSGD rank 8", "L-GreCo (Top-K) density 0.1",
+            "QuantizedAllReduce bits 8", "QuantizedAllReduce bits 4")
 QUICK_FAMILIES = ("FP16", "L-GreCo (PowerSGD)", "DiLoCo H=10 (QSGD)")  # each kind of state, branched
 # Compressed points, in the order their seed 0 runs: the settings "Quality against bytes" found
 # closest to uncompressed first (the low-rank anchor, rank 8, and ACP-SGD at twice it), then
