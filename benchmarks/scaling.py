@@ -95,8 +95,21 @@ def measure(spec: Dict[str, Any]) -> Dict[str, Any]:
             optimizer.step()
             sent.append(compression.traffic.last_step[2])
         record["methods"][label] = {"bytes_per_step": sent, "parameters": sum(p.numel() for p in model.parameters()),
-                                    "by_collective": compression.traffic.by_collective}
+                                    "by_collective": compression.traffic.by_collective,
+                                    "identical_ranks": identical_across_ranks(model, label)}
     return record
+
+
+def identical_across_ranks(model: torch.nn.Module, label: str) -> bool:
+    """True when every rank holds bit-identical parameters; raises ``RuntimeError`` naming the
+    method and the first parameter that differs otherwise, on every rank."""
+    import horovod.torch as hvd
+
+    for name, parameter in model.named_parameters():
+        rows = hvd.allgather(parameter.detach().reshape(1, -1), name=f"scaling.identity.{label}.{name}")
+        if not all(torch.equal(rows[0], row) for row in rows):
+            raise RuntimeError(f"{label}: parameter {name} differs between ranks at W = {hvd.size()}")
+    return True
 
 
 def worker(spec: Dict[str, Any]) -> None:
@@ -193,6 +206,11 @@ def markdown(results: Dict[str, Any], figure: Optional[Path] = None) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if figure is not None:
         lines += ["", f"![Bytes per rank against W]({figure.parent.name}/{figure.name})"]
+    checked = [w for w in worlds
+               if all(m.get("identical_ranks") for m in results["jobs"][str(w)]["methods"].values())]
+    if checked:
+        lines += ["", "After its steps, every method's parameters were bit-identical on every rank "
+                  f"(all-gathered and compared) at W = {', '.join(map(str, checked))}."]
     lines += [line for note in results.get("notes", []) for line in ("", note)]
     return "\n".join(lines) + "\n"
 
