@@ -617,9 +617,10 @@ def test_time_to_quality_schedule_target_and_scores():
     deciding, others = 5 * len(ttq.DECIDING), len(ttq.METHODS) - len(ttq.DECIDING)
     assert len(points) == deciding + 3 * others
     assert {p["label"] for p in points[:deciding]} == set(ttq.DECIDING)
-    assert [p["key"] for p in points[deciding - 4:deciding]] == [
+    assert [p["key"] for p in points[deciding - 6:deciding]] == [
         "charlm/FP16/seed 4", "charlm/PowerSGD rank 8/seed 4", "charlm/ACP-SGD rank 16/seed 4",
-        "charlm/L-GreCo (Top-K) density 0.1/seed 4"]
+        "charlm/L-GreCo (Top-K) density 0.1/seed 4", "charlm/QuantizedAllReduce bits 8/seed 4",
+        "charlm/QuantizedAllReduce bits 4/seed 4"]
     assert all(p["seed"] == 0 for p in points[deciding:deciding + others]) and points[deciding + others]["seed"] == 1
 
 
