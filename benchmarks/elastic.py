@@ -48,13 +48,14 @@ PROGRESS_FILE = "progress.jsonl"
 KILLED_FILE = "killed.json"
 SECTION = "Elastic training"
 WORKLOADS = ("digits", "charlm")
-METHODS = ("powersgd", "scalecom", "lgreco")
+METHODS = ("powersgd", "scalecom", "lgreco", "qallreduce")
 
 
 # ----- the worker (every rank, under horovodrun's elastic driver) -------------------------------
 def build(method, model, optimizer):
-    """(compression, distributed optimizer): PowerSGD and ScaleCom on the stock optimizer,
-    L-GreCo over ACP-SGD on the wrapper, with a short schedule (decisions at steps 25, 45, ...)."""
+    """(compression, distributed optimizer): PowerSGD, ScaleCom and the two-hop quantized
+    all-reduce on the stock optimizer, L-GreCo over ACP-SGD on the wrapper, with a short
+    schedule (decisions at steps 25, 45, ...)."""
     import horovod.torch as hvd
     import hvd_compress as hc
     if method == "lgreco":
