@@ -2,6 +2,7 @@
 
 Each benchmark is a module of this package with a ``main()`` that reads its options from
 ``sys.argv``; ``<benchmark> --help`` lists them."""
+
 import importlib
 import sys
 
@@ -25,7 +26,8 @@ BENCHMARKS = {
     "outer": "DiLoCo (local steps, compressed pseudo-gradients) against per-step methods, quality and bytes",
     "projection": "alpha-beta projection of the end-to-end results to 8-64 workers and 1-100 Gbit/s",
     "quality": "final quality against bytes sent, a sweep of settings per method, and the seeds' claims",
-    "scaling": "bytes one rank sends per step at W = 2-32 from the traffic counters, the formula, where each stops paying",
+    "scaling": "bytes one rank sends per step at W = 2-32 from the traffic counters, the formula, "
+    "where each stops paying",
     "solver": "the L-GreCo DP solver on a realistic instance",
     "time_to_quality": "steps to the uncompressed run's validation loss per method (warmup-stable-decay, seeds)",
     "time_to_target": "time_to_quality's steps to target x step times on an emulated cluster at r = 3 and 0.3",
@@ -37,8 +39,7 @@ def main(argv=None):
     if not argv or argv[0] not in BENCHMARKS:
         width = max(map(len, BENCHMARKS))
         listing = "\n".join(f"  {name:{width}} {summary}" for name, summary in BENCHMARKS.items())
-        print(f"usage: python -m benchmarks <benchmark> [options]\n\nbenchmarks:\n{listing}",
-              file=sys.stderr)
+        print(f"usage: python -m benchmarks <benchmark> [options]\n\nbenchmarks:\n{listing}", file=sys.stderr)
         return 2
     name, options = argv[0], argv[1:]
     sys.argv = [f"python -m benchmarks {name}"] + options

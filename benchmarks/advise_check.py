@@ -14,6 +14,7 @@ step with the measured median, and the fastest projected method with the fastest
 
 Writes the "advise against end to end" section of ``<out>/benchmarks.md``.
 """
+
 import argparse
 import json
 import shlex
@@ -29,8 +30,13 @@ from hvd_compress.advise.measure import measure_codec
 from hvd_compress.advise.projection import fit_link, project
 
 SECTION = "advise against end to end"
-REGISTERED = {"S-SGD": ("none", {}), "FP16": ("fp16", {}), "PowerSGD": ("powersgd", {"rank": None}),
-              "ACP-SGD": ("acpsgd", {"rank": None}), "ScaleCom": ("scalecom", {})}
+REGISTERED = {
+    "S-SGD": ("none", {}),
+    "FP16": ("fp16", {}),
+    "PowerSGD": ("powersgd", {"rank": None}),
+    "ACP-SGD": ("acpsgd", {"rank": None}),
+    "ScaleCom": ("scalecom", {}),
+}
 WITHIN_STEP, WITHIN_CHOICE = 0.20, 0.10
 
 
@@ -51,8 +57,10 @@ def check(measured):
     rows, choices = [], []
     messages = {model: messages_of(model, measured["rank"], measured["np"]) for model in measured["models"]}
     for rate, entry in measured["rates"].items():
-        links = {collective: fit_link({int(n): s for n, s in by_size.items()})
-                 for collective, by_size in entry["probe"].items()}
+        links = {
+            collective: fit_link({int(n): s for n, s in by_size.items()})
+            for collective, by_size in entry["probe"].items()
+        }
         links.setdefault("broadcast", links["allgather"])
         for model, methods in entry["models"].items():
             projected = {}
@@ -60,43 +68,71 @@ def check(measured):
                 if method not in REGISTERED:
                     continue
                 counted = messages[model][method]
-                candidate = advise.Candidate(method, "", 0.0, run["codec_ms"], counted.messages,
-                                             serial_messages=counted.serial_messages)
+                candidate = advise.Candidate(
+                    method, "", 0.0, run["codec_ms"], counted.messages, serial_messages=counted.serial_messages
+                )
                 compute_s = run["compute_ms"] / 1e3
                 project(candidate, links, compute_s, 2 * compute_s / 3)
                 projected[method] = candidate.step_ms
                 measured_ms = run["step_ms"]["median"]
-                rows.append({"rate": rate, "model": model, "method": method, "measured_ms": measured_ms,
-                             "projected_ms": candidate.step_ms,
-                             "met": abs(candidate.step_ms / measured_ms - 1) <= WITHIN_STEP})
+                rows.append(
+                    {
+                        "rate": rate,
+                        "model": model,
+                        "method": method,
+                        "measured_ms": measured_ms,
+                        "projected_ms": candidate.step_ms,
+                        "met": abs(candidate.step_ms / measured_ms - 1) <= WITHIN_STEP,
+                    }
+                )
             chosen = min(projected, key=projected.get)
             fastest = min(projected, key=lambda m: methods[m]["step_ms"]["median"])
             ratio = methods[chosen]["step_ms"]["median"] / methods[fastest]["step_ms"]["median"]
-            choices.append({"rate": rate, "model": model, "chosen": chosen, "fastest": fastest,
-                            "ratio": ratio, "met": ratio <= 1 + WITHIN_CHOICE})
+            choices.append(
+                {
+                    "rate": rate,
+                    "model": model,
+                    "chosen": chosen,
+                    "fastest": fastest,
+                    "ratio": ratio,
+                    "met": ratio <= 1 + WITHIN_CHOICE,
+                }
+            )
     return rows, choices
 
 
 def markdown(rows, choices, command, measured):
-    lines = [f"Command: `{command}` (from the end-to-end run above: {measured['np']} ranks, low-rank "
-             f"methods at rank {measured['rank']}). A check of advise's projection model fed with "
-             "that run's measurements, not a run of advise on the testbed (that is the section "
-             "\"advise live on the emulated cluster\"); how, in `benchmarks/advise_check.py`.", "",
-             f"Per rate: each method's projected step within {100 * WITHIN_STEP:.0f}% of the measured "
-             f"median, and the method projected fastest within {100 * WITHIN_CHOICE:.0f}% of the "
-             "fastest measured.", "",
-             "| rate Gbit/s | model | steps within 20% | met | projected fastest | measured fastest | "
-             "its step / fastest's | met |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Command: `{command}` (from the end-to-end run above: {measured['np']} ranks, low-rank "
+        f"methods at rank {measured['rank']}). A check of advise's projection model fed with "
+        "that run's measurements, not a run of advise on the testbed (that is the section "
+        "\"advise live on the emulated cluster\"); how, in `benchmarks/advise_check.py`.",
+        "",
+        f"Per rate: each method's projected step within {100 * WITHIN_STEP:.0f}% of the measured "
+        f"median, and the method projected fastest within {100 * WITHIN_CHOICE:.0f}% of the "
+        "fastest measured.",
+        "",
+        "| rate Gbit/s | model | steps within 20% | met | projected fastest | measured fastest | "
+        "its step / fastest's | met |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for choice in choices:
         mine = [r for r in rows if r["rate"] == choice["rate"] and r["model"] == choice["model"]]
-        lines.append(f"| {choice['rate']} | {choice['model']} | {sum(r['met'] for r in mine)} of {len(mine)} | "
-                     f"{'yes' if all(r['met'] for r in mine) else 'NO'} | {choice['chosen']} | "
-                     f"{choice['fastest']} | {choice['ratio']:.2f} | {'yes' if choice['met'] else 'NO'} |")
-    lines += ["", "| rate Gbit/s | model | method | measured ms | projected ms | projected / measured |",
-              "|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {choice['rate']} | {choice['model']} | {sum(r['met'] for r in mine)} of {len(mine)} | "
+            f"{'yes' if all(r['met'] for r in mine) else 'NO'} | {choice['chosen']} | "
+            f"{choice['fastest']} | {choice['ratio']:.2f} | {'yes' if choice['met'] else 'NO'} |"
+        )
+    lines += [
+        "",
+        "| rate Gbit/s | model | method | measured ms | projected ms | projected / measured |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['rate']} | {r['model']} | {r['method']} | {r['measured_ms']:.1f} | "
-                     f"{r['projected_ms']:.1f} | {r['projected_ms'] / r['measured_ms']:.2f} |")
+        lines.append(
+            f"| {r['rate']} | {r['model']} | {r['method']} | {r['measured_ms']:.1f} | "
+            f"{r['projected_ms']:.1f} | {r['projected_ms'] / r['measured_ms']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -110,8 +146,10 @@ def main(argv=None):
     command = " ".join(["python -m benchmarks advise_check"] + [shlex.quote(a) for a in sys.argv[1:]])
     write_section(args.out / "benchmarks.md", SECTION, markdown(rows, choices, command, measured))
     for choice in choices:
-        say(f"{choice['rate']} Gbit/s {choice['model']}: projected fastest {choice['chosen']}, measured "
-            f"fastest {choice['fastest']} ({choice['ratio']:.2f}x)")
+        say(
+            f"{choice['rate']} Gbit/s {choice['model']}: projected fastest {choice['chosen']}, measured "
+            f"fastest {choice['fastest']} ({choice['ratio']:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

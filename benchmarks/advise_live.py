@@ -40,6 +40,7 @@ the stored probes, messages recounted on the model's shapes), written to
 there), and the
 section says so, with the stored run's own verdicts beside.
 """
+
 import argparse
 import copy
 import json
@@ -77,16 +78,25 @@ def advise_point(cluster, model, timeout):
         argv = [sys.executable, "-m", "hvd_compress.advise", "--model", MODELS[model], "--json", str(advice_path)]
         env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
         load, others, started = os.getloadavg(), OthersShare(), time.perf_counter()
-        returncode, stdout, stderr = run_bounded(cluster.mpirun_command(argv, env), timeout,
-                                                 cluster.mpirun_environment(env))
+        returncode, stdout, stderr = run_bounded(
+            cluster.mpirun_command(argv, env), timeout, cluster.mpirun_environment(env)
+        )
         wall, other_seconds = time.perf_counter() - started, others.seconds()
         if returncode != 0 or not advice_path.exists():
-            raise RuntimeError(f"advise on {model} at {cluster.rate_gbit:g} Gbit/s failed (exit {returncode}):\n"
-                               f"{stdout[-2000:]}\n{stderr[-4000:]}")
+            raise RuntimeError(
+                f"advise on {model} at {cluster.rate_gbit:g} Gbit/s failed (exit {returncode}):\n"
+                f"{stdout[-2000:]}\n{stderr[-4000:]}"
+            )
         advice = json.loads(advice_path.read_text())
-    return {"command": shlex.join(["mpirun", "-np", str(cluster.ranks), *argv[:-1], "advice.json"]),
-            "testbed": cluster.describe(), "table": stdout.strip("\n"), "advice": advice,
-            "load_average_before": load, "wall_seconds": round(wall, 1), "other_cpu_seconds": round(other_seconds, 1)}
+    return {
+        "command": shlex.join(["mpirun", "-np", str(cluster.ranks), *argv[:-1], "advice.json"]),
+        "testbed": cluster.describe(),
+        "table": stdout.strip("\n"),
+        "advice": advice,
+        "load_average_before": load,
+        "wall_seconds": round(wall, 1),
+        "other_cpu_seconds": round(other_seconds, 1),
+    }
 
 
 def sweep(args, path):
@@ -126,8 +136,10 @@ def messages_on(model, world, labels):
     named = [(name, p) for name, p in built.named_parameters() if name in grads]
     counted = {}
     for method, setting in labels:
-        settings = {key: type(SETTINGS[key][0])(value)
-                    for key, value in (part.split("=") for part in setting.split(",") if part)}
+        settings = {
+            key: type(SETTINGS[key][0])(value)
+            for key, value in (part.split("=") for part in setting.split(",") if part)
+        }
         counted[(method, setting)] = measure_codec(method, settings, grads, named, 0, world, steps=1)
     return counted
 
@@ -163,28 +175,43 @@ def reproject(results):
 
 def reprojected_note(before, after, sources):
     """The lead of a re-projected section: what it is, and the stored run's own verdicts."""
-    lines = [f"**Re-projected, not a new run**: `{after['reprojected']}` projected the stored points of "
-             "the run below (`benchmarks/advise_live.json`: advise's compute, codec times and probe times "
-             "as it measured them) again with the current model of `hvd_compress/advise/` (links "
-             "interpolated between the probes, messages counted as stock `hvd.DistributedOptimizer` "
-             "issues them), into `benchmarks/advise_live_reprojected.json`; the tables below are those "
-             "projections (a `--repeat` run's likewise, in `<its name>_reprojected.json` beside it). "
-             "Per rate, the run's own projections against the re-projected ones:", "",
-             "| against | rate Gbit/s | steps within 20%, as run | re-projected | recommendation within 10%, as run | re-projected |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"**Re-projected, not a new run**: `{after['reprojected']}` projected the stored points of "
+        "the run below (`benchmarks/advise_live.json`: advise's compute, codec times and probe times "
+        "as it measured them) again with the current model of `hvd_compress/advise/` (links "
+        "interpolated between the probes, messages counted as stock `hvd.DistributedOptimizer` "
+        "issues them), into `benchmarks/advise_live_reprojected.json`; the tables below are those "
+        "projections (a `--repeat` run's likewise, in `<its name>_reprojected.json` beside it). "
+        "Per rate, the run's own projections against the re-projected ones:",
+        "",
+        "| against | rate Gbit/s | steps within 20%, as run | re-projected "
+        "| recommendation within 10%, as run | re-projected |",
+        "|---|---|---|---|---|---|",
+    ]
     for number, source in enumerate(sources, 1):
         for rate in dict.fromkeys(key.split("/")[0] for key in after["points"]):
             cells = []
             for results in (before, after):
-                comparisons = [p["comparisons"][source["file"]] for key, p in results["points"].items()
-                               if key.split("/")[0] == rate]
+                comparisons = [
+                    p["comparisons"][source["file"]]
+                    for key, p in results["points"].items()
+                    if key.split("/")[0] == rate
+                ]
                 steps = [m["met"] for c in comparisons for m in c["methods"] if m["met"] is not None]
                 choices = [c["met"] for c in comparisons if "met" in c]
-                cells.append((f"{sum(steps)} of {len(steps)}" if steps else "-",
-                              f"{sum(choices)} of {len(choices)}" if choices else "-"))
+                cells.append(
+                    (
+                        f"{sum(steps)} of {len(steps)}" if steps else "-",
+                        f"{sum(choices)} of {len(choices)}" if choices else "-",
+                    )
+                )
             lines.append(f"| [{number}] | {rate} | {cells[0][0]} | {cells[1][0]} | {cells[0][1]} | {cells[1][1]} |")
-    lines += link_fits(before["points"], "The run's own link fit (latency + bytes / bandwidth, one line through "
-                       "all probes weighted by 1/seconds squared)", line=True)
+    lines += link_fits(
+        before["points"],
+        "The run's own link fit (latency + bytes / bandwidth, one line through "
+        "all probes weighted by 1/seconds squared)",
+        line=True,
+    )
     return "\n".join(lines) + "\n\n"
 
 
@@ -193,8 +220,7 @@ def endtoend_setting(name, rank):
     """advise's label of the setting the end-to-end run built ``name`` with: ``rank`` for the
     low-rank methods, the registry's default otherwise (as ``endtoend.build_compression``)."""
     defaults = COMPRESSORS[name].defaults
-    return ",".join(f"{key}={rank if key == 'rank' else value}" for key, value in defaults.items()
-                    if key in SETTINGS)
+    return ",".join(f"{key}={rank if key == 'rank' else value}" for key, value in defaults.items() if key in SETTINGS)
 
 
 def recommended(recommendation):
@@ -204,11 +230,17 @@ def recommended(recommendation):
 
 
 def measured_runs(source):
-    """An end-to-end JSON file as compared here: {"file", "command", "load", "np", "rank", "rates": {rate: {model: {method: run}}}}."""
+    """An end-to-end JSON file as compared here:
+    {"file", "command", "load", "np", "rank", "rates": {rate: {model: {method: run}}}}."""
     data = json.loads(source.read_text())
-    return {"file": str(source), "command": data["command"], "load": data["load_average_before"][0],
-            "np": data["np"], "rank": data["rank"],
-            "rates": {rate: entry["models"] for rate, entry in data["rates"].items()}}
+    return {
+        "file": str(source),
+        "command": data["command"],
+        "load": data["load_average_before"][0],
+        "np": data["np"],
+        "rank": data["rank"],
+        "rates": {rate: entry["models"] for rate, entry in data["rates"].items()},
+    }
 
 
 def compare(point, runs, rank):
@@ -220,25 +252,39 @@ def compare(point, runs, rank):
         setting = endtoend_setting(name, rank)
         row = rows[(name, setting)]
         projected = row["step_ms"]
-        entry = {"method": method, "setting": setting, "projected_ms": projected, "measured_ms": None, "met": None,
-                 "projected_parts_ms": [compute, row["codec_ms"], projected - compute - row["codec_ms"]]}
+        entry = {
+            "method": method,
+            "setting": setting,
+            "projected_ms": projected,
+            "measured_ms": None,
+            "met": None,
+            "projected_parts_ms": [compute, row["codec_ms"], projected - compute - row["codec_ms"]],
+        }
         if runs and method in runs:
             run = runs[method]
-            entry.update(measured_ms=run["step_ms"]["median"],
-                         met=abs(projected / run["step_ms"]["median"] - 1) <= WITHIN_STEP,
-                         measured_parts_ms=[run["compute_ms"], run["codec_ms"], run["exposed_comm_ms"]])
+            entry.update(
+                measured_ms=run["step_ms"]["median"],
+                met=abs(projected / run["step_ms"]["median"] - 1) <= WITHIN_STEP,
+                measured_parts_ms=[run["compute_ms"], run["codec_ms"], run["exposed_comm_ms"]],
+            )
         methods.append(entry)
     name, setting = recommended(point["advice"]["recommendation"])
-    verdict = {"methods": methods, "recommended": f"{name} {setting}".strip(),
-               "recommended_as": METHOD_OF.get(name),
-               "projected_fastest": min(methods, key=lambda m: m["projected_ms"])["method"]}
+    verdict = {
+        "methods": methods,
+        "recommended": f"{name} {setting}".strip(),
+        "recommended_as": METHOD_OF.get(name),
+        "projected_fastest": min(methods, key=lambda m: m["projected_ms"])["method"],
+    }
     measured = {m["method"]: m["measured_ms"] for m in methods if m["measured_ms"] is not None}
     if len(measured) < len(methods):
         return verdict
     fastest = min(measured, key=measured.get)
     chosen = verdict["recommended_as"]
-    verdict.update(fastest=fastest, setting_measured=chosen is not None and setting == endtoend_setting(name, rank),
-                   projected_fastest_ratio=measured[verdict["projected_fastest"]] / measured[fastest])
+    verdict.update(
+        fastest=fastest,
+        setting_measured=chosen is not None and setting == endtoend_setting(name, rank),
+        projected_fastest_ratio=measured[verdict["projected_fastest"]] / measured[fastest],
+    )
     if chosen is not None:
         verdict["ratio"] = measured[chosen] / measured[fastest]
         verdict["met"] = verdict["ratio"] <= 1 + WITHIN_CHOICE
@@ -249,8 +295,10 @@ def compare_all(results, sources):
     """Every point against every source, each on its own: {file: verdict} per point."""
     for key, point in results["points"].items():
         rate, model = key.split("/")
-        point["comparisons"] = {source["file"]: compare(point, source["rates"].get(rate, {}).get(model), source["rank"])
-                                for source in sources}
+        point["comparisons"] = {
+            source["file"]: compare(point, source["rates"].get(rate, {}).get(model), source["rank"])
+            for source in sources
+        }
 
 
 # ----- outputs --------------------------------------------------------------------------------
@@ -261,28 +309,42 @@ def yes_no(met):
 def markdown(results, sources, repeat=None):
     points = results["points"]
     example = "/".join(EXAMPLE) if "/".join(EXAMPLE) in points else next(iter(points))
-    loads = "; ".join(f"{key} {p['load_average_before'][0]:.2f} ({p['wall_seconds']:.0f} s, other processes "
-                      f"{p['other_cpu_seconds']} CPU s)" for key, p in points.items())
-    lines = [f"Command: `{results['command']}`; each point runs advise on the testbed's ranks as a user does: "
-             f"`{points[example]['command']}` (the testbed's mpirun options, which put rank r in namespace "
-             "r and keep Open MPI on the shaped links, in `benchmarks/testbed.py`).", "",
-             f"Machine: {describe_machine(results['machine'])} Testbed (at the example's rate; the others differ only in rate and burst): {points[example]['testbed']}.", "",
-             f"Each point: load average (1 min) before it, how long it ran, and the CPU seconds other "
-             f"processes used meanwhile: {loads}. {results['conditions']}".rstrip(), "",
-             "Measured: the median step of `python -m benchmarks endtoend` (stock `hvd.DistributedOptimizer`) "
-             "for the same rate, model and method, from each file below on its own. advise's compute is "
-             "its own: forward and backward of 3 steps on its ranks (the end-to-end step also holds the "
-             "optimizer step); its codec and link times are its own too.", "",
-             f"Targets: each method's projected step within {100 * WITHIN_STEP:.0f}% of the measured one; "
-             f"advise's recommendation within {100 * WITHIN_CHOICE:.0f}% of the fastest measured. Where "
-             "advise recommends a setting the end-to-end run did not measure, its method is judged at "
-             "that run's setting (*setting measured*: no). *Projected fastest*: the fastest of advise's "
-             "rows at the end-to-end run's settings.", ""]
+    loads = "; ".join(
+        f"{key} {p['load_average_before'][0]:.2f} ({p['wall_seconds']:.0f} s, other processes "
+        f"{p['other_cpu_seconds']} CPU s)"
+        for key, p in points.items()
+    )
+    lines = [
+        f"Command: `{results['command']}`; each point runs advise on the testbed's ranks as a user does: "
+        f"`{points[example]['command']}` (the testbed's mpirun options, which put rank r in namespace "
+        "r and keep Open MPI on the shaped links, in `benchmarks/testbed.py`).",
+        "",
+        f"Machine: {describe_machine(results['machine'])} Testbed (at the example's rate; the others "
+        f"differ only in rate and burst): {points[example]['testbed']}.",
+        "",
+        f"Each point: load average (1 min) before it, how long it ran, and the CPU seconds other "
+        f"processes used meanwhile: {loads}. {results['conditions']}".rstrip(),
+        "",
+        "Measured: the median step of `python -m benchmarks endtoend` (stock `hvd.DistributedOptimizer`) "
+        "for the same rate, model and method, from each file below on its own. advise's compute is "
+        "its own: forward and backward of 3 steps on its ranks (the end-to-end step also holds the "
+        "optimizer step); its codec and link times are its own too.",
+        "",
+        f"Targets: each method's projected step within {100 * WITHIN_STEP:.0f}% of the measured one; "
+        f"advise's recommendation within {100 * WITHIN_CHOICE:.0f}% of the fastest measured. Where "
+        "advise recommends a setting the end-to-end run did not measure, its method is judged at "
+        "that run's setting (*setting measured*: no). *Projected fastest*: the fastest of advise's "
+        "rows at the end-to-end run's settings.",
+        "",
+    ]
     for number, source in enumerate(sources, 1):
         lines += verdicts(points, source, number)
-    lines += ["| rate Gbit/s | model | method | setting | projected ms | "
-              + " | ".join(f"measured ms [{n}] | projected / measured [{n}]" for n in range(1, len(sources) + 1)) + " |",
-              "|---|---|---|---|---|" + "---|---|" * len(sources)]
+    lines += [
+        "| rate Gbit/s | model | method | setting | projected ms | "
+        + " | ".join(f"measured ms [{n}] | projected / measured [{n}]" for n in range(1, len(sources) + 1))
+        + " |",
+        "|---|---|---|---|---|" + "---|---|" * len(sources),
+    ]
     for key, point in points.items():
         rate, model = key.split("/")
         per_source = [point["comparisons"][s["file"]]["methods"] for s in sources]
@@ -290,36 +352,55 @@ def markdown(results, sources, repeat=None):
             cells = []
             for methods in per_source:
                 measured_ms = methods[index]["measured_ms"]
-                cells += (["-", "-"] if measured_ms is None
-                          else [f"{measured_ms:.1f}", f"{m['projected_ms'] / measured_ms:.2f}"])
-            lines.append(f"| {rate} | {model} | {m['method']} | {m['setting'] or '-'} | {m['projected_ms']:.1f} | "
-                         + " | ".join(cells) + " |")
+                cells += (
+                    ["-", "-"]
+                    if measured_ms is None
+                    else [f"{measured_ms:.1f}", f"{m['projected_ms'] / measured_ms:.2f}"]
+                )
+            lines.append(
+                f"| {rate} | {model} | {m['method']} | {m['setting'] or '-'} | {m['projected_ms']:.1f} | "
+                + " | ".join(cells)
+                + " |"
+            )
     if repeat is not None:
         lines += repeated(points, repeat, sources)
     lines += parts(points, sources[-1], len(sources)) + link_fits(points)
     rate, model = example.split("/")
-    shown = ("re-projected (`hvd_compress.advise.format_advice`; as rank 0 printed it in "
-             "`benchmarks/advise_live.json`)" if "reprojected" in results else
-             "as rank 0 printed it (every point's in `benchmarks/advise_live.json`)")
+    shown = (
+        "re-projected (`hvd_compress.advise.format_advice`; as rank 0 printed it in `benchmarks/advise_live.json`)"
+        if "reprojected" in results
+        else "as rank 0 printed it (every point's in `benchmarks/advise_live.json`)"
+    )
     lines += ["", f"advise's table, {model} at {rate} Gbit/s, {shown}:", "", "```", points[example]["table"], "```"]
     return "\n".join(lines) + "\n"
 
 
 def repeated(points, repeat, sources):
     """This run's points against a repeat of them (``--repeat``): advise's own spread."""
-    lines = ["", f"Repeat: the same points again (`{repeat['command']}`, `{repeat['file']}`); its verdicts: "
-             + "; ".join(f"against [{n}], {line}" for n, source in enumerate(sources, 1)
-                         for line in per_rate(repeat["points"], source["file"])) + ".", "",
-             "| rate Gbit/s | model | advise recommends (this run / repeat) | projected step ms, this run / repeat: "
-             + ", ".join(REGISTERED) + " |", "|---|---|---|---|"]
+    lines = [
+        "",
+        f"Repeat: the same points again (`{repeat['command']}`, `{repeat['file']}`); its verdicts: "
+        + "; ".join(
+            f"against [{n}], {line}"
+            for n, source in enumerate(sources, 1)
+            for line in per_rate(repeat["points"], source["file"])
+        )
+        + ".",
+        "",
+        "| rate Gbit/s | model | advise recommends (this run / repeat) | projected step ms, this run / repeat: "
+        + ", ".join(REGISTERED)
+        + " |",
+        "|---|---|---|---|",
+    ]
     for key, point in points.items():
         again = repeat["points"].get(key)
         if again is None:
             continue
         rate, model = key.split("/")
         mine, theirs = (p["comparisons"][sources[0]["file"]] for p in (point, again))
-        steps = ", ".join(f"{a['projected_ms']:.0f} / {b['projected_ms']:.0f}"
-                          for a, b in zip(mine["methods"], theirs["methods"]))
+        steps = ", ".join(
+            f"{a['projected_ms']:.0f} / {b['projected_ms']:.0f}" for a, b in zip(mine["methods"], theirs["methods"])
+        )
         lines.append(f"| {rate} | {model} | {mine['recommended']} / {theirs['recommended']} | {steps} |")
     return lines
 
@@ -327,24 +408,40 @@ def repeated(points, repeat, sources):
 def parts(points, source, number):
     """Where projection and measurement part: compute, codec and exposed communication of each
     (advise's exposed communication: its step less its compute and codec)."""
-    lines = ["", f"The step in parts, advise's projection / the end-to-end run [{number}] (`{source['file']}`), ms:", "",
-             "| rate Gbit/s | model | method | compute | codec | exposed communication |", "|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"The step in parts, advise's projection / the end-to-end run [{number}] (`{source['file']}`), ms:",
+        "",
+        "| rate Gbit/s | model | method | compute | codec | exposed communication |",
+        "|---|---|---|---|---|---|",
+    ]
     for key, point in points.items():
         rate, model = key.split("/")
         for m in point["comparisons"][source["file"]]["methods"]:
             if m["measured_ms"] is not None:
-                cells = " | ".join(f"{mine:.0f} / {theirs:.0f}"
-                                   for mine, theirs in zip(m["projected_parts_ms"], m["measured_parts_ms"]))
+                cells = " | ".join(
+                    f"{mine:.0f} / {theirs:.0f}"
+                    for mine, theirs in zip(m["projected_parts_ms"], m["measured_parts_ms"])
+                )
                 lines.append(f"| {rate} | {model} | {m['method']} | {cells} |")
     return lines
 
 
-def link_fits(points, fit="advise's link model (interpolated between its probes, beyond them latency + "
-                          "bytes / bandwidth of the two largest)", line=False):
+def link_fits(
+    points,
+    fit="advise's link model (interpolated between its probes, beyond them latency + "
+    "bytes / bandwidth of the two largest)",
+    line=False,
+):
     """advise's link against its own largest probe, per collective and point; ``line``: the
     JSON's latency + bytes / bandwidth (a run of the model before interpolation)."""
-    lines = ["", f"{fit} at its own largest probe, fitted / measured ms:", "", "| rate Gbit/s | model | "
-             + " | ".join(COLLECTIVES) + " |", "|---|---|" + "---|" * len(COLLECTIVES)]
+    lines = [
+        "",
+        f"{fit} at its own largest probe, fitted / measured ms:",
+        "",
+        "| rate Gbit/s | model | " + " | ".join(COLLECTIVES) + " |",
+        "|---|---|" + "---|" * len(COLLECTIVES),
+    ]
     for key, point in points.items():
         rate, model = key.split("/")
         cells = []
@@ -354,8 +451,7 @@ def link_fits(points, fit="advise's link model (interpolated between its probes,
                 cells.append("-")
                 continue
             nbytes, seconds = max(((int(n), s) for n, s in link["measured"].items()))
-            fitted = (link["latency_s"] + nbytes / link["bytes_per_s"] if line
-                      else advise.Link(**link).seconds(nbytes))
+            fitted = link["latency_s"] + nbytes / link["bytes_per_s"] if line else advise.Link(**link).seconds(nbytes)
             cells.append(f"{1e3 * fitted:.0f} / {1e3 * seconds:.0f} at {nbytes / 1e6:.1f} MB")
         lines.append(f"| {rate} | {model} | " + " | ".join(cells) + " |")
     return lines
@@ -363,29 +459,37 @@ def link_fits(points, fit="advise's link model (interpolated between its probes,
 
 def verdicts(points, source, number):
     """The summary table and per-rate verdicts against one end-to-end file."""
-    lines = [f"[{number}] Against `{source['file']}` (`{source['command']}`, {source['np']} ranks, low-rank methods at "
-             f"rank {source['rank']}, load average {source['load']:.2f} before it):", "",
-             "| rate Gbit/s | model | steps within 20% | met | advise recommends | setting measured | "
-             "measured fastest | recommended's step / fastest's | met | projected fastest | "
-             "its step / fastest's |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"[{number}] Against `{source['file']}` (`{source['command']}`, {source['np']} ranks, low-rank methods at "
+        f"rank {source['rank']}, load average {source['load']:.2f} before it):",
+        "",
+        "| rate Gbit/s | model | steps within 20% | met | advise recommends | setting measured | "
+        "measured fastest | recommended's step / fastest's | met | projected fastest | "
+        "its step / fastest's |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for key, point in points.items():
         rate, model = key.split("/")
         c = point["comparisons"][source["file"]]
         compared = [m for m in c["methods"] if m["met"] is not None]
         if not compared:
-            lines.append(f"| {rate} | {model} | not measured by end to end | - | {c['recommended']} | - | - | - | - | "
-                         f"{c['projected_fastest']} | - |")
+            lines.append(
+                f"| {rate} | {model} | not measured by end to end | - | {c['recommended']} | - | - | - | - | "
+                f"{c['projected_fastest']} | - |"
+            )
             continue
         ratio = f"{c['ratio']:.2f}" if "ratio" in c else "its method not measured"
-        lines.append(f"| {rate} | {model} | {sum(m['met'] for m in compared)} of {len(compared)} | "
-                     f"{yes_no(all(m['met'] for m in compared))} | {c['recommended']} | "
-                     f"{'yes' if c['setting_measured'] else 'no'} | {c['fastest']} | {ratio} | {yes_no(c.get('met'))} | "
-                     f"{c['projected_fastest']} | {c['projected_fastest_ratio']:.2f} |")
+        lines.append(
+            f"| {rate} | {model} | {sum(m['met'] for m in compared)} of {len(compared)} | "
+            f"{yes_no(all(m['met'] for m in compared))} | {c['recommended']} | "
+            f"{'yes' if c['setting_measured'] else 'no'} | {c['fastest']} | {ratio} | {yes_no(c.get('met'))} | "
+            f"{c['projected_fastest']} | {c['projected_fastest_ratio']:.2f} |"
+        )
     return lines + ["", "Per rate (both models): " + "; ".join(per_rate(points, source["file"])) + ".", ""]
 
 
 def per_rate(points, file):
-    """"1 Gbit/s: steps NOT met, recommendation met" for each rate, against one end-to-end file."""
+    """ "1 Gbit/s: steps NOT met, recommendation met" for each rate, against one end-to-end file."""
     texts = []
     for rate in dict.fromkeys(key.split("/")[0] for key in points):
         comparisons = [p["comparisons"][file] for key, p in points.items() if key.split("/")[0] == rate]
@@ -394,8 +498,10 @@ def per_rate(points, file):
         if None in steps:
             texts.append(f"{rate} Gbit/s: not measured by end to end")
             continue
-        texts.append(f"{rate} Gbit/s: steps within 20% {'met' if all(steps) else 'NOT met'}, "
-                     f"recommendation within 10% {'NOT met' if not all(choices) else 'met'}")
+        texts.append(
+            f"{rate} Gbit/s: steps within 20% {'met' if all(steps) else 'NOT met'}, "
+            f"recommendation within 10% {'NOT met' if not all(choices) else 'met'}"
+        )
     return texts
 
 
@@ -405,18 +511,31 @@ def command_line():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks advise_live", description=__doc__.splitlines()[0])
-    parser.add_argument("--rates", type=lambda text: [float(v) for v in text.split(",")], default=[0.5, 1.0, 10.0],
-                        help="link rates, Gbit/s")
+    parser.add_argument(
+        "--rates",
+        type=lambda text: [float(v) for v in text.split(",")],
+        default=[0.5, 1.0, 10.0],
+        help="link rates, Gbit/s",
+    )
     parser.add_argument("--models", type=lambda text: text.split(","), default=list(MODELS))
     parser.add_argument("--np", type=int, default=4)
-    parser.add_argument("--from", dest="sources", type=lambda text: [Path(p) for p in text.split(",")],
-                        default=[DOCS / "benchmarks" / "endtoend.json"],
-                        help="end-to-end JSON files, comma-separated, each compared on its own")
+    parser.add_argument(
+        "--from",
+        dest="sources",
+        type=lambda text: [Path(p) for p in text.split(",")],
+        default=[DOCS / "benchmarks" / "endtoend.json"],
+        help="end-to-end JSON files, comma-separated, each compared on its own",
+    )
     parser.add_argument("--job-timeout", type=int, default=900, help="seconds for one advise run")
     parser.add_argument("--repeat", type=Path, help="another run's advise_live.json: shown beside this one")
-    parser.add_argument("--conditions", default="", help="a sentence on the machine's state during the run, for the section")
-    parser.add_argument("--reproject", action="store_true",
-                        help="no run: project the stored points' measurements again with the current model")
+    parser.add_argument(
+        "--conditions", default="", help="a sentence on the machine's state during the run, for the section"
+    )
+    parser.add_argument(
+        "--reproject",
+        action="store_true",
+        help="no run: project the stored points' measurements again with the current model",
+    )
     parser.add_argument("--out", type=Path, default=DOCS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     unknown = [model for model in args.models if model not in MODELS]

@@ -22,6 +22,7 @@ synchronisations, after one untimed call:
 
 Writes ``batching[-cuda].json`` and the section "Same-shape batching" (``... on a GPU``).
 """
+
 import argparse
 import json
 import logging
@@ -38,8 +39,14 @@ from benchmarks.codec import WARMUP_STEPS, OperatorCount, as_integrations_run, g
 from benchmarks.report import DOCS, command_line, describe_machine, machine, notes_lines, write_section
 from benchmarks.shapes import shape_set
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
-from hvd_compress.maths.lowrank import (factor_shapes, orthogonalize, orthogonalize_batch, project_right,
-                                       project_right_batch, projection_batch_shape)
+from hvd_compress.maths.lowrank import (
+    factor_shapes,
+    orthogonalize,
+    orthogonalize_batch,
+    project_right,
+    project_right_batch,
+    projection_batch_shape,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +68,11 @@ def bucket_groups(shapes, rank):
     backward = {name: tuple(shape) for name, shape in reversed(shapes)}
     groups = set()
     for bucket in FusionScheduler(compressor, backward, ScaledFusion()).plan().buckets:
-        counts = Counter(factor_shapes(backward[name], rank) for name in bucket.members
-                         if compressor.compresses(backward[name], rank))
+        counts = Counter(
+            factor_shapes(backward[name], rank)
+            for name in bucket.members
+            if compressor.compresses(backward[name], rank)
+        )
         groups.update((n, m, r, layers) for (n, m, r), layers in counts.items() if layers > 1)
     return sorted(groups)
 
@@ -91,12 +101,20 @@ def measure_group(n, m, r, layers, repeats, device):
     ps = torch.randn(layers, n, r, generator=generator).to(device)
     p_out = torch.empty(projection_batch_shape(layers, n, m, r, device), device=device)
     q_out = torch.empty(layers, r, m, device=device)
-    return {"n": n, "m": m, "rank": r, "layers": layers,
-            "per_layer_ms": 1e3 * median_seconds(
-                partial(half_steps_per_layer, list(matrices.unbind(0)), list(qs.unbind(0)), list(ps.unbind(0))),
-                repeats, device),
-            "batched_ms": 1e3 * median_seconds(partial(half_steps_batched, matrices, qs, ps, p_out, q_out),
-                                               repeats, device)}
+    return {
+        "n": n,
+        "m": m,
+        "rank": r,
+        "layers": layers,
+        "per_layer_ms": 1e3
+        * median_seconds(
+            partial(half_steps_per_layer, list(matrices.unbind(0)), list(qs.unbind(0)), list(ps.unbind(0))),
+            repeats,
+            device,
+        ),
+        "batched_ms": 1e3
+        * median_seconds(partial(half_steps_batched, matrices, qs, ps, p_out, q_out), repeats, device),
+    }
 
 
 def whole_steps(set_name, rank, repeats, device):
@@ -108,10 +126,12 @@ def whole_steps(set_name, rank, repeats, device):
     grads = gradients(shape_set(set_name), device)
     runs = {}
     for side, batches in (("off", False), ("on", True)):
+
         def make(batches=batches):
             compressor = hc.COMPRESSORS["acpsgd"].build(rank=rank)
             compressor.batches_layers = batches
             return compressor
+
         runs[side] = as_integrations_run(make, grads)
 
     def cycle(side):
@@ -161,8 +181,10 @@ def measure(set_name, rank, repeats, device):
     stacks = [torch.randn(count, n, m, generator=generator).to(device) for (n, m, _), count in groups.items()]
     factor_stacks = [torch.randn(count, m, r, generator=generator).to(device) for (_, m, r), count in groups.items()]
     # The payloads' memory, set aside before the batched call, as a batch's rounds hold it.
-    payloads = [torch.empty(projection_batch_shape(count, n, m, r, device), device=device)
-                for (n, m, r), count in groups.items()]
+    payloads = [
+        torch.empty(projection_batch_shape(count, n, m, r, device), device=device)
+        for (n, m, r), count in groups.items()
+    ]
     matrices = [matrix for stack in stacks for matrix in stack.unbind(0)]
     factors = [q for stack in factor_stacks for q in stack.unbind(0)]
     sides = {"per_layer": (per_layer, (matrices, factors)), "batched": (batched, (stacks, factor_stacks, payloads))}
@@ -174,25 +196,37 @@ def measure(set_name, rank, repeats, device):
 
 
 def markdown(results):
-    lines = [f"Command: `{results['command']}`", "", f"Machine: {describe_machine(results['machine'])}", "",
-             f"ACP-SGD rank {results['rank']}, a P step's low-rank work (QR of Q, P = M Q, the residual, "
-             f"the decompression) on every matrix it compresses: one layer at a time (`ACPSGD._rounds`: "
-             f"stock Horovod's optimizer, which hands gradients over one at a time) against one batched call "
-             f"per distinct shape (`_HalfSteps`, on matrices stacked as error feedback stacks a batch's sums; "
-             f"the decompression per layer either way). Median of {results['repeats']} calls; operators "
-             f"are aten operators that are not views, one call.", "",
-             "| shapes | layers | distinct shapes | per layer ms | batched ms | per layer / batched | "
-             "operators per layer / batched |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Command: `{results['command']}`",
+        "",
+        f"Machine: {describe_machine(results['machine'])}",
+        "",
+        f"ACP-SGD rank {results['rank']}, a P step's low-rank work (QR of Q, P = M Q, the residual, "
+        f"the decompression) on every matrix it compresses: one layer at a time (`ACPSGD._rounds`: "
+        f"stock Horovod's optimizer, which hands gradients over one at a time) against one batched call "
+        f"per distinct shape (`_HalfSteps`, on matrices stacked as error feedback stacks a batch's sums; "
+        f"the decompression per layer either way). Median of {results['repeats']} calls; operators "
+        f"are aten operators that are not views, one call.",
+        "",
+        "| shapes | layers | distinct shapes | per layer ms | batched ms | per layer / batched | "
+        "operators per layer / batched |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, row in results["sets"].items():
-        lines.append(f"| {name} | {row['layers']} | {row['shapes']} | {row['per_layer_ms']:.2f} | "
-                     f"{row['batched_ms']:.2f} | {row['per_layer_ms'] / row['batched_ms']:.2f}x | "
-                     f"{row['per_layer_operators']:,.0f} / {row['batched_operators']:,.0f} |")
+        lines.append(
+            f"| {name} | {row['layers']} | {row['shapes']} | {row['per_layer_ms']:.2f} | "
+            f"{row['batched_ms']:.2f} | {row['per_layer_ms'] / row['batched_ms']:.2f}x | "
+            f"{row['per_layer_operators']:,.0f} / {row['batched_operators']:,.0f} |"
+        )
     speedups = [row["per_layer_ms"] / row["batched_ms"] for row in results["sets"].values()]
-    lines += ["", f"Batched, this work runs {min(speedups):.2f}-{max(speedups):.2f}x as fast as one layer at a "
-              f"time here (below 1: slower), while its operators fall with the distinct shapes. In training a "
-              f"batch is a shape's layers within one fusion bucket, fewer than here (the next table), and what "
-              f"counts is the whole step (the last). Batching pays most where each operator's launch, not its "
-              f"arithmetic, is the cost (a GPU; `ci/gpu/codec.sh` runs this there)."]
+    lines += [
+        "",
+        f"Batched, this work runs {min(speedups):.2f}-{max(speedups):.2f}x as fast as one layer at a "
+        f"time here (below 1: slower), while its operators fall with the distinct shapes. In training a "
+        f"batch is a shape's layers within one fusion bucket, fewer than here (the next table), and what "
+        f"counts is the whole step (the last). Batching pays most where each operator's launch, not its "
+        f"arithmetic, is the cost (a GPU; `ci/gpu/codec.sh` runs this there).",
+    ]
     return "\n".join(lines + bucket_lines(results) + whole_step_lines(results) + notes_lines(results)) + "\n"
 
 
@@ -201,12 +235,20 @@ def whole_step_lines(results):
     steps = results.get("whole_steps", {})
     if not steps:
         return []
-    lines = ["", f"ACP-SGD's whole codec work, a P step and a Q step as the integrations run them (every gradient, "
-             f"error feedback and decompression included, `codec.as_integrations_run`), same-shape batching off "
-             f"(one gradient at a time) and on (each bucket's same-shape layers batched), a cycle of each in turn, "
-             f"median of {results['repeats']}.", "", "| shapes | off ms | on ms | off / on |", "|---|---|---|---|"]
-    lines += [f"| {name} | {row['off_ms']:.1f} | {row['on_ms']:.1f} | {row['off_ms'] / row['on_ms']:.2f}x |"
-              for name, row in steps.items()]
+    lines = [
+        "",
+        f"ACP-SGD's whole codec work, a P step and a Q step as the integrations run them (every gradient, "
+        f"error feedback and decompression included, `codec.as_integrations_run`), same-shape batching off "
+        f"(one gradient at a time) and on (each bucket's same-shape layers batched), a cycle of each in turn, "
+        f"median of {results['repeats']}.",
+        "",
+        "| shapes | off ms | on ms | off / on |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {name} | {row['off_ms']:.1f} | {row['on_ms']:.1f} | {row['off_ms'] / row['on_ms']:.2f}x |"
+        for name, row in steps.items()
+    ]
     return lines
 
 
@@ -215,30 +257,40 @@ def bucket_lines(results):
     rows = [(name, row) for name, group_rows in results.get("bucket_groups", {}).items() for row in group_rows]
     if not rows:
         return []
-    lines = ["", "Within one fusion bucket, as ACP-SGD meets them in training (the buckets as "
-             "`hvd_compress.DistributedOptimizer` plans them: 25 MiB scaled by the compression rate): each "
-             "distinct group of two or more same-shape matrices, both half-steps' QR, projection and residual, one "
-             "layer at a time against one call each for the group.", "",
-             "| shapes | matrix | layers in the group | per layer ms | batched ms | per layer / batched |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "Within one fusion bucket, as ACP-SGD meets them in training (the buckets as "
+        "`hvd_compress.DistributedOptimizer` plans them: 25 MiB scaled by the compression rate): each "
+        "distinct group of two or more same-shape matrices, both half-steps' QR, projection and residual, one "
+        "layer at a time against one call each for the group.",
+        "",
+        "| shapes | matrix | layers in the group | per layer ms | batched ms | per layer / batched |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, row in rows:
-        lines.append(f"| {name} | {row['n']} x {row['m']} | {row['layers']} | {row['per_layer_ms']:.3f} | "
-                     f"{row['batched_ms']:.3f} | {row['per_layer_ms'] / row['batched_ms']:.2f}x |")
+        lines.append(
+            f"| {name} | {row['n']} x {row['m']} | {row['layers']} | {row['per_layer_ms']:.3f} | "
+            f"{row['batched_ms']:.3f} | {row['per_layer_ms'] / row['batched_ms']:.2f}x |"
+        )
     speedups = [row["per_layer_ms"] / row["batched_ms"] for _, row in rows]
     return lines + ["", f"Batched, these groups ran {min(speedups):.2f}-{max(speedups):.2f}x as fast."]
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks batching", description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", type=lambda text: text.split(","),
-                        default=["resnet50", "bert-base", "transformer-xl"])
+    parser.add_argument(
+        "--shapes", type=lambda text: text.split(","), default=["resnet50", "bert-base", "transformer-xl"]
+    )
     parser.add_argument("--rank", type=int, default=4, help="ACP-SGD's rank")
     parser.add_argument("--repeats", type=int, default=15, help="timed calls per side")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="the tiny shapes, one call: a smoke test")
-    parser.add_argument("--report-only", action="store_true",
-                        help="rewrite the section from batching.json (its notes included), measuring nothing")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the section from batching.json (its notes included), measuring nothing",
+    )
     args = parser.parse_args(argv)
     if args.device == "cuda" and not args.report_only and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here")
@@ -261,13 +313,21 @@ def main(argv=None):
     if args.report_only:
         write_section(args.out / "benchmarks.md", SECTION[args.device], markdown(json.loads(path.read_text())))
         return
-    results = {"command": command_line("batching"),
-               "machine": machine(), "rank": args.rank, "repeats": args.repeats, "device": args.device,
-               "sets": {name: measure(name, args.rank, args.repeats, args.device) for name in args.shapes},
-               "whole_steps": {name: whole_steps(name, args.rank, args.repeats, args.device) for name in args.shapes},
-               "bucket_groups": {name: [measure_group(*group, args.repeats, args.device)
-                                        for group in bucket_groups(shape_set(name), args.rank)]
-                                 for name in args.shapes}}
+    results = {
+        "command": command_line("batching"),
+        "machine": machine(),
+        "rank": args.rank,
+        "repeats": args.repeats,
+        "device": args.device,
+        "sets": {name: measure(name, args.rank, args.repeats, args.device) for name in args.shapes},
+        "whole_steps": {name: whole_steps(name, args.rank, args.repeats, args.device) for name in args.shapes},
+        "bucket_groups": {
+            name: [
+                measure_group(*group, args.repeats, args.device) for group in bucket_groups(shape_set(name), args.rank)
+            ]
+            for name in args.shapes
+        },
+    }
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1) + "\n")
     write_section(args.out / "benchmarks.md", SECTION[args.device], markdown(results))

@@ -40,6 +40,7 @@ point after that long. ``--report-only`` rewrites the section and the picture fr
 ``--stage curve`` runs only the character-LM curves and L-GreCo over them.
 ``--quick``: a tiny model and a few steps, every stage once with one seed: a smoke test.
 """
+
 import argparse
 import json
 import math
@@ -59,8 +60,19 @@ import hvd_compress as hc
 import hvd_compress.ddp
 from benchmarks.convergence import StepCounter
 from benchmarks.quality import LM as CHAR_LM, scalecom_flops
-from benchmarks.report import (DOCS, describe_machine, machine, mpirun_job, panels, root_cause, run_points,
-                               save_figure, torchrun_job, train_one_point, write_section)
+from benchmarks.report import (
+    DOCS,
+    describe_machine,
+    machine,
+    mpirun_job,
+    panels,
+    root_cause,
+    run_points,
+    save_figure,
+    torchrun_job,
+    train_one_point,
+    write_section,
+)
 from benchmarks.workloads import charlm, wordlm
 from hvd_compress.comm.rounds import Collective
 from hvd_compress.compressors.base import GradientCompression
@@ -71,15 +83,27 @@ SECTION = "L-GreCo protocol on the word LM"
 NP = 2
 SEEDS = [0, 1, 2]
 UNCOMPRESSED = "uncompressed"
-WORD_LM = {"model": {"d_model": 64, "layers": 4, "heads": 4, "context": 64}, "batch_size": 32,
-           "max_chars": 3_000_000, "vocab": wordlm.VOCAB}
+WORD_LM = {
+    "model": {"d_model": 64, "layers": 4, "heads": 4, "context": 64},
+    "batch_size": 32,
+    "max_chars": 3_000_000,
+    "vocab": wordlm.VOCAB,
+}
 WORD_STEPS = 600
 # The larger scale, on a GPU: every 2-D shape grows 4x per side, the vocabulary doubles.
-WORD_LM_GPU = {"model": {"d_model": 256, "layers": 6, "heads": 8, "context": 128}, "batch_size": 32,
-               "max_chars": 5_000_000, "vocab": 8192}
+WORD_LM_GPU = {
+    "model": {"d_model": 256, "layers": 6, "heads": 8, "context": 128},
+    "batch_size": 32,
+    "max_chars": 5_000_000,
+    "vocab": 8192,
+}
 GPU_STEPS = 600
-QUICK_LM = {"model": {"d_model": 32, "layers": 2, "heads": 2, "context": 32}, "batch_size": 8,
-            "max_chars": 300_000, "vocab": 512}
+QUICK_LM = {
+    "model": {"d_model": 32, "layers": 2, "heads": 2, "context": 32},
+    "batch_size": 8,
+    "max_chars": 300_000,
+    "vocab": 512,
+}
 QUICK_STEPS = 40
 # The character LM of ``quality`` and the anchors its sweep found (smallest within 2%).
 CHAR_STEPS = 3000
@@ -93,26 +117,44 @@ CHAR_CURVE = {"PowerSGD": [8, 4, 16], "Top-K": [0.2, 0.3, 0.1]}
 QUICK_CURVE = {"PowerSGD": [8, 4]}
 # Where and how points run: backend (Horovod under mpirun, or DDP under torchrun), device, and
 # the word LM; the character-LM rows are the CPU protocol's alone.
-SCALES = {"cpu": {"backend": "horovod", "device": "cpu", "lm": WORD_LM, "steps": WORD_STEPS, "charlm": True,
-                  "name": "claims", "section": SECTION},
-          "gpu": {"backend": "ddp", "device": "cuda", "lm": WORD_LM_GPU, "steps": GPU_STEPS, "charlm": False,
-                  "name": "claims_gpu", "section": SECTION + " at larger scale (GPU)",
-                  # A lease of minutes: every candidate at once (the same anchor rule, applied
-                  # afterwards), three per family.
-                  "speculative": True, "values": {"PowerSGD": [16, 8, 4], "Top-K": [0.1, 0.03, 0.01]}}}
+SCALES = {
+    "cpu": {
+        "backend": "horovod",
+        "device": "cpu",
+        "lm": WORD_LM,
+        "steps": WORD_STEPS,
+        "charlm": True,
+        "name": "claims",
+        "section": SECTION,
+    },
+    "gpu": {
+        "backend": "ddp",
+        "device": "cuda",
+        "lm": WORD_LM_GPU,
+        "steps": GPU_STEPS,
+        "charlm": False,
+        "name": "claims_gpu",
+        "section": SECTION + " at larger scale (GPU)",
+        # A lease of minutes: every candidate at once (the same anchor rule, applied
+        # afterwards), three per family.
+        "speculative": True,
+        "values": {"PowerSGD": [16, 8, 4], "Top-K": [0.1, 0.03, 0.01]},
+    },
+}
 # Uniform settings, least aggressive first, and how each family is built.
-FAMILIES = {"PowerSGD": ("powersgd", "rank", [16, 8, 4, 2, 1]),
-            "Top-K": ("topk", "density", [0.3, 0.1, 0.03, 0.01])}
+FAMILIES = {"PowerSGD": ("powersgd", "rank", [16, 8, 4, 2, 1]), "Top-K": ("topk", "density", [0.3, 0.1, 0.03, 0.01])}
 WITHIN_ANCHOR = 0.01
 EQUAL_QUALITY = 0.01
 SCALECOM_WITHIN = 0.02
 CLAIMED_RATIO = {"PowerSGD": 1.5, "Top-K": 2.5}
 EMBEDDINGS = ("token_embedding.weight", "position_embedding.weight")
 # L-GreCo ablations: label suffix -> LGreCo options (or the warm-up) replaced.
-ABLATIONS = {"raw error, whole period": {"error_source": "raw", "accumulate_steps": None},
-             "whole period": {"accumulate_steps": None},
-             "raw error": {"error_source": "raw"},
-             "no warm-up": {"start_step": 0}}
+ABLATIONS = {
+    "raw error, whole period": {"error_source": "raw", "accumulate_steps": None},
+    "whole period": {"accumulate_steps": None},
+    "raw error": {"error_source": "raw"},
+    "no warm-up": {"start_step": 0},
+}
 
 
 class DenseWhere(GradientCompression):
@@ -166,8 +208,12 @@ class DenseWhere(GradientCompression):
         return self.inner.fixed_payload(shape) and not self.dense_names
 
     def describe(self):
-        return {"compressor": "DenseWhere", "start_step": self.start_step,
-                "dense_names": sorted(self.dense_names), "inner": self.inner.describe()}
+        return {
+            "compressor": "DenseWhere",
+            "start_step": self.start_step,
+            "dense_names": sorted(self.dense_names),
+            "inner": self.inner.describe(),
+        }
 
 
 DenseWhere = public_class(DenseWhere)  # what hvd.DistributedOptimizer(compression=) takes
@@ -184,8 +230,17 @@ def point(workload, family, seed, compressor=None, settings=None, extra=None, su
     """One job's description (JSON); ``key`` names it in the results, ``label`` its seeds."""
     settings = settings or {}
     label = family + "".join(f" {k} {v}" for k, v in settings.items()) + (f", {suffix}" if suffix else "")
-    return {"key": f"{workload}/{label}/seed {seed}", "workload": workload, "family": family, "label": label,
-            "suffix": suffix, "seed": seed, "compressor": compressor, "settings": settings, "extra": extra or {}}
+    return {
+        "key": f"{workload}/{label}/seed {seed}",
+        "workload": workload,
+        "family": family,
+        "label": label,
+        "suffix": suffix,
+        "seed": seed,
+        "compressor": compressor,
+        "settings": settings,
+        "extra": extra or {},
+    }
 
 
 # ----- one job: runs on every rank ----------------------------------------------------------------
@@ -206,8 +261,12 @@ def build_compression(spec, model, named, steps, tokens_per_rank, world):
         epoch = extra["epoch_steps"]
         inner = hc.ScaleCom(named, beta=1.0, warmup_steps=epoch if spec["compressor"] == "scalecom" else 0)
         flops = scalecom_flops(model, tokens_per_rank)
-        inner.set_rates_from_flops(flops, {name: p.numel() for name, p in named if name in flops},
-                                   per_worker_batch=tokens_per_rank, reference_batch=4500)
+        inner.set_rates_from_flops(
+            flops,
+            {name: p.numel() for name, p in named if name in flops},
+            per_worker_batch=tokens_per_rank,
+            reference_batch=4500,
+        )
         if spec["compressor"] == "topk":  # the same k per layer, Top-K's all-gather
             ks = {name: inner.setting(name) for name in flops}
             inner = hc.TopK(named)
@@ -218,8 +277,10 @@ def build_compression(spec, model, named, steps, tokens_per_rank, world):
     inner = hc.COMPRESSORS[spec["compressor"]].build(named, **settings)
     if "lgreco" not in extra:
         return DenseWhere(inner, start_step=warmup)
-    options = dict({"start_step": warmup, "warmup_steps": period, "decide_every": period,
-                    "apply_delay": min(5, period - 1)}, **extra["lgreco"])
+    options = dict(
+        {"start_step": warmup, "warmup_steps": period, "decide_every": period, "apply_delay": min(5, period - 1)},
+        **extra["lgreco"],
+    )
     return hc.LGreCo(inner, **options)
 
 
@@ -263,6 +324,7 @@ def train_point(spec):
             if counter.steps == first_decision:
                 bytes_before.append(sent_bytes())
             return result
+
         wrapped.step = types.MethodType(step_and_count, wrapped)  # bound, as schedulers expect
         return wrapped
 
@@ -274,27 +336,62 @@ def train_point(spec):
 
     started = time.perf_counter()
     log_every = max(1, steps // 10)
-    log = lambda step, loss, perplexity: curve.append([step, perplexity])
+
+    def log(step, loss, perplexity):
+        curve.append([step, perplexity])
+
     if spec["workload"] == "wordlm":
-        _, metric = wordlm.train(make_optimizer, rank, size, steps=steps, batch_size=lm["batch_size"],
-                                 seed=spec["seed"], model_kwargs=lm["model"], max_chars=lm["max_chars"],
-                                 vocab=lm["vocab"], log_every=log_every, log=log, prepare=prepare)
+        _, metric = wordlm.train(
+            make_optimizer,
+            rank,
+            size,
+            steps=steps,
+            batch_size=lm["batch_size"],
+            seed=spec["seed"],
+            model_kwargs=lm["model"],
+            max_chars=lm["max_chars"],
+            vocab=lm["vocab"],
+            log_every=log_every,
+            log=log,
+            prepare=prepare,
+        )
     else:
-        _, metric = charlm.train(make_optimizer, rank, size, steps=steps, batch_size=lm["batch_size"],
-                                 seed=spec["seed"], model_kwargs=lm["model"], max_chars=lm["max_chars"],
-                                 log_every=log_every, log=log)
+        _, metric = charlm.train(
+            make_optimizer,
+            rank,
+            size,
+            steps=steps,
+            batch_size=lm["batch_size"],
+            seed=spec["seed"],
+            model_kwargs=lm["model"],
+            max_chars=lm["max_chars"],
+            log_every=log_every,
+            log=log,
+        )
     total = sent_bytes()
-    record = {"key": spec["key"], "metric": metric, "steps": counter.steps, "first_decision": first_decision,
-              "train_seconds": time.perf_counter() - started, "world_size": size, "wire_bytes": total,
-              "wire_bytes_per_step_after": (total - bytes_before[0]) / (counter.steps - first_decision),
-              "dense_wire_bytes_per_step": Collective.ALLREDUCE.wire_bytes(made["dense_bytes"], size),
-              "curve": curve}
+    record = {
+        "key": spec["key"],
+        "metric": metric,
+        "steps": counter.steps,
+        "first_decision": first_decision,
+        "train_seconds": time.perf_counter() - started,
+        "world_size": size,
+        "wire_bytes": total,
+        "wire_bytes_per_step_after": (total - bytes_before[0]) / (counter.steps - first_decision),
+        "dense_wire_bytes_per_step": Collective.ALLREDUCE.wire_bytes(made["dense_bytes"], size),
+        "curve": curve,
+    }
     compression = made["compression"]
     if isinstance(compression, hc.LGreCo):
-        record["lgreco"] = [{"decided_at": d.decided_at, "effective_step": d.effective_step,
-                             "uniform_over_chosen": d.uniform_bytes / max(d.total_bytes, 1),
-                             **window_norms(d)}
-                            for d in compression.decisions]
+        record["lgreco"] = [
+            {
+                "decided_at": d.decided_at,
+                "effective_step": d.effective_step,
+                "uniform_over_chosen": d.uniform_bytes / max(d.total_bytes, 1),
+                **window_norms(d),
+            }
+            for d in compression.decisions
+        ]
         record["last_settings"] = compression.decisions[-1].settings if compression.decisions else {}
     return record
 
@@ -304,9 +401,11 @@ def window_norms(decision):
     the sum of the per-layer squares), and the error it expected at its budget: what the
     flattening hypothesis needs (issue 32)."""
     layers = decision.layers.values()
-    return {"gradient_norm": math.sqrt(sum(layer["gradient_norm"] ** 2 for layer in layers)),
-            "residual_norm": math.sqrt(sum(layer["residual_norm"] ** 2 for layer in layers)),
-            "budget": decision.budget}
+    return {
+        "gradient_norm": math.sqrt(sum(layer["gradient_norm"] ** 2 for layer in layers)),
+        "residual_norm": math.sqrt(sum(layer["residual_norm"] ** 2 for layer in layers)),
+        "budget": decision.budget,
+    }
 
 
 def train_one_point_ddp(spec):
@@ -325,8 +424,11 @@ def train_one_point_ddp(spec):
 # ----- what to run next -------------------------------------------------------------------------
 def seeds_of(results, label, workload="wordlm"):
     """The finished records of ``label``, by seed."""
-    return {e["spec"]["seed"]: e["record"] for e in results["points"].values()
-            if e["spec"]["workload"] == workload and e["spec"]["label"] == label}
+    return {
+        e["spec"]["seed"]: e["record"]
+        for e in results["points"].values()
+        if e["spec"]["workload"] == workload and e["spec"]["label"] == label
+    }
 
 
 def mean_metric(results, label, seeds, workload="wordlm"):
@@ -385,10 +487,15 @@ def curve_points(seeds: Sequence[int], quick: bool) -> List[Dict[str, Any]]:
     curve = QUICK_CURVE if quick else CHAR_CURVE
     wanted = []
     for label, extra in [("{}", {}), ("L-GreCo ({})", {"lgreco": {}})]:
-        wanted += [point("charlm", label.format(family), seed, FAMILIES[family][0], {FAMILIES[family][1]: values[index]},
-                         extra)
-                   for index in range(max(map(len, curve.values()))) for family, values in curve.items()
-                   if index < len(values) for seed in seeds]
+        wanted += [
+            point(
+                "charlm", label.format(family), seed, FAMILIES[family][0], {FAMILIES[family][1]: values[index]}, extra
+            )
+            for index in range(max(map(len, curve.values())))
+            for family, values in curve.items()
+            if index < len(values)
+            for seed in seeds
+        ]
     return wanted
 
 
@@ -408,27 +515,52 @@ def plan(results, quick, stage="all"):
         anchors[family] = lgreco_setting(results, family, anchor, why)
         wanted += search
         if anchors[family] is not None:
-            wanted += [point("wordlm", f"L-GreCo ({family})", seed, name, {keyword: anchors[family]},
-                             {"lgreco": {}}) for seed in seeds]
+            wanted += [
+                point("wordlm", f"L-GreCo ({family})", seed, name, {keyword: anchors[family]}, {"lgreco": {}})
+                for seed in seeds
+            ]
         if family == "PowerSGD" and anchors[family] is not None:
-            wanted += [point("wordlm", "L-GreCo (PowerSGD)", seed, "powersgd", {"rank": anchors[family]},
-                             {"lgreco": options}, suffix) for suffix, options in ABLATIONS.items() for seed in seeds]
+            wanted += [
+                point(
+                    "wordlm",
+                    "L-GreCo (PowerSGD)",
+                    seed,
+                    "powersgd",
+                    {"rank": anchors[family]},
+                    {"lgreco": options},
+                    suffix,
+                )
+                for suffix, options in ABLATIONS.items()
+                for seed in seeds
+            ]
     job = workload_spec("wordlm", quick, scale)
     epoch = epoch_steps(job["lm"])
     # --quick runs a fraction of an epoch: its ScaleCom stays dense through the LR warm-up only.
     scalecom = {"scalecom": True, "epoch_steps": schedule(job["steps"])[0] if quick else epoch}
     for seed in seeds:
-        wanted += [point("wordlm", "ScaleCom (paper's regime)", seed, "scalecom", {}, scalecom),
-                   point("wordlm", "ScaleCom (paper's regime)", seed, "scalecom", {},
-                         dict(scalecom, dense_embeddings=True), "embeddings dense"),
-                   point("wordlm", "Top-K at ScaleCom's densities", seed, "topk", {}, scalecom)]
+        wanted += [
+            point("wordlm", "ScaleCom (paper's regime)", seed, "scalecom", {}, scalecom),
+            point(
+                "wordlm",
+                "ScaleCom (paper's regime)",
+                seed,
+                "scalecom",
+                {},
+                dict(scalecom, dense_embeddings=True),
+                "embeddings dense",
+            ),
+            point("wordlm", "Top-K at ScaleCom's densities", seed, "topk", {}, scalecom),
+        ]
     if not scale["charlm"]:
         return wanted
     wanted += [point("charlm", UNCOMPRESSED, seed) for seed in seeds]
     for family, value in CHAR_ANCHORS.items():
         name, keyword, _ = FAMILIES[family]
-        wanted += [point("charlm", label, seed, name, {keyword: value}, extra)
-                   for label, extra in [(family, {}), (f"L-GreCo ({family})", {"lgreco": {}})] for seed in seeds]
+        wanted += [
+            point("charlm", label, seed, name, {keyword: value}, extra)
+            for label, extra in [(family, {}), (f"L-GreCo ({family})", {"lgreco": {}})]
+            for seed in seeds
+        ]
     keys = {p["key"] for p in wanted}  # the anchors are on the curves too: each point once
     return wanted + [p for p in curve_points(seeds, quick) if p["key"] not in keys]
 
@@ -437,10 +569,21 @@ def workload_spec(workload, quick, scale=SCALES["cpu"]):
     """Steps and LM of a point; where it runs (backend, device)."""
     where = {"backend": scale["backend"], "device": scale["device"]}
     if quick:
-        return dict(where, steps=QUICK_STEPS, lm=QUICK_LM if workload == "wordlm" else
-                    dict(CHAR_LM, max_chars=200_000, model=dict(CHAR_LM["model"], d_model=32)))
-    return dict(where, **({"steps": scale["steps"], "lm": scale["lm"]} if workload == "wordlm" else
-                          {"steps": CHAR_STEPS, "lm": CHAR_LM}))
+        return dict(
+            where,
+            steps=QUICK_STEPS,
+            lm=QUICK_LM
+            if workload == "wordlm"
+            else dict(CHAR_LM, max_chars=200_000, model=dict(CHAR_LM["model"], d_model=32)),
+        )
+    return dict(
+        where,
+        **(
+            {"steps": scale["steps"], "lm": scale["lm"]}
+            if workload == "wordlm"
+            else {"steps": CHAR_STEPS, "lm": CHAR_LM}
+        ),
+    )
 
 
 def results_path(out, scale):
@@ -469,8 +612,11 @@ def run(args):
     with ThreadPoolExecutor(args.parallel) as pool:
         while True:
             busy = {spec["key"] for spec, _ in running.values()}
-            todo = [s for s in plan(results, args.quick, args.stage) if s["key"] not in results["points"]
-                    and s["key"] not in failed and s["key"] not in busy]
+            todo = [
+                s
+                for s in plan(results, args.quick, args.stage)
+                if s["key"] not in results["points"] and s["key"] not in failed and s["key"] not in busy
+            ]
             while todo and len(running) < args.parallel and time.monotonic() < deadline:
                 spec = todo.pop(0)
                 slot = min(set(range(args.parallel)) - {slot for _, slot in running.values()})
@@ -492,9 +638,12 @@ def run(args):
                 results["points"][spec["key"]] = {"spec": spec, "record": record}
                 path.write_text(json.dumps(results, indent=1) + "\n")
                 write_report(results, args.out)
-                print(f"{spec['key']}: perplexity {record['metric']:.3f}, "
-                      f"{record['wire_bytes_per_step_after'] / 1e6:.3f} MB/step after the first decision, "
-                      f"{record['wire_bytes'] / 1e6:,.1f} MB in all, {record['job_seconds']:.0f} s", flush=True)
+                print(
+                    f"{spec['key']}: perplexity {record['metric']:.3f}, "
+                    f"{record['wire_bytes_per_step_after'] / 1e6:.3f} MB/step after the first decision, "
+                    f"{record['wire_bytes'] / 1e6:,.1f} MB in all, {record['job_seconds']:.0f} s",
+                    flush=True,
+                )
     path.write_text(json.dumps(results, indent=1) + "\n")
     write_report(results, args.out)
     return results
@@ -504,12 +653,16 @@ def run(args):
 def summary(records):
     """Mean and standard error of the metric, mean bytes, over ``records`` (one per seed)."""
     metrics = [r["metric"] for r in records]
-    return {"metric": statistics.fmean(metrics),
-            "se": statistics.stdev(metrics) / math.sqrt(len(metrics)) if len(metrics) > 1 else 0.0,
-            "seeds": len(records), "per_step": statistics.fmean(r["wire_bytes_per_step_after"] for r in records),
-            "whole": statistics.fmean(r["wire_bytes"] for r in records),
-            "dense_per_step": records[0]["dense_wire_bytes_per_step"], "steps": records[0]["steps"],
-            "seconds": sum(r["job_seconds"] for r in records)}
+    return {
+        "metric": statistics.fmean(metrics),
+        "se": statistics.stdev(metrics) / math.sqrt(len(metrics)) if len(metrics) > 1 else 0.0,
+        "seeds": len(records),
+        "per_step": statistics.fmean(r["wire_bytes_per_step_after"] for r in records),
+        "whole": statistics.fmean(r["wire_bytes"] for r in records),
+        "dense_per_step": records[0]["dense_wire_bytes_per_step"],
+        "steps": records[0]["steps"],
+        "seconds": sum(r["job_seconds"] for r in records),
+    }
 
 
 def paired(results, label, reference, workload="wordlm"):
@@ -534,8 +687,10 @@ def lgreco_claim(results, workload, family, value, seeds):
     name, keyword, _ = FAMILIES[family]
     uniform_label = f"{family} {keyword} {value}"
     adaptive_label = f"L-GreCo ({family}) {keyword} {value}"
-    text = (f"{'Word' if workload == 'wordlm' else 'Char'} LM: L-GreCo over {family} {keyword} {value}: equal "
-            f"quality at >= {CLAIMED_RATIO[family]}x fewer bytes per step")
+    text = (
+        f"{'Word' if workload == 'wordlm' else 'Char'} LM: L-GreCo over {family} {keyword} {value}: equal "
+        f"quality at >= {CLAIMED_RATIO[family]}x fewer bytes per step"
+    )
     uniform, adaptive = seeds_of(results, uniform_label, workload), seeds_of(results, adaptive_label, workload)
     if len(uniform) < len(seeds) or len(adaptive) < len(seeds):
         return text, None, f"not measured yet ({len(adaptive)} of {len(seeds)} L-GreCo seeds)"
@@ -544,9 +699,15 @@ def lgreco_claim(results, workload, family, value, seeds):
     tolerance = equal_quality_tolerance(se)
     ratio, whole = u["per_step"] / a["per_step"], u["whole"] / a["whole"]
     met = change <= tolerance and ratio >= CLAIMED_RATIO[family]
-    return text, met, (f"perplexity {a['metric']:.2f} vs {u['metric']:.2f} (paired {100 * change:+.2f}% "
-                       f"± {100 * se:.2f}%, tolerance {100 * tolerance:.1f}%); {ratio:.2f}x fewer bytes per step "
-                       f"after the first decision, {whole:.2f}x over the whole run")
+    return (
+        text,
+        met,
+        (
+            f"perplexity {a['metric']:.2f} vs {u['metric']:.2f} (paired {100 * change:+.2f}% "
+            f"± {100 * se:.2f}%, tolerance {100 * tolerance:.1f}%); {ratio:.2f}x fewer bytes per step "
+            f"after the first decision, {whole:.2f}x over the whole run"
+        ),
+    )
 
 
 def claims(results, quick):
@@ -568,9 +729,14 @@ def claims(results, quick):
         outcomes.append((text, None, "not measured yet"))
     else:
         s = summary(list(seeds_of(results, "ScaleCom (paper's regime)").values()))
-        outcomes.append((text, change[0] <= SCALECOM_WITHIN,
-                         f"perplexity paired {100 * change[0]:+.2f}% ± {100 * change[1]:.2f}% at "
-                         f"{s['dense_per_step'] / s['per_step']:.1f}x fewer bytes per step after the warm-up"))
+        outcomes.append(
+            (
+                text,
+                change[0] <= SCALECOM_WITHIN,
+                f"perplexity paired {100 * change[0]:+.2f}% ± {100 * change[1]:.2f}% at "
+                f"{s['dense_per_step'] / s['per_step']:.1f}x fewer bytes per step after the warm-up",
+            )
+        )
     for family, value in CHAR_ANCHORS.items() if scale_of(results)["charlm"] else ():
         outcomes.append(lgreco_claim(results, "charlm", family, value, seeds))
     return outcomes
@@ -604,18 +770,30 @@ def curve_verdicts(results: Dict[str, Any], quick: bool) -> List[Tuple[str, Opti
         uniform = {value: summary(records) for value, records in done.items() if len(records) == len(seeds)}
         curve = [(s["per_step"], s["metric"]) for s in uniform.values()]
         for value in values:
-            text = (f"Char LM: L-GreCo over {family} {keyword} {value}: the uniform curve needs >= "
-                    f"{CLAIMED_RATIO[family]}x its bytes per step at its quality")
+            text = (
+                f"Char LM: L-GreCo over {family} {keyword} {value}: the uniform curve needs >= "
+                f"{CLAIMED_RATIO[family]}x its bytes per step at its quality"
+            )
             adaptive = list(seeds_of(results, f"L-GreCo ({family}) {keyword} {value}", "charlm").values())
             if len(adaptive) < len(seeds) or len(uniform) < 2:
-                rows.append((text, None, f"not measured yet ({len(adaptive)} of {len(seeds)} L-GreCo seeds; "
-                                         f"{len(uniform)} of {len(values)} uniform settings at every seed)"))
+                rows.append(
+                    (
+                        text,
+                        None,
+                        f"not measured yet ({len(adaptive)} of {len(seeds)} L-GreCo seeds; "
+                        f"{len(uniform)} of {len(values)} uniform settings at every seed)",
+                    )
+                )
                 continue
             a = summary(adaptive)
-            points = "; ".join(f"{keyword} {v}: {s['metric']:.3f} ± {s['se']:.3f} at {s['per_step'] / 1e6:.4f} MB"
-                               for v, s in sorted(uniform.items(), key=lambda item: item[1]["per_step"]))
-            numbers = (f"L-GreCo {a['metric']:.3f} ± {a['se']:.3f} at {a['per_step'] / 1e6:.4f} MB/step after the "
-                       f"first decision; uniform curve (perplexity mean ± s.e., MB/step): {points}")
+            points = "; ".join(
+                f"{keyword} {v}: {s['metric']:.3f} ± {s['se']:.3f} at {s['per_step'] / 1e6:.4f} MB"
+                for v, s in sorted(uniform.items(), key=lambda item: item[1]["per_step"])
+            )
+            numbers = (
+                f"L-GreCo {a['metric']:.3f} ± {a['se']:.3f} at {a['per_step'] / 1e6:.4f} MB/step after the "
+                f"first decision; uniform curve (perplexity mean ± s.e., MB/step): {points}"
+            )
             at_mean = uniform_bytes_at(curve, a["metric"])
             if at_mean is None:
                 best = min(curve, key=lambda c: c[1])
@@ -626,17 +804,24 @@ def curve_verdicts(results: Dict[str, Any], quick: bool) -> List[Tuple[str, Opti
             # The seed spread: the same reading at L-GreCo's mean ± one standard error.
             spread = [uniform_bytes_at(curve, a["metric"] + sign * a["se"]) for sign in (-1, 1)]
             spread_text = ", ".join("outside the curve" if b is None else f"{b / a['per_step']:.2f}x" for b in spread)
-            rows.append((text, ratio >= CLAIMED_RATIO[family],
-                         f"{ratio:.2f}x (uniform {at_mean / 1e6:.4f} MB/step at L-GreCo's mean; at mean "
-                         f"- / + 1 s.e.: {spread_text}); " + numbers))
+            rows.append(
+                (
+                    text,
+                    ratio >= CLAIMED_RATIO[family],
+                    f"{ratio:.2f}x (uniform {at_mean / 1e6:.4f} MB/step at L-GreCo's mean; at mean "
+                    f"- / + 1 s.e.: {spread_text}); " + numbers,
+                )
+            )
     return rows
 
 
 def ablation_rows(results, quick):
     """Each L-GreCo run against the uniform run at its anchor: paired quality, bytes ratios."""
     seeds = SEEDS[:1] if quick else SEEDS
-    anchors = {("wordlm", family): lgreco_setting(results, family, *anchor_search(results, family, seeds, quick)[1:])
-               for family in FAMILIES}
+    anchors = {
+        ("wordlm", family): lgreco_setting(results, family, *anchor_search(results, family, seeds, quick)[1:])
+        for family in FAMILIES
+    }
     if scale_of(results)["charlm"]:
         anchors.update({("charlm", family): value for family, value in CHAR_ANCHORS.items()})
     rows = []
@@ -646,8 +831,14 @@ def ablation_rows(results, quick):
         keyword = FAMILIES[family][1]
         uniform_label = f"{family} {keyword} {value}"
         uniform = seeds_of(results, uniform_label, workload)
-        labels = sorted({e["spec"]["label"] for e in results["points"].values() if e["spec"]["workload"] == workload
-                         and e["spec"]["label"].startswith(f"L-GreCo ({family}) {keyword} {value}")})
+        labels = sorted(
+            {
+                e["spec"]["label"]
+                for e in results["points"].values()
+                if e["spec"]["workload"] == workload
+                and e["spec"]["label"].startswith(f"L-GreCo ({family}) {keyword} {value}")
+            }
+        )
         for label in labels if uniform else []:
             change = paired(results, label, uniform_label, workload)
             if change is None:
@@ -655,9 +846,11 @@ def ablation_rows(results, quick):
             records = list(seeds_of(results, label, workload).values())
             u, a = summary(list(uniform.values())), summary(records)
             equal = change[0] <= equal_quality_tolerance(change[1])
-            rows.append(f"| {workload} | {label} | {change[2]} | {100 * change[0]:+.2f}% ± {100 * change[1]:.2f}% | "
-                        f"{'yes' if equal else 'no'} | {u['per_step'] / a['per_step']:.2f}x | "
-                        f"{u['whole'] / a['whole']:.2f}x | {solver_ratios(records)} |")
+            rows.append(
+                f"| {workload} | {label} | {change[2]} | {100 * change[0]:+.2f}% ± {100 * change[1]:.2f}% | "
+                f"{'yes' if equal else 'no'} | {u['per_step'] / a['per_step']:.2f}x | "
+                f"{u['whole'] / a['whole']:.2f}x | {solver_ratios(records)} |"
+            )
     return rows
 
 
@@ -677,16 +870,21 @@ def table(results, workload):
     for entry in results["points"].values():
         if entry["spec"]["workload"] == workload:
             labels.setdefault(entry["spec"]["label"], []).append(entry["record"])
-    lines = ["| run | perplexity (mean ± s.e.) | paired Δ vs uncompressed | MB/step after first decision "
-             "| fewer bytes/step | MB whole run | seeds | minutes |", "|---" * 8 + "|"]
+    lines = [
+        "| run | perplexity (mean ± s.e.) | paired Δ vs uncompressed | MB/step after first decision "
+        "| fewer bytes/step | MB whole run | seeds | minutes |",
+        "|---" * 8 + "|",
+    ]
     ordered = sorted(labels.items(), key=lambda item: (item[0] != UNCOMPRESSED, item[0]))
     for label, records in ordered:
         s = summary(records)
         change = paired(results, label, UNCOMPRESSED, workload)
         delta = "-" if change is None or label == UNCOMPRESSED else f"{100 * change[0]:+.2f}% ± {100 * change[1]:.2f}%"
-        lines.append(f"| {label} | {s['metric']:.2f} ± {s['se']:.2f} | {delta} | {s['per_step'] / 1e6:.3f} | "
-                     f"{s['dense_per_step'] / s['per_step']:.1f}x | {s['whole'] / 1e6:,.0f} | {s['seeds']} | "
-                     f"{s['seconds'] / 60:.0f} |")
+        lines.append(
+            f"| {label} | {s['metric']:.2f} ± {s['se']:.2f} | {delta} | {s['per_step'] / 1e6:.3f} | "
+            f"{s['dense_per_step'] / s['per_step']:.1f}x | {s['whole'] / 1e6:,.0f} | {s['seeds']} | "
+            f"{s['seconds'] / 60:.0f} |"
+        )
     return lines
 
 
@@ -703,57 +901,91 @@ def markdown(results, figure):
     scale = SCALES[scale_name]
     flags = (" --quick" if quick else "") + ("" if scale_name == "cpu" else f" --scale {scale_name}")
     model, steps = scale["lm"]["model"], scale["steps"]
-    where = ("every point one `mpirun -np 2` job through Horovod's stock optimizer" if scale["backend"] == "horovod"
-             else "every point one `torchrun` job of 2 ranks on the one GPU, DDP with `hvd_compress.ddp` over Gloo")
-    lines = [f"Command: `python -m benchmarks claims{flags}` (resumable; regenerate this "
-             f"section from the JSON with `--report-only`). Jobs finished: {len(results['points'])}, "
-             f"{minutes:.0f} min of jobs in all, "
-             + ("run niced beside other work on the same cores." if scale["backend"] == "horovod" else
-                "run 6 to 8 side by side (`--parallel`), 16 ranks on the GPU's 16-core host.") + "", "",
-             f"Machine: {describe_machine(results['machine'])}", "",
-             f"Protocol: see `benchmarks/claims.py`; {where}. Word LM: {scale['lm']['vocab']}-token vocabulary "
-             f"(Python standard library source), GPT of {model['layers']} blocks, d_model {model['d_model']}, "
-             f"context {model['context']}, separate embedding and head; {steps} steps at np {NP}, "
-             f"{scale['lm']['batch_size'] * model['context']:,} tokens per rank and step; dense through the "
-             f"learning-rate warm-up ({schedule(steps)[0]} steps); L-GreCo decides every {schedule(steps)[1]} steps "
-             f"from step {schedule(steps)[2]}. Bytes per rank on the ring model.", ""]
+    where = (
+        "every point one `mpirun -np 2` job through Horovod's stock optimizer"
+        if scale["backend"] == "horovod"
+        else "every point one `torchrun` job of 2 ranks on the one GPU, DDP with `hvd_compress.ddp` over Gloo"
+    )
+    lines = [
+        f"Command: `python -m benchmarks claims{flags}` (resumable; regenerate this "
+        f"section from the JSON with `--report-only`). Jobs finished: {len(results['points'])}, "
+        f"{minutes:.0f} min of jobs in all, "
+        + (
+            "run niced beside other work on the same cores."
+            if scale["backend"] == "horovod"
+            else "run 6 to 8 side by side (`--parallel`), 16 ranks on the GPU's 16-core host."
+        )
+        + "",
+        "",
+        f"Machine: {describe_machine(results['machine'])}",
+        "",
+        f"Protocol: see `benchmarks/claims.py`; {where}. Word LM: {scale['lm']['vocab']}-token vocabulary "
+        f"(Python standard library source), GPT of {model['layers']} blocks, d_model {model['d_model']}, "
+        f"context {model['context']}, separate embedding and head; {steps} steps at np {NP}, "
+        f"{scale['lm']['batch_size'] * model['context']:,} tokens per rank and step; dense through the "
+        f"learning-rate warm-up ({schedule(steps)[0]} steps); L-GreCo decides every {schedule(steps)[1]} steps "
+        f"from step {schedule(steps)[2]}. Bytes per rank on the ring model.",
+        "",
+    ]
     todo = missing(results, quick)
     if todo:
-        lines += ["**Partial.** Not measured yet (all or some seeds): " + "; ".join(todo) + ". Further runs "
-                  "follow from these (the anchor search goes on while settings stay within 1%, L-GreCo and "
-                  "its ablations run at the anchor found).", ""]
+        lines += [
+            "**Partial.** Not measured yet (all or some seeds): " + "; ".join(todo) + ". Further runs "
+            "follow from these (the anchor search goes on while settings stay within 1%, L-GreCo and "
+            "its ablations run at the anchor found).",
+            "",
+        ]
     lines += ["Claims:", "", "| claim | met | numbers |", "|---|---|---|"]
     for text, met, numbers in claims(results, quick):
         lines.append(f"| {text} | {'-' if met is None else 'yes' if met else 'NO'} | {numbers} |")
     if scale["charlm"]:
         warmup, period, first = schedule(CHAR_STEPS)
-        lines += ["", "The same claims without the 1% anchor (issue 32): each family's uniform curve on the "
-                  f"character LM ({CHAR_STEPS} steps, L-GreCo deciding every {period} steps from step {first}), "
-                  "3 seeds per setting, and L-GreCo anchored at each setting; the uniform curve's bytes per step "
-                  "at L-GreCo's mean perplexity (log bytes interpolated between the neighbouring settings, "
-                  "never extrapolated) over L-GreCo's. Above 1: L-GreCo sends fewer bytes for the same quality. "
-                  "The anchor rule's verdicts are the Char LM rows above.", "",
-                  "| claim (equal quality on the uniform curve) | met | numbers |", "|---|---|---|"]
+        lines += [
+            "",
+            "The same claims without the 1% anchor (issue 32): each family's uniform curve on the "
+            f"character LM ({CHAR_STEPS} steps, L-GreCo deciding every {period} steps from step {first}), "
+            "3 seeds per setting, and L-GreCo anchored at each setting; the uniform curve's bytes per step "
+            "at L-GreCo's mean perplexity (log bytes interpolated between the neighbouring settings, "
+            "never extrapolated) over L-GreCo's. Above 1: L-GreCo sends fewer bytes for the same quality. "
+            "The anchor rule's verdicts are the Char LM rows above.",
+            "",
+            "| claim (equal quality on the uniform curve) | met | numbers |",
+            "|---|---|---|",
+        ]
         for text, met, numbers in curve_verdicts(results, quick):
             lines.append(f"| {text} | {'-' if met is None else 'yes' if met else 'NO'} | {numbers} |")
     ablations = ablation_rows(results, quick)
     if ablations:
-        lines += ["", "L-GreCo and its ablations against the uniform anchor, seed by seed (the factor that "
-                  "decides a claim is the row that moves it):", "",
-                  "| workload | L-GreCo run | seeds | paired Δ perplexity vs uniform | equal quality "
-                  "(<= max(1%, 2 s.e.)) | fewer bytes per step | fewer bytes, whole run | solver's ratio, first → "
-                  "last decision |", "|---" * 8 + "|"] + ablations
+        lines += [
+            "",
+            "L-GreCo and its ablations against the uniform anchor, seed by seed (the factor that "
+            "decides a claim is the row that moves it):",
+            "",
+            "| workload | L-GreCo run | seeds | paired Δ perplexity vs uniform | equal quality "
+            "(<= max(1%, 2 s.e.)) | fewer bytes per step | fewer bytes, whole run | solver's ratio, first → "
+            "last decision |",
+            "|---" * 8 + "|",
+        ] + ablations
     for workload, title in [("wordlm", "Word LM"), ("charlm", "Character LM (the small-model row)")]:
         rows = table(results, workload)
         if len(rows) > 2:
             lines += ["", f"**{title}**", ""] + rows
     lines += flattening_rows(results)
-    curve = next((e["record"].get("curve") for e in results["points"].values()
-                  if e["spec"]["workload"] == "wordlm" and e["spec"]["label"] == UNCOMPRESSED
-                  and e["spec"]["seed"] == 0), None)
+    curve = next(
+        (
+            e["record"].get("curve")
+            for e in results["points"].values()
+            if e["spec"]["workload"] == "wordlm" and e["spec"]["label"] == UNCOMPRESSED and e["spec"]["seed"] == 0
+        ),
+        None,
+    )
     if curve:
-        lines += ["", "Uncompressed word LM, seed 0, validation perplexity during the run (step: perplexity): "
-                  + ", ".join(f"{step}: {value:.2f}" for step, value in curve) + "."]
+        lines += [
+            "",
+            "Uncompressed word LM, seed 0, validation perplexity during the run (step: perplexity): "
+            + ", ".join(f"{step}: {value:.2f}" for step, value in curve)
+            + ".",
+        ]
     if any(e["spec"]["workload"] == "wordlm" for e in results["points"].values()):
         lines += ["", f"![perplexity against bytes per step]({figure.as_posix()})"]
     return "\n".join(lines) + "\n"
@@ -764,25 +996,36 @@ def flattening_rows(results):
     does the residual's share of what the solver sees grow over the run, and does the solver's
     ratio fall with it? Per run: that share and the ratio at the first and last decision, and
     their correlation over the decisions."""
-    runs = [(e["spec"]["label"], e["spec"]["seed"], e["record"]["lgreco"]) for e in results["points"].values()
-            if e["spec"]["workload"] == "wordlm" and e["record"].get("lgreco")
-            and "residual_norm" in e["record"]["lgreco"][0]]
+    runs = [
+        (e["spec"]["label"], e["spec"]["seed"], e["record"]["lgreco"])
+        for e in results["points"].values()
+        if e["spec"]["workload"] == "wordlm"
+        and e["record"].get("lgreco")
+        and "residual_norm" in e["record"]["lgreco"][0]
+    ]
     if not runs:
         return []
-    lines = ["", "Does the residual flatten the table? Per run, at its first and last decision: the norm of "
-             "the residual over that of the gradient (each the mean per step of the window before the "
-             "decision, over the layers decided), and the solver's ratio (uniform bytes over chosen). "
-             "The table holds gradient plus residual, except under \"raw error\" (gradient alone). The "
-             "flattening hypothesis predicts a growing residual share, a negative correlation where the "
-             "table holds the residual, and none (or a positive one) under \"raw error\".", "",
-             "| run | seed | decisions | residual / gradient, first → last | solver's ratio, first → last | "
-             "correlation over decisions |", "|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "Does the residual flatten the table? Per run, at its first and last decision: the norm of "
+        "the residual over that of the gradient (each the mean per step of the window before the "
+        "decision, over the layers decided), and the solver's ratio (uniform bytes over chosen). "
+        "The table holds gradient plus residual, except under \"raw error\" (gradient alone). The "
+        "flattening hypothesis predicts a growing residual share, a negative correlation where the "
+        "table holds the residual, and none (or a positive one) under \"raw error\".",
+        "",
+        "| run | seed | decisions | residual / gradient, first → last | solver's ratio, first → last | "
+        "correlation over decisions |",
+        "|---|---|---|---|---|---|",
+    ]
     for label, seed, decisions in sorted(runs):
         shares = [d["residual_norm"] / d["gradient_norm"] for d in decisions]
         ratios = [d["uniform_over_chosen"] for d in decisions]
         correlation = statistics.correlation(shares, ratios) if len(decisions) > 2 else float("nan")
-        lines.append(f"| {label} | {seed} | {len(decisions)} | {shares[0]:.2f} → {shares[-1]:.2f} | "
-                     f"{ratios[0]:.2f}x → {ratios[-1]:.2f}x | {correlation:+.2f} |")
+        lines.append(
+            f"| {label} | {seed} | {len(decisions)} | {shares[0]:.2f} → {shares[-1]:.2f} | "
+            f"{ratios[0]:.2f}x → {ratios[-1]:.2f}x | {correlation:+.2f} |"
+        )
     return lines
 
 
@@ -796,8 +1039,10 @@ def draw_figure(results, path):
             labels.setdefault(spec["label"], []).append(entry["record"])
             families[spec["label"]] = spec["family"] + (f", {spec['suffix']}" if spec.get("suffix") else "")
     _, figure, axes = panels(2, 6, 4.2)
-    for axis, key, title in [(axes[0], "per_step", "MB per rank and step after the first decision (log)"),
-                             (axes[1], "whole", "MB per rank over the whole run (log)")]:
+    for axis, key, title in [
+        (axes[0], "per_step", "MB per rank and step after the first decision (log)"),
+        (axes[1], "whole", "MB per rank over the whole run (log)"),
+    ]:
         lines = {}
         for label, records in labels.items():
             s = summary(records)
@@ -805,8 +1050,11 @@ def draw_figure(results, path):
         for family, values in sorted(lines.items()):
             values.sort()
             x, y, se = zip(*values)
-            style = {"marker": "*", "markersize": 12, "linestyle": "none"} if family == UNCOMPRESSED else \
-                {"marker": "o", "markersize": 4, "linestyle": "--" if "L-GreCo" in family else "-"}
+            style = (
+                {"marker": "*", "markersize": 12, "linestyle": "none"}
+                if family == UNCOMPRESSED
+                else {"marker": "o", "markersize": 4, "linestyle": "--" if "L-GreCo" in family else "-"}
+            )
             axis.errorbar(x, y, yerr=se, label=family, capsize=2, **style)
         axis.set_xscale("log")
         axis.set_xlabel(title, fontsize=8)
@@ -826,18 +1074,31 @@ def write_report(results, out):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks claims", description=__doc__.splitlines()[0])
-    parser.add_argument("--max-minutes", type=float, default=360.0,
-                        help="start no new point after this long; rerun to resume")
-    parser.add_argument("--job-timeout", type=int, default=7200,
-                        help="seconds per mpirun job (a point takes minutes on idle cores, an hour or more niced on busy ones)")
+    parser.add_argument(
+        "--max-minutes", type=float, default=360.0, help="start no new point after this long; rerun to resume"
+    )
+    parser.add_argument(
+        "--job-timeout",
+        type=int,
+        default=7200,
+        help="seconds per mpirun job (a point takes minutes on idle cores, an hour or more niced on busy ones)",
+    )
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="a tiny model, a few steps, one seed")
     parser.add_argument("--report-only", action="store_true", help="rewrite the section and picture from the JSON")
-    parser.add_argument("--scale", choices=sorted(SCALES), default="cpu",
-                        help="cpu: the protocol on this machine's cores (Horovod, mpirun); gpu: a larger word LM "
-                             "on one CUDA GPU (DDP, torchrun)")
-    parser.add_argument("--stage", choices=["all", "curve"], default="all",
-                        help="curve: only the character-LM uniform curves and L-GreCo at each of their settings")
+    parser.add_argument(
+        "--scale",
+        choices=sorted(SCALES),
+        default="cpu",
+        help="cpu: the protocol on this machine's cores (Horovod, mpirun); gpu: a larger word LM "
+        "on one CUDA GPU (DDP, torchrun)",
+    )
+    parser.add_argument(
+        "--stage",
+        choices=["all", "curve"],
+        default="all",
+        help="curve: only the character-LM uniform curves and L-GreCo at each of their settings",
+    )
     parser.add_argument("--parallel", type=int, default=1, help="points run side by side")
     parser.add_argument("--device", help="torch device of the points (default: the scale's: cpu, or cuda)")
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)

@@ -44,8 +44,9 @@ section names the aten operators that took most of it.
 
 ``--compiled`` adds, beside each method that has compiled kernels (``config.compiled``; so far
 QSGD's encode and decode, Top-K's selection flags), its compiled form as a method of its own
-("QSGD compiled"), compiled before its first timed step (``prepare_compiled``; its seconds recorded per process: the run's
-first process compiles into an empty inductor cache of its own, later ones find it there), and
+("QSGD compiled"), compiled before its first timed step (``prepare_compiled``; its seconds
+recorded per process: the run's first process compiles into an empty inductor cache of its own,
+later ones find it there), and
 then, per shape set, eager and compiled timed in one fresh process, cycle for cycle in turn, the
 comparison that the noise between processes (20-40% here) does not blur: the section's table
 "Compiled against eager".
@@ -62,6 +63,7 @@ between two device synchronisations; the hook in an NCCL group of one) against t
 targets, and writes ``codec-cuda.json``, its own PNGs and the "## Codec cost on a GPU" section,
 which names the GPU.
 """
+
 import argparse
 import functools
 import json
@@ -82,8 +84,18 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hvd_compress as hc
-from benchmarks.report import (DOCS, OthersShare, describe_machine, gpu_description, gpu_lines, machine, method_bars,
-                               notes_lines, panels, write_section)
+from benchmarks.report import (
+    DOCS,
+    OthersShare,
+    describe_machine,
+    gpu_description,
+    gpu_lines,
+    machine,
+    method_bars,
+    notes_lines,
+    panels,
+    write_section,
+)
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.comm.simulated import run_alone
@@ -103,8 +115,7 @@ TOPK_REPEATS = 11  # selection takes milliseconds: more repeats steady the media
 STEPS_PER_CYCLE = 2
 WARMUP_STEPS = 2
 # Targets: (label, numerator, denominator, limit), the same on both devices.
-RATIO_TARGETS = [("ACP-SGD / torch hook", "ACP-SGD", HOOK, 0.5),
-                 ("PowerSGD / torch hook", "PowerSGD", HOOK, 0.8)]
+RATIO_TARGETS = [("ACP-SGD / torch hook", "ACP-SGD", HOOK, 0.5), ("PowerSGD / torch hook", "PowerSGD", HOOK, 0.8)]
 # Per device: QSGD's step within this many memory passes, Top-K selection this much faster.
 QSGD_LIMIT = {"cpu": 10.0, "cuda": 5.0}
 TOPK_SPEEDUP = {"cpu": 10.0, "cuda": 3.0}
@@ -113,8 +124,10 @@ TOPK_SPEEDUP = {"cpu": 10.0, "cuda": 3.0}
 COPY_BYTES = 256 << 20
 GEMM_SIDE = 2048
 THROUGHPUT_REPEATS = 5
-GEMM_PRODUCTS = ("`M Q` as `project_right` computes it, as `(Q^T M^T)^T` at rank 4 on a CPU; `M^T P` as `(P^T M)^T`; "
-                 "and `P Q^T` into existing memory")
+GEMM_PRODUCTS = (
+    "`M Q` as `project_right` computes it, as `(Q^T M^T)^T` at rank 4 on a CPU; `M^T P` as `(P^T M)^T`; "
+    "and `P Q^T` into existing memory"
+)
 EARLIER_GEMM_PRODUCTS = "`M Q`, `M^T P` and `P Q^T`"  # what runs before 2026-11-27 timed
 # Random 64-bit words per step of a compressed tensor of n entries, for the codecs that draw them:
 # QSGD's stochastic rounding. Not part of the issue's floor (bytes and GEMM flops): a bound beside it.
@@ -141,8 +154,15 @@ OPERATORS_SECTION = {"cpu": "Codec operators per step", "cuda": "Codec operators
 SUFFIX = {"cpu": "", "cuda": "-cuda"}  # of the JSON and PNG files
 
 # Labels of the registry's methods in the tables and plots, in their order.
-LABELS = {"powersgd": "PowerSGD", "acpsgd": "ACP-SGD", "topk": "TopK", "qsgd": "QSGD", "fp16": "FP16",
-          "bf16": "BF16", "none": "NoCompression"}
+LABELS = {
+    "powersgd": "PowerSGD",
+    "acpsgd": "ACP-SGD",
+    "topk": "TopK",
+    "qsgd": "QSGD",
+    "fp16": "FP16",
+    "bf16": "BF16",
+    "none": "NoCompression",
+}
 
 
 # The label of a method's compiled form (``--compiled``): "QSGD compiled".
@@ -153,14 +173,22 @@ INTERLEAVED = "compiled against eager"  # measure()'s label for the one-process 
 def compressors(args):
     """(label, factory) for every compressor at the command line's settings; with ``--compiled``,
     then the compiled form of each that has compiled kernels."""
-    settings = {"powersgd": {"rank": args.rank}, "acpsgd": {"rank": args.rank},
-                "topk": {"density": args.density}, "qsgd": {"bits": args.bits}}
-    made = [(label, functools.partial(hc.COMPRESSORS[name].build, **settings.get(name, {})))
-            for name, label in LABELS.items()]
+    settings = {
+        "powersgd": {"rank": args.rank},
+        "acpsgd": {"rank": args.rank},
+        "topk": {"density": args.density},
+        "qsgd": {"bits": args.bits},
+    }
+    made = [
+        (label, functools.partial(hc.COMPRESSORS[name].build, **settings.get(name, {})))
+        for name, label in LABELS.items()
+    ]
     if getattr(args, "compiled", False):
-        made += [(label + COMPILED, functools.partial(hc.COMPRESSORS[name].build, compiled=True,
-                                                      **settings.get(name, {})))
-                 for name, label in LABELS.items() if hc.COMPRESSORS[name].cls.compiled_kernels]
+        made += [
+            (label + COMPILED, functools.partial(hc.COMPRESSORS[name].build, compiled=True, **settings.get(name, {})))
+            for name, label in LABELS.items()
+            if hc.COMPRESSORS[name].cls.compiled_kernels
+        ]
     return made
 
 
@@ -230,6 +258,7 @@ def prepared(make, grads, made):
     """A factory of ``make()``'s compressor with its compiled kernels (if any) compiled on the
     gradients' shapes, as a binding has them before the first step; each one made is appended
     to ``made``."""
+
     def build():
         compressor = make()
         compressor.prepare_compiled({name: tuple(grad.shape) for name, grad in grads.items()})
@@ -289,12 +318,15 @@ def where_time_goes(step, largest=BREAKDOWN_OPERATORS):
     [operator, share of the step's self time], and the rest's share: what bounds a codec."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiled:
         step()
-    times = {event.key: event.self_cpu_time_total for event in profiled.key_averages()
-             if event.key.startswith("aten::")}
+    times = {
+        event.key: event.self_cpu_time_total for event in profiled.key_averages() if event.key.startswith("aten::")
+    }
     total = sum(times.values()) or 1.0
     ranked = sorted(times.items(), key=lambda item: -item[1])
-    return {"largest": [[op, t / total] for op, t in ranked[:largest]],
-            "rest": sum(t for _, t in ranked[largest:]) / total}
+    return {
+        "largest": [[op, t / total] for op, t in ranked[:largest]],
+        "rest": sum(t for _, t in ranked[largest:]) / total,
+    }
 
 
 class Bucket:
@@ -306,7 +338,7 @@ class Bucket:
         self._buffer = torch.empty(sum(g.numel() for g in grads), device=grads[0].device)
         self._views, offset = [], 0
         for grad in grads:
-            self._views.append(self._buffer[offset:offset + grad.numel()].view(grad.shape))
+            self._views.append(self._buffer[offset : offset + grad.numel()].view(grad.shape))
             offset += grad.numel()
 
     def fill(self, grads):
@@ -345,8 +377,14 @@ def ddp_buckets(grads):
 
 def time_torch_hook(grads, rank, cycles, device):
     """Seconds per step of ``powerSGD_hook`` over every bucket, after its dense start-up."""
-    state = PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
-                          min_compression_rate=2, use_error_feedback=True, warm_start=True)
+    state = PowerSGDState(
+        process_group=None,
+        matrix_approximation_rank=rank,
+        start_powerSGD_iter=2,
+        min_compression_rate=2,
+        use_error_feedback=True,
+        warm_start=True,
+    )
     buckets = ddp_buckets(grads)
     for _ in range(state.start_powerSGD_iter):
         for bucket, group in buckets:
@@ -367,11 +405,14 @@ def time_torch_hook(grads, rank, cycles, device):
 
 def time_memory_pass(grads, repeats, device):
     """Milliseconds for one pass over every gradient: ``clone`` (read + write) and ``sum`` (read)."""
+
     def over_all(op):
         return lambda: [op(grad) for grad in grads.values()]
 
-    return {"clone_ms": 1e3 * median_seconds(over_all(torch.clone), repeats, device),
-            "sum_ms": 1e3 * median_seconds(over_all(torch.sum), repeats, device)}
+    return {
+        "clone_ms": 1e3 * median_seconds(over_all(torch.clone), repeats, device),
+        "sum_ms": 1e3 * median_seconds(over_all(torch.sum), repeats, device),
+    }
 
 
 def time_topk_selection(sizes, density, repeats, device, seed=0):
@@ -381,10 +422,14 @@ def time_topk_selection(sizes, density, repeats, device, seed=0):
     for numel in sizes:
         magnitudes = torch.randn(numel, generator=torch.Generator().manual_seed(seed)).abs().to(device)
         k = max(1, math.ceil(density * numel))
-        timings = {label: median_seconds(fn, repeats, device) for label, fn in [
-            ("torch_topk_ms", lambda: torch.topk(magnitudes, k)),
-            ("torch_topk_unsorted_ms", lambda: torch.topk(magnitudes, k, sorted=False)),
-            ("ours_ms", lambda: topk_indices(magnitudes, k))]}
+        timings = {
+            label: median_seconds(fn, repeats, device)
+            for label, fn in [
+                ("torch_topk_ms", lambda: torch.topk(magnitudes, k)),
+                ("torch_topk_unsorted_ms", lambda: torch.topk(magnitudes, k, sorted=False)),
+                ("ours_ms", lambda: topk_indices(magnitudes, k)),
+            ]
+        }
         row = {"numel": numel, "k": k, **{key: 1e3 * value for key, value in timings.items()}}
         row["speedup"] = row["torch_topk_ms"] / row["ours_ms"]
         row["speedup_vs_unsorted"] = row["torch_topk_unsorted_ms"] / row["ours_ms"]
@@ -427,8 +472,9 @@ def floor_model(label: str, compressor: Compressor, shapes: list) -> dict:
 
 def floor_ms(model: dict, throughput: dict) -> float:
     """The floor in milliseconds: moving the bytes or doing the flops, whichever takes longer."""
-    return 1e3 * max(model["bytes"] / throughput["bandwidth_bytes_per_s"],
-                     model["flops"] / throughput["gemm_flops_per_s"])
+    return 1e3 * max(
+        model["bytes"] / throughput["bandwidth_bytes_per_s"], model["flops"] / throughput["gemm_flops_per_s"]
+    )
 
 
 def draws_ms(model: dict, throughput: dict) -> float:
@@ -451,18 +497,22 @@ def machine_throughput(rank: int, device: str, quick: bool = False) -> dict:
     def products():
         # In the forms the codecs compute them (maths.lowrank, "Low-rank products by layout"):
         # the CPU's BLAS ran M.T @ P 7x slower than (P^T M)^T.
-        return (lowrank.project_right(matrix, q), lowrank.project_left(matrix, p),
-                torch.mm(p, q.T, out=decompressed))
+        return (lowrank.project_right(matrix, q), lowrank.project_left(matrix, p), torch.mm(p, q.T, out=decompressed))
 
     gemm_seconds = _best_seconds(products, device)
     words = torch.empty(numel // 2, dtype=torch.int64, device=device)
     noise = torch.Generator(device=device).manual_seed(0)
     draw_seconds = _best_seconds(lambda: draw_noise(words, noise), device)
-    return {"threads": torch.get_num_threads(), "copy_bytes": 4 * numel,
-            "random_words": words.numel(), "random_words_per_s": words.numel() / draw_seconds,
-            "bandwidth_bytes_per_s": 2 * 4 * numel / copy_seconds,
-            "gemm_shape": [GEMM_SIDE, GEMM_SIDE, rank], "gemm_products": GEMM_PRODUCTS,
-            "gemm_flops_per_s": 3 * 2 * GEMM_SIDE * GEMM_SIDE * rank / gemm_seconds}
+    return {
+        "threads": torch.get_num_threads(),
+        "copy_bytes": 4 * numel,
+        "random_words": words.numel(),
+        "random_words_per_s": words.numel() / draw_seconds,
+        "bandwidth_bytes_per_s": 2 * 4 * numel / copy_seconds,
+        "gemm_shape": [GEMM_SIDE, GEMM_SIDE, rank],
+        "gemm_products": GEMM_PRODUCTS,
+        "gemm_flops_per_s": 3 * 2 * GEMM_SIDE * GEMM_SIDE * rank / gemm_seconds,
+    }
 
 
 def best_throughput(throughputs: list) -> dict:
@@ -498,8 +548,12 @@ def measure(set_name, label, options):
     grads = gradients(shape_set(set_name), options.device)
     if label == INTERLEAVED:
         makers = dict(compressors(options))
-        both = {each: makers[each] for compiled in makers if compiled.endswith(COMPILED)
-                for each in (base_label(compiled), compiled)}
+        both = {
+            each: makers[each]
+            for compiled in makers
+            if compiled.endswith(COMPILED)
+            for each in (base_label(compiled), compiled)
+        }
         return time_interleaved(both, grads, options.repeats * options.rounds, options.device)
     if label == HOOK:
         created = world_of_one(options.device)
@@ -578,8 +632,11 @@ def error_row_operators(make, grads):
     compressor = make()
     layers = {}
     for name, grad in grads.items():
-        options = [o for o in compressor.candidates(grad.shape, compressor.config.default)
-                   if compressor.compresses(grad.shape, o)]
+        options = [
+            o
+            for o in compressor.candidates(grad.shape, compressor.config.default)
+            if compressor.compresses(grad.shape, o)
+        ]
         if options:
             layers[name] = (grad, options)
     with OperatorCount() as one_at_a_time:
@@ -587,21 +644,39 @@ def error_row_operators(make, grads):
             compressor.errors(gradient, options)
     with OperatorCount() as batched:
         compressor.errors_of_layers(layers)
-    return {"layers": len(layers), "distinct_shapes": len({tuple(g.shape) for g, _ in layers.values()}),
-            "one_at_a_time": one_at_a_time.counts(), "batched": batched.counts()}
+    return {
+        "layers": len(layers),
+        "distinct_shapes": len({tuple(g.shape) for g, _ in layers.values()}),
+        "one_at_a_time": one_at_a_time.counts(),
+        "batched": batched.counts(),
+    }
 
 
 def run_operators(args):
     """The operator counts of ``--operators``, per shape set, in this process (counts, not times)."""
     started = time.perf_counter()
-    results = {"command": command_line(), "machine": machine(), "torch": torch.__version__,
-               "options": {"shapes": args.shapes, "rank": args.rank, "density": args.density,
-                           "bits": args.bits, "device": args.device}, "operators": {}}
+    results = {
+        "command": command_line(),
+        "machine": machine(),
+        "torch": torch.__version__,
+        "options": {
+            "shapes": args.shapes,
+            "rank": args.rank,
+            "density": args.density,
+            "bits": args.bits,
+            "device": args.device,
+        },
+        "operators": {},
+    }
     for set_name in args.shapes:
         shapes = shape_set(set_name)
         grads = gradients(shapes, args.device)
-        entry = {"layers": len(shapes), "distinct_shapes": len({shape for _, shape in shapes}),
-                 "per_step": {}, "error_rows": {}}
+        entry = {
+            "layers": len(shapes),
+            "distinct_shapes": len({shape for _, shape in shapes}),
+            "per_step": {},
+            "error_rows": {},
+        }
         for label, make in compressors(args):
             entry["per_step"][label] = operators_per_step(make, grads)
             logger.info("%s %s: %s operators per step", set_name, label, entry["per_step"][label])
@@ -622,18 +697,33 @@ def run(args):
         args.shapes, args.repeats = ["tiny"], 1
     if args.compiled and not args.quick:  # the run's first compiled process compiles from nothing
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="hvd_compress-codec-inductor-")
-    results = {"command": command_line(), "machine": dict(machine(), load_average_start=os.getloadavg()[0]),
-               "options": {"shapes": args.shapes, "rank": args.rank, "density": args.density,
-                           "bits": args.bits, "repeats": args.repeats, "rounds": 1 if args.quick else args.rounds,
-                           "device": args.device, "results_in_gradients": True, "compiled": args.compiled},
-               "codec": {}, "memory_pass": {}}
+    results = {
+        "command": command_line(),
+        "machine": dict(machine(), load_average_start=os.getloadavg()[0]),
+        "options": {
+            "shapes": args.shapes,
+            "rank": args.rank,
+            "density": args.density,
+            "bits": args.bits,
+            "repeats": args.repeats,
+            "rounds": 1 if args.quick else args.rounds,
+            "device": args.device,
+            "results_in_gradients": True,
+            "compiled": args.compiled,
+        },
+        "codec": {},
+        "memory_pass": {},
+    }
     if args.device == "cuda":
         results["machine"]["gpu"] = gpu_description()
     rounds = 1 if args.quick else args.rounds
     labels = [HOOK] + [label for label, _ in compressors(args)]
     throughputs = []
-    timings = {(set_name, label): {"cycles": [], "round_ms": [], "compile_seconds": []}
-               for set_name in args.shapes for label in labels}
+    timings = {
+        (set_name, label): {"cycles": [], "round_ms": [], "compile_seconds": []}
+        for set_name in args.shapes
+        for label in labels
+    }
     # Rounds over every method, so that the host's slow drifts (this one's: 1.3-1.5x within
     # minutes) hit every method alike; each round's cycles are pooled.
     for round_ in range(rounds):
@@ -649,22 +739,29 @@ def run(args):
                     pooled["operators"] = timed["operators"]
                 if "compile_seconds" in timed:
                     pooled["compile_seconds"].append(timed["compile_seconds"])
-                logger.info("round %d/%d %s %s: %.2f ms/step", round_ + 1, rounds, set_name, label,
-                            pooled["round_ms"][-1])
+                logger.info(
+                    "round %d/%d %s %s: %.2f ms/step", round_ + 1, rounds, set_name, label, pooled["round_ms"][-1]
+                )
     throughput = best_throughput(throughputs)
     results["throughput"] = throughput
     makers = dict(compressors(args))
     for set_name in args.shapes:
         shapes = shape_set(set_name)
-        entry = {"parameters": parameter_count(shapes), "tensors": len(shapes),
-                 "gradient_bytes": 4 * parameter_count(shapes), "methods": {}}
+        entry = {
+            "parameters": parameter_count(shapes),
+            "tensors": len(shapes),
+            "gradient_bytes": 4 * parameter_count(shapes),
+            "methods": {},
+        }
         for label in labels:
             timed = timings[set_name, label]
             seconds = statistics.median(timed["cycles"])
-            entry["methods"][label] = {"step_ms": 1e3 * seconds,
-                                       "gb_per_s": entry["gradient_bytes"] / seconds / 1e9,
-                                       "step_ms_each_cycle": [1e3 * s for s in timed["cycles"]],
-                                       "step_ms_each_round": timed["round_ms"]}
+            entry["methods"][label] = {
+                "step_ms": 1e3 * seconds,
+                "gb_per_s": entry["gradient_bytes"] / seconds / 1e9,
+                "step_ms_each_cycle": [1e3 * s for s in timed["cycles"]],
+                "step_ms_each_round": timed["round_ms"],
+            }
             if "operators" in timed:
                 entry["methods"][label]["operators"] = timed["operators"]
             if timed["compile_seconds"]:  # in the order the processes ran: the run's first one compiled cold
@@ -681,11 +778,14 @@ def run(args):
             print(f"{set_name:>15} {label:>20}: {1e3 * seconds:9.2f} ms/step{floor}", flush=True)
         if args.compiled:
             call = measure if args.quick else measure_in_fresh_process
-            entry["interleaved"] = {label: dict(timed, step_ms=1e3 * statistics.median(timed["cycles"]))
-                                    for label, timed in call(set_name, INTERLEAVED, args).items()}
+            entry["interleaved"] = {
+                label: dict(timed, step_ms=1e3 * statistics.median(timed["cycles"]))
+                for label, timed in call(set_name, INTERLEAVED, args).items()
+            }
         results["codec"][set_name] = entry
-        results["memory_pass"][set_name] = time_memory_pass(gradients(shapes, args.device),
-                                                            max(args.repeats, 3), args.device)
+        results["memory_pass"][set_name] = time_memory_pass(
+            gradients(shapes, args.device), max(args.repeats, 3), args.device
+        )
     sizes = [1 << 16] if args.quick else TOPK_SIZES
     results["topk_selection"] = time_topk_selection(sizes, args.density, TOPK_REPEATS, args.device)
     results["targets"] = targets(results)
@@ -705,19 +805,37 @@ def targets(results):
         methods = entry["methods"]
         for label, numerator, denominator, limit in RATIO_TARGETS:
             value = methods[numerator]["step_ms"] / methods[denominator]["step_ms"]
-            rows.append({"target": f"{label} ({set_name})", "value": value, "limit": f"<= {limit}",
-                         "met": value <= limit})
+            rows.append(
+                {"target": f"{label} ({set_name})", "value": value, "limit": f"<= {limit}", "met": value <= limit}
+            )
         value = methods["QSGD"]["step_ms"] / results["memory_pass"][set_name]["clone_ms"]
-        rows.append({"target": f"QSGD / memory pass ({set_name})", "value": value,
-                     "limit": f"<= {qsgd_limit}", "met": value <= qsgd_limit})
+        rows.append(
+            {
+                "target": f"QSGD / memory pass ({set_name})",
+                "value": value,
+                "limit": f"<= {qsgd_limit}",
+                "met": value <= qsgd_limit,
+            }
+        )
         for label in FLOOR_TARGETS:
             value = methods[label]["floor"]["x_floor"]
-            rows.append({"target": f"{label} / its floor ({set_name})", "value": value,
-                         "limit": f"<= {FLOOR_LIMIT}", "met": value <= FLOOR_LIMIT})
+            rows.append(
+                {
+                    "target": f"{label} / its floor ({set_name})",
+                    "value": value,
+                    "limit": f"<= {FLOOR_LIMIT}",
+                    "met": value <= FLOOR_LIMIT,
+                }
+            )
     for row in results["topk_selection"]:
-        rows.append({"target": f"Top-K selection speed-up over torch.topk (n = {row['numel']:,})",
-                     "value": row["speedup"], "limit": f">= {topk_speedup}",
-                     "met": row["speedup"] >= topk_speedup})
+        rows.append(
+            {
+                "target": f"Top-K selection speed-up over torch.topk (n = {row['numel']:,})",
+                "value": row["speedup"],
+                "limit": f">= {topk_speedup}",
+                "met": row["speedup"] >= topk_speedup,
+            }
+        )
     return rows
 
 
@@ -728,56 +846,81 @@ def markdown(results, figures, operators=None):
     sets = list(results["codec"])
     on_gpu = options.get("device") == "cuda"
     group = "an NCCL group of one" if on_gpu else "a gloo group of one"
-    lines = [f"Command: `{results['command']}` ({results['minutes']:.1f} min)", "",
-             *gpu_lines(info),
-             f"Machine: {describe_machine(info)} Torch ran with {info['torch_threads']} threads "
-             f"(its default). Other processes used {_percent(info['others_cpu_percent'])} of "
-             f"the CPUs during the run (1-minute load average {info['load_average_start']:.2f} "
-             f"at the start, {info['load_average_end']:.2f} at the end).", "",
-             "Per step: compress + error feedback + decompress of every gradient of the model on "
-             "one rank, communication left out (each collective returns the rank's own payload), "
-             f"each method in a fresh process{_integration_text(options)}. "
-             f"Torch's `powerSGD_hook` runs over DDP-style 25 MiB buckets in {group} "
-             f"(its one-rank all-reduces included), after its dense start-up. PowerSGD and ACP-SGD "
-             f"rank {options['rank']}, Top-K density {options['density']}, QSGD {options['bits']} "
-             f"bits; {_cycles_text(options)}. "
-             "Cells: ms per step, gradient GB/s, time relative to the torch hook.", "",
-             "Shape sets (`benchmarks/shapes.py`, every parameter's gradient, 1-D ones "
-             "included): " + "; ".join(f"{name}: {DESCRIPTIONS[name]}, {results['codec'][name]['tensors']} "
-                                        f"tensors" for name in sets) + ".", "",
-             "| method | " + " | ".join(f"{name} ({results['codec'][name]['parameters'] / 1e6:.1f} M "
-                                         f"parameters)" for name in sets) + " |",
-             "|---" * (len(sets) + 1) + "|"]
+    lines = [
+        f"Command: `{results['command']}` ({results['minutes']:.1f} min)",
+        "",
+        *gpu_lines(info),
+        f"Machine: {describe_machine(info)} Torch ran with {info['torch_threads']} threads "
+        f"(its default). Other processes used {_percent(info['others_cpu_percent'])} of "
+        f"the CPUs during the run (1-minute load average {info['load_average_start']:.2f} "
+        f"at the start, {info['load_average_end']:.2f} at the end).",
+        "",
+        "Per step: compress + error feedback + decompress of every gradient of the model on "
+        "one rank, communication left out (each collective returns the rank's own payload), "
+        f"each method in a fresh process{_integration_text(options)}. "
+        f"Torch's `powerSGD_hook` runs over DDP-style 25 MiB buckets in {group} "
+        f"(its one-rank all-reduces included), after its dense start-up. PowerSGD and ACP-SGD "
+        f"rank {options['rank']}, Top-K density {options['density']}, QSGD {options['bits']} "
+        f"bits; {_cycles_text(options)}. "
+        "Cells: ms per step, gradient GB/s, time relative to the torch hook.",
+        "",
+        "Shape sets (`benchmarks/shapes.py`, every parameter's gradient, 1-D ones "
+        "included): "
+        + "; ".join(f"{name}: {DESCRIPTIONS[name]}, {results['codec'][name]['tensors']} tensors" for name in sets)
+        + ".",
+        "",
+        "| method | "
+        + " | ".join(f"{name} ({results['codec'][name]['parameters'] / 1e6:.1f} M parameters)" for name in sets)
+        + " |",
+        "|---" * (len(sets) + 1) + "|",
+    ]
     for method in results["codec"][sets[0]]["methods"]:
         cells = []
         for name in sets:
             methods = results["codec"][name]["methods"]
             entry = methods[method]
-            cells.append(f"{_ms(entry['step_ms'])}, {entry['gb_per_s']:.2f} GB/s, "
-                         f"{entry['step_ms'] / methods[HOOK]['step_ms']:.2f}x")
+            cells.append(
+                f"{_ms(entry['step_ms'])}, {entry['gb_per_s']:.2f} GB/s, "
+                f"{entry['step_ms'] / methods[HOOK]['step_ms']:.2f}x"
+            )
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += floor_lines(results) + compiled_lines(results)
     if on_gpu and operators:
         lines += per_operator_lines(results, operators)
-    lines += ["", "Top-K selection alone: `topk_indices(m, k)` against `torch.topk(m, k)` on the same "
-              "magnitudes `m = x.abs()` of a standard-normal `x` (median of repeats).", "",
-              "| entries | k | torch.topk | torch.topk(sorted=False) | topk_indices | speed-up "
-              "(vs unsorted) |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Top-K selection alone: `topk_indices(m, k)` against `torch.topk(m, k)` on the same "
+        "magnitudes `m = x.abs()` of a standard-normal `x` (median of repeats).",
+        "",
+        "| entries | k | torch.topk | torch.topk(sorted=False) | topk_indices | speed-up (vs unsorted) |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in results["topk_selection"]:
-        lines.append(f"| {row['numel']:,} | {row['k']:,} | {_ms(row['torch_topk_ms'])} | "
-                     f"{_ms(row['torch_topk_unsorted_ms'])} | {_ms(row['ours_ms'])} | "
-                     f"{row['speedup']:.1f}x ({row['speedup_vs_unsorted']:.1f}x) |")
-    lines += ["", "QSGD against one memory pass over the same gradients: `clone` reads and writes "
-              "each once into fresh memory, whose first-touch page faults cost most of its time "
-              "(as they do for every codec that returns a new gradient); `sum` only reads.", "",
-              "| shape set | QSGD step | clone | sum | QSGD / clone |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| {row['numel']:,} | {row['k']:,} | {_ms(row['torch_topk_ms'])} | "
+            f"{_ms(row['torch_topk_unsorted_ms'])} | {_ms(row['ours_ms'])} | "
+            f"{row['speedup']:.1f}x ({row['speedup_vs_unsorted']:.1f}x) |"
+        )
+    lines += [
+        "",
+        "QSGD against one memory pass over the same gradients: `clone` reads and writes "
+        "each once into fresh memory, whose first-touch page faults cost most of its time "
+        "(as they do for every codec that returns a new gradient); `sum` only reads.",
+        "",
+        "| shape set | QSGD step | clone | sum | QSGD / clone |",
+        "|---|---|---|---|---|",
+    ]
     for name in sets:
         qsgd, memory = results["codec"][name]["methods"]["QSGD"]["step_ms"], results["memory_pass"][name]
-        lines.append(f"| {name} | {_ms(qsgd)} | {_ms(memory['clone_ms'])} | "
-                     f"{_ms(memory['sum_ms'])} | {qsgd / memory['clone_ms']:.1f}x |")
+        lines.append(
+            f"| {name} | {_ms(qsgd)} | {_ms(memory['clone_ms'])} | "
+            f"{_ms(memory['sum_ms'])} | {qsgd / memory['clone_ms']:.1f}x |"
+        )
     lines += ["", "Targets:", "", "| target | value | limit | met |", "|---|---|---|---|"]
-    lines += [f"| {row['target']} | {row['value']:.2f} | {row['limit']} | {'yes' if row['met'] else 'no'} |"
-              for row in results["targets"]]
+    lines += [
+        f"| {row['target']} | {row['value']:.2f} | {row['limit']} | {'yes' if row['met'] else 'no'} |"
+        for row in results["targets"]
+    ]
     lines += notes_lines(results)
     lines += [""] + [f"![{path.stem}]({path.as_posix()})" for path in figures]
     return "\n".join(lines) + "\n"
@@ -790,55 +933,81 @@ def per_operator_lines(results, operators):
     if not sets:
         return []
     counted_on = "the GPU" if operators["options"].get("device", "cpu") == "cuda" else "the CPU"
-    lines = ["", "Time per operator: each step over the aten operators it dispatches, as "
-             f"`--operators` counted them on {counted_on} (`{operators['command']}`, torch {operators['torch']}; "
-             "views included, then without them). A few microseconds an operator is what the host "
-             "takes to dispatch and launch one: where a step costs that much per operator, the host, "
-             "not the GPU, bounds it, and only fewer operators (same-shape layers batched) bring it "
-             "nearer its floor.", "",
-             "| shape set | method | step | operators (not views) | us per operator (not views) |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "",
+        "Time per operator: each step over the aten operators it dispatches, as "
+        f"`--operators` counted them on {counted_on} (`{operators['command']}`, torch {operators['torch']}; "
+        "views included, then without them). A few microseconds an operator is what the host "
+        "takes to dispatch and launch one: where a step costs that much per operator, the host, "
+        "not the GPU, bounds it, and only fewer operators (same-shape layers batched) bring it "
+        "nearer its floor.",
+        "",
+        "| shape set | method | step | operators (not views) | us per operator (not views) |",
+        "|---|---|---|---|---|",
+    ]
     for name in sets:
         counts = operators["operators"][name]["per_step"]
         for label, entry in results["codec"][name]["methods"].items():
             if label not in counts:
                 continue
             step_us, count = 1e3 * entry["step_ms"], counts[label]
-            lines.append(f"| {name} | {label} | {_ms(entry['step_ms'])} | {count['all']:,.0f} "
-                         f"({count['not_views']:,.0f}) | {step_us / count['all']:.1f} "
-                         f"({step_us / count['not_views']:.1f}) |")
+            lines.append(
+                f"| {name} | {label} | {_ms(entry['step_ms'])} | {count['all']:,.0f} "
+                f"({count['not_views']:,.0f}) | {step_us / count['all']:.1f} "
+                f"({step_us / count['not_views']:.1f}) |"
+            )
     return lines
 
 
 def floor_lines(results):
     """The floor's measurements and a table of each method's floor against its step."""
     machine_speed, rank = results["throughput"], results["options"]["rank"]
-    lines = ["", f"Floor (issue 36; the model is in `benchmarks/codec.py`'s docstring): memory bandwidth "
-             f"{machine_speed['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s (best of {THROUGHPUT_REPEATS} "
-             f"copies of a {machine_speed['copy_bytes'] >> 20} MiB float32 buffer into another, read + "
-             f"write counted), GEMM {machine_speed['gemm_flops_per_s'] / 1e9:.2f} GFLOP/s "
-             f"({machine_speed.get('gemm_products', EARLIER_GEMM_PRODUCTS)} of a {GEMM_SIDE} x "
-             f"{GEMM_SIDE} `M` at rank {rank}, best of "
-             f"{THROUGHPUT_REPEATS}), measured in this run with {machine_speed['threads']} torch "
-             f"threads, as the codecs ran. Floor = max(bytes / bandwidth, flops / GEMM throughput); "
-             f"target: PowerSGD, ACP-SGD, Top-K and QSGD within {FLOOR_LIMIT}x of it.", "",
-             "| shape set | method | step | least bytes | least GFLOP | floor | x floor | target |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"Floor (issue 36; the model is in `benchmarks/codec.py`'s docstring): memory bandwidth "
+        f"{machine_speed['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s (best of {THROUGHPUT_REPEATS} "
+        f"copies of a {machine_speed['copy_bytes'] >> 20} MiB float32 buffer into another, read + "
+        f"write counted), GEMM {machine_speed['gemm_flops_per_s'] / 1e9:.2f} GFLOP/s "
+        f"({machine_speed.get('gemm_products', EARLIER_GEMM_PRODUCTS)} of a {GEMM_SIDE} x "
+        f"{GEMM_SIDE} `M` at rank {rank}, best of "
+        f"{THROUGHPUT_REPEATS}), measured in this run with {machine_speed['threads']} torch "
+        f"threads, as the codecs ran. Floor = max(bytes / bandwidth, flops / GEMM throughput); "
+        f"target: PowerSGD, ACP-SGD, Top-K and QSGD within {FLOOR_LIMIT}x of it.",
+        "",
+        "| shape set | method | step | least bytes | least GFLOP | floor | x floor | target |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, entry in results["codec"].items():
         for label, method in entry["methods"].items():
             if "floor" not in method:
                 continue
             floor = method["floor"]
-            verdict = ("—" if base_label(label) not in FLOOR_TARGETS
-                       else "met" if floor["x_floor"] <= FLOOR_LIMIT else "missed")
-            lines.append(f"| {name} | {label} | {_ms(method['step_ms'])} | {floor['bytes'] / 1e6:.1f} MB | "
-                         f"{floor['flops'] / 1e9:.2f} | {_ms(floor['floor_ms'])} | "
-                         f"{floor['x_floor']:.2f}x | {verdict} |")
+            verdict = (
+                "—"
+                if base_label(label) not in FLOOR_TARGETS
+                else "met"
+                if floor["x_floor"] <= FLOOR_LIMIT
+                else "missed"
+            )
+            lines.append(
+                f"| {name} | {label} | {_ms(method['step_ms'])} | {floor['bytes'] / 1e6:.1f} MB | "
+                f"{floor['flops'] / 1e9:.2f} | {_ms(floor['floor_ms'])} | "
+                f"{floor['x_floor']:.2f}x | {verdict} |"
+            )
     # On one rank a collective hands a dense gradient back untouched, so its read + write bounds
     # from above what NoCompression must do: it can run under its "floor".
-    return lines + ["", "A tensor sent whole counts as read and written once, what a real all-reduce "
-                    "does; on one rank NoCompression hands the gradient back as it is and can run "
-                    "under that."] + draws_lines(results) + passes_lines(results) + bound_lines(results)
+    return (
+        lines
+        + [
+            "",
+            "A tensor sent whole counts as read and written once, what a real all-reduce "
+            "does; on one rank NoCompression hands the gradient back as it is and can run "
+            "under that.",
+        ]
+        + draws_lines(results)
+        + passes_lines(results)
+        + bound_lines(results)
+    )
 
 
 def compiled_lines(results):
@@ -847,16 +1016,20 @@ def compiled_lines(results):
     rows = [(name, entry) for name, entry in results["codec"].items() if "interleaved" in entry]
     if not rows:
         return []
-    lines = ["", "Compiled against eager (`--compiled`): each method with compiled kernels "
-             "(`compiled=True`: its arithmetic between collectives through `torch.compile`, inductor's C++ "
-             "kernels) eager and compiled in one fresh process per shape set, a cycle of each in turn: "
-             f"median over {results['options']['repeats'] * results['options']['rounds']} cycles of two "
-             f"steps after {WARMUP_STEPS} warm-up steps. x floor: against the floor above. Compile: seconds "
-             "`prepare_compiled` took before the first step, in the table's processes in the order they "
-             "ran; the run's first compiled process started from an empty inductor cache, later ones "
-             "found its graphs on disk.", "",
-             "| shape set | method | eager | compiled | compiled / eager | eager x floor | compiled x floor | "
-             "compile (s) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "Compiled against eager (`--compiled`): each method with compiled kernels "
+        "(`compiled=True`: its arithmetic between collectives through `torch.compile`, inductor's C++ "
+        "kernels) eager and compiled in one fresh process per shape set, a cycle of each in turn: "
+        f"median over {results['options']['repeats'] * results['options']['rounds']} cycles of two "
+        f"steps after {WARMUP_STEPS} warm-up steps. x floor: against the floor above. Compile: seconds "
+        "`prepare_compiled` took before the first step, in the table's processes in the order they "
+        "ran; the run's first compiled process started from an empty inductor cache, later ones "
+        "found its graphs on disk.",
+        "",
+        "| shape set | method | eager | compiled | compiled / eager | eager x floor | compiled x floor | compile (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, entry in rows:
         methods = entry["methods"]
         for label, timed in entry["interleaved"].items():
@@ -865,10 +1038,12 @@ def compiled_lines(results):
             eager = entry["interleaved"][base_label(label)]
             floor = methods[base_label(label)]["floor"]["floor_ms"]
             compile_seconds = methods.get(label, {}).get("compile_seconds_each_round", []) + [timed["compile_seconds"]]
-            lines.append(f"| {name} | {base_label(label)} | {_ms(eager['step_ms'])} | {_ms(timed['step_ms'])} | "
-                         f"{timed['step_ms'] / eager['step_ms']:.2f} | {eager['step_ms'] / floor:.2f}x | "
-                         f"{timed['step_ms'] / floor:.2f}x | "
-                         f"{', '.join(f'{seconds:.1f}' for seconds in compile_seconds)} |")
+            lines.append(
+                f"| {name} | {base_label(label)} | {_ms(eager['step_ms'])} | {_ms(timed['step_ms'])} | "
+                f"{timed['step_ms'] / eager['step_ms']:.2f} | {eager['step_ms'] / floor:.2f}x | "
+                f"{timed['step_ms'] / floor:.2f}x | "
+                f"{', '.join(f'{seconds:.1f}' for seconds in compile_seconds)} |"
+            )
     return lines
 
 
@@ -876,18 +1051,28 @@ def draws_lines(results):
     """The random draws of the codecs that make them, a bound beside the floor: their time at the
     rate measured in this run, and each step against it (where the run measured the rate)."""
     rate = results["throughput"].get("random_words_per_s")
-    rows = [(name, label, method) for name, entry in results["codec"].items()
-            for label, method in entry["methods"].items() if "draws_ms" in method.get("floor", {})]
+    rows = [
+        (name, label, method)
+        for name, entry in results["codec"].items()
+        for label, method in entry["methods"].items()
+        if "draws_ms" in method.get("floor", {})
+    ]
     if rate is None or not rows:
         return []
-    cells = "; ".join(f"{name}: {m['floor']['random_words'] / 1e6:.1f} M words, {_ms(m['floor']['draws_ms'])}, "
-                      f"step {m['step_ms'] / m['floor']['draws_ms']:.1f}x that" for name, _, m in rows)
+    cells = "; ".join(
+        f"{name}: {m['floor']['random_words'] / 1e6:.1f} M words, {_ms(m['floor']['draws_ms'])}, "
+        f"step {m['step_ms'] / m['floor']['draws_ms']:.1f}x that"
+        for name, _, m in rows
+    )
     labels = ", ".join(dict.fromkeys(label for _, label, _ in rows))
     entries_per_word = (1 << 20) // noise_words(1 << 20)
-    return ["", f"Random draws, a bound beside the floor (not in it): {labels} draws a 64-bit word for every "
-            f"{entries_per_word} entries, which this run's generator made at {rate / 1e6:.0f} M words/s "
-            f"(best of {THROUGHPUT_REPEATS} fills of {results['throughput']['random_words'] / 1e6:.1f} M words "
-            f"from one generator, as the codec draws them). {cells}."]
+    return [
+        "",
+        f"Random draws, a bound beside the floor (not in it): {labels} draws a 64-bit word for every "
+        f"{entries_per_word} entries, which this run's generator made at {rate / 1e6:.0f} M words/s "
+        f"(best of {THROUGHPUT_REPEATS} fills of {results['throughput']['random_words'] / 1e6:.1f} M words "
+        f"from one generator, as the codec draws them). {cells}.",
+    ]
 
 
 def passes_lines(results):
@@ -895,41 +1080,62 @@ def passes_lines(results):
     this run's bandwidth: how far the code as written is from its own memory bound, and how far
     that bound is from the algorithm's (the floor)."""
     bandwidth = results["throughput"]["bandwidth_bytes_per_s"]
-    rows = [(name, label, method["step_ms"], method["floor"]) for name, entry in results["codec"].items()
-            for label, method in entry["methods"].items() if "operator_bytes" in method.get("floor", {})]
+    rows = [
+        (name, label, method["step_ms"], method["floor"])
+        for name, entry in results["codec"].items()
+        for label, method in entry["methods"].items()
+        if "operator_bytes" in method.get("floor", {})
+    ]
     if not rows:
         return []
     cells = []
     for name, label, step_ms, floor in rows:
         bound_ms = 1e3 * floor["operator_bytes"] / bandwidth
-        cells.append(f"{name} {label} {floor['operator_bytes'] / 1e6:.0f} MB, {_ms(bound_ms)} "
-                     f"({bound_ms / floor['floor_ms']:.2f}x the floor), step {step_ms / bound_ms:.2f}x that")
+        cells.append(
+            f"{name} {label} {floor['operator_bytes'] / 1e6:.0f} MB, {_ms(bound_ms)} "
+            f"({bound_ms / floor['floor_ms']:.2f}x the floor), step {step_ms / bound_ms:.2f}x that"
+        )
     passes = ", ".join(f"{label} {count}" for label, count in OPERATOR_PASSES.items())
-    return ["", f"The low-rank codecs' operators, a bound beside the floor (not in it): with error feedback they "
-            f"pass over a compressed gradient's size in memory several times a step ({passes}), where the floor "
-            f"counts 4 "
-            f"(`OPERATOR_PASSES` in `benchmarks/codec.py` lists them); at this run's bandwidth: "
-            f"{'; '.join(cells)}. Where that bound is more than {FLOOR_LIMIT}x the floor, no order of these "
-            f"operators meets the floor target: only fusing them into fewer passes can."]
+    return [
+        "",
+        f"The low-rank codecs' operators, a bound beside the floor (not in it): with error feedback they "
+        f"pass over a compressed gradient's size in memory several times a step ({passes}), where the floor "
+        f"counts 4 "
+        f"(`OPERATOR_PASSES` in `benchmarks/codec.py` lists them); at this run's bandwidth: "
+        f"{'; '.join(cells)}. Where that bound is more than {FLOOR_LIMIT}x the floor, no order of these "
+        f"operators meets the floor target: only fusing them into fewer passes can.",
+    ]
 
 
 def bound_lines(results):
     """What bounds each floor target: its step's largest operators by self time (one profiled
     step after the timed ones), where the run has them."""
-    rows = [(name, label, method) for name, entry in results["codec"].items()
-            for label, method in entry["methods"].items() if label in FLOOR_TARGETS and "operators" in method]
+    rows = [
+        (name, label, method)
+        for name, entry in results["codec"].items()
+        for label, method in entry["methods"].items()
+        if label in FLOOR_TARGETS and "operators" in method
+    ]
     if not rows:
         return []
-    lines = ["", f"Where the step goes: the {BREAKDOWN_OPERATORS} aten operators with the most self "
-             "time in one profiled step after the timed ones (share of the step's operator time). "
-             "`random_` is QSGD's random draws (a 64-bit word for four codes), `copy_` casts and "
-             "chunk copies, `mm`/`addmm` the low-rank products, `nonzero`/`topk` Top-K's selection.",
-             "", "| shape set | method | x floor | largest operators | the rest |", "|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"Where the step goes: the {BREAKDOWN_OPERATORS} aten operators with the most self "
+        "time in one profiled step after the timed ones (share of the step's operator time). "
+        "`random_` is QSGD's random draws (a 64-bit word for four codes), `copy_` casts and "
+        "chunk copies, `mm`/`addmm` the low-rank products, `nonzero`/`topk` Top-K's selection.",
+        "",
+        "| shape set | method | x floor | largest operators | the rest |",
+        "|---|---|---|---|---|",
+    ]
     for name, label, method in rows:
-        largest = ", ".join(f"`{op.removeprefix('aten::')}` {100 * share:.0f}%"
-                            for op, share in method["operators"]["largest"])
-        lines.append(f"| {name} | {label} | {method['floor']['x_floor']:.2f}x | {largest} | "
-                     f"{100 * method['operators']['rest']:.0f}% |")
+        largest = ", ".join(
+            f"`{op.removeprefix('aten::')}` {100 * share:.0f}%" for op, share in method["operators"]["largest"]
+        )
+        lines.append(
+            f"| {name} | {label} | {method['floor']['x_floor']:.2f}x | {largest} | "
+            f"{100 * method['operators']['rest']:.0f}% |"
+        )
     return lines
 
 
@@ -938,9 +1144,11 @@ def _integration_text(options):
     gradients' memory (the 2026-11-27 GPU run) made a fresh result per layer."""
     if not options.get("results_in_gradients"):
         return ""
-    return (", run as the integrations run it: each result made in its gradient's memory "
-            "(`write_results_into_gradients`), the gradients copied anew, untimed, before each step, as "
-            "the torch hook's buckets are filled, and each step ended by `end_step`, as theirs are")
+    return (
+        ", run as the integrations run it: each result made in its gradient's memory "
+        "(`write_results_into_gradients`), the gradients copied anew, untimed, before each step, as "
+        "the torch hook's buckets are filled, and each step ended by `end_step`, as theirs are"
+    )
 
 
 def _cycles_text(options):
@@ -948,8 +1156,10 @@ def _cycles_text(options):
     each = f"{options['repeats']} cycles of two steps after two warm-up steps"
     if rounds == 1:
         return f"median over {each}"
-    return (f"median over {rounds} rounds of every method in turn, each {each}, pooled; the floor's rates are "
-            f"the best round's")
+    return (
+        f"median over {rounds} rounds of every method in turn, each {each}, pooled; the floor's rates are "
+        f"the best round's"
+    )
 
 
 def _percent(value):
@@ -982,11 +1192,14 @@ def draw_figures(results, out):
     figure, axis = plt.subplots(figsize=(5, 3))
     labels = [f"{row['numel']:,}" for row in rows]
     width = 0.27
-    for offset, (key, label) in enumerate([("torch_topk_ms", "torch.topk"),
-                                           ("torch_topk_unsorted_ms", "torch.topk(sorted=False)"),
-                                           ("ours_ms", "topk_indices")]):
-        axis.bar([i + (offset - 1) * width for i in range(len(rows))], [row[key] for row in rows],
-                 width, label=label)
+    for offset, (key, label) in enumerate(
+        [
+            ("torch_topk_ms", "torch.topk"),
+            ("torch_topk_unsorted_ms", "torch.topk(sorted=False)"),
+            ("ours_ms", "topk_indices"),
+        ]
+    ):
+        axis.bar([i + (offset - 1) * width for i in range(len(rows))], [row[key] for row in rows], width, label=label)
     axis.set_xticks(range(len(rows)), labels, fontsize=7)
     axis.set_yscale("log")
     axis.set_xlabel("entries", fontsize=8)
@@ -1002,11 +1215,15 @@ def draw_figures(results, out):
 
 def operators_markdown(results):
     """The ``--operators`` section: every count as a table, with the command that made it."""
-    lines = [f"Command: `{results['command']}` ({results['minutes']:.1f} min, torch {results['torch']})", "",
-             "Aten operators dispatched per step (counted under a `TorchDispatchMode`, after "
-             f"{WARMUP_STEPS} warm-up steps, mean of {STEPS_PER_CYCLE}), one rank, communication "
-             "left out, as all (not views: on a GPU, those that may launch a kernel). Issue 36: they "
-             "should grow with distinct shapes, not layers.", ""]
+    lines = [
+        f"Command: `{results['command']}` ({results['minutes']:.1f} min, torch {results['torch']})",
+        "",
+        "Aten operators dispatched per step (counted under a `TorchDispatchMode`, after "
+        f"{WARMUP_STEPS} warm-up steps, mean of {STEPS_PER_CYCLE}), one rank, communication "
+        "left out, as all (not views: on a GPU, those that may launch a kernel). Issue 36: they "
+        "should grow with distinct shapes, not layers.",
+        "",
+    ]
     sets = list(results["operators"])
     lines += ["| | " + " | ".join(sets) + " |", "|---" * (len(sets) + 1) + "|"]
     entries = [results["operators"][name] for name in sets]
@@ -1014,15 +1231,21 @@ def operators_markdown(results):
     lines.append("| distinct shapes | " + " | ".join(str(e["distinct_shapes"]) for e in entries) + " |")
     for label in entries[0]["per_step"]:
         lines.append(f"| {label} | " + " | ".join(_operators(e["per_step"][label]) for e in entries) + " |")
-    lines += ["", "L-GreCo's low-rank error rows for one decision (every layer the compressor compresses, "
-              "candidates around its default rank): operators one layer at a time against batched by "
-              "shape (`errors_of_layers`, what the decision calls).", "",
-              "| shape set | method | layers decided | distinct shapes | one at a time | batched |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "L-GreCo's low-rank error rows for one decision (every layer the compressor compresses, "
+        "candidates around its default rank): operators one layer at a time against batched by "
+        "shape (`errors_of_layers`, what the decision calls).",
+        "",
+        "| shape set | method | layers decided | distinct shapes | one at a time | batched |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, entry in zip(sets, entries):
         for label, row in entry["error_rows"].items():
-            lines.append(f"| {name} | {label} | {row['layers']} | {row['distinct_shapes']} | "
-                         f"{_operators(row['one_at_a_time'])} | {_operators(row['batched'])} |")
+            lines.append(
+                f"| {name} | {label} | {row['layers']} | {row['distinct_shapes']} | "
+                f"{_operators(row['one_at_a_time'])} | {_operators(row['batched'])} |"
+            )
     return "\n".join(lines + notes_lines(results)) + "\n"
 
 
@@ -1047,32 +1270,41 @@ def command_line():
     argv = sys.argv[1:]
     if "--out" in argv:
         at = argv.index("--out")
-        argv = argv[:at] + argv[at + 2:]
+        argv = argv[:at] + argv[at + 2 :]
     return " ".join(["python -m benchmarks codec"] + argv)
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks codec",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", type=lambda text: text.split(","),
-                        default=["resnet50", "bert-base", "transformer-xl"])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks codec", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--shapes", type=lambda text: text.split(","), default=["resnet50", "bert-base", "transformer-xl"]
+    )
     parser.add_argument("--rank", type=int, default=4, help="PowerSGD and ACP-SGD rank")
     parser.add_argument("--density", type=float, default=0.01, help="Top-K density")
     parser.add_argument("--bits", type=int, default=4, help="QSGD bits")
     parser.add_argument("--repeats", type=int, default=3, help="timed two-step cycles per method and round")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds over every method (each a fresh process), their cycles pooled")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="where gradients live and the codecs run")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds over every method (each a fresh process), their cycles pooled"
+    )
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="where gradients live and the codecs run"
+    )
     parser.add_argument("--out", type=Path, default=DOCS)
-    parser.add_argument("--compiled", action="store_true",
-                        help="also time each method with compiled kernels compiled, and against eager in one process")
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also time each method with compiled kernels compiled, and against eager in one process",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny shapes, one cycle: a smoke test")
-    parser.add_argument("--operators", action="store_true",
-                        help="only count aten operators per step (on --device), not time anything")
-    parser.add_argument("--report-only", action="store_true",
-                        help="rewrite the --device's section and figures (with --operators, its operators section) "
-                             "from its JSON, measuring nothing")
+    parser.add_argument(
+        "--operators", action="store_true", help="only count aten operators per step (on --device), not time anything"
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rewrite the --device's section and figures (with --operators, its operators section) "
+        "from its JSON, measuring nothing",
+    )
     args = parser.parse_args(argv)
     for option, value in [("--repeats", args.repeats), ("--rounds", args.rounds)]:
         if value < 1:

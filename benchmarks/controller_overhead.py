@@ -48,6 +48,7 @@ and CPU seconds of the decision thread, and the load average, of each. The targe
 at most ``DECISION_COST_TARGET`` of the exact one's time. Writes ``decision_cost.json`` and the
 section "L-GreCo decision cost"; ``--report-only`` rewrites the section from the JSON.
 """
+
 import argparse
 import contextlib
 import dataclasses
@@ -76,8 +77,12 @@ COST_SECTION = "L-GreCo decision cost"
 COST_METHOD = "PowerSGD rank 4"
 # The decision with the randomized range finder against the same with the exact SVD's rows.
 DECISION_COST_TARGET = 0.12
-METHODS = {"PowerSGD rank 4": ("powersgd", {"rank": 4}), "ACP-SGD rank 4": ("acpsgd", {"rank": 4}),
-           "Top-K 1%": ("topk", {"density": 0.01}), "QSGD 4 bits": ("qsgd", {"bits": 4})}
+METHODS = {
+    "PowerSGD rank 4": ("powersgd", {"rank": 4}),
+    "ACP-SGD rank 4": ("acpsgd", {"rank": 4}),
+    "Top-K 1%": ("topk", {"density": 0.01}),
+    "QSGD 4 bits": ("qsgd", {"bits": 4}),
+}
 LOWRANK = {"PowerSGD rank 4", "ACP-SGD rank 4"}
 SHORT_EVERY = 4  # the short schedule: a decision every 4 steps (the issue's ResNet-50 run)
 SIGNAL_RANK = 16
@@ -109,8 +114,12 @@ def synthetic_gradients(shapes, seed=0):
 
 def schedules(decide_every):
     """label -> (decide_every, apply_delay)."""
-    return {"default, apply_delay 10": (decide_every, 10), "default, auto": (decide_every, "auto"),
-            "short, apply_delay 1": (SHORT_EVERY, 1), "short, auto": (SHORT_EVERY, "auto")}
+    return {
+        "default, apply_delay 10": (decide_every, 10),
+        "default, auto": (decide_every, "auto"),
+        "short, apply_delay 1": (SHORT_EVERY, 1),
+        "short, auto": (SHORT_EVERY, "auto"),
+    }
 
 
 def wrapped(method):
@@ -123,8 +132,9 @@ def first_decision(method, grads, decide_every, apply_delay, step_seconds, max_s
     """(the first Decision, the longest end_step) of L-GreCo over ``method``: one real step
     accumulates the gradients, the decision is submitted at its end, and emulated steps of
     ``step_seconds`` follow until it has taken effect."""
-    lgreco = hc.LGreCo(wrapped(method), warmup_steps=1,
-                       decide_every=decide_every, apply_delay=apply_delay, transport="local")
+    lgreco = hc.LGreCo(
+        wrapped(method), warmup_steps=1, decide_every=decide_every, apply_delay=apply_delay, transport="local"
+    )
     SimulatedWorld([lgreco]).step([grads])  # the decision starts in this step's end_step
     longest = 0.0
     for _ in range(max_steps):
@@ -169,6 +179,7 @@ def gravac_seconds(grads):
                 else:
                     exchange_alone(compressor, n, g)
             compressor.end_step()
+
         return step
 
     memos = {}
@@ -180,8 +191,9 @@ def gravac_seconds(grads):
         steps[f"{label} codec"] = codec_step(at_factor, False)
         steps[f"{label} measured"] = codec_step(at_factor, True)
     apart = hc.TopK(density=0.01)
-    steps["dense measurement"] = lambda: [apart.measured_energies(n, g, levels[n], memos.setdefault(n, {}))
-                                          for n, g in tunable.items()]
+    steps["dense measurement"] = lambda: [
+        apart.measured_energies(n, g, levels[n], memos.setdefault(n, {})) for n, g in tunable.items()
+    ]
     times = {label: [] for label in steps}
     for repeat in range(GRAVAC_REPEATS + 1):  # the first allocates buffers and residuals
         for label, step in steps.items():  # interleaved: load on the machine hits all alike
@@ -212,8 +224,7 @@ def exact_lowrank_rows():
 
 def measure_lgreco(method, grads, args):
     step = args.step_ms / 1000
-    record = {"accumulation_seconds": accumulation_seconds(method, grads), "stall_seconds": {},
-              "delay_steps": {}}
+    record = {"accumulation_seconds": accumulation_seconds(method, grads), "stall_seconds": {}, "delay_steps": {}}
     for label, (every, delay) in schedules(args.decide_every).items():
         decision, stall = first_decision(method, grads, every, delay, step)
         record["stall_seconds"][label] = stall
@@ -253,6 +264,7 @@ def timed_first_decision(grads, exact):
             decision = compute()
             cpu.append(time.thread_time() - started)
             return decision
+
         submit(run)
 
     lgreco.service.submit = timed
@@ -292,20 +304,26 @@ def overhead(record, args, accumulations=DEFAULT_ACCUMULATION):
 
 
 def markdown(results, args):
-    lines = [f"`{results['command']}`", "", describe_machine(results["machine"]) +
-             f" One torch thread; steps emulated at {args.step_ms:g} ms, decisions every "
-             f"{args.decide_every} steps (default schedule) or {SHORT_EVERY} (short).", "",
-             "Seconds of one L-GreCo decision on rank 0 (its background thread), rank 0's added "
-             "work per step (summing the gradients the next decision analyses), and the longest "
-             "wait at a decision's exchange (the stall every rank sees), by schedule; the "
-             "overhead is the training time added at the default schedule with "
-             "`apply_delay=\"auto\"`, as a share of "
-             f"{args.decide_every} steps of {args.step_ms:g} ms (in brackets: the decision's CPU "
-             "time, which runs beside training, on the same scale).", "",
-             "| shapes | L-GreCo over | decision s | exact SVD s (same choice) | accumulate ms/step | "
-             "stall s: default, delay 10 | default, auto | short, delay 1 | short, auto (delay steps) | "
-             f"overhead (accumulate_steps={DEFAULT_ACCUMULATION}, the default) | overhead, accumulate_steps=None |",
-             "|---" * 11 + "|"]
+    lines = [
+        f"`{results['command']}`",
+        "",
+        describe_machine(results["machine"])
+        + f" One torch thread; steps emulated at {args.step_ms:g} ms, decisions every "
+        f"{args.decide_every} steps (default schedule) or {SHORT_EVERY} (short).",
+        "",
+        "Seconds of one L-GreCo decision on rank 0 (its background thread), rank 0's added "
+        "work per step (summing the gradients the next decision analyses), and the longest "
+        "wait at a decision's exchange (the stall every rank sees), by schedule; the "
+        "overhead is the training time added at the default schedule with "
+        "`apply_delay=\"auto\"`, as a share of "
+        f"{args.decide_every} steps of {args.step_ms:g} ms (in brackets: the decision's CPU "
+        "time, which runs beside training, on the same scale).",
+        "",
+        "| shapes | L-GreCo over | decision s | exact SVD s (same choice) | accumulate ms/step | "
+        "stall s: default, delay 10 | default, auto | short, delay 1 | short, auto (delay steps) | "
+        f"overhead (accumulate_steps={DEFAULT_ACCUMULATION}, the default) | overhead, accumulate_steps=None |",
+        "|---" * 11 + "|",
+    ]
     for key, record in results["points"].items():
         if key.endswith("/GraVAC"):
             continue
@@ -317,52 +335,71 @@ def markdown(results, args):
             exact = f"{record['exact_decision_seconds']:.2f} ({same})"
         added, background = overhead(record, args)
         windowed, _ = overhead(record, args, None)
-        lines.append(f"| {shapes} | {method} | {record['decision_seconds']:.2f} | {exact} | "
-                     f"{1000 * record['accumulation_seconds']:.1f} | {stall['default, apply_delay 10']:.2f} | "
-                     f"{stall['default, auto']:.3f} | {stall['short, apply_delay 1']:.2f} | "
-                     f"{stall['short, auto']:.3f} ({record['delay_steps']['short, auto']}) | "
-                     f"{100 * added:.2f}% ({100 * background:.2f}%) | {100 * windowed:.2f}% |")
+        lines.append(
+            f"| {shapes} | {method} | {record['decision_seconds']:.2f} | {exact} | "
+            f"{1000 * record['accumulation_seconds']:.1f} | {stall['default, apply_delay 10']:.2f} | "
+            f"{stall['default, auto']:.3f} | {stall['short, apply_delay 1']:.2f} | "
+            f"{stall['short, auto']:.3f} ({record['delay_steps']['short, auto']}) | "
+            f"{100 * added:.2f}% ({100 * background:.2f}%) | {100 * windowed:.2f}% |"
+        )
     gravac = {k.split("/")[0]: r for k, r in results["points"].items() if k.endswith("/GraVAC")}
     if gravac:
-        lines += ["", "GraVAC over Top-K 1%: its gain measurement per step (the energies at theta_min and the "
-                  "candidate of every tunable layer) against Top-K 1%'s codec (compress + error feedback + "
-                  "decompress of every gradient, a world of one) in the same run. A step sending theta_min "
-                  "or the candidate derives the energies from its own compression (`begin_measured`): the "
-                  "cost is that step less the same codec step without them, both at the factor's setting "
-                  "(whose codec column is given too). A dense step (`scale_down_to=\"dense\"` only) "
-                  "measures apart. ms/step, the fastest of 5 interleaved steps; ratio: measurement / Top-K 1%'s "
-                  "codec, target <= 1.0x. A measurement is a difference of codec steps that take seconds at "
-                  "theta_min's and the candidate's densities (10% and 5%, where Top-K's selection falls "
-                  "back to `torch.topk`), so it carries their noise: a negative one is smaller than it.", "",
-                  "| shapes | Top-K 1% codec | theta_min: codec / measurement (ratio) | "
-                  "candidate: codec / measurement (ratio) | dense step: measurement (ratio) | target |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "GraVAC over Top-K 1%: its gain measurement per step (the energies at theta_min and the "
+            "candidate of every tunable layer) against Top-K 1%'s codec (compress + error feedback + "
+            "decompress of every gradient, a world of one) in the same run. A step sending theta_min "
+            "or the candidate derives the energies from its own compression (`begin_measured`): the "
+            "cost is that step less the same codec step without them, both at the factor's setting "
+            "(whose codec column is given too). A dense step (`scale_down_to=\"dense\"` only) "
+            "measures apart. ms/step, the fastest of 5 interleaved steps; ratio: measurement / Top-K 1%'s "
+            "codec, target <= 1.0x. A measurement is a difference of codec steps that take seconds at "
+            "theta_min's and the candidate's densities (10% and 5%, where Top-K's selection falls "
+            "back to `torch.topk`), so it carries their noise: a negative one is smaller than it.",
+            "",
+            "| shapes | Top-K 1% codec | theta_min: codec / measurement (ratio) | "
+            "candidate: codec / measurement (ratio) | dense step: measurement (ratio) | target |",
+            "|---|---|---|---|---|---|",
+        ]
         for shapes, r in gravac.items():
             codec = r["codec_seconds"]
             cells, ratios = [], []
             for label in ("theta_min", "candidate"):
                 ratio = r[f"{label}_measurement_seconds"] / codec
                 ratios.append(ratio)
-                cells.append(f"{1000 * r[f'{label}_codec_seconds']:.0f} / "
-                             f"{1000 * r[f'{label}_measurement_seconds']:.1f} ({ratio:.2f}x)")
+                cells.append(
+                    f"{1000 * r[f'{label}_codec_seconds']:.0f} / "
+                    f"{1000 * r[f'{label}_measurement_seconds']:.1f} ({ratio:.2f}x)"
+                )
             dense = r["dense_measurement_seconds"] / codec
             met = "met" if max(ratios) <= 1.0 else "MISSED"
-            lines.append(f"| {shapes} | {1000 * codec:.1f} | {cells[0]} | {cells[1]} | "
-                         f"{1000 * r['dense_measurement_seconds']:.1f} ({dense:.2f}x) | {met}"
-                         f"{'' if dense <= 1.0 else ' (dense steps: missed)'} |")
+            lines.append(
+                f"| {shapes} | {1000 * codec:.1f} | {cells[0]} | {cells[1]} | "
+                f"{1000 * r['dense_measurement_seconds']:.1f} ({dense:.2f}x) | {met}"
+                f"{'' if dense <= 1.0 else ' (dense steps: missed)'} |"
+            )
     targets = []
     for shapes, limit in DECISION_TARGETS.items():
-        measured = [(key.split("/")[1], r["decision_seconds"]) for key, r in results["points"].items()
-                    if key.startswith(shapes + "/") and "decision_seconds" in r]
+        measured = [
+            (key.split("/")[1], r["decision_seconds"])
+            for key, r in results["points"].items()
+            if key.startswith(shapes + "/") and "decision_seconds" in r
+        ]
         if measured:
-            targets.append(f"{shapes} decisions under {limit:g} s: " + ", ".join(
-                f"{method} {seconds:.2f} s {'met' if seconds < limit else 'MISSED'}" for method, seconds in measured))
+            targets.append(
+                f"{shapes} decisions under {limit:g} s: "
+                + ", ".join(
+                    f"{method} {seconds:.2f} s {'met' if seconds < limit else 'MISSED'}" for method, seconds in measured
+                )
+            )
     measured = [r for r in results["points"].values() if "decision_seconds" in r]
     if measured:
         worst = max(overhead(r, args)[0] for r in measured)
-        targets.append(f"overhead under {100 * OVERHEAD_TARGET:g}% of training time at the default "
-                       f"accumulate_steps={DEFAULT_ACCUMULATION}: largest {100 * worst:.2f}%, "
-                       f"{'met' if worst < OVERHEAD_TARGET else 'MISSED'}")
+        targets.append(
+            f"overhead under {100 * OVERHEAD_TARGET:g}% of training time at the default "
+            f"accumulate_steps={DEFAULT_ACCUMULATION}: largest {100 * worst:.2f}%, "
+            f"{'met' if worst < OVERHEAD_TARGET else 'MISSED'}"
+        )
         stall = max(r["stall_seconds"]["default, auto"] for r in measured)
         targets.append(f"no stall at the default schedule: longest exchange {1000 * stall:.1f} ms")
     lines += ["", "Targets: " + "; ".join(targets) + "."]
@@ -371,29 +408,37 @@ def markdown(results, args):
 
 
 def cost_markdown(results):
-    lines = [f"`{results['command']}`", "", describe_machine(results["machine"]) +
-             " One torch thread, the local transport (a world of one).", "",
-             f"L-GreCo's first decision at its defaults over {COST_METHOD} (the step that makes it: error "
-             "rows by the randomized range finder, then the DP), on seeded normal gradients, against the "
-             "same decision with the exact SVD's rows (`torch.linalg.svdvals`), the two in turn in one "
-             "process. Seconds of the decision thread (`Decision.seconds`) and its CPU seconds (what other "
-             "processes' load changes least), with the 1-minute load average before each; ratio: the "
-             "medians' ratio, target <= "
-             f"{DECISION_COST_TARGET:g}x.", "",
-             "| shapes | layers decided | L-GreCo s (CPU s, load) | exact s (CPU s, load) | ratio (CPU) | "
-             "target | same choice every round | layers differing from exact |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"`{results['command']}`",
+        "",
+        describe_machine(results["machine"]) + " One torch thread, the local transport (a world of one).",
+        "",
+        f"L-GreCo's first decision at its defaults over {COST_METHOD} (the step that makes it: error "
+        "rows by the randomized range finder, then the DP), on seeded normal gradients, against the "
+        "same decision with the exact SVD's rows (`torch.linalg.svdvals`), the two in turn in one "
+        "process. Seconds of the decision thread (`Decision.seconds`) and its CPU seconds (what other "
+        "processes' load changes least), with the 1-minute load average before each; ratio: the "
+        "medians' ratio, target <= "
+        f"{DECISION_COST_TARGET:g}x.",
+        "",
+        "| shapes | layers decided | L-GreCo s (CPU s, load) | exact s (CPU s, load) | ratio (CPU) | "
+        "target | same choice every round | layers differing from exact |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for shapes, r in results["points"].items():
+
         def cells(kind):
             return "; ".join(f"{x['seconds']:.2f} ({x['cpu_seconds']:.2f}, {x['load']:.1f})" for x in r[kind])
 
         def ratio(key):
-            return (statistics.median(x[key] for x in r["lgreco"]) /
-                    statistics.median(x[key] for x in r["exact"]))
+            return statistics.median(x[key] for x in r["lgreco"]) / statistics.median(x[key] for x in r["exact"])
+
         met = "met" if max(ratio("seconds"), ratio("cpu_seconds")) <= DECISION_COST_TARGET else "MISSED"
-        lines.append(f"| {shapes} | {r['layers_decided']} | {cells('lgreco')} | {cells('exact')} | "
-                     f"{ratio('seconds'):.3f}x ({ratio('cpu_seconds'):.3f}x) | {met} | "
-                     f"{'yes' if r['same_settings_every_round'] else 'no'} | {r['differing_layers_from_exact']} |")
+        lines.append(
+            f"| {shapes} | {r['layers_decided']} | {cells('lgreco')} | {cells('exact')} | "
+            f"{ratio('seconds'):.3f}x ({ratio('cpu_seconds'):.3f}x) | {met} | "
+            f"{'yes' if r['same_settings_every_round'] else 'no'} | {r['differing_layers_from_exact']} |"
+        )
     lines += ["", "Shape sets: " + "; ".join(f"{s}: {DESCRIPTIONS[s]}" for s in results["points"]) + "."]
     return "\n".join(lines + notes_lines(results)) + "\n"
 
@@ -413,8 +458,7 @@ def run_decision_cost(args):
 
 
 def run(args):
-    results, save = resumed_section(args.out, "controller_overhead", SECTION,
-                                    lambda record: markdown(record, args))
+    results, save = resumed_section(args.out, "controller_overhead", SECTION, lambda record: markdown(record, args))
     results.setdefault("points", {})
     results.update(machine=machine(), command=command_line(args))
     for shapes in args.shapes:
@@ -428,8 +472,7 @@ def run(args):
             if key in results["points"]:
                 continue
             method = key.split("/")[1]
-            record = (gravac_seconds(grads) if method == "GraVAC"
-                      else measure_lgreco(method, grads, args))
+            record = gravac_seconds(grads) if method == "GraVAC" else measure_lgreco(method, grads, args)
             results["points"][key] = record
             print(f"  {key}: {json.dumps(record)}", flush=True)
             save()
@@ -447,17 +490,24 @@ def command_line(args):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", help="comma-separated shape sets (benchmarks/shapes.py); default "
-                        "resnet50,bert-base,transformer-xl, with --decision-cost bert-base")
+    parser.add_argument(
+        "--shapes",
+        help="comma-separated shape sets (benchmarks/shapes.py); default "
+        "resnet50,bert-base,transformer-xl, with --decision-cost bert-base",
+    )
     parser.add_argument("--step-ms", type=float, default=300.0, help="the emulated step time")
     parser.add_argument("--decide-every", type=int, default=1000, help="the default schedule's decision period")
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="tiny shapes, 20 ms steps: a smoke test")
-    parser.add_argument("--decision-cost", action="store_true",
-                        help="only the first decision's cost against the exact SVD's, in turn")
+    parser.add_argument(
+        "--decision-cost", action="store_true", help="only the first decision's cost against the exact SVD's, in turn"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="--decision-cost: rounds of the two in turn")
-    parser.add_argument("--report-only", action="store_true",
-                        help="--decision-cost: rewrite its section from decision_cost.json, measuring nothing")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="--decision-cost: rewrite its section from decision_cost.json, measuring nothing",
+    )
     args = parser.parse_args(argv)
     if args.report_only and not args.decision_cost:
         parser.error("--report-only goes with --decision-cost")

@@ -38,6 +38,7 @@ Results resume job by job from ``<out>/benchmarks/ddp.json``; the "PyTorch DDP" 
 ``<out>/benchmarks.md`` is rewritten after each. ``--quick``: 2 ranks, the CNN, 2 + 2 steps,
 1 digits epoch, no network shaping (plain ``torchrun``): a smoke test.
 """
+
 import argparse
 import contextlib
 import json
@@ -50,10 +51,27 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
-from benchmarks.report import (CodecClock, add_cluster_worker_options, add_job_options, checkout_pythonpath,
-                               cluster_job, command_line, describe_machine, init_cluster_worker, jobs_of, machine,
-                               notes_lines, pooled, resumed_section, root_cause, run_or_work, summarise, torchrun_job,
-                               undisturbed, worker_argv)
+from benchmarks.report import (
+    CodecClock,
+    add_cluster_worker_options,
+    add_job_options,
+    checkout_pythonpath,
+    cluster_job,
+    command_line,
+    describe_machine,
+    init_cluster_worker,
+    jobs_of,
+    machine,
+    notes_lines,
+    pooled,
+    resumed_section,
+    root_cause,
+    run_or_work,
+    summarise,
+    torchrun_job,
+    undisturbed,
+    worker_argv,
+)
 
 RESULT_PREFIX = "DDP_RESULT "
 SECTION = "PyTorch DDP"
@@ -82,8 +100,11 @@ def register_method(ddp_model, method, rank):
         state = PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2)
         ddp_model.register_comm_hook(state, powerSGD_hook)
         return None
-    compressors = {"PowerSGD": lambda: hc.PowerSGD(rank=rank), "ACP-SGD": lambda: hc.ACPSGD(rank=rank),
-                   "L-GreCo": lambda: hc.LGreCo(hc.ACPSGD(rank=rank), warmup_steps=3, decide_every=1000)}
+    compressors = {
+        "PowerSGD": lambda: hc.PowerSGD(rank=rank),
+        "ACP-SGD": lambda: hc.ACPSGD(rank=rank),
+        "L-GreCo": lambda: hc.LGreCo(hc.ACPSGD(rank=rank), warmup_steps=3, decide_every=1000),
+    }
     if method not in compressors:
         raise ValueError(f"ddp: unknown method {method!r}; known: {', '.join(METHODS)}")
     return hvd_compress.ddp.register(ddp_model, compressors[method]()).compressor
@@ -105,17 +126,32 @@ def timing_worker(args):
     model, data, loss_of = WORKLOADS[args.model](torch.Generator().manual_seed(rank))
     # Compute alone first, every rank at once (so the cores are shared as during training):
     # forward, backward and step of a local optimizer.
-    compute = timed_steps(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-                          data, loss_of, COMPUTE_STEPS)
+    compute = timed_steps(
+        model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), data, loss_of, COMPUTE_STEPS
+    )
     dist.barrier()
     ddp_model = DistributedDataParallel(model, **ddp_options(args.method))
     compressor = register_method(ddp_model, args.method, args.rank)
     codec = CodecClock(compressor)
-    seconds = timed_steps(ddp_model, torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9),
-                          data, loss_of, args.warmup + args.steps)
+    seconds = timed_steps(
+        ddp_model,
+        torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9),
+        data,
+        loss_of,
+        args.warmup + args.steps,
+    )
     if rank == 0:
-        print(RESULT_PREFIX + json.dumps({"seconds": seconds[args.warmup:], "compute_seconds": compute[2:],
-                                          "codec_seconds": codec.seconds[args.warmup:]}), flush=True)
+        print(
+            RESULT_PREFIX
+            + json.dumps(
+                {
+                    "seconds": seconds[args.warmup :],
+                    "compute_seconds": compute[2:],
+                    "codec_seconds": codec.seconds[args.warmup :],
+                }
+            ),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 
@@ -144,8 +180,8 @@ def digits_worker(args):
         ddp_model = DistributedDataParallel(model, **ddp_options(args.method))
         register_method(ddp_model, args.method, args.rank)
         return ddp_model
-    _, accuracy = digits.train(lambda model, optimizer: optimizer, rank, size, epochs=args.epochs,
-                               lr=0.1, wrap=wrap)
+
+    _, accuracy = digits.train(lambda model, optimizer: optimizer, rank, size, epochs=args.epochs, lr=0.1, wrap=wrap)
     if rank == 0:
         print(RESULT_PREFIX + json.dumps({"accuracy": accuracy}), flush=True)
     dist.destroy_process_group()
@@ -157,15 +193,22 @@ def timing_job(args, cluster, model, method):
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
     try:
         if cluster is None:  # --quick: plain torchrun on this host
-            job = torchrun_job(worker_argv("benchmarks.ddp", args, "timing", **flags), args.np, args.job_timeout,
-                               RESULT_PREFIX)[0]
+            job = torchrun_job(
+                worker_argv("benchmarks.ddp", args, "timing", **flags), args.np, args.job_timeout, RESULT_PREFIX
+            )[0]
         else:
-            argv = worker_argv("benchmarks.ddp", args, "timing", master=cluster.address(0),
-                               interface_prefix=cluster.prefix, **flags)
-            job = undisturbed(lambda: cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX),
-                              args.max_other_cpu, lambda result: f"{model} {method}: median step "
-                              f"{1e3 * statistics.median(result['seconds']):.1f} ms, job "
-                              f"{result['wall_seconds']:.0f} s")
+            argv = worker_argv(
+                "benchmarks.ddp", args, "timing", master=cluster.address(0), interface_prefix=cluster.prefix, **flags
+            )
+            job = undisturbed(
+                lambda: cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX),
+                args.max_other_cpu,
+                lambda result: (
+                    f"{model} {method}: median step "
+                    f"{1e3 * statistics.median(result['seconds']):.1f} ms, job "
+                    f"{result['wall_seconds']:.0f} s"
+                ),
+            )
     except RuntimeError as error:  # torch's powerSGD_hook over Gloo can (module docstring)
         failure = root_cause(error)
         print(f"{model} {method}: FAILED: {failure}", flush=True)
@@ -175,11 +218,14 @@ def timing_job(args, cluster, model, method):
 
 def summarise_timing(job):
     codec = {"codec_ms": 1e3 * statistics.median(job["codec_seconds"])} if job.get("codec_seconds") else {}
-    return {"step_ms": summarise(job["seconds"]), "compute_ms": 1e3 * statistics.median(job["compute_seconds"]),
-            **codec,
-            "step_ms_each": [round(1e3 * s, 1) for s in job["seconds"]],
-            "wall_seconds": round(job.get("wall_seconds", 0.0), 1),
-            "disturbed_attempts": job.get("disturbed_attempts", 0)}
+    return {
+        "step_ms": summarise(job["seconds"]),
+        "compute_ms": 1e3 * statistics.median(job["compute_seconds"]),
+        **codec,
+        "step_ms_each": [round(1e3 * s, 1) for s in job["seconds"]],
+        "wall_seconds": round(job.get("wall_seconds", 0.0), 1),
+        "disturbed_attempts": job.get("disturbed_attempts", 0),
+    }
 
 
 def run(args):
@@ -188,15 +234,27 @@ def run(args):
     results, save = resumed_section(args.out, "ddp", SECTION, markdown)
     results.setdefault("timing", {})
     results.setdefault("digits", {})
-    results.update(command=command_line("ddp"), machine=machine(), np=args.np, rank=args.rank,
-                   rate_gbit=args.rate, warmup=args.warmup, steps=args.steps)
+    results.update(
+        command=command_line("ddp"),
+        machine=machine(),
+        np=args.np,
+        rank=args.rank,
+        rate_gbit=args.rate,
+        warmup=args.warmup,
+        steps=args.steps,
+    )
     timing = results["timing"]
 
     # Round by round: every method's first job, then every method's second, ...
-    wanted = [(model, method) for repeat in range(args.repeats) for model in args.models for method in METHODS
-              if jobs_of(timing.get(model, {}).get(method)) <= repeat]
+    wanted = [
+        (model, method)
+        for repeat in range(args.repeats)
+        for model in args.models
+        for method in METHODS
+        if jobs_of(timing.get(model, {}).get(method)) <= repeat
+    ]
     if wanted:
-        with (contextlib.nullcontext() if args.quick else emulated_cluster(args.np, args.rate)) as cluster:
+        with contextlib.nullcontext() if args.quick else emulated_cluster(args.np, args.rate) as cluster:
             if cluster is not None:
                 results["testbed"] = cluster.describe()
             for model, method in wanted:
@@ -214,21 +272,29 @@ def run(args):
 
 
 def markdown(results):
-    lines = [f"`{results['command']}`", "", describe_machine(results["machine"]) +
-             f" {results['np']} ranks, one torch thread each, Gloo; "
-             + (f"{results['testbed']}." if "testbed" in results else "no network shaping (--quick).")
-             + f" Low-rank methods at rank {results['rank']}; {results['warmup']} warm-up and "
-             f"{results['steps']} timed steps per job; how each method runs: `benchmarks/ddp.py`. Where "
-             "a method ran several jobs (in rounds over the methods), its timed steps are pooled, and "
-             "compute and codec are the median of the jobs' medians.", ""]
+    lines = [
+        f"`{results['command']}`",
+        "",
+        describe_machine(results["machine"])
+        + f" {results['np']} ranks, one torch thread each, Gloo; "
+        + (f"{results['testbed']}." if "testbed" in results else "no network shaping (--quick).")
+        + f" Low-rank methods at rank {results['rank']}; {results['warmup']} warm-up and "
+        f"{results['steps']} timed steps per job; how each method runs: `benchmarks/ddp.py`. Where "
+        "a method ran several jobs (in rounds over the methods), its timed steps are pooled, and "
+        "compute and codec are the median of the jobs' medians.",
+        "",
+    ]
     for model, methods in results["timing"].items():
         base = methods.get("DDP", {}).get("step_ms", {}).get("median")
         hook = fastest_hook(methods)
         where = f"{results['rate_gbit']:g} Gbit/s" if "testbed" in results else "no network shaping"
-        lines += [f"**{model}, {where}**", "",
-                  "| method | median step ms (p25-p75) | each job's median ms | vs DDP | vs torch's hook "
-                  "(faster variant) | compute alone ms | step - compute ms | of which codec ms |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"**{model}, {where}**",
+            "",
+            "| method | median step ms (p25-p75) | each job's median ms | vs DDP | vs torch's hook "
+            "(faster variant) | compute alone ms | step - compute ms | of which codec ms |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for method, entry in ((m, methods[m]) for m in METHODS if m in methods):
             if "failed" in entry:
                 lines.append(f"| {method} | failed: `{entry['failed']}` | - | - | - | - | - | - |")
@@ -237,25 +303,37 @@ def markdown(results):
             each = " / ".join(f"{ms:.0f}" for ms in entry.get("job_medians_ms", [step["median"]]))
             if entry.get("failed_jobs"):
                 each += f" ({entry['failed_jobs']} failed: `{entry['failure'][:80]}`)"
-            lines.append(f"| {method} | **{step['median']:.1f}** ({step['p25']:.1f}-{step['p75']:.1f}) | {each} | "
-                         + (f"{base / step['median']:.2f}x | {hook / step['median']:.2f}x | " if base and hook else "- | - | ")
-                         + f"{entry['compute_ms']:.1f} | {step['median'] - entry['compute_ms']:.1f} | "
-                         + (f"{entry['codec_ms']:.1f} |" if "codec_ms" in entry else "- |"))
+            lines.append(
+                f"| {method} | **{step['median']:.1f}** ({step['p25']:.1f}-{step['p75']:.1f}) | {each} | "
+                + (f"{base / step['median']:.2f}x | {hook / step['median']:.2f}x | " if base and hook else "- | - | ")
+                + f"{entry['compute_ms']:.1f} | {step['median'] - entry['compute_ms']:.1f} | "
+                + (f"{entry['codec_ms']:.1f} |" if "codec_ms" in entry else "- |")
+            )
         lines.append("")
     if results["digits"]:
         reference = results["digits"].get("DDP")
-        lines += [f"Digits CNN, final test accuracy, {results['np']} ranks under torchrun:", "",
-                  "| method | accuracy | vs DDP |", "|---|---|---|"]
-        lines += [f"| {method} | {100 * accuracy:.2f}% | "
-                  f"{100 * (accuracy - reference):+.2f} points |" if reference is not None else
-                  f"| {method} | {100 * accuracy:.2f}% | - |" for method, accuracy in results["digits"].items()]
+        lines += [
+            f"Digits CNN, final test accuracy, {results['np']} ranks under torchrun:",
+            "",
+            "| method | accuracy | vs DDP |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {method} | {100 * accuracy:.2f}% | {100 * (accuracy - reference):+.2f} points |"
+            if reference is not None
+            else f"| {method} | {100 * accuracy:.2f}% | - |"
+            for method, accuracy in results["digits"].items()
+        ]
         lines.append("")
     lines += ["Targets: " + "; ".join(target_lines(results)) + "."]
     bounds = bound_lines(results)
     if bounds:
-        lines += ["", "Where the step goes (rank 0): " + "; ".join(bounds) + ". Compute alone is timed in "
-                  "its own phase of each job (a local optimizer, every rank at once), so the parts add up "
-                  "only to within its job-to-job spread (the column's values across methods)."]
+        lines += [
+            "",
+            "Where the step goes (rank 0): " + "; ".join(bounds) + ". Compute alone is timed in "
+            "its own phase of each job (a local optimizer, every rank at once), so the parts add up "
+            "only to within its job-to-job spread (the column's values across methods).",
+        ]
     lines += notes_lines(results)
     return "\n".join(lines) + "\n"
 
@@ -272,9 +350,11 @@ def bound_lines(results):
             if not hook or "codec_ms" not in entry:
                 continue
             step, compute, codec = entry["step_ms"]["median"], entry["compute_ms"], entry["codec_ms"]
-            rows.append(f"{model} {method}: step {step:.0f} ms = compute alone {compute:.0f} + codec {codec:.0f} "
-                        f"+ the rest {step - compute - codec:.0f} ms; with the rest free it would be "
-                        f"{hook / (compute + codec):.2f}x torch's hook, with the codec free too {hook / compute:.2f}x")
+            rows.append(
+                f"{model} {method}: step {step:.0f} ms = compute alone {compute:.0f} + codec {codec:.0f} "
+                f"+ the rest {step - compute - codec:.0f} ms; with the rest free it would be "
+                f"{hook / (compute + codec):.2f}x torch's hook, with the codec free too {hook / compute:.2f}x"
+            )
     return rows
 
 
@@ -291,13 +371,17 @@ def target_lines(results):
             hook = fastest_hook(methods)
             if "step_ms" in methods.get(method, {}) and hook:
                 ratio = hook / methods[method]["step_ms"]["median"]
-                rows.append(f"{method} {ratio:.2f}x faster than torch's powerSGD_hook (its faster variant) "
-                            f"on {model} (>= {least}: {'met' if ratio >= least else 'NOT met'})")
+                rows.append(
+                    f"{method} {ratio:.2f}x faster than torch's powerSGD_hook (its faster variant) "
+                    f"on {model} (>= {least}: {'met' if ratio >= least else 'NOT met'})"
+                )
     reference = results["digits"].get("DDP")
     if reference is not None:
         worst = min(results["digits"].values()) - reference
-        rows.append(f"digits accuracy within {ACCURACY_POINTS:g} point of DDP: worst {100 * worst:+.2f} "
-                    f"points ({'met' if worst >= -ACCURACY_POINTS / 100 else 'NOT met'})")
+        rows.append(
+            f"digits accuracy within {ACCURACY_POINTS:g} point of DDP: worst {100 * worst:+.2f} "
+            f"points ({'met' if worst >= -ACCURACY_POINTS / 100 else 'NOT met'})"
+        )
     return rows
 
 
@@ -310,8 +394,12 @@ def parse_args(argv):
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=1, help="timing jobs per method, in rounds over the methods")
-    parser.add_argument("--max-other-cpu", type=float, default=0.05,
-                        help="rerun a timing job when this share of the CPU went to other processes")
+    parser.add_argument(
+        "--max-other-cpu",
+        type=float,
+        default=0.05,
+        help="rerun a timing job when this share of the CPU went to other processes",
+    )
     add_job_options(parser, 400, "2 ranks, the CNN, few steps, no shaping", ["timing", "digits"], None)
     add_cluster_worker_options(parser)
     parser.add_argument("--epochs", type=int, help=argparse.SUPPRESS)

@@ -24,6 +24,7 @@ once disturbed under each error-feedback policy (``feedback_on_world_change``: "
 ``<out>/benchmarks.md``. The fault-injection tests (``tests/test_elastic.py``) use the same
 driver on the digits CNN.
 """
+
 import argparse
 import faulthandler
 import json
@@ -40,8 +41,16 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import (DOCS, Progress, checkout_pythonpath, describe_machine, machine, resumed, save_record,
-                               write_section)
+from benchmarks.report import (
+    DOCS,
+    Progress,
+    checkout_pythonpath,
+    describe_machine,
+    machine,
+    resumed,
+    save_record,
+    write_section,
+)
 
 RESULT_FILE = "result.json"
 PROGRESS_FILE = "progress.jsonl"
@@ -58,13 +67,14 @@ def build(method, model, optimizer):
     schedule (decisions at steps 25, 45, ...)."""
     import horovod.torch as hvd
     import hvd_compress as hc
+
     if method == "lgreco":
-        compression = hc.LGreCo(hc.ACPSGD(rank=4, min_numel=0), warmup_steps=25, decide_every=20,
-                                timeout=120.0)
+        compression = hc.LGreCo(hc.ACPSGD(rank=4, min_numel=0), warmup_steps=25, decide_every=20, timeout=120.0)
         return compression, hc.DistributedOptimizer(optimizer, model.named_parameters(), compression)
     compression = hc.COMPRESSORS[method].build(model.named_parameters(), small=True)
-    return compression, hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                                 compression=compression)
+    return compression, hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(), compression=compression
+    )
 
 
 class Workload:
@@ -75,12 +85,14 @@ class Workload:
         torch.manual_seed(seed)  # the same initial model everywhere; sync() broadcasts it anyway
         if name == "digits":
             from benchmarks.workloads import digits
+
             self.x, self.y, self.test_x, self.test_y = digits.load_digits_split()
             self.model = digits.DigitsCNN()
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
             self.peak_lr = 0.05
         else:
             from benchmarks.workloads import charlm
+
             self.charlm = charlm
             self.train_ids, self.val_ids = charlm.load_corpus()
             self.model = charlm.CharTransformer()
@@ -112,6 +124,7 @@ class Workload:
         """(metric name, value): test accuracy (digits) or validation perplexity (charlm)."""
         if self.name == "digits":
             from benchmarks.workloads import digits
+
             return "accuracy", digits.accuracy(self.model, self.test_x, self.test_y)
         return "perplexity", self.charlm.evaluate(self.model, self.val_ids, self.model.context)
 
@@ -135,6 +148,7 @@ def initialise_state(optimizer):
 
 def worker(args):
     import horovod.torch as hvd
+
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a stuck worker is: kill -USR1
     hvd.init()
     workdir = Path(args.workdir)
@@ -142,8 +156,7 @@ def worker(args):
     compression, optimizer = build(args.method, work.model, work.optimizer)
     initialise_state(optimizer)
     compression.feedback_on_world_change = args.feedback
-    state = hvd.elastic.TorchState(model=work.model, optimizer=optimizer, compression=compression,
-                                   step=0)
+    state = hvd.elastic.TorchState(model=work.model, optimizer=optimizer, compression=compression, step=0)
     resets = []
     state.register_reset_callbacks([lambda: resets.append({"step": state.step, "size": hvd.size()})])
 
@@ -160,14 +173,19 @@ def worker(args):
             state.step += 1
             if hvd.rank() == 0:
                 with open(workdir / PROGRESS_FILE, "a") as progress:
-                    progress.write(json.dumps({"step": state.step, "size": hvd.size(),
-                                               "loss": loss.item()}) + "\n")
-            if hvd.rank() == args.kill_rank and state.step == args.kill_step \
-                    and not (workdir / KILLED_FILE).exists():
+                    progress.write(json.dumps({"step": state.step, "size": hvd.size(), "loss": loss.item()}) + "\n")
+            if hvd.rank() == args.kill_rank and state.step == args.kill_step and not (workdir / KILLED_FILE).exists():
                 in_flight = getattr(compression, "decision_in_flight", None)
-                (workdir / KILLED_FILE).write_text(json.dumps({
-                    "host": os.environ.get("HOROVOD_HOSTNAME"), "rank": hvd.rank(), "step": state.step,
-                    "decision_in_flight": in_flight}))
+                (workdir / KILLED_FILE).write_text(
+                    json.dumps(
+                        {
+                            "host": os.environ.get("HOROVOD_HOSTNAME"),
+                            "rank": hvd.rank(),
+                            "step": state.step,
+                            "decision_in_flight": in_flight,
+                        }
+                    )
+                )
                 os.kill(os.getpid(), signal.SIGKILL)
             if state.step % args.commit_every == 0:
                 state.commit()
@@ -178,11 +196,15 @@ def worker(args):
     identical = all(torch.equal(everyone[0], row) for row in everyone)
     metric, value = work.final()
     if hvd.rank() == 0:
-        decisions = [{"version": d.version, "decided_at": d.decided_at, "effective_step": d.effective_step}
-                     for d in getattr(compression, "decisions", [])]
-        (workdir / RESULT_FILE).write_text(json.dumps({
-            "identical": identical, "size": hvd.size(), metric: value, "resets": resets,
-            "decisions": decisions}))
+        decisions = [
+            {"version": d.version, "decided_at": d.decided_at, "effective_step": d.effective_step}
+            for d in getattr(compression, "decisions", [])
+        ]
+        (workdir / RESULT_FILE).write_text(
+            json.dumps(
+                {"identical": identical, "size": hvd.size(), metric: value, "resets": resets, "decisions": decisions}
+            )
+        )
     if not identical:
         raise RuntimeError("elastic run: ranks ended with different parameters")
 
@@ -191,6 +213,7 @@ def worker(args):
 def local_host_names():
     """Names of this machine, distinct to Horovod (each a "host") and all run locally."""
     import psutil
+
     names = ["localhost", "127.0.0.1", socket.gethostname()]
     for addresses in psutil.net_if_addrs().values():
         names += [a.address for a in addresses if a.family == socket.AF_INET and a.address != "127.0.0.1"]
@@ -210,8 +233,19 @@ def read_progress(workdir):
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def run(workload, method, *, steps, seed=0, kill_rank=None, kill_step=None, rejoin_after=20,
-        feedback="keep", commit_every=10, timeout=600):
+def run(
+    workload,
+    method,
+    *,
+    steps,
+    seed=0,
+    kill_rank=None,
+    kill_step=None,
+    rejoin_after=20,
+    feedback="keep",
+    commit_every=10,
+    timeout=600,
+):
     """One elastic run of 3 workers; with ``kill_rank``, the kill and the rejoin. Returns rank 0's
     result plus ``progress`` (rank 0's steps: step, size, loss), ``killed`` (who, when, and
     L-GreCo's decision in flight), ``steps_lost``, ``rejoined_at`` and ``wall_seconds``.
@@ -225,18 +259,45 @@ def run(workload, method, *, steps, seed=0, kill_rank=None, kill_step=None, rejo
         script = workdir / "discover.sh"
         script.write_text(f"#!/bin/sh\ncat {workdir / 'hosts'}\n")
         script.chmod(0o755)
-        argv = ["horovodrun", "-np", "3", "--min-np", "2", "--max-np", "3",
-                "--host-discovery-script", str(script), "--gloo",
-                sys.executable, "-m", "benchmarks", "elastic", "--worker", "--workdir", str(workdir),
-                "--workload", workload, "--method", method, "--steps", str(steps), "--seed", str(seed),
-                "--feedback", feedback, "--commit-every", str(commit_every),
-                "--kill-rank", str(-1 if kill_rank is None else kill_rank),
-                "--kill-step", str(-1 if kill_step is None else kill_step)]
+        argv = [
+            "horovodrun",
+            "-np",
+            "3",
+            "--min-np",
+            "2",
+            "--max-np",
+            "3",
+            "--host-discovery-script",
+            str(script),
+            "--gloo",
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "elastic",
+            "--worker",
+            "--workdir",
+            str(workdir),
+            "--workload",
+            workload,
+            "--method",
+            method,
+            "--steps",
+            str(steps),
+            "--seed",
+            str(seed),
+            "--feedback",
+            feedback,
+            "--commit-every",
+            str(commit_every),
+            "--kill-rank",
+            str(-1 if kill_rank is None else kill_rank),
+            "--kill-step",
+            str(-1 if kill_step is None else kill_step),
+        ]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath(), PYTHONUNBUFFERED="1")
         log = open(workdir / "output.log", "w+")
         started = time.perf_counter()
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         killed = rejoined_at = None
         try:
             while process.poll() is None:
@@ -251,8 +312,9 @@ def run(workload, method, *, steps, seed=0, kill_rank=None, kill_step=None, rejo
                     if len(after) >= rejoin_after:
                         rejoined_at = after[-1]["step"]
                         write_hosts(workdir, [h for h in names[:3] if h != killed["host"]] + [names[3]])
-            failure = None if process.returncode == 0 and (workdir / RESULT_FILE).exists() \
-                else f"exit {process.returncode}"
+            failure = (
+                None if process.returncode == 0 and (workdir / RESULT_FILE).exists() else f"exit {process.returncode}"
+            )
         except TimeoutError as error:
             failure = str(error)
         finally:
@@ -264,16 +326,27 @@ def run(workload, method, *, steps, seed=0, kill_rank=None, kill_step=None, rejo
             log.close()
         wall = time.perf_counter() - started
         if failure is not None:
-            raise RuntimeError(f"elastic run {workload}/{method} failed ({failure}) after {wall:.0f} s; "
-                               f"{' '.join(argv)}\n{output[-6000:]}")
+            raise RuntimeError(
+                f"elastic run {workload}/{method} failed ({failure}) after {wall:.0f} s; "
+                f"{' '.join(argv)}\n{output[-6000:]}"
+            )
         result = json.loads((workdir / RESULT_FILE).read_text())
         progress = read_progress(workdir)
     steps_lost = None
     if killed is not None:
         resumed = next(p["step"] for p in progress if p["size"] == 2)
         steps_lost = killed["step"] - (resumed - 1)
-    result.update(progress=progress, killed=killed, steps_lost=steps_lost, rejoined_at=rejoined_at,
-                  wall_seconds=wall, workload=workload, method=method, feedback=feedback, seed=seed)
+    result.update(
+        progress=progress,
+        killed=killed,
+        steps_lost=steps_lost,
+        rejoined_at=rejoined_at,
+        wall_seconds=wall,
+        workload=workload,
+        method=method,
+        feedback=feedback,
+        seed=seed,
+    )
     return result
 
 
@@ -290,20 +363,29 @@ def variants(args):
 def benchmark(args):
     path = args.out / "benchmarks" / "elastic.json"
     results = resumed(path)
-    results.update(command=command_line(), machine=machine(), steps=args.steps,
-                   kill_rank=args.kill_rank, kill_step=args.kill_step, rejoin_after=args.rejoin_after,
-                   commit_every=args.commit_every)
+    results.update(
+        command=command_line(),
+        machine=machine(),
+        steps=args.steps,
+        kill_rank=args.kill_rank,
+        kill_step=args.kill_step,
+        rejoin_after=args.rejoin_after,
+        commit_every=args.commit_every,
+    )
     runs = results.setdefault("runs", {})
     wanted = [(key, options) for key, options in variants(args) if key not in runs]
     progress = Progress(len(wanted), "elastic")
     for key, options in wanted:
         progress.starting(key)
-        result = run("charlm", "powersgd", steps=args.steps, commit_every=args.commit_every,
-                     timeout=args.run_timeout, **options)
+        result = run(
+            "charlm", "powersgd", steps=args.steps, commit_every=args.commit_every, timeout=args.run_timeout, **options
+        )
         del result["progress"]
         runs[key] = result
-        progress.finished(f"{key}: perplexity {result['perplexity']:.3f}, steps lost "
-                          f"{result['steps_lost']}, {result['wall_seconds']:.0f} s")
+        progress.finished(
+            f"{key}: perplexity {result['perplexity']:.3f}, steps lost "
+            f"{result['steps_lost']}, {result['wall_seconds']:.0f} s"
+        )
         save_record(path, results)
     write_section(args.out / "benchmarks.md", SECTION, markdown(results, args.seeds))
     return results
@@ -311,19 +393,27 @@ def benchmark(args):
 
 def markdown(results, seeds):
     runs = results["runs"]
-    lines = [f"Command: `{results['command']}`", "",
-             f"Machine: {describe_machine(results['machine'])}", "",
-             f"Character LM, AdamW, PowerSGD rank 2 (the registry's small setting) on stock "
-             f"`hvd.DistributedOptimizer`, {results['steps']} steps, 3 workers under `horovodrun` "
-             f"elastic (Gloo). Disturbed runs: rank {results['kill_rank']} SIGKILLs itself at step "
-             f"{results['kill_step']}, 2 workers go on from the last commit (every "
-             f"{results['commit_every']} steps); after {results['rejoin_after']} steps with 2 "
-             f"workers the driver adds a host and a third worker joins at the next commit. "
-             f"Validation perplexity (lower is better):",
-             "", "| run | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
-             "|---|" + "---:|" * (len(seeds) + 1)]
-    for label, prefix in [("undisturbed", "undisturbed"), ("kill + rejoin, error feedback kept", "keep"),
-                          ("kill + rejoin, error feedback reset", "reset")]:
+    lines = [
+        f"Command: `{results['command']}`",
+        "",
+        f"Machine: {describe_machine(results['machine'])}",
+        "",
+        f"Character LM, AdamW, PowerSGD rank 2 (the registry's small setting) on stock "
+        f"`hvd.DistributedOptimizer`, {results['steps']} steps, 3 workers under `horovodrun` "
+        f"elastic (Gloo). Disturbed runs: rank {results['kill_rank']} SIGKILLs itself at step "
+        f"{results['kill_step']}, 2 workers go on from the last commit (every "
+        f"{results['commit_every']} steps); after {results['rejoin_after']} steps with 2 "
+        f"workers the driver adds a host and a third worker joins at the next commit. "
+        f"Validation perplexity (lower is better):",
+        "",
+        "| run | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
+        "|---|" + "---:|" * (len(seeds) + 1),
+    ]
+    for label, prefix in [
+        ("undisturbed", "undisturbed"),
+        ("kill + rejoin, error feedback kept", "keep"),
+        ("kill + rejoin, error feedback reset", "reset"),
+    ]:
         values = [runs.get(f"{prefix}/{s}", {}).get("perplexity") for s in seeds]
         known = [v for v in values if v is not None]
         cells = [f"{v:.3f}" if v is not None else "-" for v in values]

@@ -46,6 +46,7 @@ at the end, also on errors and Ctrl-C. Finished jobs are kept in
 ``<out>/benchmarks/endtoend.progress.json`` until the sweep is complete: rerunning the same
 command after a cut-off resumes with the first missing job.
 """
+
 import argparse
 import copy
 import json
@@ -58,9 +59,21 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import (DOCS, Progress, checkout_pythonpath, cluster_job, describe_machine, machine,
-                               notes_lines, panels, save_figure, summarise, timed_step, undisturbed,
-                               write_section)
+from benchmarks.report import (
+    DOCS,
+    Progress,
+    checkout_pythonpath,
+    cluster_job,
+    describe_machine,
+    machine,
+    notes_lines,
+    panels,
+    save_figure,
+    summarise,
+    timed_step,
+    undisturbed,
+    write_section,
+)
 from hvd_compress.comm.simulated import exchange_alone
 
 RESULT_PREFIX = "ENDTOEND_RESULT "
@@ -68,8 +81,7 @@ SECTION = "End to end"
 PROBE_BYTES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20]
 COMPUTE_STEPS, CODEC_STEPS = 6, 6  # even: ACP-SGD's P and Q steps weigh equally
 UNTIMED_STEPS = 2  # before each timed phase: first-touch allocations, lazy initialisation
-METHODS = ["S-SGD", "FP16", "PowerSGD", "ACP-SGD", "ACP-SGD+fusion", "L-GreCo", "L-GreCo/4", "GraVAC",
-           "ScaleCom"]
+METHODS = ["S-SGD", "FP16", "PowerSGD", "ACP-SGD", "ACP-SGD+fusion", "L-GreCo", "L-GreCo/4", "GraVAC", "ScaleCom"]
 WRAPPED = {"ACP-SGD+fusion", "L-GreCo", "L-GreCo/4", "GraVAC"}  # hvd_compress.DistributedOptimizer + fusion
 # Targets at 1 Gbit/s: (method, baseline, least speed-up).
 TARGETS = [("L-GreCo", "S-SGD", 2.5), ("L-GreCo", "PowerSGD", 1.2)]
@@ -80,6 +92,7 @@ def charlm(batch_generator):
     """The fusion benchmark's character transformer: d_model 256, 24 layers, 19.1 M parameters,
     one 64-token sequence per rank and step."""
     from benchmarks.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
+
     model = CharTransformer(d_model=256, layers=24, heads=4, context=64)
     train_ids, _ = load_corpus(max_chars=400_000)
     return model, batches(train_ids, 1, 64, batch_generator), cross_entropy
@@ -90,6 +103,7 @@ def cnn(batch_generator):
     from torch.nn import functional as F
 
     from benchmarks.workloads.vgg import SmallVGG, synthetic_batches
+
     return SmallVGG(), synthetic_batches(16, batch_generator), lambda model, x, y: F.cross_entropy(model(x), y)
 
 
@@ -97,8 +111,13 @@ WORKLOADS = {"charlm": charlm, "cnn": cnn}
 
 
 # The registry's name of each plain method (rank: the --rank option).
-REGISTERED = {"FP16": "fp16", "PowerSGD": "powersgd", "ACP-SGD": "acpsgd", "ACP-SGD+fusion": "acpsgd",
-              "ScaleCom": "scalecom"}
+REGISTERED = {
+    "FP16": "fp16",
+    "PowerSGD": "powersgd",
+    "ACP-SGD": "acpsgd",
+    "ACP-SGD+fusion": "acpsgd",
+    "ScaleCom": "scalecom",
+}
 
 
 def build_compression(method, rank, named):
@@ -148,8 +167,9 @@ def worker(args):
     if args.method in WRAPPED:
         optimizer = hvd_compress.DistributedOptimizer(inner, model.named_parameters(), compression)
     else:
-        optimizer = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
-                                             compression=compression or hvd.Compression.none)
+        optimizer = hvd.DistributedOptimizer(
+            inner, named_parameters=model.named_parameters(), compression=compression or hvd.Compression.none
+        )
     times = {"step": [], "backward": [], "synchronize": []}
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
@@ -165,24 +185,38 @@ def worker(args):
 
     codec = codec_seconds(compression, model) if compression is not None else [0.0]
     if hvd.rank() == 0:
-        print(RESULT_PREFIX + json.dumps({
-            "seconds": times, "compute_seconds": compute[UNTIMED_STEPS:], "codec_seconds": codec,
-            "sent_bytes_per_step_per_rank": sent, "traffic": counted,
-            "settings": settings_of(compression)}), flush=True)
+        print(
+            RESULT_PREFIX
+            + json.dumps(
+                {
+                    "seconds": times,
+                    "compute_seconds": compute[UNTIMED_STEPS:],
+                    "codec_seconds": codec,
+                    "sent_bytes_per_step_per_rank": sent,
+                    "traffic": counted,
+                    "settings": settings_of(compression),
+                }
+            ),
+            flush=True,
+        )
 
 
 def transmitted_bytes():
     """Bytes this rank's network namespace sent on its links (all but loopback)."""
     root = Path("/sys/class/net")
-    return sum(int((root / link / "statistics" / "tx_bytes").read_text())
-               for link in os.listdir(root) if link != "lo")
+    return sum(int((root / link / "statistics" / "tx_bytes").read_text()) for link in os.listdir(root) if link != "lo")
 
 
 def traffic_snapshot(compression):
     if compression is None:
         return None
     traffic = compression.traffic
-    return {"dense": traffic.dense_wire_bytes, "payload": traffic.payload_bytes, "wire": traffic.wire_bytes, "by_collective": copy.deepcopy(traffic.by_collective)}
+    return {
+        "dense": traffic.dense_wire_bytes,
+        "payload": traffic.payload_bytes,
+        "wire": traffic.wire_bytes,
+        "by_collective": copy.deepcopy(traffic.by_collective),
+    }
 
 
 def traffic_per_step(compression, before, steps):
@@ -194,11 +228,15 @@ def traffic_per_step(compression, before, steps):
     by_collective = {}
     for name, (calls, nbytes) in after["by_collective"].items():
         calls_before, bytes_before = before["by_collective"].get(name, (0, 0))
-        by_collective[name] = {"calls": (calls - calls_before) / steps,
-                               "payload_bytes": (nbytes - bytes_before) / steps}
-    return {"payload_bytes": (after["payload"] - before["payload"]) / steps,
-            "compression_ratio": (after["dense"] - before["dense"]) / max(1, after["wire"] - before["wire"]),
-            "by_collective": by_collective}
+        by_collective[name] = {
+            "calls": (calls - calls_before) / steps,
+            "payload_bytes": (nbytes - bytes_before) / steps,
+        }
+    return {
+        "payload_bytes": (after["payload"] - before["payload"]) / steps,
+        "compression_ratio": (after["dense"] - before["dense"]) / max(1, after["wire"] - before["wire"]),
+        "by_collective": by_collective,
+    }
 
 
 def settings_of(compression):
@@ -258,12 +296,27 @@ def run_job(cluster, args, flags, env=None):
 
 
 def method_job(cluster, args, model, method, progress):
-    flags = ["--worker", "--model", model, "--method", method, "--rank", str(args.rank),
-             "--warmup", str(args.warmup), "--steps", str(args.steps)]
+    flags = [
+        "--worker",
+        "--model",
+        model,
+        "--method",
+        method,
+        "--rank",
+        str(args.rank),
+        "--warmup",
+        str(args.warmup),
+        "--steps",
+        str(args.steps),
+    ]
     # Our buckets are the only fusion for the wrapper; stock runs keep Horovod's.
     env = {"HOROVOD_FUSION_THRESHOLD": "0"} if method in WRAPPED else None
-    job = undisturbed(lambda: run_job(cluster, args, flags, env), args.max_other_cpu,
-                      lambda result: job_line(cluster.rate_gbit, model, method, result), show=progress.line)
+    job = undisturbed(
+        lambda: run_job(cluster, args, flags, env),
+        args.max_other_cpu,
+        lambda result: job_line(cluster.rate_gbit, model, method, result),
+        show=progress.line,
+    )
     return summarise_job(job)
 
 
@@ -271,33 +324,38 @@ def summarise_job(job):
     step = statistics.median(job["seconds"]["step"])
     compute = statistics.median(job["compute_seconds"])
     codec = statistics.median(job["codec_seconds"])
-    return {"step_ms": summarise(job["seconds"]["step"]),
-            "backward_ms": summarise(job["seconds"]["backward"]),
-            "synchronize_ms": summarise(job["seconds"]["synchronize"]),
-            "compute_ms": 1e3 * compute, "codec_ms": 1e3 * codec,
-            "exposed_comm_ms": max(0.0, 1e3 * (step - compute - codec)),
-            "sent_bytes_per_step": statistics.mean(job["sent_bytes_per_step_per_rank"]),
-            "traffic": job["traffic"], "settings": job["settings"],
-            "wall_seconds": round(job["wall_seconds"], 1),
-            "other_cpu_seconds": round(job["other_cpu_seconds"], 1),
-            "disturbed_attempts": job["disturbed_attempts"],
-            "step_ms_each": [round(1e3 * s, 1) for s in job["seconds"]["step"]]}
+    return {
+        "step_ms": summarise(job["seconds"]["step"]),
+        "backward_ms": summarise(job["seconds"]["backward"]),
+        "synchronize_ms": summarise(job["seconds"]["synchronize"]),
+        "compute_ms": 1e3 * compute,
+        "codec_ms": 1e3 * codec,
+        "exposed_comm_ms": max(0.0, 1e3 * (step - compute - codec)),
+        "sent_bytes_per_step": statistics.mean(job["sent_bytes_per_step_per_rank"]),
+        "traffic": job["traffic"],
+        "settings": job["settings"],
+        "wall_seconds": round(job["wall_seconds"], 1),
+        "other_cpu_seconds": round(job["other_cpu_seconds"], 1),
+        "disturbed_attempts": job["disturbed_attempts"],
+        "step_ms_each": [round(1e3 * s, 1) for s in job["seconds"]["step"]],
+    }
 
 
 def job_line(rate, model, method, job):
     step = statistics.median(job["seconds"]["step"])
     sent = statistics.mean(job["sent_bytes_per_step_per_rank"])
-    return (f"{rate:g} Gbit/s {model:7} {method:17} median step {1e3 * step:7.1f} ms, compute "
-            f"{1e3 * statistics.median(job['compute_seconds']):6.1f} ms, codec "
-            f"{1e3 * statistics.median(job['codec_seconds']):6.1f} ms, sent {sent / 2**20:7.2f} MiB/step, "
-            f"job {job['wall_seconds']:.0f} s, other CPU {job['other_cpu_seconds']:.1f} s")
+    return (
+        f"{rate:g} Gbit/s {model:7} {method:17} median step {1e3 * step:7.1f} ms, compute "
+        f"{1e3 * statistics.median(job['compute_seconds']):6.1f} ms, codec "
+        f"{1e3 * statistics.median(job['codec_seconds']):6.1f} ms, sent {sent / 2**20:7.2f} MiB/step, "
+        f"job {job['wall_seconds']:.0f} s, other CPU {job['other_cpu_seconds']:.1f} s"
+    )
 
 
 def model_summary(model):
     with torch.device("meta"):
         built = WORKLOADS[model](torch.Generator())[0]
-    return {"parameters": sum(p.numel() for p in built.parameters()),
-            "tensors": len(list(built.parameters()))}
+    return {"parameters": sum(p.numel() for p in built.parameters()), "tensors": len(list(built.parameters()))}
 
 
 def sweep(args, progress_path):
@@ -309,8 +367,9 @@ def sweep(args, progress_path):
     results = json.loads(progress_path.read_text()) if progress_path.exists() else {}
     if {key: results.get(key) for key in settings} != settings:
         results = {**settings, "load_average_before": os.getloadavg(), "minutes": 0.0, "rates": {}}
-    results.update(command=command_line(), machine=machine(),
-                   models={model: model_summary(model) for model in args.models})
+    results.update(
+        command=command_line(), machine=machine(), models={model: model_summary(model) for model in args.models}
+    )
     started, minutes_before = time.perf_counter(), results["minutes"]
 
     def save():
@@ -319,8 +378,12 @@ def sweep(args, progress_path):
 
     def wanted_at(rate):
         entry = results["rates"].get(f"{rate:g}", {})
-        return [(model, method) for model in args.models for method in args.methods
-                if method not in entry.get("models", {}).get(model, {})]
+        return [
+            (model, method)
+            for model in args.models
+            for method in args.methods
+            if method not in entry.get("models", {}).get(model, {})
+        ]
 
     progress = Progress(sum(len(wanted_at(rate)) for rate in args.rates), "endtoend")
     for rate in args.rates:
@@ -334,7 +397,8 @@ def sweep(args, progress_path):
                 entry = results["rates"][f"{rate:g}"] = {
                     "testbed": cluster.describe(),
                     "probe": {collective: probed[collective] for collective in ("allreduce", "allgather")},
-                    "models": {}}
+                    "models": {},
+                }
                 save()
             for model, method in wanted:
                 progress.starting(f"{rate:g} Gbit/s {model} {method}")
@@ -355,40 +419,62 @@ def targets(results):
         for method, baseline, least in TARGETS:
             if method in methods and baseline in methods:
                 speedup = methods[baseline]["step_ms"]["median"] / methods[method]["step_ms"]["median"]
-                rows.append({"target": f"{method} vs {baseline} at 1 Gbit/s ({model})",
-                             "value": speedup, "limit": f">= {least}", "met": speedup >= least})
+                rows.append(
+                    {
+                        "target": f"{method} vs {baseline} at 1 Gbit/s ({model})",
+                        "value": speedup,
+                        "limit": f">= {least}",
+                        "met": speedup >= least,
+                    }
+                )
     return rows
 
 
 # ----- outputs --------------------------------------------------------------------------------
 def markdown(results, figure):
     m = results["machine"]
-    lines = [f"Command: `{results['command']}` ({results['minutes']} min)", "",
-             f"Machine: {describe_machine(m)} Load average before/after: "
-             f"{', '.join(f'{v:.2f}' for v in results['load_average_before'])} / "
-             f"{', '.join(f'{v:.2f}' for v in results['load_average_after'])}.", "",
-             "Testbed: " + "; ".join(f"at {rate} Gbit/s, {entry['testbed']}"
-                                    for rate, entry in results["rates"].items()) + ". "
-             f"{results['np']} ranks, one torch thread each; "
-             f"{results['warmup']} warm-up and {results['steps']} timed steps per job; low-rank "
-             f"methods at rank {results['rank']}; how each method is run, and what the columns "
-             "mean, in `benchmarks/endtoend.py`'s docstring. *Exposed comm* is the "
-             "median step less compute and compression, so it also holds the controllers' own "
-             "work (L-GreCo's gradient accumulation on rank 0, GraVAC's gain measurement). "
-             "*Sent*: bytes each rank's link transmitted, read from the kernel (headers "
-             "included); *ratio*: float32 ring all-reduce bytes over the bytes the compressor "
-             "handed to collectives.", "",
-             "Models: " + "; ".join(f"{model} ({s['parameters'] / 1e6:.1f} M parameters in "
-                                    f"{s['tensors']} tensors, {4 * s['parameters'] / 2**20:.1f} MiB "
-                                    "of float32 gradients)" for model, s in results["models"].items()) + ".", "",
-             f"![step time split]({figure})", ""]
+    lines = [
+        f"Command: `{results['command']}` ({results['minutes']} min)",
+        "",
+        f"Machine: {describe_machine(m)} Load average before/after: "
+        f"{', '.join(f'{v:.2f}' for v in results['load_average_before'])} / "
+        f"{', '.join(f'{v:.2f}' for v in results['load_average_after'])}.",
+        "",
+        "Testbed: "
+        + "; ".join(f"at {rate} Gbit/s, {entry['testbed']}" for rate, entry in results["rates"].items())
+        + ". "
+        f"{results['np']} ranks, one torch thread each; "
+        f"{results['warmup']} warm-up and {results['steps']} timed steps per job; low-rank "
+        f"methods at rank {results['rank']}; how each method is run, and what the columns "
+        "mean, in `benchmarks/endtoend.py`'s docstring. *Exposed comm* is the "
+        "median step less compute and compression, so it also holds the controllers' own "
+        "work (L-GreCo's gradient accumulation on rank 0, GraVAC's gain measurement). "
+        "*Sent*: bytes each rank's link transmitted, read from the kernel (headers "
+        "included); *ratio*: float32 ring all-reduce bytes over the bytes the compressor "
+        "handed to collectives.",
+        "",
+        "Models: "
+        + "; ".join(
+            f"{model} ({s['parameters'] / 1e6:.1f} M parameters in "
+            f"{s['tensors']} tensors, {4 * s['parameters'] / 2**20:.1f} MiB "
+            "of float32 gradients)"
+            for model, s in results["models"].items()
+        )
+        + ".",
+        "",
+        f"![step time split]({figure})",
+        "",
+    ]
     for rate, entry in results["rates"].items():
         for model, methods in entry["models"].items():
             baseline = methods.get("S-SGD", {}).get("step_ms", {}).get("median")
-            lines += [f"**{model}, {rate} Gbit/s**", "",
-                      "| method | median step ms (p25-p75) | vs S-SGD | compute ms | compression ms | "
-                      "exposed comm ms | sent MiB/step/rank | ratio (counted) | settings |",
-                      "|---|---|---|---|---|---|---|---|---|"]
+            lines += [
+                f"**{model}, {rate} Gbit/s**",
+                "",
+                "| method | median step ms (p25-p75) | vs S-SGD | compute ms | compression ms | "
+                "exposed comm ms | sent MiB/step/rank | ratio (counted) | settings |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
             for method, e in methods.items():
                 step = e["step_ms"]
                 ratio = f"{e['traffic']['compression_ratio']:.1f}x" if e["traffic"] else "1x"
@@ -397,11 +483,14 @@ def markdown(results, figure):
                     f"| {method} | **{step['median']:.1f}** ({step['p25']:.1f}-{step['p75']:.1f}) | "
                     f"{versus} | {e['compute_ms']:.1f} | {e['codec_ms']:.1f} | "
                     f"{e['exposed_comm_ms']:.1f} | {e['sent_bytes_per_step'] / 2**20:.2f} | {ratio} | "
-                    f"{describe_settings(e['settings'])}{rerun_note(e)} |")
+                    f"{describe_settings(e['settings'])}{rerun_note(e)} |"
+                )
             lines.append("")
     lines += ["Targets:", "", "| target | value | limit | met |", "|---|---|---|---|"]
-    lines += [f"| {row['target']} | {row['value']:.2f} | {row['limit']} | {'yes' if row['met'] else 'no'} |"
-              for row in results["targets"]]
+    lines += [
+        f"| {row['target']} | {row['value']:.2f} | {row['limit']} | {'yes' if row['met'] else 'no'} |"
+        for row in results["targets"]
+    ]
     lines += notes_lines(results)
     return "\n".join(lines) + "\n"
 
@@ -421,8 +510,11 @@ def draw_figure(results, path):
     """Per model (rows) and rate (columns): each method's step split into its three parts."""
     models = list(next(iter(results["rates"].values()))["models"])
     _, figure, axes = panels(len(results["rates"]), 4.2, 3.4, rows=len(models))
-    parts = [("compute_ms", "compute", "#4c72b0"), ("codec_ms", "compression", "#dd8452"),
-             ("exposed_comm_ms", "exposed communication", "#c44e52")]
+    parts = [
+        ("compute_ms", "compute", "#4c72b0"),
+        ("codec_ms", "compression", "#dd8452"),
+        ("exposed_comm_ms", "exposed communication", "#c44e52"),
+    ]
     cells = [(model, rate) for model in models for rate in results["rates"]]
     for axis, (model, rate) in zip(axes, cells):
         methods = results["rates"][rate]["models"][model]
@@ -432,8 +524,13 @@ def draw_figure(results, path):
             values = [methods[m][key] for m in labels]
             axis.bar(range(len(labels)), values, bottom=bottom, color=colour, label=label)
             bottom = [b + v for b, v in zip(bottom, values)]
-        axis.plot(range(len(labels)), [methods[m]["step_ms"]["median"] for m in labels], "k_",
-                  markersize=14, label="median step")
+        axis.plot(
+            range(len(labels)),
+            [methods[m]["step_ms"]["median"] for m in labels],
+            "k_",
+            markersize=14,
+            label="median step",
+        )
         axis.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=7)
         axis.set_title(f"{model}, {rate} Gbit/s", fontsize=9)
         axis.set_ylabel("ms per step", fontsize=8)
@@ -446,19 +543,26 @@ def command_line():
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks endtoend",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks endtoend", description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=lambda text: text.split(","), default=list(WORKLOADS))
-    parser.add_argument("--rates", type=lambda text: [float(v) for v in text.split(",")],
-                        default=[0.5, 1.0, 2.5], help="link rates, Gbit/s")
+    parser.add_argument(
+        "--rates",
+        type=lambda text: [float(v) for v in text.split(",")],
+        default=[0.5, 1.0, 2.5],
+        help="link rates, Gbit/s",
+    )
     parser.add_argument("--methods", type=lambda text: text.split(","), default=METHODS)
     parser.add_argument("--np", type=int, default=4)
     parser.add_argument("--rank", type=int, default=4, help="rank of the low-rank methods")
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--job-timeout", type=int, default=240)
-    parser.add_argument("--max-other-cpu", type=float, default=0.05,
-                        help="rerun a job when this share of the CPU went to other processes")
+    parser.add_argument(
+        "--max-other-cpu",
+        type=float,
+        default=0.05,
+        help="rerun a job when this share of the CPU went to other processes",
+    )
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)

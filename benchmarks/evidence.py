@@ -16,6 +16,7 @@ method and setting, its median steps to target over its seeds divided by uncompr
 (``factor``; null where the median run did not reach it), with the seeds that ran and reached
 it. DiLoCo's points are left out: advise does not project outer steps.
 """
+
 import argparse
 import json
 import re
@@ -27,9 +28,17 @@ from hvd_compress.advise.projection import setting_label
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Quality against bytes"
-METHODS = {"uncompressed": "none", "FP16": "fp16", "BF16": "bf16", "ACP-SGD": "acpsgd",
-           "PowerSGD": "powersgd", "QSGD": "qsgd", "ScaleCom": "scalecom", "Top-K": "topk",
-           "SignSGD": "signsgd"}
+METHODS = {
+    "uncompressed": "none",
+    "FP16": "fp16",
+    "BF16": "bf16",
+    "ACP-SGD": "acpsgd",
+    "PowerSGD": "powersgd",
+    "QSGD": "qsgd",
+    "ScaleCom": "scalecom",
+    "Top-K": "topk",
+    "SignSGD": "signsgd",
+}
 CONTROLLERS = {"L-GreCo": "lgreco", "GraVAC": "gravac"}
 
 
@@ -52,10 +61,13 @@ def parse(markdown):
     """{"source", "workloads": {name: metric}, "methods": {method: {setting: [record]}}}."""
     start = markdown.index(SECTION)
     end = markdown.find("\n## ", start + len(SECTION))
-    section = markdown[start:end if end != -1 else None]
-    evidence = {"source": "docs/benchmarks.md, 'Quality against bytes' (python -m benchmarks quality; "
-                          "4 ranks, stock hvd.DistributedOptimizer)",
-                "workloads": {}, "methods": {}}
+    section = markdown[start : end if end != -1 else None]
+    evidence = {
+        "source": "docs/benchmarks.md, 'Quality against bytes' (python -m benchmarks quality; "
+        "4 ranks, stock hvd.DistributedOptimizer)",
+        "workloads": {},
+        "methods": {},
+    }
     workload = None
     for line in section.splitlines():
         heading = re.fullmatch(r"\*\*(.+)\*\*", line.strip())
@@ -70,9 +82,16 @@ def parse(markdown):
             continue
         if cells[0] == "uncompressed":
             evidence["workloads"].setdefault(workload, {})
-        evidence["methods"].setdefault(method, {}).setdefault(setting_key(cells[1]), []).append({
-            "workload": workload, "value": cells[2], "spread": cells[3], "delta": cells[4],
-            "fewer_bytes": cells[6], "seeds": int(cells[7])})
+        evidence["methods"].setdefault(method, {}).setdefault(setting_key(cells[1]), []).append(
+            {
+                "workload": workload,
+                "value": cells[2],
+                "spread": cells[3],
+                "delta": cells[4],
+                "fewer_bytes": cells[6],
+                "seeds": int(cells[7]),
+            }
+        )
     header = re.findall(r"\| method \| setting \| ([^|]+) \|", section)
     for name, metric in zip(evidence["workloads"], header):
         evidence["workloads"][name] = metric.strip()
@@ -99,11 +118,15 @@ def steps_to_target(results):
         outcome = ttq.score(ttq.records_of(results, label), goal["target"])
         methods.setdefault(method, {})[setting] = {
             "factor": None if outcome["median"] is None else round(outcome["median"] / base, 3),
-            "seeds": outcome["seeds"], "reached": outcome["reached"]}
-    return {"source": "docs/benchmarks.md, 'Time to quality' (python -m benchmarks time_to_quality)",
-            "workload": f"Character LM, {results['np']} ranks, validation loss {goal['target']:.4f} "
-                        f"(uncompressed: {base:,.0f} steps)",
-            "methods": methods}
+            "seeds": outcome["seeds"],
+            "reached": outcome["reached"],
+        }
+    return {
+        "source": "docs/benchmarks.md, 'Time to quality' (python -m benchmarks time_to_quality)",
+        "workload": f"Character LM, {results['np']} ranks, validation loss {goal['target']:.4f} "
+        f"(uncompressed: {base:,.0f} steps)",
+        "methods": methods,
+    }
 
 
 def advise_name(spec: Dict[str, Any]) -> Optional[Tuple[str, str]]:
@@ -139,8 +162,10 @@ def main(argv=None):
     args.to.parent.mkdir(parents=True, exist_ok=True)
     args.to.write_text(json.dumps(evidence, indent=1, sort_keys=True) + "\n")
     count = sum(len(records) for settings in evidence["methods"].values() for records in settings.values())
-    print(f"{count} records of {len(evidence['methods'])} methods on {len(evidence['workloads'])} "
-          f"workloads, steps to target of {len((steps or {}).get('methods', {}))} methods, written to {args.to}")
+    print(
+        f"{count} records of {len(evidence['methods'])} methods on {len(evidence['workloads'])} "
+        f"workloads, steps to target of {len((steps or {}).get('methods', {}))} methods, written to {args.to}"
+    )
 
 
 if __name__ == "__main__":

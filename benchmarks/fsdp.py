@@ -43,6 +43,7 @@ Results resume job by job from ``<out>/benchmarks/fsdp.json``; the "FSDP2 / HSDP
 cluster" section of ``<out>/benchmarks.md`` is rewritten after each. ``--quick``: the CNN, 2 + 2
 steps, 10 quality steps with one seed, no network shaping (plain ``torchrun``): a smoke test.
 """
+
 import argparse
 import contextlib
 import functools
@@ -55,10 +56,27 @@ import time
 import torch
 import torch.distributed as dist
 
-from benchmarks.report import (CodecClock, add_cluster_worker_options, add_job_options, checkout_pythonpath,
-                               cluster_job, command_line, describe_machine, init_cluster_worker, jobs_of, machine,
-                               names_from, notes_lines, pooled, resumed_section, root_cause, run_or_work, summarise,
-                               torchrun_job, worker_argv)
+from benchmarks.report import (
+    CodecClock,
+    add_cluster_worker_options,
+    add_job_options,
+    checkout_pythonpath,
+    cluster_job,
+    command_line,
+    describe_machine,
+    init_cluster_worker,
+    jobs_of,
+    machine,
+    names_from,
+    notes_lines,
+    pooled,
+    resumed_section,
+    root_cause,
+    run_or_work,
+    summarise,
+    torchrun_job,
+    worker_argv,
+)
 
 RESULT_PREFIX = "FSDP_RESULT "
 SECTION = "FSDP2 / HSDP on the emulated cluster"
@@ -84,10 +102,13 @@ def make_compressor(method, rank, first_decision, decide_every):
 
     if method in (PLAIN, FLOOR, PLAIN_FSDP):
         return None
-    compressors = {"FSDP int8": lambda: hc.QuantizedAllReduce(bits=8), "FSDP int4": lambda: hc.QuantizedAllReduce(bits=4),
-                   "PowerSGD": lambda: hc.PowerSGD(rank=rank), "ACP-SGD": lambda: hc.ACPSGD(rank=rank),
-                   "L-GreCo": lambda: hc.LGreCo(hc.ACPSGD(rank=rank), warmup_steps=first_decision,
-                                               decide_every=decide_every)}
+    compressors = {
+        "FSDP int8": lambda: hc.QuantizedAllReduce(bits=8),
+        "FSDP int4": lambda: hc.QuantizedAllReduce(bits=4),
+        "PowerSGD": lambda: hc.PowerSGD(rank=rank),
+        "ACP-SGD": lambda: hc.ACPSGD(rank=rank),
+        "L-GreCo": lambda: hc.LGreCo(hc.ACPSGD(rank=rank), warmup_steps=first_decision, decide_every=decide_every),
+    }
     if method not in compressors:
         raise ValueError(f"fsdp: unknown method {method!r}; known: {', '.join(METHODS + PURE_FSDP)}")
     return compressors[method]()
@@ -139,8 +160,11 @@ def timing_worker(args):
         optimizer.step()
         seconds.append(time.perf_counter() - started)
     if rank == 0:
-        print(RESULT_PREFIX + json.dumps({"seconds": seconds[args.warmup:], "codec_seconds": codec.seconds[args.warmup:]}),
-              flush=True)
+        print(
+            RESULT_PREFIX
+            + json.dumps({"seconds": seconds[args.warmup :], "codec_seconds": codec.seconds[args.warmup :]}),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 
@@ -152,10 +176,16 @@ def quality_worker(args):
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
     train_ids, val_ids = load_corpus()
-    model, _ = hsdp(CharTransformer(**QUALITY_MODEL), args.method, args.rank,
-                    first_decision=warmup_steps(args.steps), decide_every=max(1, args.steps // 2))
-    _, perplexity = fit(lambda _model, optimizer: optimizer, model, train_ids, val_ids, rank, size,
-                        steps=args.steps, seed=args.seed)
+    model, _ = hsdp(
+        CharTransformer(**QUALITY_MODEL),
+        args.method,
+        args.rank,
+        first_decision=warmup_steps(args.steps),
+        decide_every=max(1, args.steps // 2),
+    )
+    _, perplexity = fit(
+        lambda _model, optimizer: optimizer, model, train_ids, val_ids, rank, size, steps=args.steps, seed=args.seed
+    )
     if rank == 0:
         print(RESULT_PREFIX + json.dumps({"perplexity": perplexity}), flush=True)
     dist.destroy_process_group()
@@ -167,25 +197,40 @@ def timing_job(args, cluster, model, method):
     load = os.getloadavg()[0]
     try:
         if cluster is None:  # --quick
-            job = torchrun_job(worker_argv("benchmarks.fsdp", args, "timing", **flags), NODES * RANKS_PER_NODE,
-                               args.job_timeout, RESULT_PREFIX)[0]
+            job = torchrun_job(
+                worker_argv("benchmarks.fsdp", args, "timing", **flags),
+                NODES * RANKS_PER_NODE,
+                args.job_timeout,
+                RESULT_PREFIX,
+            )[0]
         else:
-            argv = worker_argv("benchmarks.fsdp", args, "timing", master=cluster.address(0),
-                               interface_prefix=cluster.prefix, **flags)
+            argv = worker_argv(
+                "benchmarks.fsdp", args, "timing", master=cluster.address(0), interface_prefix=cluster.prefix, **flags
+            )
             env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
             job = cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX)
     except RuntimeError as error:
         failure = root_cause(error)
         print(f"{model} {method}: FAILED: {failure}", flush=True)
         return {"failed": failure[:240], "load_average": round(load, 1)}
-    entry = {"step_ms": summarise(job["seconds"]), "step_ms_each": [round(1e3 * s, 1) for s in job["seconds"]],
-             "wall_seconds": round(job["wall_seconds"], 1), "load_average": round(load, 1),
-             "other_cpu_share": (round(job["other_cpu_seconds"] / (job["wall_seconds"] * os.cpu_count()), 2)
-                                 if "other_cpu_seconds" in job else None)}
+    entry = {
+        "step_ms": summarise(job["seconds"]),
+        "step_ms_each": [round(1e3 * s, 1) for s in job["seconds"]],
+        "wall_seconds": round(job["wall_seconds"], 1),
+        "load_average": round(load, 1),
+        "other_cpu_share": (
+            round(job["other_cpu_seconds"] / (job["wall_seconds"] * os.cpu_count()), 2)
+            if "other_cpu_seconds" in job
+            else None
+        ),
+    }
     if job.get("codec_seconds"):
         entry["codec_ms"] = 1e3 * statistics.median(job["codec_seconds"])
-    print(f"{model} {method}: median step {entry['step_ms']['median']:.0f} ms, load {load:.1f}, "
-          f"other CPU share {entry['other_cpu_share']}, job {entry['wall_seconds']:.0f} s", flush=True)
+    print(
+        f"{model} {method}: median step {entry['step_ms']['median']:.0f} ms, load {load:.1f}, "
+        f"other CPU share {entry['other_cpu_share']}, job {entry['wall_seconds']:.0f} s",
+        flush=True,
+    )
     return entry
 
 
@@ -197,8 +242,9 @@ def run(args):
     results.setdefault("quality", {})
     # Runs at another rank than the first are kept beside it, their label naming the rank.
     results.setdefault("rank", args.rank)
-    results.update(machine=machine(), rate_gbit=args.rate, warmup=args.warmup, steps=args.steps,
-                   quality_steps=args.quality_steps)
+    results.update(
+        machine=machine(), rate_gbit=args.rate, warmup=args.warmup, steps=args.steps, quality_steps=args.quality_steps
+    )
     if command_line("fsdp") not in results.setdefault("commands", [results.pop("command", command_line("fsdp"))]):
         results["commands"].append(command_line("fsdp"))
 
@@ -206,11 +252,19 @@ def run(args):
         return method if method == PLAIN or args.rank == results["rank"] else f"{method}, rank {args.rank}"
 
     # Round by round: every method's first job, then every method's second, ...
-    wanted = [(model, method) for repeat in range(args.repeats) for model in args.models for method in args.methods
-              if jobs_of(results["timing"].get(model, {}).get(label(method))) <= repeat]
+    wanted = [
+        (model, method)
+        for repeat in range(args.repeats)
+        for model in args.models
+        for method in args.methods
+        if jobs_of(results["timing"].get(model, {}).get(label(method))) <= repeat
+    ]
     if wanted:
-        shaped = contextlib.nullcontext() if args.quick else emulated_cluster(
-            NODES * RANKS_PER_NODE, args.rate, ranks_per_node=RANKS_PER_NODE)
+        shaped = (
+            contextlib.nullcontext()
+            if args.quick
+            else emulated_cluster(NODES * RANKS_PER_NODE, args.rate, ranks_per_node=RANKS_PER_NODE)
+        )
         with shaped as cluster:
             if cluster is not None:
                 results["testbed"] = cluster.describe()
@@ -222,10 +276,12 @@ def run(args):
         for method in (m for m in args.methods if m not in TIMING_ONLY):
             runs = results["quality"].setdefault(label(method), {})
             if str(seed) not in runs:
-                argv = worker_argv("benchmarks.fsdp", args, "quality", method=method, steps=args.quality_steps,
-                                   seed=seed)
-                runs[str(seed)] = round(torchrun_job(argv, NODES * RANKS_PER_NODE, args.job_timeout,
-                                                      RESULT_PREFIX)[0]["perplexity"], 3)
+                argv = worker_argv(
+                    "benchmarks.fsdp", args, "quality", method=method, steps=args.quality_steps, seed=seed
+                )
+                runs[str(seed)] = round(
+                    torchrun_job(argv, NODES * RANKS_PER_NODE, args.job_timeout, RESULT_PREFIX)[0]["perplexity"], 3
+                )
                 print(f"charlm {label(method)} seed {seed}: perplexity {runs[str(seed)]:.3f}", flush=True)
                 save()
     save()
@@ -236,24 +292,37 @@ def run(args):
 def markdown(results):
     shaped = "testbed" in results
     commands = results.get("commands", [results.get("command")])
-    lines = [", then ".join(f"`{command}`" for command in commands), "", describe_machine(results["machine"]) +
-             " 4 ranks (2 nodes x 2), one torch thread each, Gloo; "
-             + (f"{results['testbed']}." if shaped else "no network shaping (--quick).")
-             + f" HSDP over a 2 x 2 (\"replicate\", \"shard\") mesh: each shard group one node, each "
-             f"replicate group across both. Low-rank methods at rank {results['rank']} unless the row says; "
-             f"{results['warmup']} warm-up and {results['steps']} timed steps per job (a method of several "
-             "jobs, run in rounds over the methods: its timed steps pooled, its codec the median of its jobs'); "
-             "how each method runs: `benchmarks/fsdp.py`.", ""]
+    lines = [
+        ", then ".join(f"`{command}`" for command in commands),
+        "",
+        describe_machine(results["machine"])
+        + " 4 ranks (2 nodes x 2), one torch thread each, Gloo; "
+        + (f"{results['testbed']}." if shaped else "no network shaping (--quick).")
+        + f" HSDP over a 2 x 2 (\"replicate\", \"shard\") mesh: each shard group one node, each "
+        f"replicate group across both. Low-rank methods at rank {results['rank']} unless the row says; "
+        f"{results['warmup']} warm-up and {results['steps']} timed steps per job (a method of several "
+        "jobs, run in rounds over the methods: its timed steps pooled, its codec the median of its jobs'); "
+        "how each method runs: `benchmarks/fsdp.py`.",
+        "",
+    ]
     where = f"{results['rate_gbit']:g} Gbit/s between nodes" if shaped else "no network shaping"
     for model, methods in results["timing"].items():
         bases = {family: methods.get(family, {}).get("step_ms", {}).get("median") for family in (PLAIN, PLAIN_FSDP)}
-        floor = (f" Plain HSDP's replicate all-reduce alone needs {wire_ms(model, results['rate_gbit']):.0f} ms "
-                 "a step on the wire (both ranks of a node send their float32 shard, half the model each, "
-                 "through the node's link)." if shaped else "")
-        lines += [f"**{model}, {where}** ({parameter_count(model) / 1e6:.1f} M parameters).{floor}", "",
-                  "| method | median step ms (p25-p75) | step rate vs plain HSDP (FSDP rows: plain FSDP) | "
-                  "load average at start | "
-                  "CPU to other processes | codec ms (rank 0) |", "|---|---|---|---|---|---|"]
+        floor = (
+            f" Plain HSDP's replicate all-reduce alone needs {wire_ms(model, results['rate_gbit']):.0f} ms "
+            "a step on the wire (both ranks of a node send their float32 shard, half the model each, "
+            "through the node's link)."
+            if shaped
+            else ""
+        )
+        lines += [
+            f"**{model}, {where}** ({parameter_count(model) / 1e6:.1f} M parameters).{floor}",
+            "",
+            "| method | median step ms (p25-p75) | step rate vs plain HSDP (FSDP rows: plain FSDP) | "
+            "load average at start | "
+            "CPU to other processes | codec ms (rank 0) |",
+            "|---|---|---|---|---|---|",
+        ]
         # The methods in their usual order, then runs at another rank ("ACP-SGD, rank 16").
         known = METHODS + PURE_FSDP
         ordered = [m for m in known if m in methods] + [m for m in methods if m not in known]
@@ -263,23 +332,31 @@ def markdown(results):
                 lines.append(f"| {method} | failed: `{entry['failed']}` | - | {entry['load_average']} | - | - |")
                 continue
             step = entry["step_ms"]
-            lines.append(f"| {method} | **{step['median']:.0f}** ({step['p25']:.0f}-{step['p75']:.0f}) | "
-                         + (f"{base / step['median']:.2f}x" if base else "-")
-                         + f" | {entry['load_average']} | "
-                         + ("-" if entry["other_cpu_share"] is None else f"{100 * entry['other_cpu_share']:.0f}%")
-                         + (f" | {entry['codec_ms']:.0f} |" if "codec_ms" in entry else " | - |"))
+            lines.append(
+                f"| {method} | **{step['median']:.0f}** ({step['p25']:.0f}-{step['p75']:.0f}) | "
+                + (f"{base / step['median']:.2f}x" if base else "-")
+                + f" | {entry['load_average']} | "
+                + ("-" if entry["other_cpu_share"] is None else f"{100 * entry['other_cpu_share']:.0f}%")
+                + (f" | {entry['codec_ms']:.0f} |" if "codec_ms" in entry else " | - |")
+            )
         lines.append("")
     if results["quality"]:
         seeds = sorted({seed for runs in results["quality"].values() for seed in runs}, key=int)
-        lines += [f"Character LM (d_model {QUALITY_MODEL['d_model']}, {QUALITY_MODEL['layers']} layers), "
-                  f"{results['quality_steps']} steps under HSDP, 4 ranks under torchrun: final validation "
-                  "perplexity.", "",
-                  "| method | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | max - min |",
-                  "|---|" + "---|" * (len(seeds) + 2)]
+        lines += [
+            f"Character LM (d_model {QUALITY_MODEL['d_model']}, {QUALITY_MODEL['layers']} layers), "
+            f"{results['quality_steps']} steps under HSDP, 4 ranks under torchrun: final validation "
+            "perplexity.",
+            "",
+            "| method | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | max - min |",
+            "|---|" + "---|" * (len(seeds) + 2),
+        ]
         for method, runs in results["quality"].items():
             values = list(runs.values())
-            lines.append(f"| {method} | " + " | ".join(f"{runs[s]:.3f}" if s in runs else "-" for s in seeds)
-                         + f" | {statistics.mean(values):.3f} | {max(values) - min(values):.3f} |")
+            lines.append(
+                f"| {method} | "
+                + " | ".join(f"{runs[s]:.3f}" if s in runs else "-" for s in seeds)
+                + f" | {statistics.mean(values):.3f} | {max(values) - min(values):.3f} |"
+            )
         lines.append("")
     lines += ["Target: " + "; ".join(target_lines(results)) + "."]
     lines += notes_lines(results)
@@ -289,6 +366,7 @@ def markdown(results):
 @functools.lru_cache(maxsize=None)
 def parameter_count(model):
     from benchmarks.endtoend import WORKLOADS
+
     return sum(p.numel() for p in WORKLOADS[model](torch.Generator())[0].parameters())
 
 
@@ -309,35 +387,53 @@ def target_lines(results):
     for label in labels:
         if "step_ms" in timing.get(label, {}) and "step_ms" in timing.get(PLAIN, {}):
             ratio = timing[PLAIN]["step_ms"]["median"] / timing[label]["step_ms"]["median"]
-            rows.append(f"{label} {ratio:.2f}x plain HSDP's step rate on {model} "
-                        f"(>= {least}: {'met' if ratio >= least else 'NOT met'})")
+            rows.append(
+                f"{label} {ratio:.2f}x plain HSDP's step rate on {model} "
+                f"(>= {least}: {'met' if ratio >= least else 'NOT met'})"
+            )
         if quality.get(label) and quality.get(PLAIN):
             ours, plain = list(quality[label].values()), list(quality[PLAIN].values())
             spread = max(max(ours) - min(ours), max(plain) - min(plain))
             gap = statistics.mean(ours) - statistics.mean(plain)
-            rows.append(f"{label}'s mean perplexity {gap:+.3f} from plain HSDP's, seeds' spread {spread:.3f} "
-                        f"({len(plain)} seeds; {'met' if abs(gap) <= spread else 'NOT met'})")
+            rows.append(
+                f"{label}'s mean perplexity {gap:+.3f} from plain HSDP's, seeds' spread {spread:.3f} "
+                f"({len(plain)} seeds; {'met' if abs(gap) <= spread else 'NOT met'})"
+            )
     if "step_ms" in timing.get(FLOOR, {}) and "step_ms" in timing.get(PLAIN, {}):
         ceiling = timing[PLAIN]["step_ms"]["median"] / timing[FLOOR]["step_ms"]["median"]
-        rows.append(f"with no replicate exchange at all ({FLOOR}) the step rate is {ceiling:.2f}x plain HSDP's "
-                    f"on {model}: the most any compressor can reach on this testbed")
+        rows.append(
+            f"with no replicate exchange at all ({FLOOR}) the step rate is {ceiling:.2f}x plain HSDP's "
+            f"on {model}: the most any compressor can reach on this testbed"
+        )
     return rows or ["not measured yet"]
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks fsdp", description=__doc__.splitlines()[0])
-    parser.add_argument("--models", type=lambda text: [m for m in text.split(",") if m], default=["charlm", "cnn"],
-                        help="models of the timing jobs; empty: none (quality runs only)")
-    parser.add_argument("--methods", type=names_from(METHODS + PURE_FSDP), default=METHODS,
-                        help=f"also: {', '.join(PURE_FSDP)} (pure FSDP, 1-D mesh; timing only)")
+    parser.add_argument(
+        "--models",
+        type=lambda text: [m for m in text.split(",") if m],
+        default=["charlm", "cnn"],
+        help="models of the timing jobs; empty: none (quality runs only)",
+    )
+    parser.add_argument(
+        "--methods",
+        type=names_from(METHODS + PURE_FSDP),
+        default=METHODS,
+        help=f"also: {', '.join(PURE_FSDP)} (pure FSDP, 1-D mesh; timing only)",
+    )
     parser.add_argument("--rate", type=float, default=1.0, help="link rate between nodes, Gbit/s")
     parser.add_argument("--rank", type=int, default=4, help="rank of the low-rank methods")
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=1, help="timing jobs per method, in rounds over the methods")
     parser.add_argument("--quality-steps", type=int, default=200)
-    parser.add_argument("--seeds", type=lambda text: [int(s) for s in text.split(",") if s], default=[0, 1],
-                        help="seeds of the quality runs; empty: none")
+    parser.add_argument(
+        "--seeds",
+        type=lambda text: [int(s) for s in text.split(",") if s],
+        default=[0, 1],
+        help="seeds of the quality runs; empty: none",
+    )
     add_job_options(parser, 400, "the CNN, few steps, one seed, no shaping", ["timing", "quality"], None)
     add_cluster_worker_options(parser)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)

@@ -35,6 +35,7 @@ knobs accumulate), ``<out>/fusion/fusion.png`` and the results section of ``<out
 between two markers, keeping the rest of that file. Each job is bounded (``--job-timeout``);
 the namespaces are removed at the end, also on errors and Ctrl-C.
 """
+
 import argparse
 import json
 import math
@@ -47,14 +48,23 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import (DOCS, checkout_pythonpath, cluster_job, describe_machine, machine, save_figure,
-                               summarise, timed_step, undisturbed)
+from benchmarks.report import (
+    DOCS,
+    checkout_pythonpath,
+    cluster_job,
+    describe_machine,
+    machine,
+    save_figure,
+    summarise,
+    timed_step,
+    undisturbed,
+)
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.compressors.acpsgd import ACPSGD
 from benchmarks.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
 
-WHOLE_MODEL = 2 ** 62
-SCALED_DEFAULTS = {"scaled 25 MiB (paper, DDP)": 25 * 2 ** 20, "scaled 64 MiB (Horovod)": 64 * 2 ** 20}
+WHOLE_MODEL = 2**62
+SCALED_DEFAULTS = {"scaled 25 MiB (paper, DDP)": 25 * 2**20, "scaled 64 MiB (Horovod)": 64 * 2**20}
 RESULT_PREFIX = "FUSION_RESULT "
 BEGIN, END = "<!-- fusion results: begin -->", "<!-- fusion results: end -->"
 
@@ -74,11 +84,14 @@ def parse_args(argv=None):
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--batch", type=int, default=1, help="sequences per rank and step")
     parser.add_argument("--acp-rank", type=int, default=32, help="ACP-SGD's rank")
-    parser.add_argument("--unpinned", action="store_true",
-                        help="leave ranks unbound to cores (noisier: see testbed)")
+    parser.add_argument("--unpinned", action="store_true", help="leave ranks unbound to cores (noisier: see testbed)")
     parser.add_argument("--job-timeout", type=int, default=120, help="seconds per configuration")
-    parser.add_argument("--max-other-cpu", type=float, default=0.03,
-                        help="rerun a job when this share of the CPU went to other processes")
+    parser.add_argument(
+        "--max-other-cpu",
+        type=float,
+        default=0.03,
+        help="rerun a job when this share of the CPU went to other processes",
+    )
     parser.add_argument("--only", nargs="*", help="run only these configurations (by label)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threshold", type=int, help=argparse.SUPPRESS)
@@ -87,8 +100,7 @@ def parse_args(argv=None):
 
 
 def build_model(args):
-    return CharTransformer(d_model=args.d_model, layers=args.layers, heads=args.heads,
-                           context=args.context)
+    return CharTransformer(d_model=args.d_model, layers=args.layers, heads=args.heads, context=args.context)
 
 
 def backward_order_shapes(model):
@@ -109,8 +121,8 @@ def worker(args):
     fusion = ScaledFusion(args.threshold, scaled=args.scaled)
     compressor = ACPSGD(rank=args.acp_rank)
     optimizer = hvd_compress.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model.named_parameters(),
-        compressor, fusion=fusion)
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), model.named_parameters(), compressor, fusion=fusion
+    )
     # The same plans the optimizer makes, read before each step (plans are cached by settings).
     planner = FusionScheduler(compressor, backward_order_shapes(model), fusion)
     train_ids, _ = load_corpus(max_chars=400_000)
@@ -125,15 +137,17 @@ def worker(args):
 
     for step in range(args.warmup + args.steps):
         plan = planner.plan()
-        phases[plan.phase] = {"threshold": plan.threshold, "buckets": len(plan.buckets),
-                              "payload_bytes": sum(b.nbytes for b in plan.buckets)}
+        phases[plan.phase] = {
+            "threshold": plan.threshold,
+            "buckets": len(plan.buckets),
+            "payload_bytes": sum(b.nbytes for b in plan.buckets),
+        }
         timed = timed_step(optimizer, forward_backward)
         if step >= args.warmup:
             for part, seconds in timed.items():
                 times[part].append(seconds)
     if hvd.rank() == 0:
-        print(RESULT_PREFIX + json.dumps({"phases": phases, "seconds": times,
-                                          "final_loss": losses[-1]}), flush=True)
+        print(RESULT_PREFIX + json.dumps({"phases": phases, "seconds": times, "final_loss": losses[-1]}), flush=True)
 
 
 # ----- the sweep --------------------------------------------------------------------------------
@@ -155,15 +169,26 @@ def model_summary(args):
         shapes = backward_order_shapes(build_model(args))
     unfused = FusionScheduler(ACPSGD(rank=args.acp_rank), shapes, ScaledFusion(1, scaled=False)).plan()
     payloads = [bucket.nbytes for bucket in unfused.buckets]
-    return {"parameters": sum(math.prod(s) for s in shapes.values()), "tensors": len(shapes),
-            "dense_bytes": sum(4 * math.prod(s) for s in shapes.values()),
-            "p_step_payload_bytes": sum(payloads), "smallest_payload_bytes": min(payloads)}
+    return {
+        "parameters": sum(math.prod(s) for s in shapes.values()),
+        "tensors": len(shapes),
+        "dense_bytes": sum(4 * math.prod(s) for s in shapes.values()),
+        "p_step_payload_bytes": sum(payloads),
+        "smallest_payload_bytes": min(payloads),
+    }
 
 
 def run_configuration(cluster, args, threshold, scaled):
-    argv = [sys.executable, "-m", "benchmarks.fusion", "--worker",
-            "--threshold", str(threshold), *(["--scaled"] if scaled else []),
-            *_shared_flags(args)]
+    argv = [
+        sys.executable,
+        "-m",
+        "benchmarks.fusion",
+        "--worker",
+        "--threshold",
+        str(threshold),
+        *(["--scaled"] if scaled else []),
+        *_shared_flags(args),
+    ]
     env = {"HOROVOD_FUSION_THRESHOLD": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
     if args.cycle_time_ms is not None:
         env["HOROVOD_CYCLE_TIME"] = str(args.cycle_time_ms)
@@ -171,16 +196,33 @@ def run_configuration(cluster, args, threshold, scaled):
 
 
 def _shared_flags(args):
-    return ["--steps", str(args.steps), "--warmup", str(args.warmup), "--d-model", str(args.d_model),
-            "--layers", str(args.layers), "--heads", str(args.heads), "--context", str(args.context),
-            "--batch", str(args.batch), "--acp-rank", str(args.acp_rank)]
+    return [
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--d-model",
+        str(args.d_model),
+        "--layers",
+        str(args.layers),
+        "--heads",
+        str(args.heads),
+        "--context",
+        str(args.context),
+        "--batch",
+        str(args.batch),
+        "--acp-rank",
+        str(args.acp_rank),
+    ]
 
 
 def run_key(args):
     cycle = "default" if args.cycle_time_ms is None else f"{args.cycle_time_ms:g}ms"
-    return (f"rate {args.rate:g} Gbit/s, np {args.np}, cycle {cycle}, d{args.d_model}x{args.layers}, "
-            f"batch {args.batch}x{args.context}, ACP-SGD rank {args.acp_rank}"
-            f"{', unpinned' if args.unpinned else ''}")
+    return (
+        f"rate {args.rate:g} Gbit/s, np {args.np}, cycle {cycle}, d{args.d_model}x{args.layers}, "
+        f"batch {args.batch}x{args.context}, ACP-SGD rank {args.acp_rank}"
+        f"{', unpinned' if args.unpinned else ''}"
+    )
 
 
 def sweep(args):
@@ -188,10 +230,14 @@ def sweep(args):
 
     model = model_summary(args)
     command = "python -m benchmarks.fusion " + shlex.join(sys.argv[1:])
-    run = {"command": command, "machine": machine(), "load_average_before": os.getloadavg(),
-           "model": model, "configurations": []}
-    selected = [c for c in configurations(model["p_step_payload_bytes"])
-                if not args.only or c[0] in args.only]
+    run = {
+        "command": command,
+        "machine": machine(),
+        "load_average_before": os.getloadavg(),
+        "model": model,
+        "configurations": [],
+    }
+    selected = [c for c in configurations(model["p_step_payload_bytes"]) if not args.only or c[0] in args.only]
     jobs = {label: [] for label, _, _ in selected}
     started = time.perf_counter()
     with emulated_cluster(args.np, args.rate, pin_ranks=not args.unpinned) as cluster:
@@ -209,30 +255,39 @@ def sweep(args):
 
 
 def undisturbed_job(cluster, args, label, threshold, scaled):
-    return undisturbed(lambda: run_configuration(cluster, args, threshold, scaled),
-                       args.max_other_cpu, lambda job: _job_line(label, job))
+    return undisturbed(
+        lambda: run_configuration(cluster, args, threshold, scaled),
+        args.max_other_cpu,
+        lambda job: _job_line(label, job),
+    )
 
 
 def pooled_entry(label, threshold, scaled, jobs):
     """One configuration's record: step-time statistics over the steps of all its jobs."""
     pooled = {part: [s for job in jobs for s in job["seconds"][part]] for part in jobs[0]["seconds"]}
-    return {"label": label, "threshold": threshold, "scaled": scaled, "phases": jobs[0]["phases"],
-            **{f"{part}_ms": summarise(seconds) for part, seconds in pooled.items()},
-            "median_step_ms_per_job": [round(1000 * statistics.median(job["seconds"]["step"]), 1)
-                                       for job in jobs],
-            "wall_seconds": [round(job["wall_seconds"], 1) for job in jobs],
-            "other_cpu_seconds": [round(job["other_cpu_seconds"], 1) for job in jobs],
-            "disturbed_attempts": [job["disturbed_attempts"] for job in jobs],
-            "final_loss": [job["final_loss"] for job in jobs],
-            "step_ms_each": [[round(1000 * s, 1) for s in job["seconds"]["step"]] for job in jobs]}
+    return {
+        "label": label,
+        "threshold": threshold,
+        "scaled": scaled,
+        "phases": jobs[0]["phases"],
+        **{f"{part}_ms": summarise(seconds) for part, seconds in pooled.items()},
+        "median_step_ms_per_job": [round(1000 * statistics.median(job["seconds"]["step"]), 1) for job in jobs],
+        "wall_seconds": [round(job["wall_seconds"], 1) for job in jobs],
+        "other_cpu_seconds": [round(job["other_cpu_seconds"], 1) for job in jobs],
+        "disturbed_attempts": [job["disturbed_attempts"] for job in jobs],
+        "final_loss": [job["final_loss"] for job in jobs],
+        "step_ms_each": [[round(1000 * s, 1) for s in job["seconds"]["step"]] for job in jobs],
+    }
 
 
 def _job_line(label, job):
     step, sync = (summarise(job["seconds"][part]) for part in ("step", "synchronize"))
     buckets = "/".join(str(phase["buckets"]) for _, phase in sorted(job["phases"].items()))
-    return (f"{label:28} median step {step['median']:7.1f} ms (p25-p75 {step['p25']:.1f}-"
-          f"{step['p75']:.1f}), synchronize {sync['median']:.1f} ms, buckets {buckets}, "
-          f"job {job['wall_seconds']:.0f} s, other CPU {job['other_cpu_seconds']:.1f} s")
+    return (
+        f"{label:28} median step {step['median']:7.1f} ms (p25-p75 {step['p25']:.1f}-"
+        f"{step['p75']:.1f}), synchronize {sync['median']:.1f} ms, buckets {buckets}, "
+        f"job {job['wall_seconds']:.0f} s, other CPU {job['other_cpu_seconds']:.1f} s"
+    )
 
 
 # ----- outputs ----------------------------------------------------------------------------------
@@ -263,16 +318,23 @@ def verdict(run):
         ms = by_label[label]
         within = ms <= 1.1 * by_label[best_label]
         beats = ms < by_label["no fusion"] and ms < by_label["whole model"]
-        lines.append(f"{label}: {ms:.1f} ms, {100 * (ms / by_label[best_label] - 1):+.1f}% vs best "
-                     f"({'within' if within else 'not within'} 10%), "
-                     f"{'beats' if beats else 'does not beat'} both extremes "
-                     f"(no fusion {by_label['no fusion']:.1f} ms, whole model {by_label['whole model']:.1f} ms)")
-    gaps = [max(e["median_step_ms_per_job"]) - min(e["median_step_ms_per_job"])
-            for e in run["configurations"] if len(e["median_step_ms_per_job"]) > 1]
+        lines.append(
+            f"{label}: {ms:.1f} ms, {100 * (ms / by_label[best_label] - 1):+.1f}% vs best "
+            f"({'within' if within else 'not within'} 10%), "
+            f"{'beats' if beats else 'does not beat'} both extremes "
+            f"(no fusion {by_label['no fusion']:.1f} ms, whole model {by_label['whole model']:.1f} ms)"
+        )
+    gaps = [
+        max(e["median_step_ms_per_job"]) - min(e["median_step_ms_per_job"])
+        for e in run["configurations"]
+        if len(e["median_step_ms_per_job"]) > 1
+    ]
     if gaps:
-        lines.append(f"for scale, the medians of two jobs of one configuration differ by "
-                     f"{statistics.median(gaps):.1f} ms (median over configurations), "
-                     f"up to {max(gaps):.1f} ms")
+        lines.append(
+            f"for scale, the medians of two jobs of one configuration differ by "
+            f"{statistics.median(gaps):.1f} ms (median over configurations), "
+            f"up to {max(gaps):.1f} ms"
+        )
     return "; ".join(lines)
 
 
@@ -285,6 +347,7 @@ def write_json(path, key, run):
 
 def write_figure(path, runs, main_key):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -294,26 +357,35 @@ def write_figure(path, runs, main_key):
         smallest = run["model"]["smallest_payload_bytes"]
         xs = [plot_position(e, smallest) for e in sweep_points]
         ys = [e["step_ms"]["median"] for e in sweep_points]
-        errors = [[e["step_ms"]["median"] - e["step_ms"]["p25"] for e in sweep_points],
-                  [e["step_ms"]["p75"] - e["step_ms"]["median"] for e in sweep_points]]
-        line = axes.errorbar(xs, ys, yerr=errors, marker="o", markersize=4, capsize=2,
-                             linewidth=2.2 if key == main_key else 1, label=key)[0]
+        errors = [
+            [e["step_ms"]["median"] - e["step_ms"]["p25"] for e in sweep_points],
+            [e["step_ms"]["p75"] - e["step_ms"]["median"] for e in sweep_points],
+        ]
+        line = axes.errorbar(
+            xs, ys, yerr=errors, marker="o", markersize=4, capsize=2, linewidth=2.2 if key == main_key else 1, label=key
+        )[0]
         for entry in run["configurations"]:
             style = {"no fusion": ("s", "no fusion"), "whole model": ("^", "whole model")}.get(
-                entry["label"], ("*", entry["label"].split(" (")[0]) if entry["scaled"] else None)
+                entry["label"], ("*", entry["label"].split(" (")[0]) if entry["scaled"] else None
+            )
             if style is None:
                 continue
             x, y = plot_position(entry, smallest), entry["step_ms"]["median"]
-            axes.plot([x], [y], style[0], markersize=11 if style[0] == "*" else 8,
-                      color=line.get_color(), markeredgecolor="black")
+            axes.plot(
+                [x],
+                [y],
+                style[0],
+                markersize=11 if style[0] == "*" else 8,
+                color=line.get_color(),
+                markeredgecolor="black",
+            )
             if key == main_key:  # the whole model's label below, clear of the scaled 64 MiB one
                 offset = (-30, -16) if entry["label"] == "whole model" else (4, 7)
                 axes.annotate(style[1], (x, y), textcoords="offset points", xytext=offset, fontsize=8)
     axes.set_xscale("log", base=2)
     axes.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=4))
     axes.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: _bytes(int(x))))
-    axes.set_xlabel("payload buffer size on P steps (scaled: effective threshold; "
-                    "no fusion at the smallest payload)")
+    axes.set_xlabel("payload buffer size on P steps (scaled: effective threshold; no fusion at the smallest payload)")
     axes.set_ylabel("median step time, ms (bars: p25-p75)")
     axes.set_title("ACP-SGD step time vs fusion buffer, emulated cluster", fontsize=10)
     axes.grid(True, which="both", alpha=0.3)
@@ -322,32 +394,49 @@ def write_figure(path, runs, main_key):
 
 
 def results_section(runs, main_key):
-    lines = [BEGIN, "", "## Results", "",
-             "Written by `python -m benchmarks.fusion`; every run recorded in "
-             "[fusion/fusion.json](fusion/fusion.json), the latest of each setting below.", "",
-             "![step time against fusion buffer size](fusion/fusion.png)", ""]
+    lines = [
+        BEGIN,
+        "",
+        "## Results",
+        "",
+        "Written by `python -m benchmarks.fusion`; every run recorded in "
+        "[fusion/fusion.json](fusion/fusion.json), the latest of each setting below.",
+        "",
+        "![step time against fusion buffer size](fusion/fusion.png)",
+        "",
+    ]
     for key, run in sorted(runs.items(), key=lambda item: item[0] != main_key):
         model = run["model"]
         m = run["machine"]
-        lines += [f"### {key}", "", f"    {run['command']}", "",
-                  *([f"Note: {run['note']}.", ""] if "note" in run else []),
-                  f"{describe_machine(m)} Load average before/after: {', '.join(f'{v:.2f}' for v in run['load_average_before'])}"
-                  f" / {', '.join(f'{v:.2f}' for v in run['load_average_after'])}. "
-                  f"Testbed: {run['testbed']}. Whole sweep {run['wall_seconds']} s.", "",
-                  f"Model: {model['parameters']:,} parameters in {model['tensors']} tensors "
-                  f"({_bytes(model['dense_bytes'])} dense), {_bytes(model['p_step_payload_bytes'])} "
-                  f"of ACP-SGD payload on P steps.", "",
-                  "| configuration | payload threshold (P/Q) | buckets (P/Q) | median step ms | "
-                  "per job | p25-p75 | min-max | backward ms | synchronize ms | other CPU s |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"### {key}",
+            "",
+            f"    {run['command']}",
+            "",
+            *([f"Note: {run['note']}.", ""] if "note" in run else []),
+            f"{describe_machine(m)} Load average before/after: "
+            f"{', '.join(f'{v:.2f}' for v in run['load_average_before'])}"
+            f" / {', '.join(f'{v:.2f}' for v in run['load_average_after'])}. "
+            f"Testbed: {run['testbed']}. Whole sweep {run['wall_seconds']} s.",
+            "",
+            f"Model: {model['parameters']:,} parameters in {model['tensors']} tensors "
+            f"({_bytes(model['dense_bytes'])} dense), {_bytes(model['p_step_payload_bytes'])} "
+            f"of ACP-SGD payload on P steps.",
+            "",
+            "| configuration | payload threshold (P/Q) | buckets (P/Q) | median step ms | "
+            "per job | p25-p75 | min-max | backward ms | synchronize ms | other CPU s |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for e in run["configurations"]:
             s = e["step_ms"]
-            lines.append(f"| {e['label']} | {effective_thresholds(e)} | "
-                         f"{'/'.join(map(str, per_phase(e, 'buckets')))} | "
-                         f"**{s['median']:.1f}** | {', '.join(map(str, e['median_step_ms_per_job']))} | "
-                         f"{s['p25']:.1f}-{s['p75']:.1f} | {s['min']:.1f}-{s['max']:.1f} | "
-                         f"{e['backward_ms']['median']:.1f} | {e['synchronize_ms']['median']:.1f} | "
-                         f"{', '.join(map(str, e['other_cpu_seconds']))}{_reruns(e)} |")
+            lines.append(
+                f"| {e['label']} | {effective_thresholds(e)} | "
+                f"{'/'.join(map(str, per_phase(e, 'buckets')))} | "
+                f"**{s['median']:.1f}** | {', '.join(map(str, e['median_step_ms_per_job']))} | "
+                f"{s['p25']:.1f}-{s['p75']:.1f} | {s['min']:.1f}-{s['max']:.1f} | "
+                f"{e['backward_ms']['median']:.1f} | {e['synchronize_ms']['median']:.1f} | "
+                f"{', '.join(map(str, e['other_cpu_seconds']))}{_reruns(e)} |"
+            )
         lines += ["", f"Verdict (computed): {verdict(run)}.", ""]
     return "\n".join(lines + [END])
 
@@ -368,7 +457,7 @@ def _reruns(entry):
 
 
 def _bytes(n):
-    for unit, size in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
             return f"{n / size:.3g} {unit}"
     return f"{n} B"

@@ -14,6 +14,7 @@ the optimizers newer than the tests that refuse the tests' models (``NEWER_THAN_
 0.28.1's ``test_broadcast_state``, ``test_broadcast_state_options`` and ``test_force_allreduce``
 loop over all of them, and ``torch.optim.Muon`` (PyTorch 2.9+) takes only 2-D parameters, so
 those tests would fail on Horovod's own optimizer before reaching ours."""
+
 import json
 import os
 from pathlib import Path

@@ -12,6 +12,7 @@ the baseline. A test passes when it passes on every rank. Results go to
 ``docs/benchmarks/horovod_suite.json`` (resumed: a rerun skips jobs already there) and a table
 in ``docs/benchmarks.md``; the explanations of failures are kept in ``EXPLAINED``.
 """
+
 import argparse
 import ast
 import io
@@ -61,7 +62,8 @@ NOTES = (
     "class took its module name from `hvd.DistributedOptimizer`, which the harness replaces, and "
     "Horovod runs the plain torch `step()` only for an optimizer of `horovod.torch.optimizer`. "
     "The class is now named from that module itself (`integration/optimizer.py`; "
-    "`tests/unit/test_elastic_state.py`), and the wrapper jobs were rerun.\n")
+    "`tests/unit/test_elastic_state.py`), and the wrapper jobs were rerun.\n"
+)
 
 
 def horovod_tests(folder=None):
@@ -75,14 +77,16 @@ def horovod_tests(folder=None):
                 with urllib.request.urlopen(ARCHIVE, timeout=60) as response:
                     data = response.read()
             except OSError as error:
-                raise RuntimeError(f"cannot fetch Horovod {VERSION}'s tests from {ARCHIVE} ({error}); "
-                                   f"download that archive elsewhere and pass its test/ folder as "
-                                   f"--tests") from None
+                raise RuntimeError(
+                    f"cannot fetch Horovod {VERSION}'s tests from {ARCHIVE} ({error}); "
+                    f"download that archive elsewhere and pass its test/ folder as "
+                    f"--tests"
+                ) from None
             with tarfile.open(fileobj=io.BytesIO(data)) as archive:
                 prefix = f"horovod-{VERSION}/test/"
                 members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
                 for member in members:
-                    member.name = member.name[len(f"horovod-{VERSION}/"):]
+                    member.name = member.name[len(f"horovod-{VERSION}/") :]
                 archive.extractall(CACHE, members=members, filter="data")
     if not (folder / "parallel" / "test_torch.py").exists():
         raise RuntimeError(f"--tests: {folder} has no parallel/test_torch.py")
@@ -92,23 +96,58 @@ def horovod_tests(folder=None):
 def optimizer_tests(test_file):
     """Names of the tests in ``test_file`` whose source builds ``hvd.DistributedOptimizer``."""
     source = Path(test_file).read_text()
-    return sorted(node.name for node in ast.walk(ast.parse(source))
-                  if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
-                  and "DistributedOptimizer" in ast.get_source_segment(source, node))
+    return sorted(
+        node.name
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef)
+        and node.name.startswith("test_")
+        and "DistributedOptimizer" in ast.get_source_segment(source, node)
+    )
 
 
 def run_job(tests_dir, names, method, path, timeout):
     """{test name: "passed" | "failed" | "skipped" | "timed out"} of one mpirun -np 2 job."""
     parallel = tests_dir / "parallel"
     with tempfile.TemporaryDirectory() as out:
-        argv = ["mpirun", "--allow-run-as-root", "-np", "2", *report.LOOPBACK_ONLY,
-                "-x", "PYTHONPATH", "-x", "HOROVOD_DYNAMIC_PROCESS_SETS", "-x", "OMP_NUM_THREADS",
-                "-x", "HVD_COMPRESS_SUITE_METHOD", "-x", "HVD_COMPRESS_SUITE_PATH", "-x", "HVD_COMPRESS_SUITE_OUT",
-                sys.executable, "-m", "pytest", "-q", "-p", "benchmarks.horovod_inject",
-                "-p", "no:cacheprovider", "test_torch.py", "-k", " or ".join(names)]
-        env = dict(os.environ, OMP_NUM_THREADS="1", HOROVOD_DYNAMIC_PROCESS_SETS="1",
-                   HVD_COMPRESS_SUITE_METHOD=method, HVD_COMPRESS_SUITE_PATH=path, HVD_COMPRESS_SUITE_OUT=out,
-                   PYTHONPATH=os.pathsep.join([report.checkout_pythonpath(), str(tests_dir), str(tests_dir / "utils")]))
+        argv = [
+            "mpirun",
+            "--allow-run-as-root",
+            "-np",
+            "2",
+            *report.LOOPBACK_ONLY,
+            "-x",
+            "PYTHONPATH",
+            "-x",
+            "HOROVOD_DYNAMIC_PROCESS_SETS",
+            "-x",
+            "OMP_NUM_THREADS",
+            "-x",
+            "HVD_COMPRESS_SUITE_METHOD",
+            "-x",
+            "HVD_COMPRESS_SUITE_PATH",
+            "-x",
+            "HVD_COMPRESS_SUITE_OUT",
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "benchmarks.horovod_inject",
+            "-p",
+            "no:cacheprovider",
+            "test_torch.py",
+            "-k",
+            " or ".join(names),
+        ]
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS="1",
+            HOROVOD_DYNAMIC_PROCESS_SETS="1",
+            HVD_COMPRESS_SUITE_METHOD=method,
+            HVD_COMPRESS_SUITE_PATH=path,
+            HVD_COMPRESS_SUITE_OUT=out,
+            PYTHONPATH=os.pathsep.join([report.checkout_pythonpath(), str(tests_dir), str(tests_dir / "utils")]),
+        )
         cwd = os.getcwd()
         os.chdir(parallel)
         try:
@@ -163,11 +202,13 @@ def main():
             json_path.parent.mkdir(parents=True, exist_ok=True)
             json_path.write_text(json.dumps(results, indent=1, sort_keys=True))
     explained = "\n".join(f"* `{test}` with {method}: {why}" for (test, method), why in sorted(EXPLAINED.items()))
-    body = (f"Horovod {VERSION}'s `test/parallel/test_torch.py`, the {len(names)} tests that build "
-            f"`hvd.DistributedOptimizer`, under `mpirun -np 2`, with each compressor injected on the "
-            f"stock path (`compression=`) and the wrapper path (`hvd_compress.DistributedOptimizer`); "
-            f"\"horovod\" is Horovod's own optimizer. `python -m benchmarks horovod_suite`.\n\n"
-            f"{NOTES}\n{table(results, names)}\n\n{explained}\n")
+    body = (
+        f"Horovod {VERSION}'s `test/parallel/test_torch.py`, the {len(names)} tests that build "
+        f"`hvd.DistributedOptimizer`, under `mpirun -np 2`, with each compressor injected on the "
+        f"stock path (`compression=`) and the wrapper path (`hvd_compress.DistributedOptimizer`); "
+        f"\"horovod\" is Horovod's own optimizer. `python -m benchmarks horovod_suite`.\n\n"
+        f"{NOTES}\n{table(results, names)}\n\n{explained}\n"
+    )
     report.write_section(docs / "benchmarks.md", "Horovod's own optimizer tests", body)
 
 

@@ -13,6 +13,7 @@ one write per written step; it does not grow with the gradients' size.
 Writes ``<out>/benchmarks/metrics_overhead.json`` and the "Metrics overhead" section of
 ``<out>/benchmarks.md``.
 """
+
 import argparse
 import json
 import os
@@ -57,12 +58,18 @@ def measure(layers, rounds):
 
 def markdown(result, command):
     base = result["ms"]["unwatched"]
-    lines = [f"Command: `{command}`", "", f"Machine: {describe_machine(result['machine'])} "
-             f"Load average at the start: {result['load_average'][0]:.1f}.", "",
-             f"CPU ms per step of FP16 on {result['layers']} gradients of 4 x 4 (one rank), 25th "
-             f"percentile of {result['rounds']} rounds; how it is measured is in "
-             "`benchmarks/metrics_overhead.py`.", "",
-             "| variant | CPU ms per step | added ms per step | added us per layer |", "|---|---|---|---|"]
+    lines = [
+        f"Command: `{command}`",
+        "",
+        f"Machine: {describe_machine(result['machine'])} Load average at the start: {result['load_average'][0]:.1f}.",
+        "",
+        f"CPU ms per step of FP16 on {result['layers']} gradients of 4 x 4 (one rank), 25th "
+        f"percentile of {result['rounds']} rounds; how it is measured is in "
+        "`benchmarks/metrics_overhead.py`.",
+        "",
+        "| variant | CPU ms per step | added ms per step | added us per layer |",
+        "|---|---|---|---|",
+    ]
     for variant, ms in result["ms"].items():
         added = ms - base
         lines.append(f"| {variant} | {ms:.3f} | {added:+.3f} | {1e3 * added / result['layers']:+.2f} |")
@@ -70,15 +77,19 @@ def markdown(result, command):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks metrics_overhead",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks metrics_overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=294)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--out", type=Path, default=DOCS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     load = os.getloadavg()
-    result = {"machine": machine(), "load_average": load, "layers": args.layers, "rounds": args.rounds,
-              "ms": measure(args.layers, args.rounds)}
+    result = {
+        "machine": machine(),
+        "load_average": load,
+        "layers": args.layers,
+        "rounds": args.rounds,
+        "ms": measure(args.layers, args.rounds),
+    }
     out = args.out / "benchmarks"
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics_overhead.json").write_text(json.dumps(result, indent=1) + "\n")

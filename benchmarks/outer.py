@@ -17,6 +17,7 @@ points it dominates (fewer or equal bytes and lower perplexity) and which domina
 Resumes point by point from ``<out>/benchmarks/outer.json``; ``--max-minutes`` stops starting
 new points after that long. ``--quick``: 2 ranks, the tiny LM, a few steps, two points.
 """
+
 import argparse
 import json
 import sys
@@ -27,16 +28,31 @@ import horovod.torch as hvd
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM
 from benchmarks.quality import LM, LM_STEPS
-from benchmarks.report import (add_job_options, describe_machine, machine, mpirun_job, panels, resumed, run_points,
-                               save_figure, save_record, train_one_point, write_section)
+from benchmarks.report import (
+    add_job_options,
+    describe_machine,
+    machine,
+    mpirun_job,
+    panels,
+    resumed,
+    run_points,
+    save_figure,
+    save_record,
+    train_one_point,
+    write_section,
+)
 from benchmarks.workloads import charlm
 from hvd_compress.comm.rounds import Collective
 
 RESULT_PREFIX = "OUTER_RESULT "
 SECTION = "DiLoCo: local steps and compressed pseudo-gradients"
 # Codec label -> (registry name, settings); the order in which points run.
-CODECS = {"uncompressed": ("none", {}), "Top-K 1% + EF": ("topk", {"density": 0.01}),
-          "QSGD 4 bits": ("qsgd", {"bits": 4}), "FP16": ("fp16", {})}
+CODECS = {
+    "uncompressed": ("none", {}),
+    "Top-K 1% + EF": ("topk", {"density": 0.01}),
+    "QSGD 4 bits": ("qsgd", {"bits": 4}),
+    "FP16": ("fp16", {}),
+}
 INNER_STEPS = [10, 50, 100]
 
 
@@ -44,8 +60,7 @@ def points(inner_steps, quick):
     """Every point, the most telling first: each codec at the middle H, then the rest."""
     codecs = list(CODECS)[:2] if quick else list(CODECS)
     order = sorted(inner_steps, key=lambda h: (h != inner_steps[len(inner_steps) // 2], h))
-    return [{"key": f"DiLoCo H={h}, {codec}", "codec": codec, "inner_steps": h}
-            for h in order for codec in codecs]
+    return [{"key": f"DiLoCo H={h}, {codec}", "codec": codec, "inner_steps": h} for h in order for codec in codecs]
 
 
 # ----- one job: runs on every rank ----------------------------------------------------------------
@@ -57,21 +72,37 @@ def train_point(spec):
         name, settings = CODECS[spec["codec"]]
         named = list(model.named_parameters())
         made["dense_bytes"] = 4 * sum(p.numel() for _, p in named)
-        made["outer"] = hc.DiLoCo(optimizer, named, hc.COMPRESSORS[name].build(**settings),
-                                  inner_steps=spec["inner_steps"])
+        made["outer"] = hc.DiLoCo(
+            optimizer, named, hc.COMPRESSORS[name].build(**settings), inner_steps=spec["inner_steps"]
+        )
         return made["outer"]
 
     started = time.perf_counter()
-    _, metric = charlm.train(make_optimizer, hvd.rank(), hvd.size(), steps=spec["steps"],
-                             batch_size=lm["batch_size"], seed=spec["seed"], model_kwargs=lm["model"],
-                             max_chars=lm["max_chars"], log_every=max(1, spec["steps"] // 10),
-                             log=lambda step, loss, perplexity: curve.append([step, perplexity]))
+    _, metric = charlm.train(
+        make_optimizer,
+        hvd.rank(),
+        hvd.size(),
+        steps=spec["steps"],
+        batch_size=lm["batch_size"],
+        seed=spec["seed"],
+        model_kwargs=lm["model"],
+        max_chars=lm["max_chars"],
+        log_every=max(1, spec["steps"] // 10),
+        log=lambda step, loss, perplexity: curve.append([step, perplexity]),
+    )
     outer = made["outer"]
-    return {"key": spec["key"], "metric": metric, "steps": spec["steps"], "world_size": hvd.size(),
-            "outer_steps": outer.outer_steps, "skipped_outer_steps": outer.skipped_outer_steps,
-            "train_seconds": time.perf_counter() - started, "curve": curve,
-            "wire_bytes": outer.compression.traffic.wire_bytes,
-            "dense_wire_bytes": spec["steps"] * Collective.ALLREDUCE.wire_bytes(made["dense_bytes"], hvd.size())}
+    return {
+        "key": spec["key"],
+        "metric": metric,
+        "steps": spec["steps"],
+        "world_size": hvd.size(),
+        "outer_steps": outer.outer_steps,
+        "skipped_outer_steps": outer.skipped_outer_steps,
+        "train_seconds": time.perf_counter() - started,
+        "curve": curve,
+        "wire_bytes": outer.compression.traffic.wire_bytes,
+        "dense_wire_bytes": spec["steps"] * Collective.ALLREDUCE.wire_bytes(made["dense_bytes"], hvd.size()),
+    }
 
 
 # ----- the driver -----------------------------------------------------------------------------
@@ -80,20 +111,30 @@ def run(args):
     results = resumed(path)
     results.setdefault("points", {})
     lm = QUICK_LM if args.quick else LM
-    results.update(machine=machine(), np=args.np, lm_steps=args.lm_steps, lm=lm, seed=0,
-                   command="python -m benchmarks outer " + " ".join(sys.argv[1:]))
+    results.update(
+        machine=machine(),
+        np=args.np,
+        lm_steps=args.lm_steps,
+        lm=lm,
+        seed=0,
+        command="python -m benchmarks outer " + " ".join(sys.argv[1:]),
+    )
     deadline = time.monotonic() + 60 * args.max_minutes
     for spec in points(args.inner_steps, args.quick):
         if spec["key"] in results["points"] or time.monotonic() >= deadline:
             continue
         job = dict(spec, steps=args.lm_steps, lm=lm, seed=0)
-        [record] = mpirun_job("benchmarks.outer", job, args.np, args.job_timeout, RESULT_PREFIX,
-                              spec["key"], expected=1)
+        [record] = mpirun_job(
+            "benchmarks.outer", job, args.np, args.job_timeout, RESULT_PREFIX, spec["key"], expected=1
+        )
         results["points"][spec["key"]] = {"spec": spec, "record": record}
         save_record(path, results)
         write_report(results, args.out)
-        print(f"{spec['key']}: perplexity {record['metric']:.3f}, {record['wire_bytes'] / 1e6:,.1f} MB "
-              f"sent, {record['job_seconds']:.0f} s", flush=True)
+        print(
+            f"{spec['key']}: perplexity {record['metric']:.3f}, {record['wire_bytes'] / 1e6:,.1f} MB "
+            f"sent, {record['job_seconds']:.0f} s",
+            flush=True,
+        )
     write_report(results, args.out)
     return results
 
@@ -108,28 +149,34 @@ def per_step_points(out, np, steps):
     quality = json.loads(path.read_text())
     if quality.get("np") != np or quality.get("lm_steps") != steps:
         return {}
-    return {entry["spec"]["label"]: (entry["record"]["metric"], entry["record"]["wire_bytes"] / 1e6)
-            for entry in quality["points"].values()
-            if entry["spec"]["workload"] == "charlm" and entry["spec"]["seed"] == 0}
+    return {
+        entry["spec"]["label"]: (entry["record"]["metric"], entry["record"]["wire_bytes"] / 1e6)
+        for entry in quality["points"].values()
+        if entry["spec"]["workload"] == "charlm" and entry["spec"]["seed"] == 0
+    }
 
 
 def write_report(results, out):
     reference = per_step_points(out, results["np"], results["lm_steps"])
     base = reference.get("uncompressed")
-    lines = [f"`{results['command']}`: the character LM of \"Quality against bytes\" "
-             f"({results['lm_steps']:,} AdamW steps, {results['np']} ranks, seed 0) trained through "
-             "`hvd_compress.DiLoCo` (default Nesterov outer step, lr 0.7, momentum 0.9): H local "
-             "steps, then the pseudo-gradients averaged through the codec. MB sent per rank over the "
-             "whole run, ring model; \"fewer bytes\" against a float32 all-reduce on every step. "
-             "The last three columns set each point against the per-step points of \"Quality "
-             "against bytes\" (seed 0): how many it dominates (they send more bytes and end at a "
-             "higher perplexity), the best of those that send no more bytes, and the cheapest of "
-             "those that end no higher.",
-             "", "| H | codec | validation perplexity | \u0394 vs per-step uncompressed | MB sent per rank "
-             "| fewer bytes | dominates | best per-step at no more bytes | cheapest per-step at no higher perplexity |",
-             "|---" * 9 + "|"]
-    rows = sorted(results["points"].values(),
-                  key=lambda e: (e["spec"]["inner_steps"], list(CODECS).index(e["spec"]["codec"])))
+    lines = [
+        f"`{results['command']}`: the character LM of \"Quality against bytes\" "
+        f"({results['lm_steps']:,} AdamW steps, {results['np']} ranks, seed 0) trained through "
+        "`hvd_compress.DiLoCo` (default Nesterov outer step, lr 0.7, momentum 0.9): H local "
+        "steps, then the pseudo-gradients averaged through the codec. MB sent per rank over the "
+        "whole run, ring model; \"fewer bytes\" against a float32 all-reduce on every step. "
+        "The last three columns set each point against the per-step points of \"Quality "
+        "against bytes\" (seed 0): how many it dominates (they send more bytes and end at a "
+        "higher perplexity), the best of those that send no more bytes, and the cheapest of "
+        "those that end no higher.",
+        "",
+        "| H | codec | validation perplexity | \u0394 vs per-step uncompressed | MB sent per rank "
+        "| fewer bytes | dominates | best per-step at no more bytes | cheapest per-step at no higher perplexity |",
+        "|---" * 9 + "|",
+    ]
+    rows = sorted(
+        results["points"].values(), key=lambda e: (e["spec"]["inner_steps"], list(CODECS).index(e["spec"]["codec"]))
+    )
     for entry in rows:
         record, spec = entry["record"], entry["spec"]
         mb, metric = record["wire_bytes"] / 1e6, record["metric"]
@@ -139,9 +186,11 @@ def write_report(results, out):
         better = [(sent, label, m) for label, (m, sent) in reference.items() if m <= metric]
         best = "none" if not cheaper else "{1} ({0:.3f}, {2:,.1f} MB)".format(*min(cheaper))
         cheapest = "none" if not better else "{1} ({2:.3f}, {0:,.1f} MB)".format(*min(better))
-        lines.append(f"| {spec['inner_steps']} | {spec['codec']} | {metric:.3f} | {delta} | {mb:,.1f} | "
-                     f"{record['dense_wire_bytes'] / max(record['wire_bytes'], 1):,.0f}x | "
-                     f"{len(beats)} of {len(reference)} | {best} | {cheapest} |")
+        lines.append(
+            f"| {spec['inner_steps']} | {spec['codec']} | {metric:.3f} | {delta} | {mb:,.1f} | "
+            f"{record['dense_wire_bytes'] / max(record['wire_bytes'], 1):,.0f}x | "
+            f"{len(beats)} of {len(reference)} | {best} | {cheapest} |"
+        )
     if base:
         lines += ["", f"Per-step uncompressed (seed 0): perplexity {base[0]:.3f} for {base[1]:,.1f} MB."]
     if reference and rows:
@@ -164,16 +213,31 @@ def draw_figure(reference, rows, path):
         if metric < best:
             frontier.append((mb, metric))
             best = metric
-    axis.plot([mb for _, mb in per_step], [m for m, _ in per_step], "o", color="0.6", markersize=4,
-              label="per-step methods (every setting)")
+    axis.plot(
+        [mb for _, mb in per_step],
+        [m for m, _ in per_step],
+        "o",
+        color="0.6",
+        markersize=4,
+        label="per-step methods (every setting)",
+    )
     axis.plot(*zip(*frontier), "-", color="0.4", linewidth=1, label="per-step frontier")
     for codec, marker in zip(CODECS, "s^Dv"):
-        points = [(e["record"]["wire_bytes"] / 1e6, e["record"]["metric"], e["spec"]["inner_steps"])
-                  for e in rows if e["spec"]["codec"] == codec]
+        points = [
+            (e["record"]["wire_bytes"] / 1e6, e["record"]["metric"], e["spec"]["inner_steps"])
+            for e in rows
+            if e["spec"]["codec"] == codec
+        ]
         if not points:
             continue
-        axis.plot([mb for mb, _, _ in points], [m for _, m, _ in points], marker, markersize=7,
-                  linestyle="none", label=f"DiLoCo, {codec}")
+        axis.plot(
+            [mb for mb, _, _ in points],
+            [m for _, m, _ in points],
+            marker,
+            markersize=7,
+            linestyle="none",
+            label=f"DiLoCo, {codec}",
+        )
         for mb, metric, h in points:
             axis.annotate(f"H={h}", (mb, metric), fontsize=6, xytext=(3, 3), textcoords="offset points")
     axis.set_xscale("log")
@@ -200,8 +264,12 @@ def parse_args(argv):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    run_points(args, lambda spec: train_one_point(train_point, spec, RESULT_PREFIX), run,
-               args.out / "benchmarks" / "outer.json")
+    run_points(
+        args,
+        lambda spec: train_one_point(train_point, spec, RESULT_PREFIX),
+        run,
+        args.out / "benchmarks" / "outer.json",
+    )
 
 
 if __name__ == "__main__":

@@ -23,12 +23,14 @@ fitted over the testbed's rates as kappa x the model's communication + a fixed o
 the probes (Horovod's large fused buffers); the overhead is what it pays at any rate (a
 controller's own work, Horovod's cycle). A projected step is compute + compression + overhead
 + kappa x the model's communication at W and B. The validation table leaves one testbed rate
-out, fits to the others and compares its projection with what was measured there. Compute and compression are the testbed's (ranks sharing CPU cores, the same
+out, fits to the others and compares its projection with what was measured there. Compute and
+compression are the testbed's (ranks sharing CPU cores, the same
 batch per rank at every W), not a GPU's: the projection says where the network decides.
 
 Writes ``<out>/benchmarks/projection.json``, ``projection.png`` and the "Projection" section of
 ``<out>/benchmarks.md``.
 """
+
 import argparse
 import json
 import math
@@ -123,12 +125,16 @@ class MethodModel:
         floors = {rate: e["compute_ms"] + e["codec_ms"] for rate, e in entries.items()}
         self.floor_ms = sum(floors.values()) / len(floors)
         self.kappa, self.overhead_ms = exposure_fit(
-            [(self.communication_ms(world, float(rate)), e["step_ms"]["median"] - floors[rate])
-             for rate, e in entries.items()])
+            [
+                (self.communication_ms(world, float(rate)), e["step_ms"]["median"] - floors[rate])
+                for rate, e in entries.items()
+            ]
+        )
 
     def communication_ms(self, world, rate_gbit):
-        return 1e3 * communication_seconds(self.entry, self.parameters, self.fused_by_horovod, world,
-                                           rate_gbit, self.alpha, self.efficiency)
+        return 1e3 * communication_seconds(
+            self.entry, self.parameters, self.fused_by_horovod, world, rate_gbit, self.alpha, self.efficiency
+        )
 
     def step_ms(self, world, rate_gbit):
         return self.floor_ms + self.overhead_ms + self.kappa * self.communication_ms(world, rate_gbit)
@@ -137,57 +143,94 @@ class MethodModel:
 def method_models(measured, alpha, efficiency, rates):
     """{model: {method: MethodModel}} fitted to the measurements at ``rates``."""
     first = measured["rates"][rates[0]]["models"]
-    return {model: {method: MethodModel({rate: measured["rates"][rate]["models"][model][method] for rate in rates},
-                                        method, measured["models"][model]["parameters"], alpha,
-                                        efficiency, measured["np"])
-                    for method in methods}
-            for model, methods in first.items()}
+    return {
+        model: {
+            method: MethodModel(
+                {rate: measured["rates"][rate]["models"][model][method] for rate in rates},
+                method,
+                measured["models"][model]["parameters"],
+                alpha,
+                efficiency,
+                measured["np"],
+            )
+            for method in methods
+        }
+        for model, methods in first.items()
+    }
 
 
 def project(measured):
     probes = {rate: entry["probe"] for rate, entry in measured["rates"].items()}
     alpha, efficiency = fit(probes, measured["np"])
     rates = list(measured["rates"])
-    result = {"alpha_us": 1e6 * alpha, "efficiency": efficiency, "world": measured["np"],
-              "rates": rates, "validation": [], "models": {}}
+    result = {
+        "alpha_us": 1e6 * alpha,
+        "efficiency": efficiency,
+        "world": measured["np"],
+        "rates": rates,
+        "validation": [],
+        "models": {},
+    }
     # Leave one rate out: fit to the others, project to it.
     for held_out in rates:
         fitted = method_models(measured, alpha, efficiency, [rate for rate in rates if rate != held_out])
         for model, methods in fitted.items():
             for method, projected in methods.items():
-                result["validation"].append({
-                    "rate": held_out, "model": model, "method": method,
-                    "measured_ms": measured["rates"][held_out]["models"][model][method]["step_ms"]["median"],
-                    "projected_ms": projected.step_ms(measured["np"], float(held_out))})
+                result["validation"].append(
+                    {
+                        "rate": held_out,
+                        "model": model,
+                        "method": method,
+                        "measured_ms": measured["rates"][held_out]["models"][model][method]["step_ms"]["median"],
+                        "projected_ms": projected.step_ms(measured["np"], float(held_out)),
+                    }
+                )
     for model, methods in method_models(measured, alpha, efficiency, rates).items():
         result["models"][model] = {
-            "fit": {method: {"floor_ms": m.floor_ms, "kappa": m.kappa, "overhead_ms": m.overhead_ms}
-                    for method, m in methods.items()},
-            "steps": {f"{workers}x{rate}": {method: m.step_ms(workers, rate) for method, m in methods.items()}
-                      for workers in WORKERS for rate in RATES_GBIT}}
+            "fit": {
+                method: {"floor_ms": m.floor_ms, "kappa": m.kappa, "overhead_ms": m.overhead_ms}
+                for method, m in methods.items()
+            },
+            "steps": {
+                f"{workers}x{rate}": {method: m.step_ms(workers, rate) for method, m in methods.items()}
+                for workers in WORKERS
+                for rate in RATES_GBIT
+            },
+        }
     return result
 
 
 def markdown(result, command, figure):
-    lines = [f"Command: `{command}` (from the end-to-end run above; seconds)", "",
-             f"Fit over the probe jobs at every testbed rate ({result['world']} ranks): alpha = "
-             f"{result['alpha_us']:.0f} us per message, links deliver {100 * result['efficiency']:.0f}% "
-             "of their nominal rate as all-reduce bandwidth. The model and its assumptions are "
-             "in `benchmarks/projection.py`'s docstring.", "",
-             f"![projected step time]({figure})", "",
-             "Validation: each testbed rate left out of the fit in turn, its projected against "
-             "its measured median step (ms).", "",
-             "| model | rate Gbit/s | method | measured | projected | projected / measured |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"Command: `{command}` (from the end-to-end run above; seconds)",
+        "",
+        f"Fit over the probe jobs at every testbed rate ({result['world']} ranks): alpha = "
+        f"{result['alpha_us']:.0f} us per message, links deliver {100 * result['efficiency']:.0f}% "
+        "of their nominal rate as all-reduce bandwidth. The model and its assumptions are "
+        "in `benchmarks/projection.py`'s docstring.",
+        "",
+        f"![projected step time]({figure})",
+        "",
+        "Validation: each testbed rate left out of the fit in turn, its projected against "
+        "its measured median step (ms).",
+        "",
+        "| model | rate Gbit/s | method | measured | projected | projected / measured |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in result["validation"]:
-        lines.append(f"| {row['model']} | {row['rate']} | {row['method']} | {row['measured_ms']:.1f} | "
-                     f"{row['projected_ms']:.1f} | {row['projected_ms'] / row['measured_ms']:.2f} |")
+        lines.append(
+            f"| {row['model']} | {row['rate']} | {row['method']} | {row['measured_ms']:.1f} | "
+            f"{row['projected_ms']:.1f} | {row['projected_ms'] / row['measured_ms']:.2f} |"
+        )
     for model, projected in result["models"].items():
         grid = projected["steps"]
-        lines += ["", f"**{model}**: fastest method (projected step ms, speed-up over S-SGD) by workers "
-                  "and link rate.", "",
-                  "| workers | " + " | ".join(f"{rate} Gbit/s" for rate in RATES_GBIT) + " |",
-                  "|---" * (len(RATES_GBIT) + 1) + "|"]
+        lines += [
+            "",
+            f"**{model}**: fastest method (projected step ms, speed-up over S-SGD) by workers and link rate.",
+            "",
+            "| workers | " + " | ".join(f"{rate} Gbit/s" for rate in RATES_GBIT) + " |",
+            "|---" * (len(RATES_GBIT) + 1) + "|",
+        ]
         for workers in WORKERS:
             cells = []
             for rate in RATES_GBIT:
@@ -206,8 +249,13 @@ def draw_figure(result, path):
     for axis, model in zip(axes, models):
         grid = result["models"][model]["steps"]
         for method in grid[f"{workers}x{RATES_GBIT[0]}"]:
-            axis.plot(RATES_GBIT, [grid[f"{workers}x{rate}"][method] for rate in RATES_GBIT],
-                      marker="o", markersize=3, label=method)
+            axis.plot(
+                RATES_GBIT,
+                [grid[f"{workers}x{rate}"][method] for rate in RATES_GBIT],
+                marker="o",
+                markersize=3,
+                label=method,
+            )
         axis.set_xscale("log")
         axis.set_yscale("log")
         axis.set_xlabel("link rate, Gbit/s", fontsize=8)
@@ -219,18 +267,24 @@ def draw_figure(result, path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks projection",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--from", dest="source", type=Path, default=DOCS / "benchmarks" / "endtoend.json",
-                        help="the end-to-end benchmark's JSON")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks projection", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        default=DOCS / "benchmarks" / "endtoend.json",
+        help="the end-to-end benchmark's JSON",
+    )
     parser.add_argument("--out", type=Path, default=DOCS)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if not args.source.exists():
         parser.error(f"--from: {args.source} does not exist; run python -m benchmarks endtoend first")
     measured = json.loads(args.source.read_text())
     if len(measured["rates"]) < 2:
-        parser.error(f"--from: {args.source} holds one link rate; the exposure fit needs two or more "
-                     "(python -m benchmarks endtoend --rates ...)")
+        parser.error(
+            f"--from: {args.source} holds one link rate; the exposure fit needs two or more "
+            "(python -m benchmarks endtoend --rates ...)"
+        )
     result = project(measured)
     out = args.out / "benchmarks"
     out.mkdir(parents=True, exist_ok=True)

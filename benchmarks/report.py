@@ -1,6 +1,7 @@
 """What every benchmark shares: a description of the machine, CPU accounting that tells
 whether a measurement had the cores to itself, step-time statistics, and the writer of one
 "## section" of ``docs/benchmarks.md``."""
+
 import argparse
 import datetime
 import json
@@ -23,26 +24,43 @@ from hvd_compress.metrics import Exporter
 # Where results go unless --out says otherwise: this checkout's docs/, from any directory.
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
-BENCHMARKS_PREAMBLE = ("# Benchmarks\n\nOne section per benchmark, each written by the command "
-                       "it names (`python -m benchmarks <benchmark>`); raw numbers and "
-                       "figures are in `benchmarks/`.\n")
+BENCHMARKS_PREAMBLE = (
+    "# Benchmarks\n\nOne section per benchmark, each written by the command "
+    "it names (`python -m benchmarks <benchmark>`); raw numbers and "
+    "figures are in `benchmarks/`.\n"
+)
 
 
 def machine():
     """CPU, cores, memory, kernel and the versions that set the numbers."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or "unknown")
-    memory_kib = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                          if line.startswith("MemTotal")))
-    described = {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(memory_kib / 2 ** 20, 1),
-                 "kernel": platform.release(), "python": platform.python_version(),
-                 "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                 "date": datetime.date.today().isoformat()}
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor() or "unknown",
+    )
+    memory_kib = int(
+        next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))
+    )
+    described = {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(memory_kib / 2**20, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "date": datetime.date.today().isoformat(),
+    }
     try:
         import horovod
+
         described["horovod"] = horovod.__version__
-        described["mpi"] = subprocess.run(["mpirun", "--version"], capture_output=True, text=True,
-                                          timeout=10).stdout.splitlines()[0]
+        described["mpi"] = subprocess.run(
+            ["mpirun", "--version"], capture_output=True, text=True, timeout=10
+        ).stdout.splitlines()[0]
     except (ImportError, OSError, IndexError, subprocess.TimeoutExpired):
         pass
     return described
@@ -53,15 +71,13 @@ def describe_machine(m):
     versions = f"Python {m['python']}, torch {m['torch']}"
     if "horovod" in m:
         versions += f", Horovod {m['horovod']}, {m.get('mpi', 'no mpirun')}"
-    return (f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}; "
-            f"{versions}; {m['date']}.")
+    return f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}; {versions}; {m['date']}."
 
 
 def busy_cpu_seconds():
     """Busy CPU seconds of all cores since boot (/proc/stat), interrupts left out: most of
     them are the testbed's own network traffic, charged to no process."""
-    user, nice, system, _idle, _iowait, _irq, _softirq, steal = map(
-        int, Path("/proc/stat").read_text().split()[1:9])
+    user, nice, system, _idle, _iowait, _irq, _softirq, steal = map(int, Path("/proc/stat").read_text().split()[1:9])
     return (user + nice + system + steal) / os.sysconf("SC_CLK_TCK")
 
 
@@ -176,8 +192,7 @@ def summarise(seconds):
     """Median, quartiles and extremes, in ms, of a list of seconds."""
     ms = sorted(1000 * s for s in seconds)
     quartiles = statistics.quantiles(ms, n=4) if len(ms) > 1 else [ms[0]] * 3
-    return {"median": statistics.median(ms), "p25": quartiles[0], "p75": quartiles[2],
-            "min": ms[0], "max": ms[-1]}
+    return {"median": statistics.median(ms), "p25": quartiles[0], "p75": quartiles[2], "min": ms[0], "max": ms[-1]}
 
 
 def resumed(path: Path) -> Dict[str, Any]:
@@ -213,12 +228,15 @@ def pooled(entry: Optional[Dict[str, Any]], new: Dict[str, Any]) -> Dict[str, An
         return dict(new, jobs=jobs_of(entry) + 1)
     if "failed" in new or "failed" in entry:
         kept, failed = (entry, new) if "failed" in new else (new, entry)
-        return dict(kept, jobs=jobs_of(entry) + 1, failed_jobs=kept.get("failed_jobs", 0) + 1,
-                    failure=failed["failed"])
+        return dict(kept, jobs=jobs_of(entry) + 1, failed_jobs=kept.get("failed_jobs", 0) + 1, failure=failed["failed"])
     each = entry["step_ms_each"] + new["step_ms_each"]
-    merged = dict(entry, step_ms=summarise([ms / 1e3 for ms in each]), step_ms_each=each,
-                  job_medians_ms=entry.get("job_medians_ms", [entry["step_ms"]["median"]]) + [new["step_ms"]["median"]],
-                  jobs=jobs_of(entry) + 1)
+    merged = dict(
+        entry,
+        step_ms=summarise([ms / 1e3 for ms in each]),
+        step_ms_each=each,
+        job_medians_ms=entry.get("job_medians_ms", [entry["step_ms"]["median"]]) + [new["step_ms"]["median"]],
+        jobs=jobs_of(entry) + 1,
+    )
     for key in (k for k in JOB_MEDIANS if k in new):
         values = entry.get(f"{key}_each_job", [entry[key]] if key in entry else []) + [new[key]]
         merged.update({key: statistics.median(values), f"{key}_each_job": values})
@@ -229,8 +247,9 @@ def pooled(entry: Optional[Dict[str, Any]], new: Dict[str, Any]) -> Dict[str, An
     return merged
 
 
-def resumed_section(out: Path, name: str, section: str, markdown: Callable[[Dict[str, Any]], str]
-                    ) -> Tuple[Dict[str, Any], Callable[[], None]]:
+def resumed_section(
+    out: Path, name: str, section: str, markdown: Callable[[Dict[str, Any]], str]
+) -> Tuple[Dict[str, Any], Callable[[], None]]:
     """A resumable benchmark's record, as earlier runs left it in ``out``/benchmarks/``name``.json,
     and the save to call after each job: it writes the record and rewrites the ``section`` of
     ``out``/benchmarks.md from it with ``markdown``, so that a stopped run loses one job at most."""
@@ -247,8 +266,9 @@ def resumed_section(out: Path, name: str, section: str, markdown: Callable[[Dict
 def gpu_description() -> str:
     """The first CUDA device, as the GPU benchmarks' machine lines name it."""
     import torch
+
     gpu = torch.cuda.get_device_properties(0)
-    return f"{gpu.name}, {gpu.total_memory / 2 ** 30:.0f} GiB, CUDA {torch.version.cuda}"
+    return f"{gpu.name}, {gpu.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}"
 
 
 def gpu_lines(machine_info: Dict[str, Any]) -> List[str]:
@@ -295,11 +315,9 @@ def cluster_job(cluster, argv, env, timeout, result_prefix):
 def printed_results(returncode, stdout, stderr, result_prefix, wall, what, expected=None):
     """The JSON records a job printed after ``result_prefix``, in order; a job that failed,
     printed none, or printed other than ``expected`` records raises with its output's tail."""
-    records = [json.loads(line[len(result_prefix):]) for line in stdout.splitlines()
-               if line.startswith(result_prefix)]
+    records = [json.loads(line[len(result_prefix) :]) for line in stdout.splitlines() if line.startswith(result_prefix)]
     if returncode != 0 or not records or (expected is not None and len(records) != expected):
-        raise RuntimeError(f"{what} failed (exit {returncode}) after {wall:.0f} s:\n"
-                           f"{stdout[-2000:]}\n{stderr[-4000:]}")
+        raise RuntimeError(f"{what} failed (exit {returncode}) after {wall:.0f} s:\n{stdout[-2000:]}\n{stderr[-4000:]}")
     return records
 
 
@@ -310,8 +328,11 @@ def root_cause(error):
     first line."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     thrown = [line for line in lines if "what():" in line]
-    raised = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Timeout)\b.*:", line)
-              and "ChildFailedError" not in line]
+    raised = [
+        line
+        for line in lines
+        if re.match(r"^[\w.]*(Error|Exception|Timeout)\b.*:", line) and "ChildFailedError" not in line
+    ]
     return thrown[0] if thrown else raised[-1] if raised else lines[0] if lines else ""
 
 
@@ -320,16 +341,15 @@ def torchrun_job(argv, nproc, timeout, result_prefix, expected=1, master_port=No
     host: ``--standalone``, or on ``master_port`` when given (jobs running side by side each
     take their own). Rank 0's printed records, each with the job's wall seconds, or
     RuntimeError with the job's output."""
-    where = (["--master_addr", "127.0.0.1", "--master_port", str(master_port)] if master_port
-             else ["--standalone"])
+    where = ["--master_addr", "127.0.0.1", "--master_port", str(master_port)] if master_port else ["--standalone"]
     from benchmarks.testbed import run_bounded
+
     command = [sys.executable, "-m", "torch.distributed.run", *where, "--nproc_per_node", str(nproc), *argv[1:]]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath(), **(env or {}))
     started = time.perf_counter()
     returncode, stdout, stderr = run_bounded(command, timeout, env)
     wall = time.perf_counter() - started
-    records = printed_results(returncode, stdout, stderr, result_prefix, wall, shlex.join(command),
-                              expected=expected)
+    records = printed_results(returncode, stdout, stderr, result_prefix, wall, shlex.join(command), expected=expected)
     for record in records:
         record["wall_seconds"] = wall
     return records
@@ -345,16 +365,36 @@ def mpirun_job(module, spec, np, timeout, result_prefix, what, expected=None):
     bounded by ``timeout`` seconds; rank 0's printed records, each with the job's wall seconds,
     or RuntimeError with the job's output."""
     from benchmarks.testbed import run_bounded
-    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np),
-            "--mca", "btl", "self,tcp", *LOOPBACK_ONLY,
-            "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "PATH",
-            sys.executable, "-m", module, "--worker", json.dumps(spec)]
+
+    argv = [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        str(np),
+        "--mca",
+        "btl",
+        "self,tcp",
+        *LOOPBACK_ONLY,
+        "-x",
+        "PYTHONPATH",
+        "-x",
+        "OMP_NUM_THREADS",
+        "-x",
+        "PATH",
+        sys.executable,
+        "-m",
+        module,
+        "--worker",
+        json.dumps(spec),
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath())
     started = time.perf_counter()
     returncode, stdout, stderr = run_bounded(argv, timeout, env)
     wall = time.perf_counter() - started
-    records = printed_results(returncode, stdout, stderr, result_prefix, wall,
-                              f"{what}: {shlex.join(argv)}", expected=expected)
+    records = printed_results(
+        returncode, stdout, stderr, result_prefix, wall, f"{what}: {shlex.join(argv)}", expected=expected
+    )
     for record in records:
         record["job_seconds"] = wall
     return records
@@ -396,8 +436,11 @@ def timed_step(optimizer, forward_backward):
     synchronized = time.perf_counter()
     with optimizer.skip_synchronize():
         optimizer.step()
-    return {"step": time.perf_counter() - started, "backward": backward_done - started,
-            "synchronize": synchronized - backward_done}
+    return {
+        "step": time.perf_counter() - started,
+        "backward": backward_done - started,
+        "synchronize": synchronized - backward_done,
+    }
 
 
 def command_line(benchmark: str, dropped: Sequence[str] = ("--out",)) -> str:
@@ -419,9 +462,13 @@ def command_line(benchmark: str, dropped: Sequence[str] = ("--out",)) -> str:
 RUN_LIMITS = ("--out", "--max-minutes", "--job-timeout")
 
 
-def add_job_options(parser: Any, job_timeout: Union[int, float], quick: str,
-                    workers: Optional[Sequence[str]] = None,
-                    job_timeout_help: Optional[str] = "seconds per mpirun job") -> None:
+def add_job_options(
+    parser: Any,
+    job_timeout: Union[int, float],
+    quick: str,
+    workers: Optional[Sequence[str]] = None,
+    job_timeout_help: Optional[str] = "seconds per mpirun job",
+) -> None:
     """The options of a benchmark that runs its work as jobs: ``--job-timeout`` (``job_timeout``
     by default, of its type), ``--out`` (the docs folder to write into), ``--quick`` (a smoke
     test; ``quick`` says what it runs) and the hidden ``--worker`` (what a job runs: one of
@@ -438,12 +485,14 @@ def add_job_options(parser: Any, job_timeout: Union[int, float], quick: str,
 def names_from(known: Sequence[str]) -> Callable[[str], List[str]]:
     """An argparse ``type``: a comma-separated list of some of ``known`` (methods, workloads),
     refusing the others by name."""
+
     def names(text: str) -> List[str]:
         listed = text.split(",")
         unknown = [name for name in listed if name not in known]
         if unknown:
             raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown)}; choose from {', '.join(known)}")
         return listed
+
     return names
 
 
@@ -488,8 +537,13 @@ def run_or_work(args: Any, run: Callable[[Any], Any], workers: Dict[str, Callabl
         run(args)
 
 
-def run_points(args: Any, train: Callable[[Dict[str, Any]], None], run: Callable[[Any], Dict[str, Any]],
-               results: Path, write_report: Optional[Callable[[Dict[str, Any], Path], None]] = None) -> None:
+def run_points(
+    args: Any,
+    train: Callable[[Dict[str, Any]], None],
+    run: Callable[[Any], Dict[str, Any]],
+    results: Path,
+    write_report: Optional[Callable[[Dict[str, Any], Path], None]] = None,
+) -> None:
     """The end of ``main()`` of a benchmark whose points run as jobs (claims, quality, outer,
     time_to_quality): in a job (``--worker SPEC``), ``train`` the point it names; with
     ``--report-only`` (where ``write_report`` is given), rewrite the section and figure from
@@ -519,19 +573,22 @@ def panels(columns, width, height, rows=1, dpi=80):
     """(pyplot, figure, the ``rows`` x ``columns`` axes row by row in one list), each panel
     ``width`` x ``height`` inches, for a PNG written without a display."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), dpi=dpi,
-                                squeeze=False)
+    figure, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows), dpi=dpi, squeeze=False)
     return plt, figure, list(axes.flat)
 
 
 def method_bars(axis, values, reference):
     """Horizontal bars, one per method from the top down (``values``: method -> value), the
     ``reference`` method's bar grey and its value marked across the panel."""
-    bars = axis.barh(list(values), list(values.values()),
-                     color=["tab:gray" if label == reference else "tab:blue" for label in values])
+    bars = axis.barh(
+        list(values),
+        list(values.values()),
+        color=["tab:gray" if label == reference else "tab:blue" for label in values],
+    )
     if reference in values:
         axis.axvline(values[reference], color="tab:gray", linestyle="--", linewidth=0.8)
     axis.invert_yaxis()
@@ -542,6 +599,7 @@ def train_one_point(train_point, spec, prefix):
     """One rank of a resumable benchmark's point (quality, claims, outer): trains ``spec`` on
     Horovod and rank 0 prints the record, after ``prefix``, for the driver to read."""
     import horovod.torch as hvd
+
     torch.set_num_threads(1)  # the ranks share the machine's cores
     hvd.init()
     record = train_point(spec)

@@ -22,6 +22,7 @@ Writes ``<out>/benchmarks/scaling.json``, ``scaling.png`` and the section "Bytes
 ranks grow" of ``<out>/benchmarks.md``; each W's job is saved as it ends and a rerun skips those
 done. ``--quick``: W = 2 and 3, one step each, the registry's small methods.
 """
+
 import argparse
 import json
 import math
@@ -33,8 +34,18 @@ import torch
 import hvd_compress as hc
 from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
-from benchmarks.report import (add_job_options, command_line, describe_machine, machine, mpirun_job, panels,
-                               resumed_section, save_figure, say, write_section)
+from benchmarks.report import (
+    add_job_options,
+    command_line,
+    describe_machine,
+    machine,
+    mpirun_job,
+    panels,
+    resumed_section,
+    save_figure,
+    say,
+    write_section,
+)
 from benchmarks.workloads import charlm
 
 RESULT_PREFIX = "SCALING_RESULT "
@@ -66,8 +77,9 @@ def available_methods(quick: bool) -> List[Tuple[str, Optional[str], Dict[str, A
     settings with ``quick``)."""
     methods = [m for m in METHODS if m[1] is None or m[1] in hc.COMPRESSORS]
     if quick:
-        methods = [(label, name, {} if name is None else dict(hc.COMPRESSORS[name].small))
-                   for label, name, _ in methods[:4]]
+        methods = [
+            (label, name, {} if name is None else dict(hc.COMPRESSORS[name].small)) for label, name, _ in methods[:4]
+        ]
     return methods
 
 
@@ -94,9 +106,12 @@ def measure(spec: Dict[str, Any]) -> Dict[str, Any]:
             charlm.cross_entropy(model, x, y).backward()
             optimizer.step()
             sent.append(compression.traffic.last_step[2])
-        record["methods"][label] = {"bytes_per_step": sent, "parameters": sum(p.numel() for p in model.parameters()),
-                                    "by_collective": compression.traffic.by_collective,
-                                    "identical_ranks": identical_across_ranks(model, label)}
+        record["methods"][label] = {
+            "bytes_per_step": sent,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "by_collective": compression.traffic.by_collective,
+            "identical_ranks": identical_across_ranks(model, label),
+        }
     return record
 
 
@@ -160,8 +175,11 @@ def summary(results: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     labels = [label for label, _, _ in results.get("methods", [])]
     out: Dict[str, Dict[str, Any]] = {}
     for label in labels:
-        measured = {w: sum(job["methods"][label]["bytes_per_step"]) / len(job["methods"][label]["bytes_per_step"])
-                    for w, job in sorted(jobs.items()) if label in job["methods"]}
+        measured = {
+            w: sum(job["methods"][label]["bytes_per_step"]) / len(job["methods"][label]["bytes_per_step"])
+            for w, job in sorted(jobs.items())
+            if label in job["methods"]
+        }
         if len(measured) < 2:
             continue
         a, b = fit(measured)
@@ -182,15 +200,26 @@ def megabytes(value: float) -> str:
 def markdown(results: Dict[str, Any], figure: Optional[Path] = None) -> str:
     rows = summary(results)
     worlds = sorted({int(w) for w in results.get("jobs", {})})
-    lines = [f"`{results['command']}`", "", f"Machine: {describe_machine(results['machine'])}", "",
-             f"The character LM of \"Time to quality\" ({results.get('parameters', '?'):,} parameters), "
-             f"each method {results['steps']} steps through `hvd_compress.DistributedOptimizer` on "
-             f"`mpirun -np W` jobs of this host: megabytes one rank sends per step, as its traffic "
-             f"counters count them (ring algorithms), at each measured W; then the formula "
-             f"`a (W-1)/W + b (W-1)` fitted to them (its largest error over the measured W), "
-             f"extended to larger W, and the W from which the method sends more than uncompressed.", ""]
-    head = ["method"] + [f"W={w}" for w in worlds] + ["fit error"] + [f"W={w} (formula)" for w in PROJECTED] + \
-        ["x uncompressed at W=32", "more than uncompressed from"]
+    lines = [
+        f"`{results['command']}`",
+        "",
+        f"Machine: {describe_machine(results['machine'])}",
+        "",
+        f"The character LM of \"Time to quality\" ({results.get('parameters', '?'):,} parameters), "
+        f"each method {results['steps']} steps through `hvd_compress.DistributedOptimizer` on "
+        f"`mpirun -np W` jobs of this host: megabytes one rank sends per step, as its traffic "
+        f"counters count them (ring algorithms), at each measured W; then the formula "
+        f"`a (W-1)/W + b (W-1)` fitted to them (its largest error over the measured W), "
+        f"extended to larger W, and the W from which the method sends more than uncompressed.",
+        "",
+    ]
+    head = (
+        ["method"]
+        + [f"W={w}" for w in worlds]
+        + ["fit error"]
+        + [f"W={w} (formula)" for w in PROJECTED]
+        + ["x uncompressed at W=32", "more than uncompressed from"]
+    )
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     dense = rows.get(UNCOMPRESSED)
     for label, entry in rows.items():
@@ -206,11 +235,13 @@ def markdown(results: Dict[str, Any], figure: Optional[Path] = None) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if figure is not None:
         lines += ["", f"![Bytes per rank against W]({figure.parent.name}/{figure.name})"]
-    checked = [w for w in worlds
-               if all(m.get("identical_ranks") for m in results["jobs"][str(w)]["methods"].values())]
+    checked = [w for w in worlds if all(m.get("identical_ranks") for m in results["jobs"][str(w)]["methods"].values())]
     if checked:
-        lines += ["", "After its steps, every method's parameters were bit-identical on every rank "
-                  f"(all-gathered and compared) at W = {', '.join(map(str, checked))}."]
+        lines += [
+            "",
+            "After its steps, every method's parameters were bit-identical on every rank "
+            f"(all-gathered and compared) at W = {', '.join(map(str, checked))}.",
+        ]
     lines += [line for note in results.get("notes", []) for line in ("", note)]
     return "\n".join(lines) + "\n"
 
@@ -220,11 +251,16 @@ def draw_figure(results: Dict[str, Any], path: Path) -> None:
     _, figure, (axis,) = panels(1, 7.5, 4.5)
     grid = sorted(set(range(2, 257, 2)) | set(WORLDS))
     for label, entry in rows.items():
-        line, = axis.plot(grid, [formula(entry["a"], entry["b"], w) / 1e6 for w in grid],
-                          linestyle="--" if label == UNCOMPRESSED else "-", linewidth=1)
+        (line,) = axis.plot(
+            grid,
+            [formula(entry["a"], entry["b"], w) / 1e6 for w in grid],
+            linestyle="--" if label == UNCOMPRESSED else "-",
+            linewidth=1,
+        )
         measured = entry["measured"]
-        axis.plot(list(measured), [v / 1e6 for v in measured.values()], "o", color=line.get_color(),
-                  label=label, markersize=4)
+        axis.plot(
+            list(measured), [v / 1e6 for v in measured.values()], "o", color=line.get_color(), label=label, markersize=4
+        )
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
     axis.set_xlabel("ranks W")
@@ -248,16 +284,21 @@ def run(args: Any) -> Dict[str, Any]:
     path = args.out / "benchmarks" / "scaling.json"
     if results.get("methods") != [list(m) for m in methods] or results.get("steps") != args.steps:
         results.clear()  # another method list or step count: the earlier jobs do not fit
-    results.update(command=command_line("scaling", dropped=("--out", "--job-timeout")),
-                   machine=machine(), steps=args.steps, methods=[list(m) for m in methods])
+    results.update(
+        command=command_line("scaling", dropped=("--out", "--job-timeout")),
+        machine=machine(),
+        steps=args.steps,
+        methods=[list(m) for m in methods],
+    )
     results.setdefault("jobs", {})
     for world in args.np:
         if str(world) in results["jobs"]:
             continue
         say(f"scaling: W = {world}, {len(methods)} methods, {args.steps} steps each")
         spec = {"lm": lm, "steps": args.steps, "methods": methods}
-        record, = mpirun_job("benchmarks.scaling", spec, world, args.job_timeout, RESULT_PREFIX,
-                             f"scaling W={world}", expected=1)
+        (record,) = mpirun_job(
+            "benchmarks.scaling", spec, world, args.job_timeout, RESULT_PREFIX, f"scaling W={world}", expected=1
+        )
         results["jobs"][str(world)] = record
         results["parameters"] = next(iter(record["methods"].values()))["parameters"]
         path.write_text(json.dumps(results, indent=1) + "\n")
@@ -267,8 +308,12 @@ def run(args: Any) -> Dict[str, Any]:
 
 def parse_args(argv: Optional[List[str]] = None) -> Any:
     parser = argparse.ArgumentParser(prog="python -m benchmarks scaling", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--np", type=lambda text: [int(w) for w in text.split(",")], default=WORLDS,
-                        help="the world sizes to measure, comma-separated")
+    parser.add_argument(
+        "--np",
+        type=lambda text: [int(w) for w in text.split(",")],
+        default=WORLDS,
+        help="the world sizes to measure, comma-separated",
+    )
     parser.add_argument("--steps", type=int, default=4, help="steps per method (even: ACP-SGD alternates P and Q)")
     parser.add_argument("--report-only", action="store_true", help="rewrite the section and figure from the JSON")
     add_job_options(parser, 1800, "W = 2 and 3, one step, the first methods at their small settings")

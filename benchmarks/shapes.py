@@ -16,6 +16,7 @@ Each set is a list of (parameter name, shape) in ``named_parameters()`` order:
   embedding (only its biases and cluster parameters are extra): 151,119,838 parameters.
 * ``tiny``: a few small tensors, for the smoke test.
 """
+
 import math
 
 
@@ -38,9 +39,11 @@ def resnet50():
 
 def bert_base():
     hidden, ffn = 768, 3072
-    shapes = [("embeddings.word_embeddings.weight", (30522, hidden)),
-              ("embeddings.position_embeddings.weight", (512, hidden)),
-              ("embeddings.token_type_embeddings.weight", (2, hidden))]
+    shapes = [
+        ("embeddings.word_embeddings.weight", (30522, hidden)),
+        ("embeddings.position_embeddings.weight", (512, hidden)),
+        ("embeddings.token_type_embeddings.weight", (2, hidden)),
+    ]
     shapes += _norm("embeddings.LayerNorm", hidden)
     for layer in range(12):
         prefix = f"encoder.layer.{layer}"
@@ -59,15 +62,16 @@ def transformer_xl():
     vocabulary, cutoffs = 267735, [20000, 40000, 200000]
     edges = [0] + cutoffs + [vocabulary]
     clusters = list(zip(edges[:-1], edges[1:]))
-    shapes = [(f"word_emb.emb_layers.{i}.weight", (end - start, d_model))
-              for i, (start, end) in enumerate(clusters)]
+    shapes = [(f"word_emb.emb_layers.{i}.weight", (end - start, d_model)) for i, (start, end) in enumerate(clusters)]
     for layer in range(16):
         prefix = f"layers.{layer}"
-        shapes += [(f"{prefix}.dec_attn.qkv_net.weight", (3 * heads * head_dim, d_model)),
-                   (f"{prefix}.dec_attn.o_net.weight", (d_model, heads * head_dim)),
-                   (f"{prefix}.dec_attn.r_net.weight", (heads * head_dim, d_model)),
-                   (f"{prefix}.dec_attn.r_w_bias", (heads, head_dim)),
-                   (f"{prefix}.dec_attn.r_r_bias", (heads, head_dim))]
+        shapes += [
+            (f"{prefix}.dec_attn.qkv_net.weight", (3 * heads * head_dim, d_model)),
+            (f"{prefix}.dec_attn.o_net.weight", (d_model, heads * head_dim)),
+            (f"{prefix}.dec_attn.r_net.weight", (heads * head_dim, d_model)),
+            (f"{prefix}.dec_attn.r_w_bias", (heads, head_dim)),
+            (f"{prefix}.dec_attn.r_r_bias", (heads, head_dim)),
+        ]
         shapes += _norm(f"{prefix}.dec_attn.layer_norm", d_model)
         shapes += _linear(f"{prefix}.pos_ff.CoreNet.0", d_inner, d_model)
         shapes += _linear(f"{prefix}.pos_ff.CoreNet.3", d_model, d_inner)
@@ -77,19 +81,17 @@ def transformer_xl():
 
 
 def tiny():
-    return [("conv.weight", (32, 16, 3, 3)), ("fc.weight", (64, 256)), ("fc.bias", (64,)),
-            ("emb.weight", (300, 64))]
+    return [("conv.weight", (32, 16, 3, 3)), ("fc.weight", (64, 256)), ("fc.bias", (64,)), ("emb.weight", (300, 64))]
 
 
-SHAPE_SETS = {"resnet50": resnet50, "bert-base": bert_base, "transformer-xl": transformer_xl,
-              "tiny": tiny}
+SHAPE_SETS = {"resnet50": resnet50, "bert-base": bert_base, "transformer-xl": transformer_xl, "tiny": tiny}
 # One line each for reports.
 DESCRIPTIONS = {
     "resnet50": "torchvision's ResNet-50",
     "bert-base": "Hugging Face BertModel, bert-base-uncased, separate q/k/v, with pooler",
     "transformer-xl": "Transformer-XL WikiText-103 base: 16 layers, d_model 410, 10 heads, "
-                      "d_inner 2100, adaptive embedding of 267,735 tokens (cutoffs 20k/40k/200k, "
-                      "div_val 1), softmax tied to it",
+    "d_inner 2100, adaptive embedding of 267,735 tokens (cutoffs 20k/40k/200k, "
+    "div_val 1), softmax tied to it",
     "tiny": "four small tensors (smoke test)",
 }
 

@@ -8,6 +8,7 @@ power law. The budget is the error of the uniform default rank C / 2, as in L-Gr
 --spread the errors fall geometrically instead, so each layer's candidates span much of the
 budget and the DP rows stay wide: a harder case than real gradients give.
 """
+
 import argparse
 import statistics
 import time
@@ -52,12 +53,18 @@ def main():
         walls.append(time.perf_counter() - wall)
         cpus.append(time.process_time() - cpu)
     kind = "geometric (--spread)" if args.spread else "power-law"
-    print(f"solve(): {args.layers} layers x {args.candidates} candidates, steps {args.steps}, "
-          f"{kind} errors, {args.repeats} repeats")
-    print(f"wall median {statistics.median(walls):.4f} s, min {min(walls):.4f} s "
-          f"(cpu median {statistics.median(cpus):.4f} s)")
-    print(f"size / uniform default rank {default + 1}: {total_size / sizes[:, default].sum():.4f}, "
-          f"error / budget: {total_error / budget:.4f}")
+    print(
+        f"solve(): {args.layers} layers x {args.candidates} candidates, steps {args.steps}, "
+        f"{kind} errors, {args.repeats} repeats"
+    )
+    print(
+        f"wall median {statistics.median(walls):.4f} s, min {min(walls):.4f} s "
+        f"(cpu median {statistics.median(cpus):.4f} s)"
+    )
+    print(
+        f"size / uniform default rank {default + 1}: {total_size / sizes[:, default].sum():.4f}, "
+        f"error / budget: {total_error / budget:.4f}"
+    )
 
 
 if __name__ == "__main__":

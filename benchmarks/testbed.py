@@ -24,7 +24,8 @@ at least 128 KiB. A real NIC has no credit: after an idle period tbf lets ``burs
 through at memory speed, so a message arrives at most about 1 ms early (2 ms at 0.5 Gbit/s),
 below the resolution of a training step. The floor admits a whole 64 KiB GSO segment of the
 veth with its headers, which tbf would otherwise split in software: at 0.5 Gbit/s with a 64 KiB
-burst, 6-10% of the CPU went to work charged to no process during jobs with large buckets. ``latency`` 50 ms bounds the queue at rate x 50 ms + burst (6.3 MB at 1 Gbit/s): enough
+burst, 6-10% of the CPU went to work charged to no process during jobs with large buckets.
+``latency`` 50 ms bounds the queue at rate x 50 ms + burst (6.3 MB at 1 Gbit/s): enough
 that TCP never sees drops, and so never a retransmission timeout of 200 ms, which a switch port
 that pauses (as data-centre Ethernet does) would not cause either. TCP Small Queues keep the
 queue actually used far shorter.
@@ -41,6 +42,7 @@ takes a lock file for that prefix, so two testbeds with the same prefix cannot o
 a killed earlier run left under the prefix is then removed. Leaving the context, also on errors,
 Ctrl-C and SIGTERM, removes everything it created. Every command runs under a timeout.
 """
+
 import contextlib
 import fcntl
 import os
@@ -71,8 +73,10 @@ class EmulatedCluster:
 
     def __post_init__(self):
         if self.ranks_per_node < 1 or self.ranks % self.ranks_per_node:
-            raise ValueError(f"emulated cluster: ranks_per_node ({self.ranks_per_node}) must be a "
-                             f"positive divisor of ranks ({self.ranks})")
+            raise ValueError(
+                f"emulated cluster: ranks_per_node ({self.ranks_per_node}) must be a "
+                f"positive divisor of ranks ({self.ranks})"
+            )
 
     @property
     def nodes(self):
@@ -102,27 +106,60 @@ class EmulatedCluster:
         named in ``env`` to every rank; run it with :meth:`mpirun_environment`."""
         exports = [item for name in sorted(env or {}) for item in ("-x", name)]
         # $OMPI_COMM_WORLD_RANK is expanded by each rank's own shell, after mpirun set it.
-        node = ("$OMPI_COMM_WORLD_RANK" if self.ranks_per_node == 1
-                else f"$((OMPI_COMM_WORLD_RANK / {self.ranks_per_node}))")
+        node = (
+            "$OMPI_COMM_WORLD_RANK"
+            if self.ranks_per_node == 1
+            else f"$((OMPI_COMM_WORLD_RANK / {self.ranks_per_node}))"
+        )
         enter = f'exec ip netns exec "{self.prefix}{node}" "$@"'
         # Rank r bound to core r mod cores: unbound, the scheduler moves oversubscribed ranks
         # around and step times of two identical jobs differ several times more.
-        placement = (["--map-by", "core:OVERSUBSCRIBE", "--bind-to", "core:overload-allowed"]
-                     if self.pin_ranks else ["--bind-to", "none"])
-        return (["mpirun", "--allow-run-as-root", "--oversubscribe", *placement,
-                 "-np", str(self.ranks),
-                 # TCP on the shaped links only: no shared memory, no UCX or other fabrics.
-                 "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
-                 "--mca", "btl_tcp_if_include", f"{self.subnet}.0/24",
-                 "--mca", "oob_tcp_if_include", self.bridge,
-                 "-x", "PMIX_MCA_ptl_tcp_remote_connections", "-x", "PMIX_MCA_ptl_tcp_if_include",
-                 *exports, "sh", "-c", enter, "sh", *argv])
+        placement = (
+            ["--map-by", "core:OVERSUBSCRIBE", "--bind-to", "core:overload-allowed"]
+            if self.pin_ranks
+            else ["--bind-to", "none"]
+        )
+        return [
+            "mpirun",
+            "--allow-run-as-root",
+            "--oversubscribe",
+            *placement,
+            "-np",
+            str(self.ranks),
+            # TCP on the shaped links only: no shared memory, no UCX or other fabrics.
+            "--mca",
+            "pml",
+            "ob1",
+            "--mca",
+            "btl",
+            "tcp,self",
+            "--mca",
+            "btl_tcp_if_include",
+            f"{self.subnet}.0/24",
+            "--mca",
+            "oob_tcp_if_include",
+            self.bridge,
+            "-x",
+            "PMIX_MCA_ptl_tcp_remote_connections",
+            "-x",
+            "PMIX_MCA_ptl_tcp_if_include",
+            *exports,
+            "sh",
+            "-c",
+            enter,
+            "sh",
+            *argv,
+        ]
 
     def mpirun_environment(self, env=None):
         """The environment for :meth:`mpirun_command`: ranks in other namespaces reach mpirun's
         PMIx server only over TCP on the bridge."""
-        return {**os.environ, **(env or {}), "PMIX_MCA_ptl_tcp_remote_connections": "1",
-                "PMIX_MCA_ptl_tcp_if_include": self.bridge}
+        return {
+            **os.environ,
+            **(env or {}),
+            "PMIX_MCA_ptl_tcp_remote_connections": "1",
+            "PMIX_MCA_ptl_tcp_if_include": self.bridge,
+        }
 
     def run(self, argv, timeout, env=None):
         """Runs ``argv`` on every rank under :func:`run_bounded`; ``env`` is added to this
@@ -130,30 +167,32 @@ class EmulatedCluster:
         return run_bounded(self.mpirun_command(argv, env), timeout, self.mpirun_environment(env))
 
     def describe(self):
-        per_node = (f", {self.ranks_per_node} ranks in each (unshaped loopback between them)"
-                    if self.ranks_per_node > 1 else "")
-        return (f"{self.nodes} network namespaces {self.namespace(0)}..{self.namespace(self.nodes - 1)}{per_node} "
-                f"on bridge {self.bridge} ({self.subnet}.0/24), each link shaped both ways by "
-                f"tc tbf {' '.join(self.tbf_parameters())}; ranks "
-                f"{'bound to core r mod cores' if self.pin_ranks else 'not bound to cores'}")
+        per_node = (
+            f", {self.ranks_per_node} ranks in each (unshaped loopback between them)" if self.ranks_per_node > 1 else ""
+        )
+        return (
+            f"{self.nodes} network namespaces {self.namespace(0)}..{self.namespace(self.nodes - 1)}{per_node} "
+            f"on bridge {self.bridge} ({self.subnet}.0/24), each link shaped both ways by "
+            f"tc tbf {' '.join(self.tbf_parameters())}; ranks "
+            f"{'bound to core r mod cores' if self.pin_ranks else 'not bound to cores'}"
+        )
 
 
 def _run(*args, namespace=None):
     """Runs one command (``ip ...``, ``tc ...``), inside ``namespace`` if given."""
     command = (["ip", "netns", "exec", namespace] if namespace else []) + list(args)
-    return subprocess.run(command, check=True, capture_output=True, text=True,
-                          timeout=COMMAND_TIMEOUT).stdout
+    return subprocess.run(command, check=True, capture_output=True, text=True, timeout=COMMAND_TIMEOUT).stdout
 
 
 def _remove(cluster_prefix):
     """Removes every namespace and link named with ``cluster_prefix`` (errors ignored)."""
-    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                                timeout=COMMAND_TIMEOUT).stdout.split()
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
-                           timeout=COMMAND_TIMEOUT).stdout
+    namespaces = subprocess.run(
+        ["ip", "netns", "list"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT
+    ).stdout.split()
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT).stdout
     link_names = [line.split(":")[1].strip().split("@")[0] for line in links.splitlines()]
     for name in namespaces:
-        if name.startswith(cluster_prefix) and name[len(cluster_prefix):].isdigit():
+        if name.startswith(cluster_prefix) and name[len(cluster_prefix) :].isdigit():
             subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=COMMAND_TIMEOUT)
     # Deleting a namespace deletes the veth ends in it, and so their peers on the bridge;
     # a namespace still held by a lingering process keeps them, hence the explicit deletes.
@@ -162,8 +201,12 @@ def _remove(cluster_prefix):
             subprocess.run(["ip", "link", "delete", name], capture_output=True, timeout=COMMAND_TIMEOUT)
     if shutil.which("iptables"):
         bridge = f"{cluster_prefix}br"
-        while subprocess.run(["iptables", "-D", *_forward_rule(bridge)], capture_output=True,
-                             timeout=COMMAND_TIMEOUT).returncode == 0:
+        while (
+            subprocess.run(
+                ["iptables", "-D", *_forward_rule(bridge)], capture_output=True, timeout=COMMAND_TIMEOUT
+            ).returncode
+            == 0
+        ):
             pass
 
 
@@ -178,7 +221,8 @@ def _build(cluster):
         detail = getattr(error, "stderr", None) or error
         command = getattr(error, "cmd", None)
         raise NetworkNamespacesUnavailable(
-            f"{shlex.join(command) + ': ' if command else ''}{str(detail).strip()}") from error
+            f"{shlex.join(command) + ': ' if command else ''}{str(detail).strip()}"
+        ) from error
 
 
 def _build_links(cluster):
@@ -230,8 +274,9 @@ def run_bounded(command, timeout, env=None):
     """Runs ``command`` in a session of its own; past ``timeout`` seconds (or on any exception
     here, Ctrl-C included) the whole session is terminated, then killed. Returns
     (returncode, stdout, stderr); returncode is None after a timeout."""
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=env, start_new_session=True)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     _inherit_autogroup_nice(process.pid)
     try:
         stdout, stderr = process.communicate(timeout=timeout)

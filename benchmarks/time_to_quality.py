@@ -30,6 +30,7 @@ Resumes point by point: each job's record goes into ``<out>/benchmarks/time_to_q
 (and the section of ``<out>/benchmarks.md`` is rewritten) as soon as it ends; a rerun skips the
 points already there. ``--quick``: 2 ranks, the convergence benchmark's tiny LM, a few steps.
 """
+
 import argparse
 import copy
 import json
@@ -47,8 +48,18 @@ import torch
 import hvd_compress as hc
 from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
-from benchmarks.report import (DOCS, Progress, describe_machine, machine, method_bars, mpirun_job, panels,
-                               run_points, train_one_point, write_section)
+from benchmarks.report import (
+    DOCS,
+    Progress,
+    describe_machine,
+    machine,
+    method_bars,
+    mpirun_job,
+    panels,
+    run_points,
+    train_one_point,
+    write_section,
+)
 from benchmarks.workloads import charlm
 
 RESULT_PREFIX = "TTQ_RESULT "
@@ -70,40 +81,55 @@ UNCOMPRESSED_LONGEST = 8000
 KNEE_GAIN = 0.03
 BASE_SEEDS, OTHER_SEEDS = 5, 3
 # --quick: any gain makes a knee, so that the compressed points run too.
-QUICK = {"lengths": [8, 12, 16, 24], "warmup": 2, "longest": 16, "base_seeds": 2, "other_seeds": 1,
-         "knee_gain": 1.0, "eval_windows": 64}
+QUICK = {
+    "lengths": [8, 12, 16, 24],
+    "warmup": 2,
+    "longest": 16,
+    "base_seeds": 2,
+    "other_seeds": 1,
+    "knee_gain": 1.0,
+    "eval_windows": 64,
+}
 
 # The points the time-to-target claims rest on: FP16 (the strong baseline), ACP-SGD rank 16 and
 # PowerSGD rank 8 (the soonest and advise's pick at r = 3 in its first pass), L-GreCo over Top-K
 # 10% (the soonest at r = 3 on one seed), and the two-hop quantized all-reduce at 8 and 4 bits
 # (the method whose bytes stay flat as ranks grow). MLPerf/AlgoPerf: as many seeds as the
 # target's own, and run first.
-DECIDING = ("FP16", "ACP-SGD rank 16", "PowerSGD rank 8", "L-GreCo (Top-K) density 0.1",
-            "QuantizedAllReduce bits 8", "QuantizedAllReduce bits 4")
+DECIDING = (
+    "FP16",
+    "ACP-SGD rank 16",
+    "PowerSGD rank 8",
+    "L-GreCo (Top-K) density 0.1",
+    "QuantizedAllReduce bits 8",
+    "QuantizedAllReduce bits 4",
+)
 QUICK_FAMILIES = ("FP16", "L-GreCo (PowerSGD)", "DiLoCo H=10 (QSGD)")  # each kind of state, branched
 # Compressed points, in the order their seed 0 runs: the settings "Quality against bytes" found
 # closest to uncompressed first (the low-rank anchor, rank 8, and ACP-SGD at twice it), then
 # cheaper settings of each family, then the controllers.
-METHODS = [("FP16", "fp16", {}, None),
-           ("PowerSGD", "powersgd", {"rank": 8}, None),
-           ("ACP-SGD", "acpsgd", {"rank": 16}, None),
-           ("QSGD", "qsgd", {"bits": 8}, None),
-           ("Top-K", "topk", {"density": 0.1}, None),
-           ("PowerSGD", "powersgd", {"rank": 4}, None),
-           ("ACP-SGD", "acpsgd", {"rank": 8}, None),
-           ("QSGD", "qsgd", {"bits": 4}, None),
-           ("ScaleCom", "scalecom", {"density": 0.1}, {"warmup": True}),
-           ("L-GreCo (PowerSGD)", "powersgd", {"rank": 8}, {"kind": "lgreco"}),
-           ("L-GreCo (Top-K)", "topk", {"density": 0.1}, {"kind": "lgreco"}),
-           ("GraVAC (Top-K)", "topk", {}, {"kind": "gravac", "epsilon": 0.7}),
-           ("Top-K", "topk", {"density": 0.01}, None),
-           # DiLoCo with the codec "DiLoCo: local steps" found best (QSGD 4 bits, as good as FP16
-           # at half its bytes), at two periods.
-           ("DiLoCo H=50 (QSGD)", "qsgd", {"bits": 4}, {"kind": "diloco", "inner_steps": 50}),
-           ("DiLoCo H=10 (QSGD)", "qsgd", {"bits": 4}, {"kind": "diloco", "inner_steps": 10}),
-           # The two-hop quantized all-reduce, added after the points above had run.
-           ("QuantizedAllReduce", "qallreduce", {"bits": 8}, None),
-           ("QuantizedAllReduce", "qallreduce", {"bits": 4}, None)]
+METHODS = [
+    ("FP16", "fp16", {}, None),
+    ("PowerSGD", "powersgd", {"rank": 8}, None),
+    ("ACP-SGD", "acpsgd", {"rank": 16}, None),
+    ("QSGD", "qsgd", {"bits": 8}, None),
+    ("Top-K", "topk", {"density": 0.1}, None),
+    ("PowerSGD", "powersgd", {"rank": 4}, None),
+    ("ACP-SGD", "acpsgd", {"rank": 8}, None),
+    ("QSGD", "qsgd", {"bits": 4}, None),
+    ("ScaleCom", "scalecom", {"density": 0.1}, {"warmup": True}),
+    ("L-GreCo (PowerSGD)", "powersgd", {"rank": 8}, {"kind": "lgreco"}),
+    ("L-GreCo (Top-K)", "topk", {"density": 0.1}, {"kind": "lgreco"}),
+    ("GraVAC (Top-K)", "topk", {}, {"kind": "gravac", "epsilon": 0.7}),
+    ("Top-K", "topk", {"density": 0.01}, None),
+    # DiLoCo with the codec "DiLoCo: local steps" found best (QSGD 4 bits, as good as FP16
+    # at half its bytes), at two periods.
+    ("DiLoCo H=50 (QSGD)", "qsgd", {"bits": 4}, {"kind": "diloco", "inner_steps": 50}),
+    ("DiLoCo H=10 (QSGD)", "qsgd", {"bits": 4}, {"kind": "diloco", "inner_steps": 10}),
+    # The two-hop quantized all-reduce, added after the points above had run.
+    ("QuantizedAllReduce", "qallreduce", {"bits": 8}, None),
+    ("QuantizedAllReduce", "qallreduce", {"bits": 4}, None),
+]
 
 
 # ----- one job: runs on every rank ----------------------------------------------------------------
@@ -125,6 +151,7 @@ def cooldown_steps(length: int) -> int:
 class Training:
     """One rank's run of a point, built as every job of this benchmark (and of ``time_to_target``,
     which times its steps) builds it."""
+
     model: Any
     optimizer: Any  # hvd.DistributedOptimizer, or hc.DiLoCo over the local AdamW
     compression: Any  # None: uncompressed
@@ -191,8 +218,9 @@ def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
             take_step(run, PEAK_LR * lr_factor(step, length, spec["warmup"]))
 
     def state() -> Dict[str, Any]:
-        return copy.deepcopy({**{name: obj.state_dict() for name, obj in run.stateful.items()},
-                              "data": run.generator.get_state()})
+        return copy.deepcopy(
+            {**{name: obj.state_dict() for name, obj in run.stateful.items()}, "data": run.generator.get_state()}
+        )
 
     def restore(saved: Dict[str, Any]) -> None:
         for name, obj in run.stateful.items():
@@ -218,8 +246,13 @@ def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
         if target is not None and loss <= target:
             break
         restore(saved)
-    record = {"key": spec["key"], "points": points, "steps_taken": steps_taken, "world_size": size,
-              "train_seconds": time.perf_counter() - started}
+    record = {
+        "key": spec["key"],
+        "points": points,
+        "steps_taken": steps_taken,
+        "world_size": size,
+        "train_seconds": time.perf_counter() - started,
+    }
     if run.compression is not None:
         record["wire_bytes_per_step"] = run.compression.traffic.wire_bytes / steps_taken
     return record
@@ -233,8 +266,10 @@ def records_of(results: Dict[str, Any], label: str) -> List[Dict[str, Any]]:
 def median_curve(records: List[Dict[str, Any]]) -> Dict[int, float]:
     """length -> median loss over the records, at the lengths every record reached."""
     common = set.intersection(*({p["length"] for p in r["points"]} for r in records))
-    return {length: statistics.median(p["loss"] for r in records for p in r["points"] if p["length"] == length)
-            for length in sorted(common)}
+    return {
+        length: statistics.median(p["loss"] for r in records for p in r["points"] if p["length"] == length)
+        for length in sorted(common)
+    }
 
 
 def target_of(results: Dict[str, Any], base_seeds: int, knee_gain: float) -> Optional[Dict[str, Any]]:
@@ -249,8 +284,13 @@ def target_of(results: Dict[str, Any], base_seeds: int, knee_gain: float) -> Opt
     knee = next((length for length in doubled if curve[2 * length] > (1 - knee_gain) * curve[length]), None)
     outcome = {"curve": curve, "knee": knee or max(doubled), "knee_found": knee is not None, "seeds": len(records)}
     at_knee = [p["loss"] for r in records for p in r["points"] if p["length"] == outcome["knee"]]
-    return dict(outcome, target=max(at_knee), median_at_knee=statistics.median(at_knee),
-                spread_at_knee=max(at_knee) - min(at_knee), cap=2 * outcome["knee"])
+    return dict(
+        outcome,
+        target=max(at_knee),
+        median_at_knee=statistics.median(at_knee),
+        spread_at_knee=max(at_knee) - min(at_knee),
+        cap=2 * outcome["knee"],
+    )
 
 
 def steps_to_target(record: Dict[str, Any], target: float) -> Optional[float]:
@@ -262,8 +302,9 @@ def steps_to_target(record: Dict[str, Any], target: float) -> Optional[float]:
             if previous is None:
                 return float(point["length"])
             fraction = (previous["loss"] - target) / (previous["loss"] - point["loss"])
-            return math.exp(math.log(previous["length"]) +
-                            fraction * (math.log(point["length"]) - math.log(previous["length"])))
+            return math.exp(
+                math.log(previous["length"]) + fraction * (math.log(point["length"]) - math.log(previous["length"]))
+            )
         previous = point
     return None
 
@@ -276,17 +317,23 @@ def score(records: List[Dict[str, Any]], target: float) -> Dict[str, Any]:
     median = statistics.median(ordered)
     trimmed = ordered[1:-1] if len(ordered) >= 3 else ordered
     reached = [s for s in ordered if s != math.inf]
-    return {"seeds": len(records), "reached": len(reached), "steps": steps,
-            "median": None if median == math.inf else median,
-            "trimmed_mean": None if math.inf in trimmed else statistics.fmean(trimmed),
-            "spread": max(reached) - min(reached) if len(reached) > 1 else None,
-            "best_missed_loss": min((min(p["loss"] for p in r["points"]) for r, s in zip(records, steps) if s is None),
-                                    default=None)}
+    return {
+        "seeds": len(records),
+        "reached": len(reached),
+        "steps": steps,
+        "median": None if median == math.inf else median,
+        "trimmed_mean": None if math.inf in trimmed else statistics.fmean(trimmed),
+        "spread": max(reached) - min(reached) if len(reached) > 1 else None,
+        "best_missed_loss": min(
+            (min(p["loss"] for p in r["points"]) for r, s in zip(records, steps) if s is None), default=None
+        ),
+    }
 
 
 # ----- the driver -----------------------------------------------------------------------------
-def spec_for(family: str, compressor: Optional[str], settings: Dict[str, Any], controller: Optional[Dict[str, Any]],
-             seed: int) -> Dict[str, Any]:
+def spec_for(
+    family: str, compressor: Optional[str], settings: Dict[str, Any], controller: Optional[Dict[str, Any]], seed: int
+) -> Dict[str, Any]:
     return quality.point(WORKLOAD, family, compressor, settings, seed, controller)
 
 
@@ -299,24 +346,32 @@ def method_points(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
     uncompressed; then every other method seed by seed (seed 0 of every method first)."""
     methods = [m for m in METHODS if m[0] in QUICK_FAMILIES] if plan["quick"] else METHODS
     deciding = [m for m in methods if spec_for(*m, 0)["label"] in DECIDING]
-    return ([spec_for(*method, seed) for seed in range(plan["base_seeds"]) for method in deciding] +
-            [spec_for(*method, seed) for seed in range(plan["other_seeds"])
-             for method in methods if method not in deciding])
+    return [spec_for(*method, seed) for seed in range(plan["base_seeds"]) for method in deciding] + [
+        spec_for(*method, seed) for seed in range(plan["other_seeds"]) for method in methods if method not in deciding
+    ]
 
 
 def run_point(spec, lengths, target, args, results, path, progress) -> None:
-    job = dict(spec, lm=args.lm, lengths=lengths, target=target, warmup=args.plan["warmup"],
-               eval_windows=args.plan["eval_windows"],
-               progress=args.progress and str(args.progress))
-    [record] = mpirun_job("benchmarks.time_to_quality", job, args.np, args.job_timeout, RESULT_PREFIX,
-                          spec["key"], expected=1)
+    job = dict(
+        spec,
+        lm=args.lm,
+        lengths=lengths,
+        target=target,
+        warmup=args.plan["warmup"],
+        eval_windows=args.plan["eval_windows"],
+        progress=args.progress and str(args.progress),
+    )
+    [record] = mpirun_job(
+        "benchmarks.time_to_quality", job, args.np, args.job_timeout, RESULT_PREFIX, spec["key"], expected=1
+    )
     results["points"][spec["key"]] = {"spec": dict(spec, lengths=lengths, target=target), "record": record}
     results["command"] = quality.command_line("time_to_quality")
     save(results, path)
     write_report(results, args.out)
     last = record["points"][-1]
-    progress.finished(f"{spec['key']}: loss {last['loss']:.4f} at {last['length']} steps, "
-                      f"{record['job_seconds']:.0f} s")
+    progress.finished(
+        f"{spec['key']}: loss {last['loss']:.4f} at {last['length']} steps, {record['job_seconds']:.0f} s"
+    )
 
 
 def save(results: Dict[str, Any], path: Path) -> None:
@@ -352,8 +407,15 @@ def run(args) -> Dict[str, Any]:
         for spec in others:
             if time.monotonic() < deadline:
                 progress.starting(spec["key"])
-                run_point(spec, [n for n in plan["lengths"] if n <= goal["cap"]], goal["target"], args, results,
-                          path, progress)
+                run_point(
+                    spec,
+                    [n for n in plan["lengths"] if n <= goal["cap"]],
+                    goal["target"],
+                    args,
+                    results,
+                    path,
+                    progress,
+                )
     write_report(results, args.out)
     return results
 
@@ -376,37 +438,56 @@ def markdown(results: Dict[str, Any], figure: Path, out: Path = DOCS) -> str:
     plan = results["plan"]
     goal = target_of(results, plan["base_seeds"], plan["knee_gain"])
     job_minutes = sum(e["record"].get("job_seconds", 0.0) for e in results["points"].values()) / 60
-    lines = [f"Command: `{results.get('command', 'python -m benchmarks time_to_quality')}` (resumable; "
-             f"{len(results['points'])} jobs, {job_minutes:.0f} min in jobs, in the background beside other "
-             "work on the same cores: the job times are not step times)", "",
-             f"Machine: {describe_machine(results['machine'])}", "",
-             f"Workload: the character LM of \"Quality against bytes\", {results['np']} ranks under `mpirun` "
-             "on loopback (no emulated network: this half counts steps, not seconds). Schedule: "
-             f"warmup-stable-decay, {plan['warmup']} warm-up steps, peak learning rate {PEAK_LR}, and a "
-             f"1 - sqrt cool-down over the last {COOLDOWN_FRACTION:.0%} of each length, branched from one "
-             "stable run per seed (model, optimizer, compressor state and data stream restored after "
-             f"each branch). Evaluation: validation loss (nats per byte, on {plan['eval_windows']} windows of 32 "
-             f"bytes across the validation split) at the end of each length of "
-             f"{', '.join(map(str, plan['lengths']))} steps (x {results['np']} ranks x 16 sequences of 32 bytes), "
-             "the same for every method.", ""]
+    lines = [
+        f"Command: `{results.get('command', 'python -m benchmarks time_to_quality')}` (resumable; "
+        f"{len(results['points'])} jobs, {job_minutes:.0f} min in jobs, in the background beside other "
+        "work on the same cores: the job times are not step times)",
+        "",
+        f"Machine: {describe_machine(results['machine'])}",
+        "",
+        f"Workload: the character LM of \"Quality against bytes\", {results['np']} ranks under `mpirun` "
+        "on loopback (no emulated network: this half counts steps, not seconds). Schedule: "
+        f"warmup-stable-decay, {plan['warmup']} warm-up steps, peak learning rate {PEAK_LR}, and a "
+        f"1 - sqrt cool-down over the last {COOLDOWN_FRACTION:.0%} of each length, branched from one "
+        "stable run per seed (model, optimizer, compressor state and data stream restored after "
+        f"each branch). Evaluation: validation loss (nats per byte, on {plan['eval_windows']} windows of 32 "
+        f"bytes across the validation split) at the end of each length of "
+        f"{', '.join(map(str, plan['lengths']))} steps (x {results['np']} ranks x 16 sequences of 32 bytes), "
+        "the same for every method.",
+        "",
+    ]
     if goal is None:
         done = len(records_of(results, UNCOMPRESSED))
         lines += [f"Target: not measured yet ({done} of {plan['base_seeds']} uncompressed seeds have run).", ""]
         for entry in results["points"].values():
             if entry["spec"]["label"] == UNCOMPRESSED:
-                lines += [f"Uncompressed, {entry['spec']['key'].rsplit('/', 1)[-1]} (length: validation loss): "
-                          + ", ".join(f"{p['length']}: {p['loss']:.4f}" for p in entry["record"]["points"]) + ".", ""]
+                lines += [
+                    f"Uncompressed, {entry['spec']['key'].rsplit('/', 1)[-1]} (length: validation loss): "
+                    + ", ".join(f"{p['length']}: {p['loss']:.4f}" for p in entry["record"]["points"])
+                    + ".",
+                    "",
+                ]
     else:
-        lines += ["Uncompressed, median validation loss over "
-                  f"{goal['seeds']} seeds (length: loss): "
-                  + ", ".join(f"{length}: {loss:.4f}" for length, loss in goal["curve"].items()) + ".", ""]
-        rule = (f"the shortest length after which doubling the run lowers the median loss by less than "
-                f"{plan['knee_gain']:.0%}" if goal["knee_found"] else
-                f"no length up to {plan['longest'] // 2} gains less than {plan['knee_gain']:.0%} when doubled: "
-                "the longest length whose double was measured, short of the knee")
-        lines += [f"Knee: {goal['knee']} steps ({rule}). Target: validation loss {goal['target']:.4f}, the "
-                  f"highest of the {goal['seeds']} seeds at the knee (median {goal['median_at_knee']:.4f}, "
-                  f"spread {goal['spread_at_knee']:.4f}). Cap: {goal['cap']} steps.", ""]
+        lines += [
+            "Uncompressed, median validation loss over "
+            f"{goal['seeds']} seeds (length: loss): "
+            + ", ".join(f"{length}: {loss:.4f}" for length, loss in goal["curve"].items())
+            + ".",
+            "",
+        ]
+        rule = (
+            f"the shortest length after which doubling the run lowers the median loss by less than "
+            f"{plan['knee_gain']:.0%}"
+            if goal["knee_found"]
+            else f"no length up to {plan['longest'] // 2} gains less than {plan['knee_gain']:.0%} when doubled: "
+            "the longest length whose double was measured, short of the knee"
+        )
+        lines += [
+            f"Knee: {goal['knee']} steps ({rule}). Target: validation loss {goal['target']:.4f}, the "
+            f"highest of the {goal['seeds']} seeds at the knee (median {goal['median_at_knee']:.4f}, "
+            f"spread {goal['spread_at_knee']:.4f}). Cap: {goal['cap']} steps.",
+            "",
+        ]
         lines += steps_table(results, goal["target"])
     lines += link_settings(results["np"], out) + budget(plan, goal and goal["cap"])
     lines.append(f"![time to quality]({figure.as_posix()})")
@@ -426,32 +507,48 @@ def budget(plan: Dict[str, Any], cap: Optional[int]) -> List[str]:
     # Every job to the cap, at 55 ms a step, or 110 ms with a CPU codec: the bound, before jobs
     # stop at the target.
     hours = [jobs * capped * step_s / 3600 for step_s in (0.055, 0.110)]
-    whole = (f"With every job run to the cap, the {jobs} jobs would take {hours[0]:.0f}-{hours[1]:.0f} h of idle "
-             "cores; a job stops at the first length that reaches the target, so the plan fits the issue's 12 h "
-             "only if most compressed jobs stop well before the cap.") if cap else ""
-    return [f"**Budget.** An uncompressed job trains {base:,} steps; a compressed one at most {capped:,} "
-            f"({'at the cap of ' + format(cap, ',') + ' steps' if cap else 'the cap is not set yet'}), fewer "
-            "when it reaches the target sooner. A step on idle cores is about 55 ms uncompressed (issue 33's "
-            "hand-run: 3,000 steps in 164 s) and up to about twice that with a CPU codec; the first "
-            f"uncompressed seed took 37 min (194 ms a step) beside two other people's work. {whole} "
-            "Traded to fit: one or two "
-            "settings per method (those \"Quality against bytes\" found closest to uncompressed, then one "
-            f"cheaper), 3 seeds for every compressed point but those the targets rest on ({', '.join(DECIDING)}: "
-            f"{plan['base_seeds']}, run first), DiLoCo with one codec, and lengths "
-            "1.33-1.5x apart (steps to target interpolated between them).", ""]
+    whole = (
+        (
+            f"With every job run to the cap, the {jobs} jobs would take {hours[0]:.0f}-{hours[1]:.0f} h of idle "
+            "cores; a job stops at the first length that reaches the target, so the plan fits the issue's 12 h "
+            "only if most compressed jobs stop well before the cap."
+        )
+        if cap
+        else ""
+    )
+    return [
+        f"**Budget.** An uncompressed job trains {base:,} steps; a compressed one at most {capped:,} "
+        f"({'at the cap of ' + format(cap, ',') + ' steps' if cap else 'the cap is not set yet'}), fewer "
+        "when it reaches the target sooner. A step on idle cores is about 55 ms uncompressed (issue 33's "
+        "hand-run: 3,000 steps in 164 s) and up to about twice that with a CPU codec; the first "
+        f"uncompressed seed took 37 min (194 ms a step) beside two other people's work. {whole} "
+        "Traded to fit: one or two "
+        "settings per method (those \"Quality against bytes\" found closest to uncompressed, then one "
+        f"cheaper), 3 seeds for every compressed point but those the targets rest on ({', '.join(DECIDING)}: "
+        f"{plan['base_seeds']}, run first), DiLoCo with one codec, and lengths "
+        "1.33-1.5x apart (steps to target interpolated between them).",
+        "",
+    ]
 
 
 # GPU clusters placed on the same scale: (label, peak dense bf16 FLOPS, link Gbit/s per node,
 # tokens per GPU and step); utilisation and fp32 gradients as GPU_UTILISATION, GPU_GRADIENT_BYTES.
-GPU_CLUSTERS = [("H100, 25 Gbit/s Ethernet", 989e12, 25, 56_000),
-                ("A100, 25 Gbit/s Ethernet", 312e12, 25, 18_000),
-                ("A100, 100 Gbit/s InfiniBand", 312e12, 100, 44_000),
-                ("H100, 400 Gbit/s InfiniBand", 989e12, 400, 35_000)]
+GPU_CLUSTERS = [
+    ("H100, 25 Gbit/s Ethernet", 989e12, 25, 56_000),
+    ("A100, 25 Gbit/s Ethernet", 312e12, 25, 18_000),
+    ("A100, 100 Gbit/s InfiniBand", 312e12, 100, 44_000),
+    ("H100, 400 Gbit/s InfiniBand", 989e12, 400, 35_000),
+]
 GPU_UTILISATION, GPU_GRADIENT_BYTES = 0.4, 4
 
 
-def gpu_ratio(peak_flops: float, link_gbit: float, tokens: int, utilisation: float = GPU_UTILISATION,
-              gradient_bytes: int = GPU_GRADIENT_BYTES) -> float:
+def gpu_ratio(
+    peak_flops: float,
+    link_gbit: float,
+    tokens: int,
+    utilisation: float = GPU_UTILISATION,
+    gradient_bytes: int = GPU_GRADIENT_BYTES,
+) -> float:
     """r of a GPU cluster: the ring bound of one all-reduce across nodes (2 x bytes x P / B, the
     nodes' GPUs reduced among themselves first) over a step's compute (6 x P x tokens / (peak x
     utilisation)). P cancels: r = bytes x peak x utilisation / (3 x tokens x B)."""
@@ -463,24 +560,35 @@ def link_settings(world: int, out: Path) -> List[str]:
     parameters = sum(p.numel() for p in charlm.CharTransformer(**quality.LM["model"]).parameters())
     ring = 2 * (world - 1) / world * 4 * parameters
     compute_s = 0.033  # "Quality against bytes": 3,000 steps in about 100 s on idle cores
-    rows = [f"| {label} | {peak / 1e12:.0f} | {gbit} | {tokens:,} | {gpu_ratio(peak, gbit, tokens):.2f} |"
-            for label, peak, gbit, tokens in GPU_CLUSTERS]
-    return ["**Link settings.** r is the ring bound of the uncompressed all-reduce, "
-            f"2(W-1)/W x M / B, over the compute of a step. Here P = {parameters:,} parameters, M = "
-            f"{4 * parameters:,} bytes of fp32 gradients, W = {world}: {ring / 1e6:.2f} MB / B, against about "
-            f"{1e3 * compute_s:.0f} ms of compute a step (4 ranks on 2 cores). \"Ethernet\", r = 3, needs B = "
-            f"{ring / (3 * compute_s) / 1e6:.1f} MB/s of all-reduce bandwidth; \"InfiniBand\", r = 0.3, "
-            f"{ring / (0.3 * compute_s) / 1e6:.0f} MB/s. \"Time to target\" measures both on the testbed "
-            "with a probe job (the nominal tbf rate is not the all-reduce's bandwidth) and sets the two "
-            "rates from it.", "",
-            "On a GPU cluster a step's compute is 6 P T / (F u) (T tokens per GPU and step, F peak FLOPS, u "
-            "utilisation) and the all-reduce across nodes 2 b P / B (b bytes per gradient element, B one "
-            "node's link): r = b F u / (3 T B), whatever the model's size. With u = "
-            f"{GPU_UTILISATION} and fp32 gradients (b = {GPU_GRADIENT_BYTES}; bf16 halves r):", "",
-            "| cluster | peak TFLOPS (bf16, dense) | link Gbit/s per node | tokens per GPU and step | r |",
-            "|---|---|---|---|---|", *rows, "", *codec_share(out), "",
-            "Time to target on the emulated cluster (steps to target here x step time measured there, "
-            "checked against end-to-end runs): \"Time to target\".", ""]
+    rows = [
+        f"| {label} | {peak / 1e12:.0f} | {gbit} | {tokens:,} | {gpu_ratio(peak, gbit, tokens):.2f} |"
+        for label, peak, gbit, tokens in GPU_CLUSTERS
+    ]
+    return [
+        "**Link settings.** r is the ring bound of the uncompressed all-reduce, "
+        f"2(W-1)/W x M / B, over the compute of a step. Here P = {parameters:,} parameters, M = "
+        f"{4 * parameters:,} bytes of fp32 gradients, W = {world}: {ring / 1e6:.2f} MB / B, against about "
+        f"{1e3 * compute_s:.0f} ms of compute a step (4 ranks on 2 cores). \"Ethernet\", r = 3, needs B = "
+        f"{ring / (3 * compute_s) / 1e6:.1f} MB/s of all-reduce bandwidth; \"InfiniBand\", r = 0.3, "
+        f"{ring / (0.3 * compute_s) / 1e6:.0f} MB/s. \"Time to target\" measures both on the testbed "
+        "with a probe job (the nominal tbf rate is not the all-reduce's bandwidth) and sets the two "
+        "rates from it.",
+        "",
+        "On a GPU cluster a step's compute is 6 P T / (F u) (T tokens per GPU and step, F peak FLOPS, u "
+        "utilisation) and the all-reduce across nodes 2 b P / B (b bytes per gradient element, B one "
+        "node's link): r = b F u / (3 T B), whatever the model's size. With u = "
+        f"{GPU_UTILISATION} and fp32 gradients (b = {GPU_GRADIENT_BYTES}; bf16 halves r):",
+        "",
+        "| cluster | peak TFLOPS (bf16, dense) | link Gbit/s per node | tokens per GPU and step | r |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+        *codec_share(out),
+        "",
+        "Time to target on the emulated cluster (steps to target here x step time measured there, "
+        "checked against end-to-end runs): \"Time to target\".",
+        "",
+    ]
 
 
 # The GPU codec share: "Codec cost on a GPU" (python -m benchmarks codec --device cuda) on this
@@ -490,9 +598,11 @@ SHARE_SHAPES, SHARE_CODECS = "bert-base", ("PowerSGD", "ACP-SGD", "TopK", "QSGD"
 
 def codec_share(out: Path) -> List[str]:
     """How a CPU codec biases time to target, against the GPU codec measured in the same docs."""
-    cpu = ("A CPU codec is far costlier against compute than a GPU one should be: in a 440-step probe on "
-           "loopback, beside other work, PowerSGD rank 8 took 190 ms a step against 108 ms uncompressed on "
-           "this testbed, so every compressed method's step time here carries a codec share near compute's.")
+    cpu = (
+        "A CPU codec is far costlier against compute than a GPU one should be: in a 440-step probe on "
+        "loopback, beside other work, PowerSGD rank 8 took 190 ms a step against 108 ms uncompressed on "
+        "this testbed, so every compressed method's step time here carries a codec share near compute's."
+    )
     measured = out / "benchmarks" / "codec-cuda.json"
     if not measured.exists():
         return [cpu + " The GPU's share is not measured yet (`python -m benchmarks codec --device cuda`)."]
@@ -503,35 +613,46 @@ def codec_share(out: Path) -> List[str]:
     label, peak, _, tokens = GPU_CLUSTERS[0]
     compute_ms = 1e3 * 6 * codec["parameters"] * tokens / (peak * GPU_UTILISATION)
     methods = codec["methods"]
-    cells = "; ".join(f"{name} {methods[name]['step_ms']:.1f} ms ({methods[name]['floor']['floor_ms']:.1f} at its floor)"
-                      for name in SHARE_CODECS if "floor" in methods.get(name, {}))
+    cells = "; ".join(
+        f"{name} {methods[name]['step_ms']:.1f} ms ({methods[name]['floor']['floor_ms']:.1f} at its floor)"
+        for name in SHARE_CODECS
+        if "floor" in methods.get(name, {})
+    )
     settings = gpu["options"]
-    return [cpu + f" On a GPU ({gpu['machine'].get('gpu', 'GPU')}, \"Codec cost on a GPU\"), a step of {SHARE_SHAPES}'s "
-            f"codecs (rank {settings['rank']}, density {settings['density']}, {settings['bits']} bits), one layer at "
-            f"a time, took: {cells}. Against its compute on the {label} cluster "
-            f"({tokens:,} tokens per GPU and step: {compute_ms:.0f} ms), that is "
-            + ", ".join(f"{name} {100 * methods[name]['step_ms'] / compute_ms:.0f}%" for name in SHARE_CODECS
-                        if name in methods)
-            + " of compute as built today, bound by the host's dispatch of each layer's operators (hidden only "
-            "where the host runs ahead of the backward pass's GPU work); a few percent at the floor. So the "
-            "testbed is biased against compression, most for the costliest codecs (low rank, ScaleCom's "
-            "selection), and a GPU cluster pays part of that bias too until same-shape layers are batched."]
+    return [
+        cpu + f" On a GPU ({gpu['machine'].get('gpu', 'GPU')}, \"Codec cost on a GPU\"), a step of {SHARE_SHAPES}'s "
+        f"codecs (rank {settings['rank']}, density {settings['density']}, {settings['bits']} bits), one layer at "
+        f"a time, took: {cells}. Against its compute on the {label} cluster "
+        f"({tokens:,} tokens per GPU and step: {compute_ms:.0f} ms), that is "
+        + ", ".join(
+            f"{name} {100 * methods[name]['step_ms'] / compute_ms:.0f}%" for name in SHARE_CODECS if name in methods
+        )
+        + " of compute as built today, bound by the host's dispatch of each layer's operators (hidden only "
+        "where the host runs ahead of the backward pass's GPU work); a few percent at the floor. So the "
+        "testbed is biased against compression, most for the costliest codecs (low rank, ScaleCom's "
+        "selection), and a GPU cluster pays part of that bias too until same-shape layers are batched."
+    ]
 
 
 def steps_table(results: Dict[str, Any], target: float) -> List[str]:
     """One row per method; *x uncompressed*: its median steps to target over uncompressed's, the
     factor a projected step time is multiplied by to give a time to target."""
     base = score(records_of(results, UNCOMPRESSED), target)["median"]
-    lines = ["| method | seeds | reached | median steps to target | x uncompressed | mean without fastest and "
-             "slowest | spread | steps per seed | best loss of misses |", "|---" * 9 + "|"]
+    lines = [
+        "| method | seeds | reached | median steps to target | x uncompressed | mean without fastest and "
+        "slowest | spread | steps per seed | best loss of misses |",
+        "|---" * 9 + "|",
+    ]
     for label in labels_in_order(results):
         s = score(records_of(results, label), target)
         factor = "-" if s["median"] is None or not base else f"{s['median'] / base:.2f}"
         per_seed = ", ".join(steps_text(v) for v in s["steps"])
         spread = "-" if s["spread"] is None else f"{s['spread']:,.0f}"
         missed = "-" if s["best_missed_loss"] is None else f"{s['best_missed_loss']:.4f}"
-        lines.append(f"| {label} | {s['seeds']} | {s['reached']} | {steps_text(s['median'])} | {factor} | "
-                     f"{steps_text(s['trimmed_mean'])} | {spread} | {per_seed} | {missed} |")
+        lines.append(
+            f"| {label} | {s['seeds']} | {s['reached']} | {steps_text(s['median'])} | {factor} | "
+            f"{steps_text(s['trimmed_mean'])} | {spread} | {per_seed} | {missed} |"
+        )
     return lines + [""]
 
 
@@ -576,8 +697,9 @@ def write_report(results: Dict[str, Any], out: Path) -> None:
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks time_to_quality", description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, default=4, help="ranks per job")
-    parser.add_argument("--max-minutes", type=float, default=720.0,
-                        help="start no new point after this long; rerun to resume")
+    parser.add_argument(
+        "--max-minutes", type=float, default=720.0, help="start no new point after this long; rerun to resume"
+    )
     parser.add_argument("--job-timeout", type=int, default=10800, help="seconds per mpirun job")
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="2 ranks, a tiny LM, a few steps: a smoke test")
@@ -590,16 +712,28 @@ def parse_args(argv):
         args.plan = dict(QUICK, quick=True)
     else:
         args.lm = quality.LM
-        args.plan = {"lengths": LENGTHS, "warmup": WARMUP_STEPS, "longest": UNCOMPRESSED_LONGEST,
-                     "base_seeds": BASE_SEEDS, "other_seeds": OTHER_SEEDS, "knee_gain": KNEE_GAIN,
-                     "eval_windows": EVAL_WINDOWS, "quick": False}
+        args.plan = {
+            "lengths": LENGTHS,
+            "warmup": WARMUP_STEPS,
+            "longest": UNCOMPRESSED_LONGEST,
+            "base_seeds": BASE_SEEDS,
+            "other_seeds": OTHER_SEEDS,
+            "knee_gain": KNEE_GAIN,
+            "eval_windows": EVAL_WINDOWS,
+            "quick": False,
+        }
     return args
 
 
 def main(argv=None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    run_points(args, lambda spec: train_one_point(train_point, spec, RESULT_PREFIX), run,
-               args.out / "benchmarks" / "time_to_quality.json", write_report)
+    run_points(
+        args,
+        lambda spec: train_one_point(train_point, spec, RESULT_PREFIX),
+        run,
+        args.out / "benchmarks" / "time_to_quality.json",
+        write_report,
+    )
 
 
 if __name__ == "__main__":

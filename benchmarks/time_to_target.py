@@ -49,6 +49,7 @@ Resumes job by job from ``<out>/benchmarks/time_to_target.json``; writes the "Ti
 section of ``<out>/benchmarks.md``. ``--quick``: 2 ranks, the tiny LM, r = 3 only, a few steps,
 from a ``time_to_quality --quick`` JSON: a smoke test.
 """
+
 import argparse
 import json
 import math
@@ -65,9 +66,22 @@ import torch
 from benchmarks import quality
 from benchmarks import time_to_quality as ttq
 from benchmarks.evidence import advise_name
-from benchmarks.report import (DOCS, Progress, checkout_pythonpath, cluster_job, describe_machine, machine,
-                               method_bars, notes_lines, panels, resumed, save_figure, save_record, undisturbed,
-                               write_section)
+from benchmarks.report import (
+    DOCS,
+    Progress,
+    checkout_pythonpath,
+    cluster_job,
+    describe_machine,
+    machine,
+    method_bars,
+    notes_lines,
+    panels,
+    resumed,
+    save_figure,
+    save_record,
+    undisturbed,
+    write_section,
+)
 from benchmarks.workloads import charlm
 from hvd_compress.advise.advice import PROJECTED_CONTROLLERS
 from hvd_compress.advise.evidence import factor_text, shipped_evidence, steps_for
@@ -87,6 +101,7 @@ def probe(spec: Dict[str, Any]) -> None:
     """Rank 0 prints the median seconds of a step's compute (every rank at once) and of one
     all-reduce of the whole gradient's bytes."""
     import horovod.torch as hvd
+
     lm = spec["lm"]
     model = charlm.CharTransformer(**lm["model"])
     optimizer = torch.optim.AdamW(model.parameters(), lr=ttq.PEAK_LR)
@@ -109,15 +124,23 @@ def probe(spec: Dict[str, Any]) -> None:
         hvd.allreduce(gradient, name="time_to_target.gradient")
         allreduce.append(time.perf_counter() - started)
     if hvd.rank() == 0:
-        print(RESULT_PREFIX + json.dumps({
-            "compute_s": statistics.median(compute[spec["warmup"]:]),
-            "allreduce_s": statistics.median(allreduce[spec["warmup"]:]),
-            "gradient_bytes": 4 * gradient.numel()}), flush=True)
+        print(
+            RESULT_PREFIX
+            + json.dumps(
+                {
+                    "compute_s": statistics.median(compute[spec["warmup"] :]),
+                    "allreduce_s": statistics.median(allreduce[spec["warmup"] :]),
+                    "gradient_bytes": 4 * gradient.numel(),
+                }
+            ),
+            flush=True,
+        )
 
 
 def time_steps(spec: Dict[str, Any]) -> None:
     """Rank 0 prints the seconds of each timed step of the method's training run."""
     import horovod.torch as hvd
+
     run = ttq.build_training(spec, spec["schedule_steps"])
     seconds = []
     for _ in range(spec["untimed"] + spec["steps"]):
@@ -125,7 +148,7 @@ def time_steps(spec: Dict[str, Any]) -> None:
         ttq.take_step(run, ttq.PEAK_LR)
         seconds.append(time.perf_counter() - started)
     if hvd.rank() == 0:
-        print(RESULT_PREFIX + json.dumps({"step_s": seconds[spec["untimed"]:]}), flush=True)
+        print(RESULT_PREFIX + json.dumps({"step_s": seconds[spec["untimed"] :]}), flush=True)
 
 
 def train_directly(spec: Dict[str, Any]) -> None:
@@ -133,6 +156,7 @@ def train_directly(spec: Dict[str, Any]) -> None:
     warm-up, stable phase and cool-down, as ``time_to_quality`` branches it at that length) and
     the validation loss at its end."""
     import horovod.torch as hvd
+
     length = spec["length"]
     run = ttq.build_training(spec, max(spec["lengths"]))  # as time_to_quality builds it
     seconds = 0.0
@@ -141,12 +165,15 @@ def train_directly(spec: Dict[str, Any]) -> None:
         ttq.take_step(run, ttq.PEAK_LR * ttq.lr_factor(step, length, spec["warmup"]))
         seconds += time.perf_counter() - started
     if hvd.rank() == 0:
-        print(RESULT_PREFIX + json.dumps({"train_s": seconds, "loss": ttq.validation_loss(run, spec["eval_windows"])}),
-              flush=True)
+        print(
+            RESULT_PREFIX + json.dumps({"train_s": seconds, "loss": ttq.validation_loss(run, spec["eval_windows"])}),
+            flush=True,
+        )
 
 
 def work(spec: Dict[str, Any]) -> None:
     import horovod.torch as hvd
+
     torch.set_num_threads(1)  # the ranks share the machine's cores
     hvd.init()
     {"probe": probe, "steps": time_steps, "direct": train_directly}[spec["kind"]](spec)
@@ -204,8 +231,10 @@ def priced_methods(steps: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     with "stock": the method whose steps to target it takes."""
     goal = ttq.target_of(steps, steps["plan"]["base_seeds"], steps["plan"]["knee_gain"])
     if goal is None:
-        raise SystemExit("time_to_target: the time-to-quality results have no target yet (run python -m "
-                         "benchmarks time_to_quality first)")
+        raise SystemExit(
+            "time_to_target: the time-to-quality results have no target yet (run python -m "
+            "benchmarks time_to_quality first)"
+        )
     methods = {}
     for label in ttq.labels_in_order(steps):
         spec = next(e["spec"] for e in steps["points"].values() if e["spec"]["label"] == label)
@@ -214,8 +243,7 @@ def priced_methods(steps: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
         if wrapped in methods:
             stock = methods[wrapped]
             label = wrapped + WRAPPER
-            methods[label] = dict(stock, spec=dict(stock["spec"], label=label, integration="wrapper"),
-                                  stock=wrapped)
+            methods[label] = dict(stock, spec=dict(stock["spec"], label=label, integration="wrapper"), stock=wrapped)
     return methods
 
 
@@ -226,10 +254,17 @@ def stock_label(methods: Dict[str, Dict[str, Any]], label: str) -> str:
 
 def run(args) -> Dict[str, Any]:
     from benchmarks.testbed import emulated_cluster
+
     path = args.out / "benchmarks" / "time_to_target.json"
     results = resumed(path)
-    results.update(machine=machine(), np=args.np, steps=args.steps, warmup=args.warmup, repeats=args.repeats,
-                   command=quality.command_line("time_to_target"))
+    results.update(
+        machine=machine(),
+        np=args.np,
+        steps=args.steps,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        command=quality.command_line("time_to_target"),
+    )
     results.setdefault("settings", {})
     steps = json.loads(args.ttq.read_text())
     methods = priced_methods(steps)
@@ -237,8 +272,12 @@ def run(args) -> Dict[str, Any]:
 
     def job(cluster, spec, what):
         argv = [sys.executable, "-m", "benchmarks.time_to_target", "--worker", json.dumps(spec)]
-        return undisturbed(lambda: cluster_job(cluster, argv, job_environment(spec), args.job_timeout, RESULT_PREFIX),
-                           args.max_other_cpu, lambda r: f"{what}: {json.dumps(summary_of(r))}", show=progress.line)
+        return undisturbed(
+            lambda: cluster_job(cluster, argv, job_environment(spec), args.job_timeout, RESULT_PREFIX),
+            args.max_other_cpu,
+            lambda r: f"{what}: {json.dumps(summary_of(r))}",
+            show=progress.line,
+        )
 
     def probed(rate):
         with emulated_cluster(args.np, rate) as cluster:
@@ -247,7 +286,7 @@ def run(args) -> Dict[str, Any]:
 
     for ratio in args.ratios:
         entry = results["settings"].setdefault(f"{ratio:g}", {"ratio_wanted": ratio, "probes": [], "methods": {}})
-        for rate in PROBE_RATES_GBIT[len(entry["probes"]):]:
+        for rate in PROBE_RATES_GBIT[len(entry["probes"]) :]:
             entry["probes"].append(probed(rate))
             save_record(path, results)
         while "rate_gbit" not in entry:
@@ -267,9 +306,13 @@ def run(args) -> Dict[str, Any]:
             progress.line(f"r = {ratio:g}: out of the testbed's reach (latency floor {1e3 * entry['alpha_s']:.1f} ms)")
             continue
         # Job by job, each method's first job before any method's second.
-        wanted = [label for repeat in range(args.repeats) for label, m in methods.items()
-                  if jobs_of(entry["methods"].get(label)) <= repeat
-                  and (m["score"]["median"] is not None or label == ttq.UNCOMPRESSED)]
+        wanted = [
+            label
+            for repeat in range(args.repeats)
+            for label, m in methods.items()
+            if jobs_of(entry["methods"].get(label)) <= repeat
+            and (m["score"]["median"] is not None or label == ttq.UNCOMPRESSED)
+        ]
         advise_due = "advise" not in entry or bool(stale_factors(entry["advise"]))
         if wanted or advise_due:
             progress.add(len(wanted) + advise_due)
@@ -283,8 +326,14 @@ def run(args) -> Dict[str, Any]:
                     spec = methods[label]["spec"]
                     schedule = max(spec["lengths"])
                     progress.starting(f"r = {ratio:g}, {label}")
-                    job_spec = dict(spec, kind="steps", lm=args.lm, schedule_steps=schedule, steps=args.steps,
-                                    untimed=untimed_steps(spec, schedule, args.warmup))
+                    job_spec = dict(
+                        spec,
+                        kind="steps",
+                        lm=args.lm,
+                        schedule_steps=schedule,
+                        steps=args.steps,
+                        untimed=untimed_steps(spec, schedule, args.warmup),
+                    )
                     result = job(cluster, job_spec, f"r = {ratio:g}, {label}")
                     entry["methods"][label] = pooled(entry["methods"].get(label), summary_of(result))
                     progress.finished()
@@ -292,23 +341,40 @@ def run(args) -> Dict[str, Any]:
         # Run by run, each label's first run before any label's second.
         done = entry.setdefault("direct", {}) if args.direct else {}
         lengths = direct_runs(entry, methods, steps) if args.direct else {}
-        direct = [label for repeat in range(args.direct) for label in lengths
-                  if len(recorded(done.get(label), "runs")) <= repeat]
+        direct = [
+            label
+            for repeat in range(args.direct)
+            for label in lengths
+            if len(recorded(done.get(label), "runs")) <= repeat
+        ]
         if direct:
             progress.add(len(direct))
             with emulated_cluster(args.np, entry["rate_gbit"]) as cluster:
                 for label in direct:
                     length = lengths[label]
                     progress.starting(f"r = {ratio:g}, {label} end to end, {length} steps")
-                    job_spec = dict(seed_zero(steps, label)["spec"], kind="direct", lm=args.lm, length=length,
-                                    warmup=steps["plan"]["warmup"], eval_windows=steps["plan"]["eval_windows"])
+                    job_spec = dict(
+                        seed_zero(steps, label)["spec"],
+                        kind="direct",
+                        lm=args.lm,
+                        length=length,
+                        warmup=steps["plan"]["warmup"],
+                        eval_windows=steps["plan"]["eval_windows"],
+                    )
                     result = job(cluster, job_spec, f"r = {ratio:g}, {label} end to end")
-                    runs = recorded(done.get(label), "runs") + [{
-                        "train_s": result["train_s"], "loss": result["loss"],
-                        "wall_seconds": round(result["wall_seconds"], 1),
-                        "other_cpu_seconds": round(result["other_cpu_seconds"], 1)}]
-                    done[label] = {"length": length, "runs": runs,
-                                   "train_s": statistics.median(run["train_s"] for run in runs)}
+                    runs = recorded(done.get(label), "runs") + [
+                        {
+                            "train_s": result["train_s"],
+                            "loss": result["loss"],
+                            "wall_seconds": round(result["wall_seconds"], 1),
+                            "other_cpu_seconds": round(result["other_cpu_seconds"], 1),
+                        }
+                    ]
+                    done[label] = {
+                        "length": length,
+                        "runs": runs,
+                        "train_s": statistics.median(run["train_s"] for run in runs),
+                    }
                     progress.finished(f"{result['train_s']:.1f} s, loss {result['loss']:.4f}")
                     save_record(path, results)
     write_report(results, steps, args.out)
@@ -326,13 +392,18 @@ def direct_runs(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], steps
     first length of the evaluation schedule at which its seed 0 reached the target."""
     seconds = {label: value for label, value in times_to_target(entry, methods).items() if value is not None}
     # The wrapper's row is priced only: its end-to-end run would not be the points' bit for bit.
-    compressing = sorted((label for label in seconds if label not in (ttq.UNCOMPRESSED, "FP16")
-                          and "stock" not in methods[label]), key=seconds.get)
+    compressing = sorted(
+        (label for label in seconds if label not in (ttq.UNCOMPRESSED, "FP16") and "stock" not in methods[label]),
+        key=seconds.get,
+    )
     target = ttq.target_of(steps, steps["plan"]["base_seeds"], steps["plan"]["knee_gain"])["target"]
     runs = {}
     for label in dict.fromkeys([ttq.UNCOMPRESSED, "FP16", *compressing[:2], advised_label(entry, methods)]):
-        reached = [p["length"] for p in seed_zero(steps, label)["record"]["points"] if p["loss"] <= target] \
-            if label in seconds else []
+        reached = (
+            [p["length"] for p in seed_zero(steps, label)["record"]["points"] if p["loss"] <= target]
+            if label in seconds
+            else []
+        )
         if reached:
             runs[label] = reached[0]
     return runs
@@ -343,8 +414,11 @@ def job_environment(spec: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
     on the wrapper's path no Horovod fusion (its own buckets are the only fusion, as in
     ``benchmarks endtoend``)."""
     wrapper = spec is not None and spec.get("integration") == "wrapper"
-    return {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath(),
-            **({"HOROVOD_FUSION_THRESHOLD": "0"} if wrapper else {})}
+    return {
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": checkout_pythonpath(),
+        **({"HOROVOD_FUSION_THRESHOLD": "0"} if wrapper else {}),
+    }
 
 
 def advised(cluster, args) -> Dict[str, Any]:
@@ -352,19 +426,36 @@ def advised(cluster, args) -> Dict[str, Any]:
     candidate, the projected step and time to target (relative to uncompressed)."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "advice.json"
-        argv = [sys.executable, "-m", "hvd_compress.advise", "--model", args.advise_model, "--json", str(out),
-                *(["--methods", args.advise_methods] if args.advise_methods else [])]
+        argv = [
+            sys.executable,
+            "-m",
+            "hvd_compress.advise",
+            "--model",
+            args.advise_model,
+            "--json",
+            str(out),
+            *(["--methods", args.advise_methods] if args.advise_methods else []),
+        ]
         started = time.perf_counter()
         returncode, stdout, stderr = cluster.run(argv, timeout=args.job_timeout, env=job_environment())
         if returncode != 0 or not out.exists():
             raise RuntimeError(f"advise failed (exit {returncode}):\n{stdout[-2000:]}\n{stderr[-3000:]}")
         advice = json.loads(out.read_text())
     command = f"mpirun -np {args.np} python -m hvd_compress.advise " + " ".join(argv[3:5] + argv[7:])
-    return {"command": command, "recommendation": advice["recommendation"],
-            "wall_seconds": round(time.perf_counter() - started, 1), "compute_ms": advice["compute_ms"],
-            "steps_workload": advice["steps_workload"],
-            "candidates": [{key: c[key] for key in ("method", "setting", "step_ms", "timed_step_ms", "speedup",
-                                                   "steps_factor", "to_target")} for c in advice["candidates"]]}
+    return {
+        "command": command,
+        "recommendation": advice["recommendation"],
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "compute_ms": advice["compute_ms"],
+        "steps_workload": advice["steps_workload"],
+        "candidates": [
+            {
+                key: c[key]
+                for key in ("method", "setting", "step_ms", "timed_step_ms", "speedup", "steps_factor", "to_target")
+            }
+            for c in advice["candidates"]
+        ],
+    }
 
 
 def stale_factors(advice: Dict[str, Any]) -> Dict[Tuple[str, str], Tuple[Optional[float], Optional[float]]]:
@@ -425,8 +516,11 @@ def pooled(previous: Optional[Dict[str, Any]], job: Dict[str, Any]) -> Dict[str,
     on the cores differently from another's: means of one method's jobs differed by up to a
     third), with every job kept."""
     jobs = recorded(previous, "jobs") + [job]
-    return {"jobs": jobs, "mean_step_ms": statistics.median(j["mean_step_ms"] for j in jobs),
-            "median_step_ms": statistics.median(j["median_step_ms"] for j in jobs)}
+    return {
+        "jobs": jobs,
+        "mean_step_ms": statistics.median(j["mean_step_ms"] for j in jobs),
+        "median_step_ms": statistics.median(j["median_step_ms"] for j in jobs),
+    }
 
 
 def summary_of(result: Dict[str, Any]) -> Dict[str, Any]:
@@ -434,10 +528,14 @@ def summary_of(result: Dict[str, Any]) -> Dict[str, Any]:
     if "step_s" not in result:
         return {k: v for k, v in result.items() if k not in ("disturbed_attempts",)}
     step_ms = [1e3 * s for s in result["step_s"]]
-    return {"mean_step_ms": statistics.fmean(step_ms), "median_step_ms": statistics.median(step_ms),
-            "steps": len(step_ms), "wall_seconds": round(result["wall_seconds"], 1),
-            "other_cpu_seconds": round(result["other_cpu_seconds"], 1),
-            "disturbed_attempts": result.get("disturbed_attempts", 0)}
+    return {
+        "mean_step_ms": statistics.fmean(step_ms),
+        "median_step_ms": statistics.median(step_ms),
+        "steps": len(step_ms),
+        "wall_seconds": round(result["wall_seconds"], 1),
+        "other_cpu_seconds": round(result["other_cpu_seconds"], 1),
+        "disturbed_attempts": result.get("disturbed_attempts", 0),
+    }
 
 
 # ----- the report -------------------------------------------------------------------------------
@@ -453,15 +551,20 @@ def times_to_target(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]]) -
 def setting_table(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]]) -> List[str]:
     seconds = times_to_target(entry, methods)
     base = seconds.get(ttq.UNCOMPRESSED)
-    lines = ["| method | median steps to target (seeds) | mean step ms: median over jobs (each job's) | "
-             "time to target s | x uncompressed (lower is sooner) |", "|---|---|---|---|---|"]
+    lines = [
+        "| method | median steps to target (seeds) | mean step ms: median over jobs (each job's) | "
+        "time to target s | x uncompressed (lower is sooner) |",
+        "|---|---|---|---|---|",
+    ]
     for label, priced in entry["methods"].items():
         score = methods[label]["score"]
         value = seconds[label]
         factor = "-" if value is None or not base else f"{value / base:.2f}"
-        lines.append(f"| {label} | {ttq.steps_text(score['median'])} ({score['seeds']}) | "
-                     f"{priced['mean_step_ms']:.1f} ({', '.join(f'{m:.1f}' for m in job_means(priced))}) | "
-                     f"{'-' if value is None else format(value, '.1f')} | {factor} |")
+        lines.append(
+            f"| {label} | {ttq.steps_text(score['median'])} ({score['seeds']}) | "
+            f"{priced['mean_step_ms']:.1f} ({', '.join(f'{m:.1f}' for m in job_means(priced))}) | "
+            f"{'-' if value is None else format(value, '.1f')} | {factor} |"
+        )
     return lines + [""]
 
 
@@ -472,90 +575,121 @@ def targets(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], ratio: fl
         return ["Targets: not decided yet (uncompressed and at least one method needed)."]
     fastest = min(seconds, key=seconds.get)
     base = seconds[ttq.UNCOMPRESSED]
-    lines = [f"Fastest to target: {fastest}, {seconds[fastest]:.1f} s ({base / seconds[fastest]:.2f}x sooner "
-             f"than uncompressed, {base:.1f} s)."]
+    lines = [
+        f"Fastest to target: {fastest}, {seconds[fastest]:.1f} s ({base / seconds[fastest]:.2f}x sooner "
+        f"than uncompressed, {base:.1f} s)."
+    ]
     if ratio >= 1:
-        lines.append(f"Target, r = 3: the fastest method reaches the target >= 2x sooner than Horovod's plain "
-                     f"all-reduce: {'met' if base >= 2 * seconds[fastest] else 'missed'} "
-                     f"({base / seconds[fastest]:.2f}x).")
+        lines.append(
+            f"Target, r = 3: the fastest method reaches the target >= 2x sooner than Horovod's plain "
+            f"all-reduce: {'met' if base >= 2 * seconds[fastest] else 'missed'} "
+            f"({base / seconds[fastest]:.2f}x)."
+        )
         others = [label for label in seconds if label not in (ttq.UNCOMPRESSED, "FP16")]
         if "FP16" in seconds and others:
             best = min(others, key=seconds.get)
-            lines.append(f"Target, r = 3: the fastest compressing method sooner than FP16 ({seconds['FP16']:.1f} s): "
-                         f"{'met' if seconds[best] < seconds['FP16'] else 'missed'} ({best}, {seconds[best]:.1f} s).")
+            lines.append(
+                f"Target, r = 3: the fastest compressing method sooner than FP16 ({seconds['FP16']:.1f} s): "
+                f"{'met' if seconds[best] < seconds['FP16'] else 'missed'} ({best}, {seconds[best]:.1f} s)."
+            )
     lines += advise_verdict(entry, methods, seconds, fastest, ratio)
     return lines
 
 
-def advise_verdict(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], seconds: Dict[str, float],
-                   fastest: str, ratio: float) -> List[str]:
+def advise_verdict(
+    entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], seconds: Dict[str, float], fastest: str, ratio: float
+) -> List[str]:
     """advise's pick against the measured times to target: within 10% of the fastest, and at
     r < 1 also no more than 5% slower than it."""
     if "advise" not in entry:
         return ["advise: not run at this setting yet."]
     pick = pick_of(entry["advise"]["recommendation"])
     named = advise_names(methods)
-    lines = [f"advise (`{entry['advise']['command']}` on the same cluster): "
-             f"\"{entry['advise']['recommendation']}\"."]
+    lines = [f"advise (`{entry['advise']['command']}` on the same cluster): \"{entry['advise']['recommendation']}\"."]
     changed = stale_factors(entry["advise"])
     if changed:
-        lines.append("advise ran before time to quality's latest seeds, with steps factors the shipped evidence "
-                     "has since changed (" + "; ".join(
-                         f"{method} {setting or 'default'}: {factor_text(then)} -> {factor_text(now)}"
-                         for (method, setting), (then, now) in sorted(changed.items()))
-                     + "): its pick below is the one it made then; rerunning the benchmark runs it again.")
+        lines.append(
+            "advise ran before time to quality's latest seeds, with steps factors the shipped evidence "
+            "has since changed ("
+            + "; ".join(
+                f"{method} {setting or 'default'}: {factor_text(then)} -> {factor_text(now)}"
+                for (method, setting), (then, now) in sorted(changed.items())
+            )
+            + "): its pick below is the one it made then; rerunning the benchmark runs it again."
+        )
     label = named.get(pick)
     if label not in seconds:
-        return lines + [f"Its pick ({' '.join(filter(None, pick))}) has no measured time to target here: "
-                        "not validated."]
+        return lines + [
+            f"Its pick ({' '.join(filter(None, pick))}) has no measured time to target here: not validated."
+        ]
     slower = seconds[label] / seconds[fastest] - 1
     for bound in (0.10, 0.05) if ratio < 1 else (0.10,):
-        lines.append(f"Target: advise's pick ({label}, {seconds[label]:.1f} s) within {bound:.0%} of the fastest "
-                     f"measured ({fastest}, {seconds[fastest]:.1f} s): {'met' if slower <= bound else 'missed'} "
-                     f"({slower:+.1%}).")
+        lines.append(
+            f"Target: advise's pick ({label}, {seconds[label]:.1f} s) within {bound:.0%} of the fastest "
+            f"measured ({fastest}, {seconds[fastest]:.1f} s): {'met' if slower <= bound else 'missed'} "
+            f"({slower:+.1%})."
+        )
     projected = {(c["method"], c["setting"]): c for c in entry["advise"]["candidates"]}
     base = seconds.get(ttq.UNCOMPRESSED)
-    pairs = [f"{lab}: projected {projected[key]['to_target']:.2f}x"
-             f"{' (step timed)' if projected[key].get('timed_step_ms') is not None else ''}, "
-             f"measured {seconds[lab] / base:.2f}x"
-             for key, lab in named.items()
-             if lab in seconds and key in projected and projected[key]["to_target"] is not None and base]
+    pairs = [
+        f"{lab}: projected {projected[key]['to_target']:.2f}x"
+        f"{' (step timed)' if projected[key].get('timed_step_ms') is not None else ''}, "
+        f"measured {seconds[lab] / base:.2f}x"
+        for key, lab in named.items()
+        if lab in seconds and key in projected and projected[key]["to_target"] is not None and base
+    ]
     if pairs:
-        lines.append("advise's projected time to target against the measured (relative to uncompressed; "
-                     "\"step timed\": from advise's timed training steps, not its model): " + "; ".join(pairs) + ".")
+        lines.append(
+            "advise's projected time to target against the measured (relative to uncompressed; "
+            "\"step timed\": from advise's timed training steps, not its model): " + "; ".join(pairs) + "."
+        )
     return lines
 
 
 def markdown(results: Dict[str, Any], steps: Dict[str, Any]) -> str:
     methods = priced_methods(steps)
-    lines = [f"Command: `{results['command']}` (resumable job by job)", "",
-             f"Machine: {describe_machine(results['machine'])}", "",
-             f"Each method's median steps to target from \"Time to quality\", times its mean step time "
-             f"on the emulated cluster ({results['np']} ranks, one network namespace each, tc tbf both ways; "
-             f"{results['warmup']} untimed steps, a tenth of the run for schedules that start later, then "
-             f"{results['steps']} timed; each step time the median of {results.get('repeats', 1)} jobs' means), "
-             "at two link settings chosen by r: one fused all-reduce of the whole "
-             "fp32 gradient over a step's compute, both measured by a probe job on the testbed (see "
-             "\"Time to quality\" for the GPU clusters at each r). Step times are from a CPU codec, "
-             "costlier against compute than on a GPU: biased against compression. Every method runs through "
-             "stock `hvd.DistributedOptimizer`; a row *(drop-in wrapper)* runs the same method through "
-             "`hvd_compress.DistributedOptimizer` (rounds overlapped with backward, its own scaled fusion) "
-             "and is priced on the stock path's steps to target.", ""]
+    lines = [
+        f"Command: `{results['command']}` (resumable job by job)",
+        "",
+        f"Machine: {describe_machine(results['machine'])}",
+        "",
+        f"Each method's median steps to target from \"Time to quality\", times its mean step time "
+        f"on the emulated cluster ({results['np']} ranks, one network namespace each, tc tbf both ways; "
+        f"{results['warmup']} untimed steps, a tenth of the run for schedules that start later, then "
+        f"{results['steps']} timed; each step time the median of {results.get('repeats', 1)} jobs' means), "
+        "at two link settings chosen by r: one fused all-reduce of the whole "
+        "fp32 gradient over a step's compute, both measured by a probe job on the testbed (see "
+        "\"Time to quality\" for the GPU clusters at each r). Step times are from a CPU codec, "
+        "costlier against compute than on a GPU: biased against compression. Every method runs through "
+        "stock `hvd.DistributedOptimizer`; a row *(drop-in wrapper)* runs the same method through "
+        "`hvd_compress.DistributedOptimizer` (rounds overlapped with backward, its own scaled fusion) "
+        "and is priced on the stock path's steps to target.",
+        "",
+    ]
     for key, entry in results["settings"].items():
         probes = entry["probes"]
-        probe_text = "; ".join(f"{p['rate_gbit']:.3g} Gbit/s: all-reduce {1e3 * p['allreduce_s']:.1f} ms, "
-                               f"compute {1e3 * p['compute_s']:.1f} ms, r = {ratio_of(p):.2f}" for p in probes)
+        probe_text = "; ".join(
+            f"{p['rate_gbit']:.3g} Gbit/s: all-reduce {1e3 * p['allreduce_s']:.1f} ms, "
+            f"compute {1e3 * p['compute_s']:.1f} ms, r = {ratio_of(p):.2f}"
+            for p in probes
+        )
         title = f"**r = {key} wanted**"
         if entry.get("rate_gbit") is None and "alpha_s" in entry:
-            lines += [f"{title}: out of the testbed's reach: the all-reduce's latency floor alone is "
-                      f"{1e3 * entry['alpha_s']:.1f} ms. Probes: {probe_text}.", ""]
+            lines += [
+                f"{title}: out of the testbed's reach: the all-reduce's latency floor alone is "
+                f"{1e3 * entry['alpha_s']:.1f} ms. Probes: {probe_text}.",
+                "",
+            ]
             continue
         if "at_rate" not in entry:
             lines += [f"{title}: not measured yet.", ""]
             continue
-        lines += [f"{title}: tbf rate {entry['rate_gbit']:.3g} Gbit/s (fit T = {1e3 * entry['alpha_s']:.1f} ms + "
-                  f"{1e3 * entry['c_s_gbit']:.2f} ms Gbit/s / R), measured there r = {ratio_of(entry['at_rate']):.2f}. "
-                  f"Probes: {probe_text}.", ""]
+        lines += [
+            f"{title}: tbf rate {entry['rate_gbit']:.3g} Gbit/s (fit T = {1e3 * entry['alpha_s']:.1f} ms + "
+            f"{1e3 * entry['c_s_gbit']:.2f} ms Gbit/s / R), measured there r = {ratio_of(entry['at_rate']):.2f}. "
+            f"Probes: {probe_text}.",
+            "",
+        ]
         lines += setting_table(entry, methods) if entry["methods"] else ["No method timed yet.", ""]
         lines += targets(entry, methods, float(key)) + [""]
         lines += direct_table(entry, steps, methods)
@@ -567,12 +701,16 @@ def direct_table(entry: Dict[str, Any], steps: Dict[str, Any], methods: Dict[str
     and which of them reached the target soonest."""
     if not entry.get("direct"):
         return []
-    lines = ["End to end on the same cluster (`--direct`, seed 0; where a method ran more than once, the "
-             "median of its runs, each run's in brackets): each method trained for the first length of the "
-             "evaluation schedule at which its seed 0 reached the target, its steps' seconds summed "
-             "(evaluation apart), against that length x its mean step above.", "",
-             "| method | steps | loss at the end: end to end / without the network | training s: end to end | "
-             "steps x mean step s | end to end / decomposed |", "|---|---|---|---|---|---|"]
+    lines = [
+        "End to end on the same cluster (`--direct`, seed 0; where a method ran more than once, the "
+        "median of its runs, each run's in brackets): each method trained for the first length of the "
+        "evaluation schedule at which its seed 0 reached the target, its steps' seconds summed "
+        "(evaluation apart), against that length x its mean step above.",
+        "",
+        "| method | steps | loss at the end: end to end / without the network | training s: end to end | "
+        "steps x mean step s | end to end / decomposed |",
+        "|---|---|---|---|---|---|",
+    ]
     ratios = []
     for label, entry_of_label in entry["direct"].items():
         runs = recorded(entry_of_label, "runs")
@@ -583,15 +721,24 @@ def direct_table(entry: Dict[str, Any], steps: Dict[str, Any], methods: Dict[str
         losses = sorted({run["loss"] for run in runs})
         same = " (bit for bit)" if losses == [offline] else ""
         each = " (" + ", ".join(f"{run['train_s']:.1f}" for run in runs) + ")" if len(runs) > 1 else ""
-        lines.append(f"| {label} | {length} | {', '.join(f'{loss:.4f}' for loss in losses)} / {offline:.4f}{same} | "
-                     f"{seconds:.1f}{each} | {decomposed:.1f} | {ratios[-1]:.2f} |")
+        lines.append(
+            f"| {label} | {length} | {', '.join(f'{loss:.4f}' for loss in losses)} / {offline:.4f}{same} | "
+            f"{seconds:.1f}{each} | {decomposed:.1f} | {ratios[-1]:.2f} |"
+        )
     worst = max(ratios, key=lambda value: abs(value - 1))
-    spread = max(max(means) / min(means) - 1 for means in (job_means(entry["methods"][label]) for label in entry["direct"]))
-    return lines + ["", f"Target: the decomposition agrees with the end-to-end runs within 10%: "
-                        f"{'met' if abs(worst - 1) <= 0.1 else 'missed'} (end to end / decomposed "
-                        f"{min(ratios):.2f}-{max(ratios):.2f}). For scale: the slowest of these methods' "
-                        f"timing jobs was up to {spread:.0%} slower than its fastest.", "",
-                    direct_verdict(entry, methods), ""]
+    spread = max(
+        max(means) / min(means) - 1 for means in (job_means(entry["methods"][label]) for label in entry["direct"])
+    )
+    return lines + [
+        "",
+        f"Target: the decomposition agrees with the end-to-end runs within 10%: "
+        f"{'met' if abs(worst - 1) <= 0.1 else 'missed'} (end to end / decomposed "
+        f"{min(ratios):.2f}-{max(ratios):.2f}). For scale: the slowest of these methods' "
+        f"timing jobs was up to {spread:.0%} slower than its fastest.",
+        "",
+        direct_verdict(entry, methods),
+        "",
+    ]
 
 
 def direct_verdict(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]]) -> str:
@@ -604,8 +751,10 @@ def direct_verdict(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]]) ->
     text = f"End to end, soonest to the target: {fastest} ({ranked})."
     pick = advised_label(entry, methods) if "advise" in entry else None
     if pick in seconds:
-        text += (f" advise's pick, {pick}, {seconds[pick] / seconds[fastest] - 1:+.1%} against it "
-                 "(within 10% asked; 5% at r < 1).")
+        text += (
+            f" advise's pick, {pick}, {seconds[pick] / seconds[fastest] - 1:+.1%} against it "
+            "(within 10% asked; 5% at r < 1)."
+        )
     return text
 
 
@@ -652,19 +801,34 @@ def parse_args(argv):
     parser.add_argument("--steps", type=int, default=100, help="timed steps (a multiple of DiLoCo's H)")
     parser.add_argument("--repeats", type=int, default=3, help="jobs per method and setting, pooled")
     parser.add_argument("--job-timeout", type=int, default=900)
-    parser.add_argument("--max-other-cpu", type=float, default=0.05,
-                        help="share of the cores other processes may take during a job before it runs again")
-    parser.add_argument("--ttq", type=Path, help="the time-to-quality JSON (default: <out>/benchmarks/"
-                        "time_to_quality.json)")
+    parser.add_argument(
+        "--max-other-cpu",
+        type=float,
+        default=0.05,
+        help="share of the cores other processes may take during a job before it runs again",
+    )
+    parser.add_argument(
+        "--ttq", type=Path, help="the time-to-quality JSON (default: <out>/benchmarks/time_to_quality.json)"
+    )
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="2 ranks, the tiny LM, r = 3, a few steps")
     parser.add_argument("--report-only", action="store_true", help="rewrite the section from the JSON")
-    parser.add_argument("--advise-model", default="examples.models:charlm_ttq",
-                        help="advise's --model: this benchmark's LM, as a user would name it")
-    parser.add_argument("--direct", type=int, nargs="?", const=1, default=0, metavar="RUNS",
-                        help="also train uncompressed, FP16, the two soonest compressing methods and advise's pick "
-                             "end to end on the cluster, to check the decomposition: RUNS runs each (default 1), "
-                             "their median kept")
+    parser.add_argument(
+        "--advise-model",
+        default="examples.models:charlm_ttq",
+        help="advise's --model: this benchmark's LM, as a user would name it",
+    )
+    parser.add_argument(
+        "--direct",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        metavar="RUNS",
+        help="also train uncompressed, FP16, the two soonest compressing methods and advise's pick "
+        "end to end on the cluster, to check the decomposition: RUNS runs each (default 1), "
+        "their median kept",
+    )
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.direct < 0:

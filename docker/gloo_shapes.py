@@ -5,6 +5,7 @@ to tell Horovod's behaviour under the Gloo controller apart from ours.
 
     horovodrun --gloo -np 4 -H c1:2,c2:2 python gloo_shapes.py [STEPS] [alternate|fixed]
 """
+
 import logging
 import random
 import sys
@@ -29,16 +30,18 @@ def main():
         handles = []
         for i, (even, odd) in enumerate(SHAPES):
             rows = odd if alternate and step % 2 else even
-            handles.append(hvd.allreduce_async_(torch.full((4 * rows,), float(hvd.rank())),
-                                                name=f"allreduce.p{i}", op=hvd.Average))
+            handles.append(
+                hvd.allreduce_async_(torch.full((4 * rows,), float(hvd.rank())), name=f"allreduce.p{i}", op=hvd.Average)
+            )
         order = list(range(len(handles)))
         rng.shuffle(order)  # ranks wait in different orders, as Horovod's synchronize() may
         for i in order:
             hvd.synchronize(handles[i])
         time.sleep(rng.random() * 0.01)  # and reach the next step at different times
     if hvd.rank() == 0:
-        logging.info("final: %d steps, shapes %s, %.1f s", steps,
-                     "alternating" if alternate else "fixed", time.time() - start)
+        logging.info(
+            "final: %d steps, shapes %s, %.1f s", steps, "alternating" if alternate else "fixed", time.time() - start
+        )
 
 
 if __name__ == "__main__":

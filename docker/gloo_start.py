@@ -5,6 +5,7 @@ Horovod's Gloo controller at start-up apart from ours.
 
     horovodrun --gloo -np 4 -H c1:2,c2:2 python gloo_start.py [STEPS]
 """
+
 import logging
 import sys
 import time
@@ -17,9 +18,17 @@ from torch import nn
 def digits_cnn() -> nn.Module:
     # benchmarks/workloads/digits.py's DigitsCNN, repeated so that this probe imports no
     # hvd_compress code.
-    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1),
-                         nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(),
-                         nn.Linear(64, 10))
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
+    )
 
 
 def main():
@@ -34,12 +43,20 @@ def main():
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     broadcast = time.time()
     for step in range(steps):
-        handles = [hvd.allreduce_async_(torch.ones_like(p), name=f"grad.{name}", op=hvd.Average)
-                   for name, p in model.named_parameters()]
+        handles = [
+            hvd.allreduce_async_(torch.ones_like(p), name=f"grad.{name}", op=hvd.Average)
+            for name, p in model.named_parameters()
+        ]
         for handle in handles:
             hvd.synchronize(handle)
-    logging.info("rank %d: init %.1f s, broadcast %.1f s, %d steps %.1f s", hvd.rank(),
-                 initialised - started, broadcast - initialised, steps, time.time() - broadcast)
+    logging.info(
+        "rank %d: init %.1f s, broadcast %.1f s, %d steps %.1f s",
+        hvd.rank(),
+        initialised - started,
+        broadcast - initialised,
+        steps,
+        time.time() - broadcast,
+    )
     if hvd.rank() == 0:
         logging.info("final: %d steps", steps)
 

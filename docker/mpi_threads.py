@@ -10,6 +10,7 @@ Each round: every rank starts all-reduces on Horovod, then all-gathers a small o
 own communicator (each wait bounded by 60 s), then waits for the all-reduces. Exits 1, naming
 the round and the missing peer, when a message sent never arrives.
 """
+
 import logging
 import random
 import sys
@@ -47,13 +48,16 @@ def main():
     hvd.init()
     torch.set_num_threads(1)
     from mpi4py import MPI
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     comm = MPI.COMM_WORLD.Dup()
     rng = random.Random(hvd.rank())
     start = time.time()
     for round_ in range(rounds):
         sizes = random.Random(round_).choices([16, 4096, 65536], k=4)  # the same on every rank
-        handles = [hvd.allreduce_async(torch.full((n,), 1.0), name=f"r{round_ % 64}.{i}.{n}") for i, n in enumerate(sizes)]
+        handles = [
+            hvd.allreduce_async(torch.full((n,), 1.0), name=f"r{round_ % 64}.{i}.{n}") for i, n in enumerate(sizes)
+        ]
         try:
             gathered = allgather(comm, (round_, hvd.rank()), tag=round_ % 30000)
         except TimeoutError as error:

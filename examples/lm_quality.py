@@ -5,9 +5,11 @@ or a higher rank?
 
 The convergence benchmark's character-LM training (d_model 128, 2 layers, 16 sequences per
 rank, 300 AdamW steps, seed 0), with PowerSGD rank 4 starting after 0, 30 and 100 dense steps,
-ACP-SGD rank 4 after 100, and PowerSGD at rank 16 and 32 from the start. Rank 0 prints each run's validation perplexity and the ratio of
+ACP-SGD rank 4 after 100, and PowerSGD at rank 16 and 32 from the start. Rank 0 prints each run's
+validation perplexity and the ratio of
 float32 all-reduce bytes to bytes sent, over the whole run.
 """
+
 import sys
 from pathlib import Path
 
@@ -21,8 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.report import say  # noqa: E402
 from benchmarks.workloads import charlm  # noqa: E402
 
-RUNS = [(hc.PowerSGD, 4, 0), (hc.PowerSGD, 4, 30), (hc.PowerSGD, 4, 100), (hc.ACPSGD, 4, 100),
-        (hc.PowerSGD, 16, 0), (hc.PowerSGD, 32, 0)]
+RUNS = [
+    (hc.PowerSGD, 4, 0),
+    (hc.PowerSGD, 4, 30),
+    (hc.PowerSGD, 4, 100),
+    (hc.ACPSGD, 4, 100),
+    (hc.PowerSGD, 16, 0),
+    (hc.PowerSGD, 32, 0),
+]
 
 
 def main():
@@ -37,12 +45,21 @@ def main():
             compressors.append(compressor_class(named, rank=rank, start_step=start_step))
             return hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=compressors[-1])
 
-        _, perplexity = charlm.train(make_optimizer, hvd.rank(), hvd.size(), steps=300, batch_size=16,
-                                     seed=0, model_kwargs={"d_model": 128, "layers": 2, "heads": 4,
-                                                           "context": 64})
+        _, perplexity = charlm.train(
+            make_optimizer,
+            hvd.rank(),
+            hvd.size(),
+            steps=300,
+            batch_size=16,
+            seed=0,
+            model_kwargs={"d_model": 128, "layers": 2, "heads": 4, "context": 64},
+        )
         if hvd.rank() == 0:
-            say(f"{compressor_class.__name__} rank {rank}, start_step {start_step}: validation perplexity {perplexity:.3f}, "
-                f"{compressors[-1].traffic.ratio:.1f}x fewer bytes")
+            say(
+                f"{compressor_class.__name__} rank {rank}, start_step {start_step}: "
+                f"validation perplexity {perplexity:.3f}, "
+                f"{compressors[-1].traffic.ratio:.1f}x fewer bytes"
+            )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ benchmark's (``benchmarks/endtoend.py``), so advice and measurement are about th
 
     mpirun -np 4 python -m hvd_compress.advise --model examples.models:charlm
 """
+
 import sys
 from pathlib import Path
 
@@ -40,6 +41,7 @@ def cnn():
 def _character_lm(model_options, sequences, max_chars):
     """A character transformer on the standard library's source, ``sequences`` per rank and step."""
     from benchmarks.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
+
     model = CharTransformer(**model_options)
     train_ids, _ = load_corpus(max_chars=max_chars)
     data = batches(train_ids, sequences, model.context, torch.Generator().manual_seed(0))
@@ -60,4 +62,5 @@ def charlm_ttq():
     """The character LM of "Time to quality" (``benchmarks.quality.LM``: d_model 64, 2 layers,
     135,168 parameters), 16 sequences of 32 bytes per rank and step."""
     from benchmarks.quality import LM
+
     return _character_lm(LM["model"], LM["batch_size"], LM["max_chars"])

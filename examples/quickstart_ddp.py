@@ -1,7 +1,8 @@
 """hvd_compress as a PyTorch DDP communication hook (torch alone, no Horovod).
 
-    torchrun --nproc_per_node 2 examples/quickstart_ddp.py
+torchrun --nproc_per_node 2 examples/quickstart_ddp.py
 """
+
 import torch
 import torch.distributed as dist
 

@@ -3,6 +3,7 @@ pseudo-gradients travel through QSGD (torch alone; under horovodrun, hvd.init() 
 
     torchrun --nproc_per_node 2 examples/quickstart_diloco.py
 """
+
 import torch
 import torch.distributed as dist
 
@@ -12,8 +13,7 @@ from toy_task import small_model, train
 dist.init_process_group("gloo")
 model = small_model(seed=dist.get_rank())  # the first step starts every replica from rank 0's
 inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
-optimizer = hvd_compress.DiLoCo(inner, model.named_parameters(), hvd_compress.QSGD(bits=4),
-                                inner_steps=10)
+optimizer = hvd_compress.DiLoCo(inner, model.named_parameters(), hvd_compress.QSGD(bits=4), inner_steps=10)
 loss = train(model, optimizer, steps=40)  # every 10th step() is also the outer step
 if dist.get_rank() == 0:
     print(f"loss {loss:.3f}; per outer step: {optimizer.compression.traffic.summary()}")

@@ -3,6 +3,7 @@ group's reduce-scatter left exact (torch alone, no Horovod). Ranks form a 2 x (w
 
     torchrun --nproc_per_node 4 examples/quickstart_fsdp.py
 """
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -14,8 +15,7 @@ from toy_task import small_model, train
 
 dist.init_process_group("gloo")  # "nccl", and "cuda" below, on GPUs
 nodes = 2
-mesh = init_device_mesh("cpu", (nodes, dist.get_world_size() // nodes),
-                        mesh_dim_names=("replicate", "shard"))
+mesh = init_device_mesh("cpu", (nodes, dist.get_world_size() // nodes), mesh_dim_names=("replicate", "shard"))
 model = small_model()
 for layer in model:
     if isinstance(layer, torch.nn.Linear):

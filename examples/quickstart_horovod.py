@@ -3,6 +3,7 @@ hvd_compress.DistributedOptimizer (every round overlapped with backward).
 
     horovodrun -np 2 python examples/quickstart_horovod.py [--wrapper]
 """
+
 import sys
 
 import horovod.torch as hvd
@@ -18,8 +19,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 if "--wrapper" in sys.argv:
     optimizer = hvd_compress.DistributedOptimizer(optimizer, model.named_parameters(), compression)
 else:
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(), compression=compression)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 loss = train(model, optimizer)
 if hvd.rank() == 0:

@@ -1,5 +1,6 @@
 """The quickstart examples' task: a small MLP trained on random batches, so that each example
 shows only the lines an integration adds. Run the examples from the checkout's root."""
+
 import torch
 
 

@@ -7,6 +7,7 @@ Prints loss and test accuracy per epoch, then bytes sent per step and the compre
 ``--tensorboard DIR`` writes the compression's per-step metrics (bytes, ratio, codec time,
 controller state) there from rank 0: ``tensorboard --logdir DIR``.
 """
+
 import argparse
 import sys
 from pathlib import Path
@@ -28,11 +29,18 @@ def main():
     parser.add_argument("--rank", type=int, default=2, help="PowerSGD/ACP-SGD rank")
     parser.add_argument("--density", type=float, default=0.01, help="Top-K density")
     parser.add_argument("--bits", type=int, default=4, help="QSGD bits")
-    parser.add_argument("--optimizer", choices=["stock", "wrapper"], default="stock",
-                        help="hvd.DistributedOptimizer or hvd_compress.DistributedOptimizer")
-    parser.add_argument("--adapt", choices=["none", "lgreco", "gravac"], default="none",
-                        help="wrap the compressor in L-GreCo (per-layer settings) or GraVAC "
-                             "(adaptive factor; Top-K, low-rank or QSGD)")
+    parser.add_argument(
+        "--optimizer",
+        choices=["stock", "wrapper"],
+        default="stock",
+        help="hvd.DistributedOptimizer or hvd_compress.DistributedOptimizer",
+    )
+    parser.add_argument(
+        "--adapt",
+        choices=["none", "lgreco", "gravac"],
+        default="none",
+        help="wrap the compressor in L-GreCo (per-layer settings) or GraVAC (adaptive factor; Top-K, low-rank or QSGD)",
+    )
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--tensorboard", metavar="DIR", help="write per-step compression metrics here")
     parser.add_argument("--metrics-every", type=int, default=5, help="steps between metric writes")
@@ -55,43 +63,52 @@ def main():
 
     def adapted(compressor):
         if args.adapt == "lgreco":
-            return hvd_compress.LGreCo(compressor, warmup_steps=steps_per_epoch,
-                                       decide_every="epoch", steps_per_epoch=steps_per_epoch,
-                                       apply_delay=5)
+            return hvd_compress.LGreCo(
+                compressor,
+                warmup_steps=steps_per_epoch,
+                decide_every="epoch",
+                steps_per_epoch=steps_per_epoch,
+                apply_delay=5,
+            )
         if args.adapt == "gravac":
-            return hvd_compress.GraVAC(compressor, theta_min=10, theta_max=100,
-                                       window=steps_per_epoch, epsilon=0.5)
+            return hvd_compress.GraVAC(compressor, theta_min=10, theta_max=100, window=steps_per_epoch, epsilon=0.5)
         return compressor
 
     def make_optimizer(model, optimizer):
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         if args.optimizer == "stock":
             made["compressor"] = watched(adapted(method.build(model.named_parameters(), **kwargs)))
-            return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                            compression=made["compressor"])
+            return hvd.DistributedOptimizer(
+                optimizer, named_parameters=model.named_parameters(), compression=made["compressor"]
+            )
         made["compressor"] = watched(adapted(method.build(**kwargs)))
-        return hvd_compress.DistributedOptimizer(optimizer, model.named_parameters(),
-                                                 made["compressor"])
+        return hvd_compress.DistributedOptimizer(optimizer, model.named_parameters(), made["compressor"])
 
     def log(epoch, loss, acc):
         if hvd.rank() == 0:
             say(f"epoch {epoch + 1:2d}  loss {loss:.4f}  test accuracy {acc:.4f}")
 
     if hvd.rank() == 0:
-        say(f"{hvd.size()} ranks, compression={args.compression} {kwargs}, "
-            f"adapt={args.adapt}, optimizer={args.optimizer}")
-    _, acc = digits.train(make_optimizer, hvd.rank(), hvd.size(), epochs=args.epochs, lr=0.1,
-                          log=log)
+        say(
+            f"{hvd.size()} ranks, compression={args.compression} {kwargs}, "
+            f"adapt={args.adapt}, optimizer={args.optimizer}"
+        )
+    _, acc = digits.train(make_optimizer, hvd.rank(), hvd.size(), epochs=args.epochs, lr=0.1, log=log)
     if "exporter" in made:
         made["exporter"].close()
     if hvd.rank() == 0:
         traffic = made["compressor"].traffic.summary()
-        say(f"final test accuracy {acc:.4f}\n"
+        say(
+            f"final test accuracy {acc:.4f}\n"
             f"bytes on the wire per step: {traffic['wire_bytes_per_step']} sent vs "
             f"{traffic['float32_allreduce_wire_bytes_per_step']} for an uncompressed "
-            f"float32 all-reduce; compression ratio {traffic['compression_ratio']}x")
+            f"float32 all-reduce; compression ratio {traffic['compression_ratio']}x"
+        )
         if args.tensorboard:
-            say(f"metrics every {args.metrics_every} steps in {args.tensorboard} (tensorboard --logdir {args.tensorboard})")
+            say(
+                f"metrics every {args.metrics_every} steps in {args.tensorboard} "
+                f"(tensorboard --logdir {args.tensorboard})"
+            )
 
 
 if __name__ == "__main__":

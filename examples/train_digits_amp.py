@@ -14,6 +14,7 @@ starts, L-GreCo's sums), so training goes on as if it had not happened.
 Prints test accuracy per epoch, the overflow steps GradScaler skipped and the compressor dropped,
 and (with --baseline) the float32 uncompressed run's accuracy for comparison.
 """
+
 import argparse
 import logging
 import sys
@@ -45,19 +46,24 @@ def autocast_dtype(device_type):
 def train(args, compressed, log_epochs):
     torch.manual_seed(0)
     x_train, y_train, x_test, y_test = digits.load_digits_split()
-    x_train, y_train = x_train[hvd.rank()::hvd.size()], y_train[hvd.rank()::hvd.size()]
+    x_train, y_train = x_train[hvd.rank() :: hvd.size()], y_train[hvd.rank() :: hvd.size()]
     model = digits.DigitsCNN()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     steps_per_epoch = len(y_train) // args.batch_size
     scaler = torch.amp.GradScaler("cpu", enabled=compressed, growth_interval=args.growth_interval)
     if compressed:
         compression = hvd_compress.COMPRESSORS[args.compression].build(
-            model.named_parameters(), **({"rank": args.rank} if "rank" in
-                                         hvd_compress.COMPRESSORS[args.compression].defaults else {}))
+            model.named_parameters(),
+            **({"rank": args.rank} if "rank" in hvd_compress.COMPRESSORS[args.compression].defaults else {}),
+        )
         if args.lgreco:
-            compression = hvd_compress.LGreCo(compression, warmup_steps=steps_per_epoch,
-                                              decide_every="epoch", steps_per_epoch=steps_per_epoch,
-                                              apply_delay=5)
+            compression = hvd_compress.LGreCo(
+                compression,
+                warmup_steps=steps_per_epoch,
+                decide_every="epoch",
+                steps_per_epoch=steps_per_epoch,
+                apply_delay=5,
+            )
         compression.track(scaler)  # error feedback in unscaled units
         if args.tensorboard:  # per-step metrics, skipped overflow steps among them
             exporter = hvd_compress.metrics.TensorBoard(args.tensorboard, every=args.metrics_every)
@@ -66,15 +72,21 @@ def train(args, compressed, log_epochs):
         compression = hvd_compress.NoCompression(model.named_parameters())
     optimizer = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
-        named_parameters=model.named_parameters(), compression=compression)
+        named_parameters=model.named_parameters(),
+        compression=compression,
+    )
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.epochs * steps_per_epoch)
     dtype = autocast_dtype("cpu")
     weight = next(p for p in model.parameters() if p.dim() >= 2)
     step_number = {"now": 0}
 
     def scripted_overflow(grad):
-        if (compressed and args.overflow_every and hvd.rank() == hvd.size() - 1
-                and step_number["now"] % args.overflow_every == args.overflow_every - 1):
+        if (
+            compressed
+            and args.overflow_every
+            and hvd.rank() == hvd.size() - 1
+            and step_number["now"] % args.overflow_every == args.overflow_every - 1
+        ):
             grad = grad.clone()
             grad.view(-1)[0] = float("inf")
         return grad
@@ -85,7 +97,7 @@ def train(args, compressed, log_epochs):
     for epoch in range(args.epochs):
         order = torch.randperm(len(y_train), generator=generator)
         for step in range(steps_per_epoch):
-            batch = order[step * args.batch_size:(step + 1) * args.batch_size]
+            batch = order[step * args.batch_size : (step + 1) * args.batch_size]
             optimizer.zero_grad()
             with torch.autocast("cpu", dtype=dtype, enabled=compressed):
                 loss = nn.functional.cross_entropy(model(x_train[batch]), y_train[batch])
@@ -103,8 +115,13 @@ def train(args, compressed, log_epochs):
             schedule.step()
             step_number["now"] += 1
         if log_epochs and hvd.rank() == 0:
-            logger.info("epoch %2d  loss %.4f  test accuracy %.4f  loss scale %g", epoch + 1,
-                        loss.item(), digits.accuracy(model, x_test, y_test), scaler.get_scale())
+            logger.info(
+                "epoch %2d  loss %.4f  test accuracy %.4f  loss scale %g",
+                epoch + 1,
+                loss.item(),
+                digits.accuracy(model, x_test, y_test),
+                scaler.get_scale(),
+            )
     if compressed and args.tensorboard:
         exporter.close()
     inner = compression.wrapped or compression
@@ -119,14 +136,18 @@ def main():
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--growth-interval", type=int, default=20,
-                        help="GradScaler doubles its scale after this many clean steps")
-    parser.add_argument("--overflow-every", type=int, default=50,
-                        help="put an Inf into the last rank's gradient every N steps (0: never)")
+    parser.add_argument(
+        "--growth-interval", type=int, default=20, help="GradScaler doubles its scale after this many clean steps"
+    )
+    parser.add_argument(
+        "--overflow-every",
+        type=int,
+        default=50,
+        help="put an Inf into the last rank's gradient every N steps (0: never)",
+    )
     parser.add_argument("--tensorboard", metavar="DIR", help="write per-step compression metrics here")
     parser.add_argument("--metrics-every", type=int, default=5, help="steps between metric writes")
-    parser.add_argument("--baseline", action="store_true",
-                        help="also train float32, uncompressed, and compare")
+    parser.add_argument("--baseline", action="store_true", help="also train float32, uncompressed, and compare")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("hvd_compress").setLevel(logging.ERROR)  # one warning per overflow step
@@ -134,14 +155,24 @@ def main():
     torch.set_num_threads(1)
     accuracy, skipped, dropped, dtype = train(args, compressed=True, log_epochs=True)
     if hvd.rank() == 0:
-        logger.info("%s autocast, %s%s: final test accuracy %.4f; GradScaler skipped %d overflow "
-                    "steps, the compressor dropped %d and trained on", str(dtype)[6:],
-                    args.compression, " + L-GreCo" if args.lgreco else "", accuracy, skipped, dropped)
+        logger.info(
+            "%s autocast, %s%s: final test accuracy %.4f; GradScaler skipped %d overflow "
+            "steps, the compressor dropped %d and trained on",
+            str(dtype)[6:],
+            args.compression,
+            " + L-GreCo" if args.lgreco else "",
+            accuracy,
+            skipped,
+            dropped,
+        )
     if args.baseline:
         reference, _, _, _ = train(args, compressed=False, log_epochs=False)
         if hvd.rank() == 0:
-            logger.info("float32 uncompressed: final test accuracy %.4f (difference %+.2f points)",
-                        reference, 100 * (accuracy - reference))
+            logger.info(
+                "float32 uncompressed: final test accuracy %.4f (difference %+.2f points)",
+                reference,
+                100 * (accuracy - reference),
+            )
 
 
 if __name__ == "__main__":

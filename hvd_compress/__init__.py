@@ -33,6 +33,7 @@ or with the wrapper, which overlaps multi-round compressors with backward::
 
     opt = hvd_compress.DistributedOptimizer(opt, model.named_parameters(), hvd_compress.PowerSGD(rank=4))
 """
+
 from hvd_compress.comm.fusion import ScaledFusion
 from hvd_compress.compressors.base import Compressor
 from hvd_compress.control.gravac import GraVACConfig, GraVACPolicy
@@ -50,12 +51,27 @@ if horovod_available():
     from hvd_compress.integration import elastic  # noqa: F401  (registers the elastic state handlers)
     from hvd_compress.integration.optimizer import DistributedOptimizer
 else:
+
     def __getattr__(name: str) -> object:
         """A Horovod-only name without Horovod: an ImportError that says how to install it."""
         if name in HOROVOD_ONLY:
             import_horovod(f"hvd_compress.{name}")
         raise AttributeError(f"module 'hvd_compress' has no attribute {name!r}")
 
-__all__ = sorted(["Accordion", "COMPRESSORS", "CONTROLLERS", "Compressor", "DecisionTimeout", "DiLoCo",
-                  "GraVACConfig", "GraVACPolicy", "ScaledFusion", "metrics", *PUBLIC,
-                  *(HOROVOD_ONLY if horovod_available() else [])])
+
+__all__ = sorted(
+    [
+        "Accordion",
+        "COMPRESSORS",
+        "CONTROLLERS",
+        "Compressor",
+        "DecisionTimeout",
+        "DiLoCo",
+        "GraVACConfig",
+        "GraVACPolicy",
+        "ScaledFusion",
+        "metrics",
+        *PUBLIC,
+        *(HOROVOD_ONLY if horovod_available() else []),
+    ]
+)

@@ -2,6 +2,7 @@
 parameter and what was wrong, at construction rather than steps later.
 
 A leaf module: it imports nothing from the package, and every layer may use it."""
+
 import math
 from numbers import Integral, Real
 from typing import Any, Dict, Optional
@@ -9,8 +10,7 @@ from typing import Any, Dict, Optional
 import torch
 
 
-def integer(owner: str, label: str, value: Any, *, low: Optional[int] = None,
-            high: Optional[int] = None) -> int:
+def integer(owner: str, label: str, value: Any, *, low: Optional[int] = None, high: Optional[int] = None) -> int:
     """``value`` if it is an int (not a bool) in [low, high]."""
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise ValueError(f"{owner}: {label} must be an integer, got {value!r}")
@@ -18,8 +18,15 @@ def integer(owner: str, label: str, value: Any, *, low: Optional[int] = None,
     return int(value)
 
 
-def real(owner: str, label: str, value: Any, *, low: Optional[float] = None,
-         high: Optional[float] = None, low_open: bool = False) -> float:
+def real(
+    owner: str,
+    label: str,
+    value: Any,
+    *,
+    low: Optional[float] = None,
+    high: Optional[float] = None,
+    low_open: bool = False,
+) -> float:
     """``value`` as a float if it is a finite real number (not a bool) in [low, high], or
     (low, high] with ``low_open``."""
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
@@ -45,11 +52,12 @@ def named_parameters(owner: str, pairs: Any) -> Dict[str, torch.Tensor]:
     (bare parameters, duplicate names)."""
     pairs = list(pairs)
     for item in pairs:
-        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-                and torch.is_tensor(item[1])):
-            raise ValueError(f"{owner}: named_parameters must be (name, parameter) pairs, as "
-                             f"model.named_parameters() gives; got an item of type "
-                             f"{type(item).__name__}")
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and torch.is_tensor(item[1])):
+            raise ValueError(
+                f"{owner}: named_parameters must be (name, parameter) pairs, as "
+                f"model.named_parameters() gives; got an item of type "
+                f"{type(item).__name__}"
+            )
     names = [name for name, _ in pairs]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
@@ -60,6 +68,5 @@ def named_parameters(owner: str, pairs: Any) -> Dict[str, torch.Tensor]:
 def _in_range(owner, label, value, low, high, low_open):
     below = low is not None and (value <= low if low_open else value < low)
     if below or (high is not None and value > high):
-        interval = f"{'(' if low_open else '['}{'-inf' if low is None else low}, " \
-                   f"{'inf' if high is None else high}]"
+        interval = f"{'(' if low_open else '['}{'-inf' if low is None else low}, {'inf' if high is None else high}]"
         raise ValueError(f"{owner}: {label} must lie in {interval}, got {value!r}")

@@ -34,6 +34,7 @@ Tuning guide:
     to watch a trend.
   * Without an exporter nothing is timed or sampled: an unwatched compression pays nothing.
 """
+
 import json
 import math
 import time
@@ -80,11 +81,15 @@ class Exporter(StepObserver):
         step, on rank 0 only unless ``all_ranks``. Returns ``compression``. One exporter watches
         one compression; a watched compression pickles unwatched."""
         if self.compression is not None:
-            raise ValueError(f"{type(self).__name__}.watch: already watching a "
-                             f"{type(self.compression).__name__}; use one exporter per compression")
+            raise ValueError(
+                f"{type(self).__name__}.watch: already watching a "
+                f"{type(self.compression).__name__}; use one exporter per compression"
+            )
         if not (isinstance(compression, GradientCompression) and callable(getattr(compression, "metrics", None))):
-            raise ValueError(f"{type(self).__name__}.watch: compression must be an hvd_compress "
-                             f"compressor or controller, got {type(compression).__name__}")
+            raise ValueError(
+                f"{type(self).__name__}.watch: compression must be an hvd_compress "
+                f"compressor or controller, got {type(compression).__name__}"
+            )
         self.compression = compression
         compression.add_observer(self)
         return compression
@@ -118,7 +123,7 @@ class Exporter(StepObserver):
         setting = core.setting(name)
         if not (core.controllable and core.compresses(grad.shape, setting)):
             return
-        error, = core.errors(grad.detach(), [setting])
+        (error,) = core.errors(grad.detach(), [setting])
         sums = self._error = self._error or [0.0, 0.0]
         sums[0] += float(error) ** 2
         sums[1] += float(grad.detach().double().norm()) ** 2
@@ -144,8 +149,11 @@ class Exporter(StepObserver):
 def decision_numbers(record: Dict[str, Any]) -> Dict[str, float]:
     """A decision record as flat numbers: per layer its setting (where a number), window norms,
     and its error and bytes rows by option."""
-    numbers = {"decision/version": record["version"], "decision/total_bytes": record["total_bytes"],
-               "decision/uniform_bytes": record["uniform_bytes"]}
+    numbers = {
+        "decision/version": record["version"],
+        "decision/total_bytes": record["total_bytes"],
+        "decision/uniform_bytes": record["uniform_bytes"],
+    }
     for name, layer in record["layers"].items():
         chosen = layer["options"][layer["chosen"]]
         if isinstance(chosen, (int, float)):
@@ -163,8 +171,15 @@ class TensorBoard(Exporter):
     ``torch.utils.tensorboard.SummaryWriter``, or a directory for one, made at the first write,
     so only the writing rank makes an event file (``pip install hvd_compress[tensorboard]``)."""
 
-    def __init__(self, writer: Any, every: int = 1, *, all_ranks: bool = False, error_every: int = 0,
-                 prefix: str = "hvd_compress"):
+    def __init__(
+        self,
+        writer: Any,
+        every: int = 1,
+        *,
+        all_ranks: bool = False,
+        error_every: int = 0,
+        prefix: str = "hvd_compress",
+    ):
         super().__init__(every, all_ranks=all_ranks, error_every=error_every)
         if isinstance(writer, (str, Path)):
             self.directory, self.writer = Path(writer), None
@@ -172,8 +187,10 @@ class TensorBoard(Exporter):
         elif callable(getattr(writer, "add_scalar", None)):
             self.directory, self.writer = None, writer
         else:
-            raise ValueError(f"TensorBoard: writer must be a directory or have add_scalar(), like "
-                             f"torch.utils.tensorboard.SummaryWriter; got {type(writer).__name__}")
+            raise ValueError(
+                f"TensorBoard: writer must be a directory or have add_scalar(), like "
+                f"torch.utils.tensorboard.SummaryWriter; got {type(writer).__name__}"
+            )
         self.prefix = prefix
 
     def write(self, step, numbers):
@@ -194,8 +211,10 @@ def _summary_writer_class():
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as error:
-        raise ImportError(f"hvd_compress.metrics.TensorBoard needs the tensorboard package "
-                          f"(pip install tensorboard, or hvd_compress[tensorboard]): {error}") from None
+        raise ImportError(
+            f"hvd_compress.metrics.TensorBoard needs the tensorboard package "
+            f"(pip install tensorboard, or hvd_compress[tensorboard]): {error}"
+        ) from None
     return SummaryWriter
 
 
@@ -203,8 +222,7 @@ class JsonLines(Exporter):
     """One JSON object per written step (``{"step": N, <metric>: value, ...}``) appended to
     ``path``, flushed as written, so a crashed run keeps its lines."""
 
-    def __init__(self, path: Union[str, Path], every: int = 1, *, all_ranks: bool = False,
-                 error_every: int = 0):
+    def __init__(self, path: Union[str, Path], every: int = 1, *, all_ranks: bool = False, error_every: int = 0):
         super().__init__(every, all_ranks=all_ranks, error_every=error_every)
         self.path = Path(path)
         self._file: Optional[Any] = None

@@ -3,13 +3,15 @@
 it loads its Horovod modules, and a Horovod-only entry point reached without Horovod raises
 here, naming itself and how to install Horovod. A leaf, like ``arguments.py``: every layer may
 use it."""
+
 from functools import lru_cache
 from types import ModuleType
 
 INSTALL_HOROVOD = (
     "install Horovod with PyTorch support (Horovod 0.28.1 needs a C++17 patch to build against "
     "torch >= 2.1: from an hvd_compress checkout, `bash ci/setup.sh` builds and installs it; "
-    "DEVELOPERS.md says how)")
+    "DEVELOPERS.md says how)"
+)
 
 
 @lru_cache(maxsize=None)  # asked once per exported class; a failed import is not cached by Python
@@ -30,5 +32,6 @@ def import_horovod(entry_point: str) -> ModuleType:
         raise ImportError(
             f"{entry_point} needs Horovod, which does not import here ({error}): "
             f"{INSTALL_HOROVOD}. Without Horovod, hvd_compress.ddp, hvd_compress.fsdp and "
-            f"hvd_compress.DiLoCo run under torchrun with torch alone.") from error
+            f"hvd_compress.DiLoCo run under torchrun with torch alone."
+        ) from error
     return hvd

@@ -11,4 +11,5 @@ ROOT = str(Path(__file__).resolve().parents[1])
 if sys.path[:1] != [ROOT]:
     sys.path.insert(0, ROOT)
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [ROOT] + [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != ROOT])
+    [ROOT] + [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != ROOT]
+)

@@ -1,6 +1,7 @@
 """Gradients of degenerate shapes, which every compressor, controller and integration must carry
 (uncompressed where they cannot be compressed): the unit tier's gradients and a small model
 holding a parameter of each kind, shared by the DDP and Horovod tiers."""
+
 import torch
 from torch import nn
 

@@ -1,5 +1,6 @@
 """Which registered compressors can send a layer whole, and at which setting: shared by the
 unit tests (tests/unit/test_compressors.py) and the multi-rank tier (tests/multirank/helpers.py)."""
+
 from typing import Any, List, Tuple
 
 import hvd_compress as hc
@@ -14,5 +15,8 @@ def sends_whole(compressor: Any, shape: Tuple[int, ...]) -> Any:
 
 def dense_switchable(shape: Tuple[int, ...]) -> List[str]:
     """The registered controllable compressors whose settings can send a layer of ``shape`` whole."""
-    return [name for name in hc.registry.controllable()
-            if sends_whole(hc.COMPRESSORS[name].build(small=True), shape) is not None]
+    return [
+        name
+        for name in hc.registry.controllable()
+        if sends_whole(hc.COMPRESSORS[name].build(small=True), shape) is not None
+    ]

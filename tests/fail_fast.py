@@ -1,6 +1,7 @@
 """Fail fast in a launched rank: a rank whose test fails would leave the others waiting in a
 collective, so it takes the whole job down at once. Shared by the conftest of the Horovod ranks
 (tests/multirank/conftest.py) and of the torchrun ranks (tests/torchrun_rank.py)."""
+
 import os
 import sys
 from typing import Callable, Optional

@@ -2,6 +2,7 @@
 rank), shared by tests/test_ddp.py, tests/test_fsdp.py (through test_ddp) and
 tests/test_multirank.py: a hard timeout after which every process of the launch is killed, so
 no rank can hang the suite."""
+
 import os
 import signal
 import subprocess
@@ -11,14 +12,21 @@ from typing import Dict, List, Optional, Sequence
 import pytest
 
 
-def run_launch(command: List[str], cwd: Path, timeout: float, title: str, summary_words: Sequence[str],
-               environment: Optional[Dict[str, str]] = None) -> None:
+def run_launch(
+    command: List[str],
+    cwd: Path,
+    timeout: float,
+    title: str,
+    summary_words: Sequence[str],
+    environment: Optional[Dict[str, str]] = None,
+) -> None:
     """Runs ``command`` in ``cwd`` (one torch thread a rank, unbuffered output, and
     ``environment``) and fails the calling test if it fails or outlives ``timeout`` seconds;
     prints, under ``title``, the output lines holding any of ``summary_words``."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(environment or {}))
-    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         output, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

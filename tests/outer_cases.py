@@ -2,6 +2,7 @@
 (tests/multirank/test_outer.py) and the torchrun launch (tests/ddp/test_ddp_outer.py): each
 passes a ``gather(tensor, name) -> (W, numel)`` over its own collectives. DiLoCo picks its
 backend itself (Horovod there, torch.distributed here)."""
+
 import io
 
 import pytest
@@ -58,8 +59,9 @@ def replicas_identical_after_every_outer_step(gather, rank, method):
     """Every rank starts from other weights (the first step broadcasts rank 0's); after each
     outer step every parameter is bit-identical on every rank, and only outer steps exchange."""
     net = model(seed=rank)
-    outer = hc.DiLoCo(torch.optim.AdamW(net.parameters(), lr=1e-2), net.named_parameters(),
-                      compression(method), inner_steps=H)
+    outer = hc.DiLoCo(
+        torch.optim.AdamW(net.parameters(), lr=1e-2), net.named_parameters(), compression(method), inner_steps=H
+    )
     for step, (x, y) in enumerate(batches(rank, 3 * H), 1):
         outer.zero_grad()
         nn.functional.mse_loss(net(x), y).backward()
@@ -100,8 +102,13 @@ def one_inner_step_is_data_parallel_sgd(gather, rank, size):
     step moves the weights by the mean of the ranks' local SGD steps, i.e. data-parallel SGD
     on the mean gradient, to float32 rounding."""
     net, reference = model(0), model(0)
-    outer = hc.DiLoCo(torch.optim.SGD(net.parameters(), lr=0.1), net.named_parameters(), hc.NoCompression(),
-                      inner_steps=1, outer_optimizer=lambda params: torch.optim.SGD(params, lr=1.0))
+    outer = hc.DiLoCo(
+        torch.optim.SGD(net.parameters(), lr=0.1),
+        net.named_parameters(),
+        hc.NoCompression(),
+        inner_steps=1,
+        outer_optimizer=lambda params: torch.optim.SGD(params, lr=1.0),
+    )
     for step, (x, y) in enumerate(batches(rank, 6), 1):
         inner_step(net, outer, x, y)
         reference.zero_grad()
@@ -119,8 +126,9 @@ def nonfinite_pseudo_gradient_on_one_rank_skips_the_outer_step_everywhere(gather
     step, its weights go back to the period's start, the outer optimizer and the compressor
     (error feedback) are as before the period, and the next period runs as usual."""
     net = model(0)
-    outer = hc.DiLoCo(torch.optim.SGD(net.parameters(), lr=0.05), net.named_parameters(),
-                      hc.TopK(density=0.05), inner_steps=2)
+    outer = hc.DiLoCo(
+        torch.optim.SGD(net.parameters(), lr=0.05), net.named_parameters(), hc.TopK(density=0.05), inner_steps=2
+    )
     data = batches(rank, 6)
     for x, y in [next(data), next(data)]:
         inner_step(net, outer, x, y)
@@ -152,8 +160,9 @@ def gradscaler_overflow_on_one_rank_keeps_the_periods_in_step(gather, rank):
     late: pseudo-gradients of different periods averaged, then a last exchange without partner."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
-    outer = hc.DiLoCo(torch.optim.SGD(net.parameters(), lr=0.05), net.named_parameters(),
-                      hc.NoCompression(), inner_steps=2)
+    outer = hc.DiLoCo(
+        torch.optim.SGD(net.parameters(), lr=0.05), net.named_parameters(), hc.NoCompression(), inner_steps=2
+    )
     scaler = torch.amp.GradScaler("cpu", init_scale=1024)
     counts = []
     for iteration, (x, y) in enumerate(batches(rank, 4)):
@@ -174,6 +183,7 @@ def resume_mid_period_is_exact(gather, rank):
     """A checkpoint taken mid-period (model, inner AdamW, DiLoCo with Top-K's error feedback and
     Nesterov momentum), loaded into fresh objects built from other weights, continues bit for
     bit as the uninterrupted run."""
+
     def build(seed):
         net = model(seed)
         inner = torch.optim.AdamW(net.parameters(), lr=1e-2)
@@ -232,9 +242,13 @@ def float16_pseudo_gradients_average_where_their_sum_overflows(gather, rank, siz
     model's pseudo-gradients sent dense, are divided by W before their float16 sum."""
     dtype = torch.float16 if method == "none" else torch.float32
     net = overflow.Scaled(dtype)
-    outer = hc.DiLoCo(torch.optim.SGD(net.parameters(), lr=1.0), net.named_parameters(),
-                      hc.COMPRESSORS[method].build(), inner_steps=1,
-                      outer_optimizer=lambda params: torch.optim.SGD(params, lr=1.0))
+    outer = hc.DiLoCo(
+        torch.optim.SGD(net.parameters(), lr=1.0),
+        net.named_parameters(),
+        hc.COMPRESSORS[method].build(),
+        inner_steps=1,
+        outer_optimizer=lambda params: torch.optim.SGD(params, lr=1.0),
+    )
     outer.zero_grad()
     net(torch.full((8, 4), overflow.value(rank, size), dtype=dtype)).backward()
     outer.step()
@@ -253,8 +267,9 @@ def degenerate_shapes_travel(gather, rank, method):
     torch.manual_seed(0)  # the same weights everywhere
     net = Degenerate()
     layouts = {name: p.stride() for name, p in net.named_parameters()}
-    outer = hc.DiLoCo(torch.optim.SGD(net.parameters(), lr=0.05), net.named_parameters(),
-                      compression(method), inner_steps=2)
+    outer = hc.DiLoCo(
+        torch.optim.SGD(net.parameters(), lr=0.05), net.named_parameters(), compression(method), inner_steps=2
+    )
     g = torch.Generator().manual_seed(rank)
     for _ in range(4):
         outer.zero_grad()

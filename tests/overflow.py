@@ -2,6 +2,7 @@
 others evenly between (multiples of 32, which float16 holds there). Their float16 sum is Inf,
 their mean (40000 on two ranks) is what torch's ``fp16_compress_hook`` gives, dividing by W
 before its float16 all-reduce. Shared by the DDP, FSDP, Horovod and DiLoCo tiers."""
+
 import torch
 from torch import nn
 

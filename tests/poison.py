@@ -1,5 +1,6 @@
 """A gradient hook that puts one Inf entry into a gradient on demand: the non-finite step of
 the skip-a-bad-step tests, shared by the Horovod (tests/multirank) and DDP (tests/ddp) tiers."""
+
 import torch
 
 

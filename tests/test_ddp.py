@@ -4,6 +4,7 @@ killed on expiry, so no rank can hang the suite. The np 2 launch of test_ddp_exc
 the quick tier (``-m "not slow"``); the others are marked ``slow``.
 
 Also here, single-process: ``hvd_compress.ddp.scaled_bucket_cap_mb``."""
+
 import os
 import shutil
 import sys
@@ -20,8 +21,7 @@ HERE = Path(__file__).parent / "ddp"
 # Seconds per launch; on this 2-core machine a launch took 13-31 s at np 2 and 26-71 s at np 4
 # (10-20 s of it importing torch._dynamo, which DDP pulls in, Horovod and the package in every
 # rank), up to twice that while other jobs ran.
-TIMEOUTS = {"test_ddp_exchange.py": 300, "test_ddp_state.py": 300, "test_ddp_backend.py": 300,
-            "test_ddp_outer.py": 300}
+TIMEOUTS = {"test_ddp_exchange.py": 300, "test_ddp_state.py": 300, "test_ddp_backend.py": 300, "test_ddp_outer.py": 300}
 QUICK = {(2, "test_ddp_exchange.py")}
 
 
@@ -34,15 +34,28 @@ def launches():
 
 def command(np, test_file):
     # --standalone: a rendezvous on a free local port, so launches never collide.
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(np),
-            "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(np),
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        test_file,
+    ]
 
 
 def run_torchrun(np, test_file, folder, timeout):
     """``test_file`` (in ``folder``) under ``torchrun --nproc_per_node np``, killed with every
     rank after ``timeout`` seconds; fails the calling test if it fails or times out."""
-    run_launch(command(np, test_file), folder, timeout, f"torchrun --nproc_per_node {np} {test_file}",
-               [" passed", " failed"])
+    run_launch(
+        command(np, test_file), folder, timeout, f"torchrun --nproc_per_node {np} {test_file}", [" passed", " failed"]
+    )
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="needs torchrun (comes with torch)")
@@ -51,21 +64,36 @@ def test_launch(np, test_file):
     run_torchrun(np, test_file, HERE, TIMEOUTS[test_file])
 
 
-@pytest.mark.skipif(shutil.which("torchrun") is None or not Path("/proc/self/task").is_dir(),
-                    reason="needs torchrun and Linux's /proc (the threads' names)")
+@pytest.mark.skipif(
+    shutil.which("torchrun") is None or not Path("/proc/self/task").is_dir(),
+    reason="needs torchrun and Linux's /proc (the threads' names)",
+)
 @pytest.mark.parametrize("np", [pytest.param(2, id="torchrun-2-gloo_threads.py")])  # ci/torch_only.sh's
 def test_destroy_process_group_stops_gloo_threads_with_integrations_bound(np):
     """tests/teardown/gloo_threads.py at np 2: after the DDP hook and DiLoCo over L-GreCo ran on
     the default group, destroy_process_group leaves no Gloo worker thread (one left into
     interpreter shutdown can abort the process; DEVELOPERS.md)."""
     folder = HERE.parent / "teardown"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(np),
-               "gloo_threads.py"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(np),
+        "gloo_threads.py",
+    ]
     # The folder above tests/ first: the checkout's package here, the installed one in
     # ci/torch_only.sh; then examples/, for the examples' toy task.
     root = HERE.parents[1]
-    run_launch(command, folder, 300, f"torchrun --nproc_per_node {np} gloo_threads.py", ["Gloo thread"],
-               {"PYTHONPATH": os.pathsep.join([str(root), str(root / "examples")])})
+    run_launch(
+        command,
+        folder,
+        300,
+        f"torchrun --nproc_per_node {np} gloo_threads.py",
+        ["Gloo thread"],
+        {"PYTHONPATH": os.pathsep.join([str(root), str(root / "examples")])},
+    )
 
 
 class Layers(nn.Module):
@@ -76,8 +104,9 @@ class Layers(nn.Module):
         self.layers = nn.ModuleList(nn.Linear(256, 256, bias=False) for _ in range(8))
 
 
-@pytest.mark.parametrize("name, settings", [("none", {}), ("powersgd", {"rank": 4}),
-                                            ("topk", {"density": 0.01}), ("fp16", {})])
+@pytest.mark.parametrize(
+    "name, settings", [("none", {}), ("powersgd", {"rank": 4}), ("topk", {"density": 0.01}), ("fp16", {})]
+)
 def test_scaled_bucket_cap_keeps_as_many_layers_per_bucket_as_dense(name, settings):
     """The scaled rule fuses payloads up to dense_mb x rate, i.e. as many layers as a dense
     buffer of dense_mb holds, whatever the rate: here 4 layers (1 MiB) per bucket at 1 MiB and 2

@@ -5,6 +5,7 @@ third joins. Every run is bounded (the driver kills its process group on expiry)
 
 And outside elastic mode: a rank 0 that stops answering makes the others fail with
 ``DecisionTimeout`` within L-GreCo's timeout."""
+
 import os
 import re
 import shutil
@@ -19,9 +20,10 @@ import pytest
 from benchmarks import elastic
 from benchmarks.report import LOOPBACK_ONLY
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("horovodrun") is None,
-                                 reason="needs horovodrun (bash ci/setup.sh installs it)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("horovodrun") is None, reason="needs horovodrun (bash ci/setup.sh installs it)"),
+]
 
 STEPS = 300  # a joining worker starts in seconds while training goes on: room to join before the end
 # Killed at step 45, between commits (every 10 steps). L-GreCo (decisions submitted at steps 25,
@@ -43,19 +45,23 @@ def undisturbed():
         if method not in runs:
             runs[method] = elastic.run("digits", method, steps=STEPS, timeout=RUN_TIMEOUT)
         return runs[method]
+
     return get
 
 
 @pytest.mark.parametrize("method", sorted(KILLS))
 def test_a_killed_worker_leaves_and_a_new_one_joins(method, undisturbed):
     kill_rank, kill_step = KILLS[method]
-    run = elastic.run("digits", method, steps=STEPS, kill_rank=kill_rank, kill_step=kill_step,
-                      rejoin_after=20, timeout=RUN_TIMEOUT)
+    run = elastic.run(
+        "digits", method, steps=STEPS, kill_rank=kill_rank, kill_step=kill_step, rejoin_after=20, timeout=RUN_TIMEOUT
+    )
     reference = undisturbed(method)
-    print(f"\n{method}: killed {run['killed']}, steps lost {run['steps_lost']}, rejoined after "
-          f"step {run['rejoined_at']}, accuracy {run['accuracy']:.4f} (undisturbed "
-          f"{reference['accuracy']:.4f}), {run['wall_seconds']:.0f} s (undisturbed "
-          f"{reference['wall_seconds']:.0f} s)")
+    print(
+        f"\n{method}: killed {run['killed']}, steps lost {run['steps_lost']}, rejoined after "
+        f"step {run['rejoined_at']}, accuracy {run['accuracy']:.4f} (undisturbed "
+        f"{reference['accuracy']:.4f}), {run['wall_seconds']:.0f} s (undisturbed "
+        f"{reference['wall_seconds']:.0f} s)"
+    )
     sizes = [p["size"] for p in run["progress"]]
     # 3 workers, then 2 from the last commit on, then 3 again, to the end.
     assert sizes[0] == 3 and 2 in sizes and sizes[-1] == 3 and run["size"] == 3
@@ -85,13 +91,42 @@ def test_which_controller_elastic_code_runs_under(launch, tmp_path):
     script.write_text("#!/bin/sh\nprintf 'localhost:1\\n127.0.0.1:1\\n'\n")
     script.chmod(0o755)
     if launch == "mpirun":
-        argv = ["mpirun", "--allow-run-as-root", "-np", "2", "--mca", "btl", "self,tcp",
-                *LOOPBACK_ONLY, "-x", "PYTHONPATH", sys.executable, str(CONTROLLER)]
+        argv = [
+            "mpirun",
+            "--allow-run-as-root",
+            "-np",
+            "2",
+            "--mca",
+            "btl",
+            "self,tcp",
+            *LOOPBACK_ONLY,
+            "-x",
+            "PYTHONPATH",
+            sys.executable,
+            str(CONTROLLER),
+        ]
     else:
-        argv = ["horovodrun", "-np", "2", "--min-np", "2", "--max-np", "2", "--host-discovery-script",
-                str(script), "--mpi", sys.executable, str(CONTROLLER)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=180,
-                          env=dict(os.environ, PYTHONPATH=elastic.checkout_pythonpath()))
+        argv = [
+            "horovodrun",
+            "-np",
+            "2",
+            "--min-np",
+            "2",
+            "--max-np",
+            "2",
+            "--host-discovery-script",
+            str(script),
+            "--mpi",
+            sys.executable,
+            str(CONTROLLER),
+        ]
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=dict(os.environ, PYTHONPATH=elastic.checkout_pythonpath()),
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     expected = "gloo=False mpi=True" if launch == "mpirun" else "gloo=True mpi=False"
     assert f"CONTROLLER {expected} size=2" in done.stdout
@@ -105,11 +140,21 @@ def test_a_stopped_rank0_fails_the_others_with_decision_timeout_in_time():
     """Plain ``horovodrun`` (no elastic): rank 0 freezes itself (SIGSTOP, as a hung host) right
     after submitting an L-GreCo decision; rank 1 waits for it at the exchange and raises
     DecisionTimeout within the timeout."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=elastic.checkout_pythonpath(), DECISION_TIMEOUT=str(DECISION_TIMEOUT))
-    process = subprocess.Popen(["horovodrun", "-np", "2", "--gloo", sys.executable, str(DEAD_RANK0)],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env=env, start_new_session=True)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=elastic.checkout_pythonpath(),
+        DECISION_TIMEOUT=str(DECISION_TIMEOUT),
+    )
+    process = subprocess.Popen(
+        ["horovodrun", "-np", "2", "--gloo", sys.executable, str(DEAD_RANK0)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     output, deadline = [], time.monotonic() + 240
     try:
         for line in process.stdout:

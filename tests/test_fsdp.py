@@ -1,6 +1,7 @@
 """The FSDP2 / HSDP tier: each file in tests/fsdp runs as one ``torchrun`` job of 4 ranks, a
 2 x 2 ("replicate", "shard") mesh on Gloo (no Horovod initialised), under a hard timeout that
 kills every rank (``test_ddp.run_torchrun``). Full tier only (``slow``)."""
+
 import shutil
 from pathlib import Path
 

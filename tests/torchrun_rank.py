@@ -3,6 +3,7 @@ from their conftest.py): a Gloo process group, no Horovod initialised, one torch
 
 Fail fast: a rank whose test fails would leave the others waiting in a collective, so it exits
 at once; torchrun then stops the other ranks and the launch fails."""
+
 import torch
 import torch.distributed as dist
 

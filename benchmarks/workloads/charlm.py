@@ -7,6 +7,7 @@ on every machine that runs Python, so nothing is downloaded, and it is fixed for
 version. The vocabulary is the 256 byte values, so the model's shapes never depend on the corpus
 (the text itself changes a little between Python versions). The last 10% is validation.
 """
+
 import math
 import sysconfig
 from pathlib import Path
@@ -52,8 +53,10 @@ class Block(nn.Module):
 
     def forward(self, x):
         batch, length, d_model = x.shape
-        q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2)
-                   for t in self.qkv(self.attention_norm(x)).chunk(3, dim=-1))
+        q, k, v = (
+            t.view(batch, length, self.heads, -1).transpose(1, 2)
+            for t in self.qkv(self.attention_norm(x)).chunk(3, dim=-1)
+        )
         attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(attended.transpose(1, 2).reshape(batch, length, d_model))
         return x + self.mlp_out(F.gelu(self.mlp_in(self.mlp_norm(x))))
@@ -112,24 +115,59 @@ def evaluate(model, val_ids, context, windows=256, batch_size=64):
     total = 0.0
     with torch.no_grad():
         for first in range(0, windows, batch_size):
-            batch = val_ids[starts[first:first + batch_size] + offsets].to(device)
+            batch = val_ids[starts[first : first + batch_size] + offsets].to(device)
             total += cross_entropy(model, batch[:, :-1], batch[:, 1:]).item() * len(batch)
     model.train(was_training)
     return math.exp(total / windows)
 
 
-def train(make_optimizer, rank=0, size=1, steps=300, batch_size=32, lr=2e-3, seed=0, log=None,
-          log_every=50, model_kwargs=None, max_chars=2_000_000):
+def train(
+    make_optimizer,
+    rank=0,
+    size=1,
+    steps=300,
+    batch_size=32,
+    lr=2e-3,
+    seed=0,
+    log=None,
+    log_every=50,
+    model_kwargs=None,
+    max_chars=2_000_000,
+):
     """Data-parallel training of a ``CharTransformer(**model_kwargs)`` on the corpus's first
     ``max_chars`` bytes: see ``fit``. Returns (model, validation perplexity)."""
     torch.manual_seed(seed)
     train_ids, val_ids = load_corpus(max_chars)
-    return fit(make_optimizer, CharTransformer(**(model_kwargs or {})), train_ids, val_ids, rank, size,
-               steps, batch_size, lr, seed, log, log_every)
+    return fit(
+        make_optimizer,
+        CharTransformer(**(model_kwargs or {})),
+        train_ids,
+        val_ids,
+        rank,
+        size,
+        steps,
+        batch_size,
+        lr,
+        seed,
+        log,
+        log_every,
+    )
 
 
-def fit(make_optimizer, model, train_ids, val_ids, rank=0, size=1, steps=300, batch_size=32, lr=2e-3,
-        seed=0, log=None, log_every=50):
+def fit(
+    make_optimizer,
+    model,
+    train_ids,
+    val_ids,
+    rank=0,
+    size=1,
+    steps=300,
+    batch_size=32,
+    lr=2e-3,
+    seed=0,
+    log=None,
+    log_every=50,
+):
     """Data-parallel training with AdamW, a linear warmup over the first 10% of the steps
     (``warmup_steps``), then cosine decay to a tenth of ``lr``. Every rank draws its own random
     windows from the whole training text, so the ranks together sample like one process with
@@ -137,8 +175,7 @@ def fit(make_optimizer, model, train_ids, val_ids, rank=0, size=1, steps=300, ba
     optimizer to step; ``log(step, mean training loss since the last call, validation
     perplexity)`` is called every ``log_every`` steps and after the last. The caller seeds torch
     before building ``model``. Returns (model, validation perplexity)."""
-    optimizer = make_optimizer(model, torch.optim.AdamW(model.parameters(), lr=lr,
-                                                        weight_decay=0.01))
+    optimizer = make_optimizer(model, torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01))
     warmup = warmup_steps(steps)
 
     def lr_factor(step):

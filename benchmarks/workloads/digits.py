@@ -1,5 +1,6 @@
 """A small CNN on scikit-learn's handwritten digits (1797 real 8x8 images, shipped with the
 package, so it runs offline)."""
+
 import numpy as np
 import torch
 from torch import nn
@@ -8,6 +9,7 @@ from torch import nn
 def load_digits_split(test_fraction=0.2, seed=0):
     """(x_train, y_train, x_test, y_test) as tensors; x is N x 1 x 8 x 8 in [0, 1]."""
     from sklearn.datasets import load_digits
+
     data = load_digits()
     x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
     y = torch.tensor(data.target, dtype=torch.long)
@@ -24,10 +26,9 @@ class DigitsCNN(nn.Module):
     def __init__(self):
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
-        self.classifier = nn.Sequential(
-            nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
+            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)
+        )
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10))
 
     def forward(self, x):
         return self.classifier(self.features(x))
@@ -57,7 +58,7 @@ def train(make_optimizer, rank=0, size=1, epochs=8, batch_size=32, lr=0.05, seed
         order = torch.randperm(len(y_train), generator=generator)
         total = 0.0
         for step in range(steps_per_epoch):
-            batch = order[step * batch_size:(step + 1) * batch_size]
+            batch = order[step * batch_size : (step + 1) * batch_size]
             optimizer.zero_grad()
             loss = nn.functional.cross_entropy(network(x_train[batch]), y_train[batch])
             loss.backward()

@@ -12,6 +12,7 @@ single other characters (``TOKEN``). The corpus is ``charlm.load_corpus``'s text
 the vocabulary is built from the training 90% with ties broken by the token's text, so it is the
 same on every rank and every run of a given Python version.
 """
+
 import functools
 import re
 from collections import Counter
@@ -34,15 +35,28 @@ def load_corpus(max_chars=3_000_000, vocab=VOCAB):
     pieces = TOKEN.findall(text)
     cut = len(pieces) - int(len(pieces) * charlm.VALIDATION_FRACTION)
     counts = Counter(pieces[:cut])
-    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:vocab - 1]
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[: vocab - 1]
     tokens = ["<unk>"] + [token for token, _ in ranked]
     index = {token: i for i, token in enumerate(tokens)}
     ids = torch.tensor([index.get(piece, UNKNOWN) for piece in pieces], dtype=torch.int64)
     return ids[:cut], ids[cut:], tuple(tokens)
 
 
-def train(make_optimizer, rank=0, size=1, steps=600, batch_size=32, lr=2e-3, seed=0, log=None,
-          log_every=50, model_kwargs=None, max_chars=3_000_000, vocab=VOCAB, prepare=None):
+def train(
+    make_optimizer,
+    rank=0,
+    size=1,
+    steps=600,
+    batch_size=32,
+    lr=2e-3,
+    seed=0,
+    log=None,
+    log_every=50,
+    model_kwargs=None,
+    max_chars=3_000_000,
+    vocab=VOCAB,
+    prepare=None,
+):
     """As ``charlm.train``, on word-level tokens: a ``charlm.CharTransformer`` with a
     ``vocab``-token embedding and head (``model_kwargs`` sets the rest). ``prepare`` turns the
     new model into the one trained (moved to a device, wrapped in DistributedDataParallel).
@@ -53,5 +67,6 @@ def train(make_optimizer, rank=0, size=1, steps=600, batch_size=32, lr=2e-3, see
     model = charlm.CharTransformer(vocab=vocab, **(model_kwargs or {}))
     if prepare is not None:
         model = prepare(model)
-    return charlm.fit(make_optimizer, model, train_ids, val_ids, rank, size, steps, batch_size, lr,
-                      seed, log, log_every)
+    return charlm.fit(
+        make_optimizer, model, train_ids, val_ids, rank, size, steps, batch_size, lr, seed, log, log_every
+    )

@@ -72,6 +72,7 @@ the one line of advice), ``ranks.py`` (the launched ranks, on ``comm/``'s backen
 transports), ``cli.py`` (``python -m hvd_compress.advise``). Each method's rounds are answered
 locally by ``comm/simulated.py`` and clocks read by ``comm/timing.py``, as everywhere else.
 """
+
 from hvd_compress.advise.advice import Advice, advise, format_advice
 from hvd_compress.advise.cli import main
 from hvd_compress.advise.projection import Candidate, Link

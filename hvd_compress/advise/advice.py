@@ -1,5 +1,6 @@
 """``advise()``: every method measured and projected on the launched ranks, as one ``Advice``,
 and ``format_advice``, the table rank 0 prints."""
+
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -7,10 +8,23 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from hvd_compress.advise.check import check_by_timing, slowest_median, time_steps
-from hvd_compress.advise.evidence import (PICK_SEEDS, evidence_for, factor_text, recommend, shipped_evidence,
-                                          steps_for, steps_seeds)
-from hvd_compress.advise.measure import (decided_settings, gradients_of, measure_codec, measure_compute,
-                                         measure_links, slowest_codec)
+from hvd_compress.advise.evidence import (
+    PICK_SEEDS,
+    evidence_for,
+    factor_text,
+    recommend,
+    shipped_evidence,
+    steps_for,
+    steps_seeds,
+)
+from hvd_compress.advise.measure import (
+    decided_settings,
+    gradients_of,
+    measure_codec,
+    measure_compute,
+    measure_links,
+    slowest_codec,
+)
 from hvd_compress.advise.projection import Candidate, Link, project, setting_label
 from hvd_compress.advise.ranks import LaunchedRanks, launched_ranks
 from hvd_compress.registry import COMPRESSORS, controllable
@@ -55,8 +69,9 @@ def controlled(methods: Sequence[str], evidence: Dict[str, Any]) -> List[Tuple[s
     for controller in (m for m in methods if m in PROJECTED_CONTROLLERS):
         for compressor in (m for m in methods if m in controllable()):
             key = f"{controller}/{compressor}"
-            pairs += [(key, setting) for setting in settings_of(compressor)
-                      if setting_label(setting) in measured.get(key, {})]
+            pairs += [
+                (key, setting) for setting in settings_of(compressor) if setting_label(setting) in measured.get(key, {})
+            ]
     return pairs
 
 
@@ -65,9 +80,18 @@ def every_rank(ranks, mine):
     return ranks.gather(mine) if hasattr(ranks, "gather") else [ranks.agree(mine)]
 
 
-def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, compute_ms: Optional[float] = None,
-           methods: Optional[Sequence[str]] = None, ranks: Optional[LaunchedRanks] = None, codec_steps: int = 6,
-           compute_steps: int = 6, repeats: int = 3, timed_steps: int = 30) -> Advice:
+def advise(
+    model: torch.nn.Module,
+    loss_of: Optional[Callable] = None,
+    *,
+    compute_ms: Optional[float] = None,
+    methods: Optional[Sequence[str]] = None,
+    ranks: Optional[LaunchedRanks] = None,
+    codec_steps: int = 6,
+    compute_steps: int = 6,
+    repeats: int = 3,
+    timed_steps: int = 30,
+) -> Advice:
     """Measures and projects every method (``methods``: registry names, default all) for
     ``model`` on the launched ranks; every rank must call it. ``compute_ms``: forward plus
     backward of one step, when ``loss_of`` is not given (backward taken as two thirds of it).
@@ -83,15 +107,18 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
     methods = list(methods or [*COMPRESSORS, *PROJECTED_CONTROLLERS])
     unknown = sorted(set(methods) - set(COMPRESSORS) - set(PROJECTED_CONTROLLERS))
     if unknown:
-        raise ValueError(f"methods: {unknown} are not registered compressors or projected controllers; known: "
-                         f"{sorted(COMPRESSORS)} and {list(PROJECTED_CONTROLLERS)}")
+        raise ValueError(
+            f"methods: {unknown} are not registered compressors or projected controllers; known: "
+            f"{sorted(COMPRESSORS)} and {list(PROJECTED_CONTROLLERS)}"
+        )
     if "none" not in methods:
         methods.insert(0, "none")
     if timed_steps < 0:
         raise ValueError(f"timed_steps must be 0 (projections alone) or more, got {timed_steps!r}")
     if loss_of is None and compute_ms is None:
-        raise ValueError("compute_ms: give the compute time of one step (forward + backward, ms), or a "
-                         "loss_of(model) to measure it")
+        raise ValueError(
+            "compute_ms: give the compute time of one step (forward + backward, ms), or a loss_of(model) to measure it"
+        )
     if loss_of is not None:
         ranks.barrier()
         # A step waits for the slowest rank's backward, as for the codec below.
@@ -131,42 +158,75 @@ def advise(model: torch.nn.Module, loss_of: Optional[Callable] = None, *, comput
     baseline.quality_ok = True
     hvd = getattr(ranks, "horovod", None)
     if timed_steps and loss_of is not None and hvd is not None:
+
         def time_one(candidate: Candidate) -> float:
             ranks.barrier()
             mine = time_steps(model, loss_of, candidate, timed_steps, hvd)
             return slowest_median(every_rank(ranks, mine))
 
         check_by_timing(candidates, time_one, PICK_SEEDS)
-    return Advice(ranks.size, sum(g.numel() for g in grads.values()), 1e3 * (forward_s + backward_s),
-                  1e3 * backward_s, links, candidates, recommend(candidates),
-                  steps_workload=evidence.get("steps_to_target", {}).get("workload", "")
-                  if any(c.steps_factor is not None for c in candidates if c.method != "none") else "")
+    return Advice(
+        ranks.size,
+        sum(g.numel() for g in grads.values()),
+        1e3 * (forward_s + backward_s),
+        1e3 * backward_s,
+        links,
+        candidates,
+        recommend(candidates),
+        steps_workload=evidence.get("steps_to_target", {}).get("workload", "")
+        if any(c.steps_factor is not None for c in candidates if c.method != "none")
+        else "",
+    )
 
 
 def format_advice(advice: Advice) -> str:
     """The table and the recommendation, as printed."""
-    lines = [f"hvd_compress.advise: {advice.parameters:,} parameters, {advice.world_size} ranks, "
-             f"compute {advice.compute_ms:.1f} ms a step (backward {advice.backward_ms:.1f} ms)",
-             "links (latency, bandwidth as each rank contributes bytes):"]
+    lines = [
+        f"hvd_compress.advise: {advice.parameters:,} parameters, {advice.world_size} ranks, "
+        f"compute {advice.compute_ms:.1f} ms a step (backward {advice.backward_ms:.1f} ms)",
+        "links (latency, bandwidth as each rank contributes bytes):",
+    ]
     for collective, link in advice.links.items():
         bandwidth = "-" if math.isinf(link.bytes_per_s) else f"{8 * link.bytes_per_s / 1e9:.2f} Gbit/s"
         lines.append(f"  {collective:9} {1e6 * link.latency_s:8.0f} us  {bandwidth}")
-    header = ("method", "setting", "MB/step", "codec ms", "comm ms", "step ms", "timed ms", "speed-up", "steps",
-              "time to target", "quality evidence")
+    header = (
+        "method",
+        "setting",
+        "MB/step",
+        "codec ms",
+        "comm ms",
+        "step ms",
+        "timed ms",
+        "speed-up",
+        "steps",
+        "time to target",
+        "quality evidence",
+    )
     dense = next((c.wire_bytes for c in advice.candidates if c.method == "none"), math.inf)
-    rows = [(c.method, c.setting or "-", f"{c.wire_bytes / 1e6:.2f}" + ("*" if c.wire_bytes > dense else ""),
-             f"{c.codec_ms:.1f}",
-             f"{c.communication_ms:.1f}", f"{c.step_ms:.1f}",
-             "-" if c.timed_step_ms is None else f"{c.timed_step_ms:.1f}", f"{c.speedup:.2f}x",
-             factor_text(c.steps_factor),
-             factor_text(c.to_target), c.evidence)
-            for c in sorted(advice.candidates, key=lambda c: c.expected_step_ms)]
+    rows = [
+        (
+            c.method,
+            c.setting or "-",
+            f"{c.wire_bytes / 1e6:.2f}" + ("*" if c.wire_bytes > dense else ""),
+            f"{c.codec_ms:.1f}",
+            f"{c.communication_ms:.1f}",
+            f"{c.step_ms:.1f}",
+            "-" if c.timed_step_ms is None else f"{c.timed_step_ms:.1f}",
+            f"{c.speedup:.2f}x",
+            factor_text(c.steps_factor),
+            factor_text(c.to_target),
+            c.evidence,
+        )
+        for c in sorted(advice.candidates, key=lambda c: c.expected_step_ms)
+    ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header) - 1)]
     for row in [header, *rows]:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
     if any(c.wire_bytes > dense for c in advice.candidates):
-        lines.append(f"* sends more bytes per step than uncompressed at {advice.world_size} ranks: an "
-                     f"all-gather's bytes grow with the ranks, uncompressed's all-reduce's do not")
+        lines.append(
+            f"* sends more bytes per step than uncompressed at {advice.world_size} ranks: an "
+            f"all-gather's bytes grow with the ranks, uncompressed's all-reduce's do not"
+        )
     if advice.steps_workload:
         lines.append(f"steps and time to target (relative to uncompressed) measured on: {advice.steps_workload}")
     lines.append(f"advice: {advice.recommendation}")

@@ -9,9 +9,10 @@ slower. So before advising, the settings that could be picked are timed, in orde
 projection, until the best timed one beats every projection still untimed by the projection's
 margin of error (``PROJECTION_MARGIN``), or ``MOST_TIMED`` are timed; and the setting the advice
 picks is always one it timed."""
+
 import copy
 import statistics
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
@@ -39,10 +40,14 @@ def time_steps(model: torch.nn.Module, loss_of: Callable, candidate: Candidate, 
     the same weights."""
     replica = copy.deepcopy(model)
     named = list(replica.named_parameters())
-    compression = {} if candidate.method == "none" else {
-        "compression": build_compressor(candidate.method, candidate.options, named, candidate.layer_settings)}
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(replica.parameters(), lr=0.0), named_parameters=named,
-                                         **compression)
+    compression = (
+        {}
+        if candidate.method == "none"
+        else {"compression": build_compressor(candidate.method, candidate.options, named, candidate.layer_settings)}
+    )
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(replica.parameters(), lr=0.0), named_parameters=named, **compression
+    )
     device = next(replica.parameters()).device
     seconds = []
     for step in range(WARMUP_STEPS + steps):
@@ -66,8 +71,9 @@ def contenders(candidates: Sequence[Candidate], pick_seeds: int) -> Callable[[Ca
     return lambda c: 1 / c.speedup if c.quality_ok else None
 
 
-def check_by_timing(candidates: Sequence[Candidate], time_one: Callable[[Candidate], float], pick_seeds: int,
-                    most: int = MOST_TIMED) -> None:
+def check_by_timing(
+    candidates: Sequence[Candidate], time_one: Callable[[Candidate], float], pick_seeds: int, most: int = MOST_TIMED
+) -> None:
     """Times uncompressed, then the candidate the advice would pick as things stand, until the
     best timed one beats every projection not yet timed by ``PROJECTION_MARGIN``, or ``most``
     are timed and the one the advice would pick is among them: a projection is about 20%

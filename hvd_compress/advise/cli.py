@@ -1,4 +1,5 @@
 """``python -m hvd_compress.advise``: the command line (the package docstring)."""
+
 import argparse
 import json
 import os
@@ -15,16 +16,24 @@ from hvd_compress.advise.ranks import launched_ranks
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hvd_compress.advise",
-                                     description=sys.modules[__package__].__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m hvd_compress.advise", description=sys.modules[__package__].__doc__.splitlines()[0]
+    )
     parser.add_argument("--model", required=True, help="module:function returning the model, or (model, loss_of)")
     parser.add_argument("--compute-ms", type=float, help="forward + backward ms of one step (without loss_of)")
-    parser.add_argument("--methods", help="comma-separated registry names, and lgreco for L-GreCo over each "
-                        "named compressor it wraps (default: every one)")
+    parser.add_argument(
+        "--methods",
+        help="comma-separated registry names, and lgreco for L-GreCo over each "
+        "named compressor it wraps (default: every one)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", type=Path, help="also write the advice as JSON (rank 0)")
-    parser.add_argument("--timed-steps", type=int, default=30,
-                        help="real training steps timed per setting that could be picked (0: projections alone)")
+    parser.add_argument(
+        "--timed-steps",
+        type=int,
+        default=30,
+        help="real training steps timed per setting that could be picked (0: projections alone)",
+    )
     args = parser.parse_args(argv)
     model, loss_of = load_model(args.model)
     device = torch.device(args.device)
@@ -33,8 +42,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         device = torch.device("cuda", int(local_rank))
     model.to(device)
     ranks = launched_ranks(device)
-    advice = advise(model, loss_of, compute_ms=args.compute_ms, ranks=ranks,
-                    methods=args.methods.split(",") if args.methods else None, timed_steps=args.timed_steps)
+    advice = advise(
+        model,
+        loss_of,
+        compute_ms=args.compute_ms,
+        ranks=ranks,
+        methods=args.methods.split(",") if args.methods else None,
+        timed_steps=args.timed_steps,
+    )
     if ranks.rank == 0:
         sys.stdout.write(format_advice(advice) + "\n")  # one write: whole lines under any launcher
         sys.stdout.flush()

@@ -1,6 +1,7 @@
 """What this project measured of each setting's quality and steps to target
 (``data/quality_evidence.json``, from ``docs/benchmarks.md``), and the one line of advice it
 rests on (the package docstring's rule)."""
+
 import json
 import math
 import re
@@ -26,7 +27,7 @@ def shipped_evidence() -> Dict[str, Any]:
 
 
 def _loss_of(delta: str) -> Optional[Tuple[float, str]]:
-    """"+2.7%" -> (2.7, "%"); "-0.84 points" -> (0.84, "points"): how much worse, in its unit."""
+    """ "+2.7%" -> (2.7, "%"); "-0.84 points" -> (0.84, "points"): how much worse, in its unit."""
     match = re.fullmatch(r"([+-]?[0-9.]+)\s*(%|points)", delta.strip())
     if not match:
         return None
@@ -86,30 +87,42 @@ def recommend(candidates: Sequence[Candidate]) -> str:
     if measured:
         best = min(measured, key=lambda c: c.to_target)
         if best.to_target > 1 / WORTH_IT:
-            line = (f"do not compress: no measured setting is projected to reach uncompressed's quality "
-                    f"{WORTH_IT:.2f}x sooner (the best, {describe(best)}: {factor_text(best.to_target)} "
-                    f"its time)")
+            line = (
+                f"do not compress: no measured setting is projected to reach uncompressed's quality "
+                f"{WORTH_IT:.2f}x sooner (the best, {describe(best)}: {factor_text(best.to_target)} "
+                f"its time)"
+            )
         else:
-            line = (f"compress with {describe(best)}: projected to reach uncompressed's quality in "
-                    f"{best.to_target:.2f}x its time ({best.speedup:.2f}x faster a step as "
-                    f"{'projected' if best.timed_step_ms is None else 'timed'}, {best.steps_evidence})")
+            line = (
+                f"compress with {describe(best)}: projected to reach uncompressed's quality in "
+                f"{best.to_target:.2f}x its time ({best.speedup:.2f}x faster a step as "
+                f"{'projected' if best.timed_step_ms is None else 'timed'}, {best.steps_evidence})"
+            )
         thin = [c for c in projected if c.steps_seeds < PICK_SEEDS and c.to_target < min(best.to_target, 1.0)]
         if thin:
             sooner = min(thin, key=lambda c: c.to_target)
-            line += (f". Projected sooner but on fewer than {PICK_SEEDS} seeds, not picked: {describe(sooner)}, "
-                     f"{sooner.to_target:.2f}x its time ({sooner.steps_evidence})")
+            line += (
+                f". Projected sooner but on fewer than {PICK_SEEDS} seeds, not picked: {describe(sooner)}, "
+                f"{sooner.to_target:.2f}x its time ({sooner.steps_evidence})"
+            )
         # A setting whose steps to target were never measured may still be the one to try.
-        unmeasured = [c for c in candidates if c.steps_factor is None and c.quality_ok is not False
-                      and c.speedup * min(best.to_target, 1.0) > WORTH_IT]
+        unmeasured = [
+            c
+            for c in candidates
+            if c.steps_factor is None and c.quality_ok is not False and c.speedup * min(best.to_target, 1.0) > WORTH_IT
+        ]
         if unmeasured:
             fastest = max(unmeasured, key=lambda c: c.speedup)
-            line += (f". Not measured to target but {fastest.speedup:.2f}x faster a step: {describe(fastest)}, "
-                     f"which pays if it needs under {fastest.speedup * min(best.to_target, 1.0):.2f}x the steps")
+            line += (
+                f". Not measured to target but {fastest.speedup:.2f}x faster a step: {describe(fastest)}, "
+                f"which pays if it needs under {fastest.speedup * min(best.to_target, 1.0):.2f}x the steps"
+            )
         return line
     line = recommend_by_step(candidates, baseline)
     if projected:
-        return line + (f"; steps to target measured on fewer than {PICK_SEEDS} seeds only, so this rests on "
-                       "step time alone")
+        return line + (
+            f"; steps to target measured on fewer than {PICK_SEEDS} seeds only, so this rests on step time alone"
+        )
     return line + "; steps to target not measured for any setting here, so this rests on step time alone"
 
 
@@ -121,15 +134,20 @@ def recommend_by_step(candidates: Sequence[Candidate], baseline: Candidate) -> s
     best = max(safe, key=lambda c: c.speedup) if safe else None
     if best is None or best.speedup < WORTH_IT:
         if fastest.method == "none" or fastest.speedup < WORTH_IT:
-            return (f"do not compress: the link is fast enough (uncompressed {baseline.expected_step_ms:.1f} ms a "
-                    f"step; no method is projected {WORTH_IT:.2f}x faster)")
-        return (f"do not compress: only {describe(fastest)} is projected faster ({fastest.speedup:.2f}x), "
-                f"and this project measured a quality loss for it beyond the limits (or holds no evidence)")
-    line = (f"compress with {describe(best)}: {baseline.expected_step_ms:.1f} -> {best.expected_step_ms:.1f} ms a step "
-            f"({best.speedup:.2f}x); quality measured here: {best.evidence}")
+            return (
+                f"do not compress: the link is fast enough (uncompressed {baseline.expected_step_ms:.1f} ms a "
+                f"step; no method is projected {WORTH_IT:.2f}x faster)"
+            )
+        return (
+            f"do not compress: only {describe(fastest)} is projected faster ({fastest.speedup:.2f}x), "
+            f"and this project measured a quality loss for it beyond the limits (or holds no evidence)"
+        )
+    line = (
+        f"compress with {describe(best)}: {baseline.expected_step_ms:.1f} -> {best.expected_step_ms:.1f} ms a step "
+        f"({best.speedup:.2f}x); quality measured here: {best.evidence}"
+    )
     if fastest is not best and fastest.method != "none":
-        line += (f". Faster but with a larger or unmeasured quality loss: {describe(fastest)} "
-                 f"({fastest.speedup:.2f}x)")
+        line += f". Faster but with a larger or unmeasured quality loss: {describe(fastest)} ({fastest.speedup:.2f}x)"
     return line
 
 

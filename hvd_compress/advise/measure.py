@@ -1,6 +1,7 @@
 """What advise measures on the launched ranks: a step's compute, each method's codec on this
 model's gradients (its rounds answered locally, ``comm.simulated.run_alone``) and the links
 (each collective timed over the ranks). Clocks read after a GPU's work (``comm.timing``)."""
+
 import importlib
 import statistics
 import sys
@@ -26,8 +27,9 @@ def load_model(spec: str) -> Tuple[torch.nn.Module, Optional[Callable]]:
     made = getattr(importlib.import_module(module_name), function_name)()
     model, loss_of = made if isinstance(made, tuple) else (made, None)
     if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"--model: {spec}() must return a torch.nn.Module or (module, loss_of), "
-                         f"got {type(model).__name__}")
+        raise ValueError(
+            f"--model: {spec}() must return a torch.nn.Module or (module, loss_of), got {type(model).__name__}"
+        )
     return model, loss_of
 
 
@@ -65,8 +67,9 @@ def gradients_of(model, loss_of) -> Dict[str, torch.Tensor]:
     return grads
 
 
-def build_compressor(method: str, options: Dict[str, Any], named,
-                     layer_settings: Optional[Dict[str, Any]] = None) -> Any:
+def build_compressor(
+    method: str, options: Dict[str, Any], named, layer_settings: Optional[Dict[str, Any]] = None
+) -> Any:
     """A candidate's compressor: the registry's ``method`` at ``options``; for a controller's
     candidate ("lgreco/topk"), the compressor it wraps, each layer at the setting the controller
     decided (``layer_settings``, from :func:`decided_settings`)."""
@@ -76,8 +79,9 @@ def build_compressor(method: str, options: Dict[str, Any], named,
     return compressor
 
 
-def decided_settings(method: str, options: Dict[str, Any], grads: Dict[str, torch.Tensor], named,
-                     most_steps: int = 20) -> Dict[str, Any]:
+def decided_settings(
+    method: str, options: Dict[str, Any], grads: Dict[str, torch.Tensor], named, most_steps: int = 20
+) -> Dict[str, Any]:
     """Each layer's setting as controller ``method`` ("lgreco/topk") decides it over its compressor
     at ``options`` from these gradients: the controller at its registry preset that decides within a
     few steps in a world of one, fed these gradients (each step a fresh copy) until its first
@@ -95,9 +99,16 @@ def decided_settings(method: str, options: Dict[str, Any], grads: Dict[str, torc
     raise RuntimeError(f"advise: {method} made no decision in {most_steps} steps of its registry preset")
 
 
-def measure_codec(method: str, setting: Dict[str, Any], grads: Dict[str, torch.Tensor],
-                  named, rank: int, world: int, steps: int = 2,
-                  layer_settings: Optional[Dict[str, Any]] = None) -> Candidate:
+def measure_codec(
+    method: str,
+    setting: Dict[str, Any],
+    grads: Dict[str, torch.Tensor],
+    named,
+    rank: int,
+    world: int,
+    steps: int = 2,
+    layer_settings: Optional[Dict[str, Any]] = None,
+) -> Candidate:
     """One method at one setting (a controller's candidate: at the settings it decided per layer,
     ``layer_settings``) on these gradients: codec seconds per step (median of ``steps`` after one
     untimed), bytes per step and the messages of each collective, counted by
@@ -125,10 +136,17 @@ def measure_codec(method: str, setting: Dict[str, Any], grads: Dict[str, torch.T
         if step:
             seconds.append(finished_at(device, settle=True) - started)
     messages, serial = stock_messages(rounds)
-    return Candidate(method, setting_label(setting), traffic.wire_bytes / max(1, traffic.steps),
-                     1e3 * statistics.median(seconds), messages, serial_messages=serial,
-                     codec_step_ms=[1e3 * s for s in seconds], options=dict(setting),
-                     layer_settings=dict(layer_settings or {}))
+    return Candidate(
+        method,
+        setting_label(setting),
+        traffic.wire_bytes / max(1, traffic.steps),
+        1e3 * statistics.median(seconds),
+        messages,
+        serial_messages=serial,
+        codec_step_ms=[1e3 * s for s in seconds],
+        options=dict(setting),
+        layer_settings=dict(layer_settings or {}),
+    )
 
 
 def slowest_codec(every_rank: Sequence[Candidate]) -> Candidate:
@@ -147,7 +165,7 @@ def probe_sizes(largest: float) -> List[int]:
     if largest == SMALLEST_PROBE:
         return [SMALLEST_PROBE]
     ratio = (largest / SMALLEST_PROBE) ** (1 / (PROBE_SIZES - 1))
-    return sorted({4 * max(1, round(SMALLEST_PROBE * ratio ** i / 4)) for i in range(PROBE_SIZES)})
+    return sorted({4 * max(1, round(SMALLEST_PROBE * ratio**i / 4)) for i in range(PROBE_SIZES)})
 
 
 def measure_links(ranks, largest: Dict[str, float], device: torch.device, repeats: int = 3) -> Dict[str, Link]:
@@ -158,8 +176,9 @@ def measure_links(ranks, largest: Dict[str, float], device: torch.device, repeat
         measured = {}
         for nbytes in probe_sizes(largest[collective]):
             numel = nbytes // 4
-            tensor = torch.ones((ranks.size, max(1, numel // ranks.size)) if collective == "alltoall" else (numel,),
-                                device=device)
+            tensor = torch.ones(
+                (ranks.size, max(1, numel // ranks.size)) if collective == "alltoall" else (numel,), device=device
+            )
             seconds = []
             for repeat in range(repeats + 1):
                 ranks.barrier()

@@ -1,6 +1,7 @@
 """advise's model of a step: the links as measured (``Link``, ``fit_link``), the messages stock
 ``hvd.DistributedOptimizer`` issues for a method's rounds (``stock_messages``), and the
 projected step (``project``; the package docstring says why each rule is what it is)."""
+
 import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -14,6 +15,7 @@ FUSION_BYTES = 64 << 20  # Horovod's default fusion buffer (HOROVOD_FUSION_THRES
 class Link:
     """One collective as the ranks see it: seconds = latency + bytes / bandwidth (bytes: what
     each rank contributes)."""
+
     latency_s: float
     bytes_per_s: float
     measured: Dict[int, float] = field(default_factory=dict)  # bytes -> median seconds
@@ -40,8 +42,8 @@ def setting_label(setting: Dict[str, Any]) -> str:
 @dataclass
 class Candidate:
     method: str
-    setting: str                     # "rank=8", or "" for a method without one
-    wire_bytes: float                # what one rank sends per step (ring model, as Traffic counts)
+    setting: str  # "rank=8", or "" for a method without one
+    wire_bytes: float  # what one rank sends per step (ring model, as Traffic counts)
     codec_ms: float
     messages: Dict[str, Tuple[int, float]]  # collective -> (messages, bytes each): first rounds
     communication_ms: float = 0.0
@@ -82,8 +84,9 @@ class Candidate:
 _FUSED_BY_HOROVOD = (Collective.ALLREDUCE, Collective.ALLGATHER)
 
 
-def stock_messages(rounds: Sequence[Tuple[int, Collective, int]]
-                   ) -> Tuple[Dict[str, Tuple[int, float]], Dict[str, Tuple[int, float]]]:
+def stock_messages(
+    rounds: Sequence[Tuple[int, Collective, int]],
+) -> Tuple[Dict[str, Tuple[int, float]], Dict[str, Tuple[int, float]]]:
     """The messages stock ``hvd.DistributedOptimizer`` issues for one step's ``rounds`` ((round
     index within its gradient, collective, bytes) each), as (first rounds, following
     rounds), each collective -> (messages, bytes per message). First rounds are submitted
@@ -105,8 +108,10 @@ def stock_messages(rounds: Sequence[Tuple[int, Collective, int]]
     for collective, (count, nbytes) in alone.items():
         fused, total = first.get(collective, (0, 0))
         first[collective] = (fused + count, total + nbytes)
-    return ({collective: (count, nbytes / count) for collective, (count, nbytes) in first.items()},
-            {collective: (count, nbytes / count) for collective, (count, nbytes) in serial.items()})
+    return (
+        {collective: (count, nbytes / count) for collective, (count, nbytes) in first.items()},
+        {collective: (count, nbytes / count) for collective, (count, nbytes) in serial.items()},
+    )
 
 
 def fit_link(measured: Dict[int, float]) -> Link:
@@ -115,7 +120,7 @@ def fit_link(measured: Dict[int, float]) -> Link:
     through at memory speed); :meth:`Link.seconds` interpolates between the probes."""
     points = sorted((int(n), s) for n, s in measured.items())
     if len(points) == 1:
-        (nbytes, seconds), = points
+        ((nbytes, seconds),) = points
         return Link(seconds, float("inf"), dict(measured))
     (n0, s0), (n1, s1) = points[-2:]
     slope = (s1 - s0) / (n1 - n0)
@@ -129,8 +134,10 @@ def project(candidate: Candidate, links: Dict[str, Link], compute_s: float, back
         seconds = links[collective].seconds(per_message)
         communication += count * seconds
         last = max(last, seconds)
-    serial = sum(count * links[collective].seconds(per_message)
-                 for collective, (count, per_message) in candidate.serial_messages.items())
+    serial = sum(
+        count * links[collective].seconds(per_message)
+        for collective, (count, per_message) in candidate.serial_messages.items()
+    )
     exposed = max(communication - backward_s, last) + serial
     candidate.communication_ms = 1e3 * (communication + serial)
     candidate.step_ms = 1e3 * (compute_s + exposed) + candidate.codec_ms

@@ -1,6 +1,7 @@
 """The ranks advise measures on, through ``comm/`` as the integrations reach them: a backend
 (Horovod's or torch.distributed's) runs the link probes and barriers, the matching transport
 shares what every rank must see (rank 0's measurements, or every rank's codec times)."""
+
 import os
 import time
 from typing import Any, List, Union
@@ -23,8 +24,12 @@ class LaunchedRanks:
     torch.distributed's); barriers run on ``device``, as the probes do (NCCL takes no CPU
     tensor)."""
 
-    def __init__(self, backend: Union[HorovodBackend, TorchBackend],
-                 transport: Union[HorovodTransport, TorchTransport], device: torch.device):
+    def __init__(
+        self,
+        backend: Union[HorovodBackend, TorchBackend],
+        transport: Union[HorovodTransport, TorchTransport],
+        device: torch.device,
+    ):
         self.backend, self.transport, self.device = backend, transport, device
         self.rank, self.size = backend.rank, backend.size
         # horovod.torch where Horovod launched the ranks: advise times real steps through it.
@@ -41,13 +46,21 @@ class LaunchedRanks:
 
     def agree(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
-        return self.transport.broadcast(obj, "hvd_compress.advise.agree", time.monotonic() + SHARE_TIMEOUT_S,
-                                        "hvd_compress.advise: rank 0's measurements")
+        return self.transport.broadcast(
+            obj,
+            "hvd_compress.advise.agree",
+            time.monotonic() + SHARE_TIMEOUT_S,
+            "hvd_compress.advise: rank 0's measurements",
+        )
 
     def gather(self, obj: Any) -> List[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
-        return self.transport.allgather(obj, "hvd_compress.advise.gather", time.monotonic() + SHARE_TIMEOUT_S,
-                                        "hvd_compress.advise: every rank's codec times")
+        return self.transport.allgather(
+            obj,
+            "hvd_compress.advise.gather",
+            time.monotonic() + SHARE_TIMEOUT_S,
+            "hvd_compress.advise: every rank's codec times",
+        )
 
 
 def launched_ranks(device: torch.device) -> LaunchedRanks:
@@ -55,6 +68,7 @@ def launched_ranks(device: torch.device) -> LaunchedRanks:
     on GPUs), else Horovod's (``horovodrun`` or ``mpirun``); initialised here if not yet."""
     if "TORCHELASTIC_RUN_ID" in os.environ:
         import torch.distributed as dist
+
         if not dist.is_initialized():
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
         return LaunchedRanks(TorchBackend(), TorchTransport(), device)

@@ -1,4 +1,5 @@
 """Runs compressors' rounds on a backend, overlapped and deadlock-free."""
+
 from dataclasses import replace
 
 import torch
@@ -69,8 +70,7 @@ class RoundDriver:
         if bucket is None:
             return
         members = tuple(m for m in self._buckets[bucket].members if m != name)
-        self._buckets = tuple(replace(b, members=members) if i == bucket else b
-                              for i, b in enumerate(self._buckets))
+        self._buckets = tuple(replace(b, members=members) if i == bucket else b for i, b in enumerate(self._buckets))
         self._start_bucket_if_complete(bucket)
 
     def _start_bucket_if_complete(self, bucket):
@@ -111,8 +111,10 @@ class RoundDriver:
     def finish(self):
         """Waits for every exchange started since the last finish; returns {name: gradient}."""
         if self._waiting or self._held:
-            raise RuntimeError(f"fusion buckets {sorted(set(self._waiting) | set(self._held))} never got all their "
-                               f"members; every parameter must be started before finish()")
+            raise RuntimeError(
+                f"fusion buckets {sorted(set(self._waiting) | set(self._held))} never got all their "
+                f"members; every parameter must be started before finish()"
+            )
         while self._inflight:
             key = min(self._inflight)  # buckets ("\0bucket...") first, then names
             entry = self._inflight[key]

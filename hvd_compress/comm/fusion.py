@@ -6,6 +6,7 @@ dense threshold times the compression rate, compressed bytes / dense bytes, so a
 about as many layers as it would uncompressed. A plan depends only on parameter names, shapes,
 settings and the order given, so every rank computes the same plan without communicating.
 """
+
 import hashlib
 import logging
 import math
@@ -23,14 +24,14 @@ DEFAULT_DENSE_THRESHOLD = 25 * 1024 * 1024
 
 @dataclass(frozen=True)
 class Bucket:
-    members: tuple   # parameter names, in the order their gradients become ready
-    nbytes: int      # payload bytes fused
+    members: tuple  # parameter names, in the order their gradients become ready
+    nbytes: int  # payload bytes fused
 
 
 @dataclass(frozen=True)
 class FusionPlan:
-    phase: str        # "P" or "Q" for ACP-SGD's alternate steps, "" otherwise
-    threshold: int    # payload bytes per bucket at most (a larger single payload goes alone)
+    phase: str  # "P" or "Q" for ACP-SGD's alternate steps, "" otherwise
+    threshold: int  # payload bytes per bucket at most (a larger single payload goes alone)
     buckets: tuple
 
     def bucket_of(self):
@@ -40,10 +41,14 @@ class FusionPlan:
         return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
 
     def describe(self):
-        lines = [f"fusion plan {self.digest()}{' for ' + self.phase + ' steps' if self.phase else ''}: "
-                 f"{len(self.buckets)} buckets under {self.threshold} bytes"]
-        lines += [f"  bucket {i}: {b.nbytes} bytes, {len(b.members)} members: {', '.join(b.members)}"
-                  for i, b in enumerate(self.buckets)]
+        lines = [
+            f"fusion plan {self.digest()}{' for ' + self.phase + ' steps' if self.phase else ''}: "
+            f"{len(self.buckets)} buckets under {self.threshold} bytes"
+        ]
+        lines += [
+            f"  bucket {i}: {b.nbytes} bytes, {len(b.members)} members: {', '.join(b.members)}"
+            for i, b in enumerate(self.buckets)
+        ]
         return "\n".join(lines)
 
 
@@ -79,6 +84,7 @@ class ScaledFusion:
     used as is for payload bytes (``ScaledFusion(2**62, scaled=False)``: the whole model in one
     buffer). As in Horovod, 0 turns fusion off: every payload travels alone. Each new plan is
     logged on rank 0 at INFO (logger ``hvd_compress.comm.fusion``)."""
+
     dense_threshold: Optional[int] = None
     scaled: bool = True
 
@@ -104,8 +110,9 @@ class FusionScheduler:
         self._last_digest = None
 
     def plan(self):
-        payloads = tuple((name, self.compression.next_payload_bytes(name, shape))
-                         for name, shape in self.shapes.items())
+        payloads = tuple(
+            (name, self.compression.next_payload_bytes(name, shape)) for name, shape in self.shapes.items()
+        )
         phase = self.compression.schedule_phase()
         key = (payloads, phase)
         if key not in self._cache:

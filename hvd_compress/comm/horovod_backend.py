@@ -1,5 +1,6 @@
 """Asynchronous Horovod collectives behind the driver's three-verb interface. Horovod is
 imported when a backend is made, so that ``DiLoCo`` can name this class without Horovod."""
+
 from hvd_compress.comm.rounds import Collective, divides_first
 
 
@@ -7,6 +8,7 @@ class HorovodBackend:
     def __init__(self, process_set=None):
         """Over ``process_set`` (None: Horovod's global one)."""
         import horovod.torch as hvd
+
         self.hvd = hvd
         self.process_set = hvd.global_process_set if process_set is None else process_set
 
@@ -28,18 +30,18 @@ class HorovodBackend:
         if round_.collective is Collective.ALLREDUCE and divides_first(payload.dtype):
             # hvd.Average divides after the sum (its postscale), which overflows float16 where
             # the mean does not; Horovod's prescale divides each rank's payload before it.
-            handle = hvd.allreduce_async(payload, name=op_name, op=hvd.Sum,
-                                         prescale_factor=1.0 / self.size, process_set=self.process_set)
+            handle = hvd.allreduce_async(
+                payload, name=op_name, op=hvd.Sum, prescale_factor=1.0 / self.size, process_set=self.process_set
+            )
         elif round_.collective is Collective.ALLREDUCE:
-            handle = hvd.allreduce_async(payload, name=op_name, op=hvd.Average,
-                                         process_set=self.process_set)
+            handle = hvd.allreduce_async(payload, name=op_name, op=hvd.Average, process_set=self.process_set)
         elif round_.collective is Collective.ALLGATHER:
-            handle = hvd.allgather_async(payload.reshape(1, -1), name=op_name,
-                                         process_set=self.process_set)
+            handle = hvd.allgather_async(payload.reshape(1, -1), name=op_name, process_set=self.process_set)
         elif round_.collective is Collective.BROADCAST:
             # A round's root is a rank within the set; Horovod's root_rank is a global rank.
-            handle = hvd.broadcast_async(payload, self.process_set.ranks[round_.root], name=op_name,
-                                         process_set=self.process_set)
+            handle = hvd.broadcast_async(
+                payload, self.process_set.ranks[round_.root], name=op_name, process_set=self.process_set
+            )
         else:
             handle = hvd.alltoall_async(payload, name=op_name, process_set=self.process_set)
         return handle, round_.collective, payload.shape

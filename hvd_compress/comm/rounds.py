@@ -4,6 +4,7 @@ Each round hands a payload to one collective; its ``then`` receives the collecti
 and returns either the next round or the final aggregated gradient. Compressors only build
 rounds; drivers (Horovod, or the simulated world in tests) decide when and how they run.
 """
+
 import enum
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
@@ -15,7 +16,7 @@ class Collective(enum.Enum):
     # result: element-wise mean over ranks (float16/32/64 payloads; ``divides_first`` says how)
     ALLREDUCE = "allreduce"
     ALLGATHER = "allgather"  # result: shape (W, *payload.shape), row j is rank j's payload
-    ALLTOALL = "alltoall"    # payload (W, c): row j goes to rank j; result row j came from rank j
+    ALLTOALL = "alltoall"  # payload (W, c): row j goes to rank j; result row j came from rank j
     BROADCAST = "broadcast"  # result: the root's payload (other ranks' payloads only give the shape)
 
     def wire_bytes(self, payload_bytes, world_size):
@@ -64,6 +65,7 @@ class Traffic:
     ``compression_ratio`` compares bytes on the wire: what a float32 ring all-reduce of the
     same gradients would send, over what was sent. An all-gather's bytes grow with W, so its
     ratio honestly falls as ranks are added."""
+
     world_size: int = 1
     steps: int = 0
     dense_wire_bytes: int = 0
@@ -106,9 +108,14 @@ class Traffic:
     def metrics(self):
         """The last step's numbers, flat: what ``GradientCompression.metrics`` starts from."""
         dense, payload, wire = self.last_step
-        numbers = {"steps": self.steps, "bytes_sent": wire, "payload_bytes": payload,
-                   "float32_allreduce_bytes": dense, "ratio": dense / wire if wire else 1.0,
-                   "ratio_since_start": self.ratio}
+        numbers = {
+            "steps": self.steps,
+            "bytes_sent": wire,
+            "payload_bytes": payload,
+            "float32_allreduce_bytes": dense,
+            "ratio": dense / wire if wire else 1.0,
+            "ratio_since_start": self.ratio,
+        }
         if self.codec_seconds is not None:
             numbers["codec_seconds"] = self.codec_seconds
         return numbers
@@ -156,12 +163,15 @@ def carrying(round_: Round, values: torch.Tensor, receive: Callable[[torch.Tenso
     payload, collective = round_.payload, round_.collective
     count = values.numel()
     if collective is Collective.BROADCAST:
+
         def then(result):
             following = round_.then(result)
             if not isinstance(following, Round):
-                raise NotImplementedError("a chain of rounds that ends on a broadcast cannot "
-                                          "carry values from every rank")
+                raise NotImplementedError(
+                    "a chain of rounds that ends on a broadcast cannot carry values from every rank"
+                )
             return carrying(following, values, receive)
+
         carried = payload
     elif collective is Collective.ALLREDUCE:
         wire = payload.dtype if payload.dtype in (torch.float32, torch.float64) else torch.float32

@@ -3,6 +3,7 @@
 Each rank has its own compressor instance; rounds run in lockstep and collectives are
 computed exactly as their definitions say (mean, stack, transpose; a float16 or bfloat16 mean
 divided before its sum, as every backend's: ``rounds.divides_first``)."""
+
 from typing import Callable, Optional
 
 import torch

@@ -1,4 +1,5 @@
 """Wall-clock readings that mean the same on a GPU as on a CPU."""
+
 import time
 from typing import Optional
 

@@ -14,12 +14,14 @@ takes int16 (BF16's payloads); NCCL has no int16 either. So:
 * the data-moving collectives (all-gather, all-to-all, broadcast) move every payload as its
   bytes (a uint8 view, reinterpreted back on arrival): bit-exact for any dtype;
 * all-reduce averages in the payload's dtype (sum, then divide by the group size; float16 and
-  bfloat16 divide first, ``rounds.divides_first``) and takes floating-point payloads only; integer or boolean payloads raise ``TypeError``: a sum of
+  bfloat16 divide first, ``rounds.divides_first``) and takes floating-point payloads only; integer
+  or boolean payloads raise ``TypeError``: a sum of
   packed codes or indices means nothing (packed uint8 payloads travel by all-gather).
 
 Device-agnostic: outputs are allocated on the payload's device, so CUDA tensors on an NCCL
 group work the same way (untested here: no GPU on the development machine).
 """
+
 import torch
 import torch.distributed as dist
 
@@ -35,8 +37,9 @@ class TorchBackend:
 
     def __init__(self, process_group=None):
         if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError("TorchBackend: torch.distributed is not initialised; call "
-                               "torch.distributed.init_process_group first")
+            raise RuntimeError(
+                "TorchBackend: torch.distributed is not initialised; call torch.distributed.init_process_group first"
+            )
         self.group = process_group
 
     @property
@@ -57,9 +60,11 @@ class TorchBackend:
         payload, collective = round_.payload, round_.collective
         if collective is Collective.ALLREDUCE:
             if not payload.dtype.is_floating_point:
-                raise TypeError(f"TorchBackend: {op_name}: all-reduce averages floating-point "
-                                f"payloads; got {payload.dtype} (integer and packed payloads "
-                                f"travel by all-gather)")
+                raise TypeError(
+                    f"TorchBackend: {op_name}: all-reduce averages floating-point "
+                    f"payloads; got {payload.dtype} (integer and packed payloads "
+                    f"travel by all-gather)"
+                )
             total = payload.detach().clone(memory_format=torch.contiguous_format)
             size = self.size
             if divides_first(total.dtype):  # the float16 sum may overflow where the mean does not
@@ -77,13 +82,14 @@ class TorchBackend:
             return work, lambda: rows.view(dtype).view(size, *shape)
         if collective is Collective.BROADCAST:
             data = data.clone()  # broadcast writes in place; the payload stays the rank's own
-            work = dist.broadcast(data, src=self.global_rank(round_.root), group=self.group,
-                                  async_op=True)
+            work = dist.broadcast(data, src=self.global_rank(round_.root), group=self.group, async_op=True)
             return work, lambda: data.view(dtype).view(shape)
         if collective is Collective.ALLTOALL:
             if payload.dim() == 0 or payload.shape[0] != self.size:
-                raise ValueError(f"TorchBackend: {op_name}: an all-to-all payload has one row "
-                                 f"per rank ({self.size}), got shape {tuple(shape)}")
+                raise ValueError(
+                    f"TorchBackend: {op_name}: an all-to-all payload has one row "
+                    f"per rank ({self.size}), got shape {tuple(shape)}"
+                )
             received = torch.empty_like(data)
             # Row-major bytes split in W equal parts are the W rows: row j goes to rank j.
             work = dist.all_to_all_single(received, data, group=self.group, async_op=True)

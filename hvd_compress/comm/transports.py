@@ -15,6 +15,7 @@ raise ``DecisionTimeout`` instead of hang.
 ``make_transport(kind, process_set)`` picks one; L-GreCo's decision service and the
 integration's cross-rank configuration check use them.
 """
+
 import pickle
 import time
 
@@ -49,6 +50,7 @@ class MpiTransport:
 
     def __init__(self, process_set=None):
         from mpi4py import MPI  # MPI is already initialised by Horovod or by the user
+
         world = MPI.COMM_WORLD
         ranks = list(range(world.Get_size())) if process_set is None else list(process_set.ranks)
         if ranks == list(range(world.Get_size())):
@@ -82,6 +84,7 @@ class HorovodTransport:
 
     def __init__(self, process_set=None):
         import horovod.torch as hvd
+
         self.hvd = hvd
         self.process_set = hvd.global_process_set if process_set is None else process_set
         self.rank, self.size = self.process_set.rank(), self.process_set.size()
@@ -92,26 +95,39 @@ class HorovodTransport:
 
     def broadcast(self, obj, tag, deadline, what):
         import torch
+
         data = pickle.dumps(obj) if self.rank == 0 else b""
         length = torch.tensor([len(data)], dtype=torch.int64)
         root = self.process_set.ranks[0]  # Horovod's root_rank is a global rank
-        length = self._wait(self.hvd.broadcast_async(length, root, name=f"{tag}.length",
-                                                     process_set=self.process_set), deadline, what)
-        buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.rank == 0
-                  else torch.empty(int(length[0]), dtype=torch.uint8))
+        length = self._wait(
+            self.hvd.broadcast_async(length, root, name=f"{tag}.length", process_set=self.process_set), deadline, what
+        )
+        buffer = (
+            torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            if self.rank == 0
+            else torch.empty(int(length[0]), dtype=torch.uint8)
+        )
         # Named with its length, as every name given to Horovod (comm/horovod_backend.py).
-        buffer = self._wait(self.hvd.broadcast_async(buffer, root, name=f"{tag}.data.{buffer.numel()}",
-                                                     process_set=self.process_set), deadline, what)
+        buffer = self._wait(
+            self.hvd.broadcast_async(buffer, root, name=f"{tag}.data.{buffer.numel()}", process_set=self.process_set),
+            deadline,
+            what,
+        )
         return pickle.loads(buffer.numpy().tobytes())
 
     def allgather(self, obj, tag, deadline, what):
         import torch
+
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-        lengths = self._wait(self.hvd.allgather_async(torch.tensor([data.numel()]), name=f"{tag}.length",
-                                                      process_set=self.process_set), deadline, what)
+        lengths = self._wait(
+            self.hvd.allgather_async(torch.tensor([data.numel()]), name=f"{tag}.length", process_set=self.process_set),
+            deadline,
+            what,
+        )
         sizes = "-".join(str(n) for n in lengths.tolist())
-        gathered = self._wait(self.hvd.allgather_async(data, name=f"{tag}.data.{sizes}",
-                                                       process_set=self.process_set), deadline, what)
+        gathered = self._wait(
+            self.hvd.allgather_async(data, name=f"{tag}.data.{sizes}", process_set=self.process_set), deadline, what
+        )
         pieces = gathered.split(lengths.tolist())
         return [pickle.loads(piece.numpy().tobytes()) for piece in pieces]
 
@@ -131,6 +147,7 @@ class TorchTransport:
     def __init__(self, process_set=None):
         import torch
         import torch.distributed as dist
+
         self.dist = dist
         # torch 2.13 deprecates all_gather_into_tensor for all_gather_single (same arguments).
         self.all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -146,29 +163,30 @@ class TorchTransport:
 
     def broadcast(self, obj, tag, deadline, what):
         import torch
+
         data = pickle.dumps(obj) if self.rank == 0 else b""
         length = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
-        self._wait(self.dist.broadcast(length, self.root, group=self.group, async_op=True),
-                   deadline, what)
-        buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device) if self.rank == 0
-                  else torch.empty(int(length[0]), dtype=torch.uint8, device=self.device))
-        self._wait(self.dist.broadcast(buffer, self.root, group=self.group, async_op=True),
-                   deadline, what)
+        self._wait(self.dist.broadcast(length, self.root, group=self.group, async_op=True), deadline, what)
+        buffer = (
+            torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
+            if self.rank == 0
+            else torch.empty(int(length[0]), dtype=torch.uint8, device=self.device)
+        )
+        self._wait(self.dist.broadcast(buffer, self.root, group=self.group, async_op=True), deadline, what)
         return pickle.loads(buffer.cpu().numpy().tobytes())
 
     def allgather(self, obj, tag, deadline, what):
         import torch
+
         data = pickle.dumps(obj)
         length = torch.tensor([len(data)], dtype=torch.int64, device=self.device)
         lengths = torch.empty(self.size, dtype=torch.int64, device=self.device)
-        self._wait(self.all_gather(lengths, length, group=self.group, async_op=True),
-                   deadline, what)
+        self._wait(self.all_gather(lengths, length, group=self.group, async_op=True), deadline, what)
         lengths = lengths.tolist()
         padded = torch.zeros(max(lengths), dtype=torch.uint8)
-        padded[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         rows = torch.empty(self.size * max(lengths), dtype=torch.uint8, device=self.device)
-        self._wait(self.all_gather(rows, padded.to(self.device), group=self.group,
-                                                    async_op=True), deadline, what)
+        self._wait(self.all_gather(rows, padded.to(self.device), group=self.group, async_op=True), deadline, what)
         rows = rows.cpu().view(self.size, -1)
         return [pickle.loads(rows[r, :n].numpy().tobytes()) for r, n in enumerate(lengths)]
 
@@ -178,6 +196,7 @@ def uses_torch_distributed(process_set):
     (or ``DEFAULT_TORCH_GROUP``), or it is None while ``torch.distributed`` is initialised and
     Horovod is not (torchrun)."""
     import sys
+
     try:
         import torch.distributed as dist
     except ImportError:
@@ -194,6 +213,7 @@ def uses_torch_distributed(process_set):
 
 class LocalTransport:
     """One process, no peers: for single-process tests and tools."""
+
     rank, size = 0, 1
 
     def broadcast(self, obj, tag, deadline, what):

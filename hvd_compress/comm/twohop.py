@@ -6,6 +6,7 @@ itself (ZeRO++'s qgZ, Wang et al. 2023, arXiv 2306.10209, section 4.3; 1-bit Ada
 all-reduce, Tang et al. ICML 2021, section 4): a gradient of n entries is cut into W chunks of
 ``chunk_length`` entries, chunk j owned by rank j. BF16 and QuantizedAllReduce share this.
 """
+
 from typing import Callable
 
 import torch
@@ -28,9 +29,12 @@ def padded_chunks(flat: torch.Tensor, size: int, length: int) -> torch.Tensor:
     return flat.view(size, length)
 
 
-def two_hop(rows: torch.Tensor, decode: Callable[[torch.Tensor], torch.Tensor],
-            owner: Callable[[torch.Tensor], torch.Tensor],
-            finish: Callable[[torch.Tensor], torch.Tensor]) -> Round:
+def two_hop(
+    rows: torch.Tensor,
+    decode: Callable[[torch.Tensor], torch.Tensor],
+    owner: Callable[[torch.Tensor], torch.Tensor],
+    finish: Callable[[torch.Tensor], torch.Tensor],
+) -> Round:
     """The exchange of this rank's encoded chunks ``rows`` (W, b), row j for rank j.
 
     Hop 1, all-to-all: rank j receives row j of every rank, (W, b) in rank order, and

@@ -8,5 +8,16 @@ from hvd_compress.compressors.scalecom import ScaleCom
 from hvd_compress.compressors.signsgd import SignSGD
 from hvd_compress.compressors.topk import TopK
 
-__all__ = ["ACPSGD", "BF16", "Compressor", "FP16", "NoCompression", "PowerSGD", "QSGD", "QuantizedAllReduce",
-           "ScaleCom", "SignSGD", "TopK"]
+__all__ = [
+    "ACPSGD",
+    "BF16",
+    "Compressor",
+    "FP16",
+    "NoCompression",
+    "PowerSGD",
+    "QSGD",
+    "QuantizedAllReduce",
+    "ScaleCom",
+    "SignSGD",
+    "TopK",
+]

@@ -1,4 +1,5 @@
 """ACP-SGD (Zhang et al., 2023): PowerSGD's two half-steps on alternate training steps."""
+
 import torch
 
 from hvd_compress.comm.rounds import Collective, Round
@@ -119,6 +120,7 @@ class _HalfSteps:
         compressor = self.compressor
         # The factors exist once ``run`` has been called: read at the round's end.
         if self.p_step:
+
             def after_p(received):
                 p_mean = received.t() if self.transposed else received
                 return compressor._after_p(name, grad, st, r, p_mean, self.factors[index])
@@ -136,14 +138,18 @@ class _HalfSteps:
         if count == 0:
             return
         sums = [matrix for _, _, matrix in self.members]
-        stacked = (count == len(self.names) and self.stack is not None
-                   and all(matrix.data_ptr() == row.data_ptr() for matrix, row in zip(sums, self.stack)))
+        stacked = (
+            count == len(self.names)
+            and self.stack is not None
+            and all(matrix.data_ptr() == row.data_ptr() for matrix, row in zip(sums, self.stack))
+        )
         # A member without a residual yet has its sum elsewhere: copied in, and its residual back.
         matrices = self.stack if stacked else torch.stack(sums)
         payloads = self.payloads[:count]
         reuse = "q" if self.p_step else "p"
-        factors = lowrank.orthogonalize_batch(torch.stack(
-            [self.compressor._reused(st, name, reuse) for name, st, _ in self.members]))
+        factors = lowrank.orthogonalize_batch(
+            torch.stack([self.compressor._reused(st, name, reuse) for name, st, _ in self.members])
+        )
         self.factors = factors
         if self.p_step:
             p = lowrank.project_right_batch(matrices, factors, out=payloads)

@@ -72,6 +72,7 @@ is made) to ``Compressor.__init__``, and implements ``_check_setting``, ``_begin
 ``compressors.feedback.ErrorFeedback``. Nothing here knows Horovod: its Compression API is added,
 where Horovod is installed, by ``registry.public_class``.
 """
+
 import copy
 import functools
 import gc
@@ -214,7 +215,8 @@ class GradientCompression:
             f"controller's schedule are one owner's, and two owners step at different times. "
             f"Build one per optimizer or model, or give the other a copy: "
             f"{argument}=copy.deepcopy({argument}). "
-            f"(FP16 and NoCompression keep no state and may be shared.)")
+            f"(FP16 and NoCompression keep no state and may be shared.)"
+        )
 
     def use_process_set(self, process_set: Any) -> None:
         """The ranks the exchange runs among, as the integration names them (a Horovod
@@ -285,8 +287,7 @@ class GradientCompression:
         """``observer`` sees every ``begin`` and ``end_step`` from now on, in this process only:
         a copy, a pickled or a checkpointed compression has no observers."""
         if any(seen is observer for seen in self._observers):
-            raise ValueError(f"{type(self).__name__}.add_observer: {type(observer).__name__} "
-                             f"already observes it")
+            raise ValueError(f"{type(self).__name__}.add_observer: {type(observer).__name__} already observes it")
         self._observers = self._observers + (observer,)
 
     def remove_observer(self, observer: StepObserver) -> None:
@@ -344,8 +345,14 @@ class GradientCompression:
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         raise NotImplementedError
 
-    def world_change_state(self, state_dict: Dict[str, Any], *, own: Optional[Dict[str, Any]] = None,
-                           rank: Optional[int] = None, size: Optional[int] = None) -> Dict[str, Any]:
+    def world_change_state(
+        self,
+        state_dict: Dict[str, Any],
+        *,
+        own: Optional[Dict[str, Any]] = None,
+        rank: Optional[int] = None,
+        size: Optional[int] = None,
+    ) -> Dict[str, Any]:
         """``state_dict`` (this compression's, maybe taken by another process) as a world change
         loads it: with no error feedback, or with that of ``own`` (a state this process took),
         and with ``rank`` and ``size`` (both or neither), recorded as taken there, so that
@@ -393,8 +400,9 @@ class Compressor(GradientCompression):
     def __init__(self, named_parameters: NamedParameters, config: CompressorConfig):
         # Configuration: fixed at construction, agreed by every rank, recorded in checkpoints.
         self.config = config
-        self.parameters = ({} if named_parameters is None
-                           else arguments.named_parameters(type(self).__name__, named_parameters))
+        self.parameters = (
+            {} if named_parameters is None else arguments.named_parameters(type(self).__name__, named_parameters)
+        )
         self._check_setting(None, config.default, None)
         # State: what a checkpoint holds, and what a non-finite step leaves as it was.
         self._overrides: Dict[str, Any] = {}
@@ -448,19 +456,25 @@ class Compressor(GradientCompression):
         for name, shape in sorted(self._shapes.items()):
             param = named.get(name)
             if param is None:
-                raise self._error(name, f"is not among the optimizer's parameter names "
-                                        f"{sorted(named)[:8]}{'...' if len(named) > 8 else ''} (a "
-                                        f"checkpoint or gradient under another name)")
+                raise self._error(
+                    name,
+                    f"is not among the optimizer's parameter names "
+                    f"{sorted(named)[:8]}{'...' if len(named) > 8 else ''} (a "
+                    f"checkpoint or gradient under another name)",
+                )
             if tuple(param.shape) != shape:
-                raise self._error(name, f"has shape {tuple(param.shape)} in the optimizer but {shape} "
-                                        f"before (or in the loaded checkpoint)")
+                raise self._error(
+                    name,
+                    f"has shape {tuple(param.shape)} in the optimizer but {shape} before (or in the loaded checkpoint)",
+                )
         self.parameters.update(named)  # in place: a controller shares this dict
 
     def use_shards(self, local: Dict[str, torch.Tensor]) -> None:
         unknown = sorted(set(self.parameters) - set(local))
         if unknown:
-            raise ValueError(f"{type(self).__name__}: named_parameters {unknown[:8]} are not parameters "
-                             f"of the sharded model")
+            raise ValueError(
+                f"{type(self).__name__}: named_parameters {unknown[:8]} are not parameters of the sharded model"
+            )
         for name, value in self._overrides.items():
             if name in self.parameters:
                 self._check_setting(name, value, local[name].numel())
@@ -490,8 +504,11 @@ class Compressor(GradientCompression):
         devices = {name: param.device for name, param in self.parameters.items()}
         if shapes is None:
             shapes = {name: tuple(param.shape) for name, param in self.parameters.items()}
-        layers = {(math.prod(shape), self.setting(name), devices.get(name, torch.device("cpu")))
-                  for name, shape in shapes.items() if self.compresses(shape, self.setting(name))}
+        layers = {
+            (math.prod(shape), self.setting(name), devices.get(name, torch.device("cpu")))
+            for name, shape in shapes.items()
+            if self.compresses(shape, self.setting(name))
+        }
 
         def warm():
             for numel, setting, device in sorted(layers, key=str):
@@ -500,8 +517,13 @@ class Compressor(GradientCompression):
         seconds, self._compile_error = timed_warm_up(warm)
         self.compile_seconds += seconds
         if self._compile_error is None:
-            logger.info("%s: compiled kernels ready for %d layer sizes in %.1f s (%d graphs)",
-                        type(self).__name__, len(layers), seconds, graphs(self.compiled_kernels))
+            logger.info(
+                "%s: compiled kernels ready for %d layer sizes in %.1f s (%d graphs)",
+                type(self).__name__,
+                len(layers),
+                seconds,
+                graphs(self.compiled_kernels),
+            )
         return self._compile_error is None
 
     def _warm_up(self, numel: int, setting: Any, device: torch.device) -> None:
@@ -511,8 +533,10 @@ class Compressor(GradientCompression):
 
     def use_compiled(self, ready: Sequence[bool]) -> None:
         if self.compiles and not all(ready):
-            self._fall_back(f"torch.compile failed on rank(s) {[r for r, ok in enumerate(ready) if not ok]}"
-                            + (f" (here: {self._compile_error})" if self._compile_error else ""))
+            self._fall_back(
+                f"torch.compile failed on rank(s) {[r for r, ok in enumerate(ready) if not ok]}"
+                + (f" (here: {self._compile_error})" if self._compile_error else "")
+            )
 
     def _fall_back(self, reason: str) -> None:
         self.compiles = False
@@ -559,8 +583,9 @@ class Compressor(GradientCompression):
         ``_batches`` groups compressed by their group's ``add``, each group's shared work done once
         all its members are in (``run``)."""
         batches = self._batches(items)
-        rounds = [self._begin_with(name, grad, batches[name].add if name in batches else self._begin)
-                  for name, grad in items]
+        rounds = [
+            self._begin_with(name, grad, batches[name].add if name in batches else self._begin) for name, grad in items
+        ]
         for batch in {id(batch): batch for batch in batches.values()}.values():
             batch.run()
         return rounds
@@ -575,15 +600,16 @@ class Compressor(GradientCompression):
     def _begin_with(self, name, grad, compress):
         """``begin``, with ``compress`` (``_begin`` or a measuring one) making compressed rounds."""
         if not grad.dtype.is_floating_point:
-            raise TypeError(f"{type(self).__name__}: parameter {name!r}: gradient has dtype "
-                            f"{grad.dtype}; only floating-point gradients can be compressed")
+            raise TypeError(
+                f"{type(self).__name__}: parameter {name!r}: gradient has dtype "
+                f"{grad.dtype}; only floating-point gradients can be compressed"
+            )
         self._state_to_device(name, grad.device)
         self._remember_state(name)
         shape = tuple(grad.shape)
         known = self._shapes.setdefault(name, shape) if name is not None else shape  # None: no names
         if known != shape:
-            raise self._error(name, f"gradient has shape {shape}, but {known} before (or in the "
-                                    f"loaded checkpoint)")
+            raise self._error(name, f"gradient has shape {shape}, but {known} before (or in the loaded checkpoint)")
         setting = self.setting(name)
         if not self.compresses(grad.shape, setting):
             round_ = self._dense_round_with_residual(name, grad)
@@ -597,8 +623,9 @@ class Compressor(GradientCompression):
     def _begin(self, name, grad):
         raise NotImplementedError
 
-    def begin_measured(self, name: str, grad: torch.Tensor, settings: Sequence[Any], memo: Dict[str, Any],
-                       uncompressed: bool = False) -> Tuple[Round, torch.Tensor]:
+    def begin_measured(
+        self, name: str, grad: torch.Tensor, settings: Sequence[Any], memo: Dict[str, Any], uncompressed: bool = False
+    ) -> Tuple[Round, torch.Tensor]:
         """``begin(name, grad)`` (``begin_uncompressed`` if ``uncompressed``) and GraVAC's
         energies of x = gradient plus residual: a float64 tensor on the gradient's device,
         [||x||^2, then ``kept_energies(name, x, settings, memo)``], made without waiting for the
@@ -621,8 +648,9 @@ class Compressor(GradientCompression):
         """(``_begin``'s round, ``begin_measured``'s energies); by default measured apart."""
         return self._begin(name, grad), self.measured_energies(name, grad, settings, memo)
 
-    def measured_energies(self, name: str, grad: torch.Tensor, settings: Sequence[Any],
-                          memo: Dict[str, Any]) -> torch.Tensor:
+    def measured_energies(
+        self, name: str, grad: torch.Tensor, settings: Sequence[Any], memo: Dict[str, Any]
+    ) -> torch.Tensor:
         """``begin_measured``'s energies measured on their own: x is built apart from the
         compression's, in float32 whatever the gradient's dtype (float16 energies overflow),
         with the residual in the gradient's units (``track``)."""
@@ -655,8 +683,10 @@ class Compressor(GradientCompression):
         another (GradScaler halves the scale on overflow and doubles it every
         ``growth_interval`` steps). Anything with ``get_scale()`` works. Returns ``self``."""
         if not callable(getattr(scaler, "get_scale", None)):
-            raise ValueError(f"{type(self).__name__}.track: scaler must have get_scale(), like "
-                             f"torch.amp.GradScaler; got {type(scaler).__name__}")
+            raise ValueError(
+                f"{type(self).__name__}.track: scaler must have get_scale(), like "
+                f"torch.amp.GradScaler; got {type(scaler).__name__}"
+            )
         self._scaler = scaler
         return self
 
@@ -731,9 +761,12 @@ class Compressor(GradientCompression):
             if self.feedback is not None:
                 self.feedback.rollback()
             self.skipped_steps += 1
-            logger.warning("%s: non-finite gradient in this step on some rank; the step leaves "
-                           "no trace in the compression state (%d such steps so far)",
-                           type(self).__name__, self.skipped_steps)
+            logger.warning(
+                "%s: non-finite gradient in this step on some rank; the step leaves "
+                "no trace in the compression state (%d such steps so far)",
+                type(self).__name__,
+                self.skipped_steps,
+            )
         self._step_scale = None
         self._undo.clear()
         self.traffic.end_step()
@@ -769,8 +802,7 @@ class Compressor(GradientCompression):
 
     # ----- the controller protocol (see the module docstring) -----------------------------
     def _not_controllable(self):
-        return NotImplementedError(f"{type(self).__name__} has no per-parameter setting that a "
-                                   f"controller can tune")
+        return NotImplementedError(f"{type(self).__name__} has no per-parameter setting that a controller can tune")
 
     def check_value(self, value: Any, label: str) -> None:
         raise self._not_controllable()
@@ -781,8 +813,7 @@ class Compressor(GradientCompression):
     def resolve(self, shape: Sequence[int], setting: Any) -> Any:
         return setting
 
-    def candidates(self, shape: Sequence[int], default: Any,
-                   values: Optional[Sequence[Any]] = None) -> List[Any]:
+    def candidates(self, shape: Sequence[int], default: Any, values: Optional[Sequence[Any]] = None) -> List[Any]:
         raise self._not_controllable()
 
     def errors(self, gradient: torch.Tensor, settings: Sequence[Any]) -> torch.Tensor:
@@ -790,8 +821,7 @@ class Compressor(GradientCompression):
         ``settings``, as a float64 tensor on its device, read by nothing on the host."""
         raise self._not_controllable()
 
-    def errors_of_layers(self, layers: Dict[str, Tuple[torch.Tensor, Sequence[Any]]]
-                         ) -> Dict[str, torch.Tensor]:
+    def errors_of_layers(self, layers: Dict[str, Tuple[torch.Tensor, Sequence[Any]]]) -> Dict[str, torch.Tensor]:
         """``errors`` of every layer of a decision, {name: (gradient, settings)}: one call per
         layer here; compressors whose rows batch over layers of one shape override it."""
         return {name: self.errors(gradient, settings) for name, (gradient, settings) in layers.items()}
@@ -799,8 +829,7 @@ class Compressor(GradientCompression):
     def setting_for_factor(self, shape: Sequence[int], factor: float) -> Any:
         raise self._not_controllable()
 
-    def kept_energies(self, name: str, x: torch.Tensor, settings: Sequence[Any],
-                      memo: Dict[str, Any]) -> torch.Tensor:
+    def kept_energies(self, name: str, x: torch.Tensor, settings: Sequence[Any], memo: Dict[str, Any]) -> torch.Tensor:
         """||C(x)||^2 of ``x`` (gradient plus residual, shaped like the gradient) for each of
         ``settings``, nested from the least to the most compressed, as a float64 tensor on
         ``x``'s device, computed without waiting for the device (called per layer and step).
@@ -822,29 +851,41 @@ class Compressor(GradientCompression):
         them). Reads no tensor: free to call every step."""
         numbers = dict(self.traffic.metrics(), skipped_steps=self.skipped_steps)
         if self.config.compiled:  # graphs: this process's, for the kernels this class runs
-            numbers.update(compiled=float(self.compiles), compiled_graphs=graphs(self.compiled_kernels),
-                           compile_seconds=self.compile_seconds)
+            numbers.update(
+                compiled=float(self.compiles),
+                compiled_graphs=graphs(self.compiled_kernels),
+                compile_seconds=self.compile_seconds,
+            )
         return numbers
 
     # ----- configuration, checkpointing -------------------------------------------------------
     def describe(self) -> Dict[str, Any]:
-        return {"compressor": type(self).__name__, "config": self.config.describe(),
-                "settings": dict(sorted(self._overrides.items()))}
+        return {
+            "compressor": type(self).__name__,
+            "config": self.config.describe(),
+            "settings": dict(sorted(self._overrides.items())),
+        }
 
     def state_dict(self) -> Dict[str, Any]:
         """Everything that determines future outputs, with what it was taken from (the class,
         configuration, parameter shapes, and this process's rank and world size: error feedback
-        is per rank, and a checkpoint loaded on another rank or world size starts it from zero). Tensors are copied, since state is updated in place. Only tensors, numbers,
+        is per rank, and a checkpoint loaded on another rank or world size starts it from zero).
+        Tensors are copied, since state is updated in place. Only tensors, numbers,
         strings, lists and dicts: ``torch.load(path, weights_only=True)`` reads it."""
         residuals = {} if self.feedback is None else self.feedback.state_dict()
-        return {**checkpoint_header(type(self).__name__, self.config),
-                "rank": self.rank, "world_size": self.size,
-                "shapes": {name: list(shape) for name, shape in sorted(self._shapes.items())},
-                "settings": dict(self._overrides),
-                "state": {name: {key: value.clone() if torch.is_tensor(value) else value
-                                 for key, value in vars(st).items()}
-                          for name, st in self.state.items()},
-                "residuals": residuals, "skipped_steps": self.skipped_steps}
+        return {
+            **checkpoint_header(type(self).__name__, self.config),
+            "rank": self.rank,
+            "world_size": self.size,
+            "shapes": {name: list(shape) for name, shape in sorted(self._shapes.items())},
+            "settings": dict(self._overrides),
+            "state": {
+                name: {key: value.clone() if torch.is_tensor(value) else value for key, value in vars(st).items()}
+                for name, st in self.state.items()
+            },
+            "residuals": residuals,
+            "skipped_steps": self.skipped_steps,
+        }
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Restores a ``state_dict``. Everything is checked before anything changes: a mismatch
@@ -852,20 +893,22 @@ class Compressor(GradientCompression):
         ``ValueError`` naming it, and leaves this object as it was. Taken on another rank or
         world size (checked once the rank is known), all but the error feedback is restored."""
         cls = type(self).__name__
-        check_checkpoint(cls, state_dict, ("rank", "world_size", "shapes", "settings", "state",
-                                           "residuals", "skipped_steps"), self.config)
+        check_checkpoint(
+            cls,
+            state_dict,
+            ("rank", "world_size", "shapes", "settings", "state", "residuals", "skipped_steps"),
+            self.config,
+        )
         shapes = {name: tuple(shape) for name, shape in state_dict["shapes"].items()}
         for name, shape in shapes.items():
             param = self.parameters.get(name)
             if self.parameters and param is None:
                 raise self._error(name, "is in the checkpoint but is not one of the named_parameters")
             if param is not None and tuple(param.shape) != shape:
-                raise self._error(name, f"has shape {tuple(param.shape)} here but {shape} in the "
-                                        f"checkpoint")
+                raise self._error(name, f"has shape {tuple(param.shape)} here but {shape} in the checkpoint")
             seen = self._shapes.get(name)
             if param is None and seen is not None and seen != shape:
-                raise self._error(name, f"had gradients of shape {seen} here but {shape} in the "
-                                        f"checkpoint")
+                raise self._error(name, f"had gradients of shape {seen} here but {shape} in the checkpoint")
         for name, value in state_dict["settings"].items():
             shape = shapes.get(name) or (tuple(self.parameters[name].shape) if name in self.parameters else None)
             self._check_setting(name, value, None if shape is None else math.prod(shape))
@@ -873,12 +916,16 @@ class Compressor(GradientCompression):
             if self.feedback is None or name not in shapes or residual.numel() != math.prod(shapes[name]):
                 raise self._error(name, "the checkpoint's error feedback does not fit this compressor")
         try:
-            state = {name: self._new_state_from({key: value.clone() if torch.is_tensor(value) else value
-                                                 for key, value in values.items()})
-                     for name, values in state_dict["state"].items()}
+            state = {
+                name: self._new_state_from(
+                    {key: value.clone() if torch.is_tensor(value) else value for key, value in values.items()}
+                )
+                for name, values in state_dict["state"].items()
+            }
         except TypeError as error:
-            raise ValueError(f"{cls}.load_state_dict: the checkpoint's per-parameter state does not "
-                             f"fit {cls}: {error}") from None
+            raise ValueError(
+                f"{cls}.load_state_dict: the checkpoint's per-parameter state does not fit {cls}: {error}"
+            ) from None
         # Checked: now change everything, a step cut off midway (elastic restore) included.
         self._undo, self._step_extremes, self._step_scale, self._rejected = {}, [], None, False
         self._result_bounds, self._step_bounds = {}, []
@@ -894,8 +941,14 @@ class Compressor(GradientCompression):
         else:  # checked when the integration binds it
             self._expected_world = expected_world
 
-    def world_change_state(self, state_dict: Dict[str, Any], *, own: Optional[Dict[str, Any]] = None,
-                           rank: Optional[int] = None, size: Optional[int] = None) -> Dict[str, Any]:
+    def world_change_state(
+        self,
+        state_dict: Dict[str, Any],
+        *,
+        own: Optional[Dict[str, Any]] = None,
+        rank: Optional[int] = None,
+        size: Optional[int] = None,
+    ) -> Dict[str, Any]:
         changed: Dict[str, Any] = {"residuals": {} if own is None else own["residuals"]}
         if rank is not None:
             changed.update(rank=rank, world_size=size)
@@ -903,18 +956,30 @@ class Compressor(GradientCompression):
 
     def restart_from(self, state_dict: Dict[str, Any], forget: Iterable[str] = ()) -> None:
         forget = set(forget)
-        self.load_state_dict(dict(state_dict, **{
-            key: {name: value for name, value in state_dict[key].items() if name not in forget}
-            for key in ("shapes", "state", "residuals")}))
+        self.load_state_dict(
+            dict(
+                state_dict,
+                **{
+                    key: {name: value for name, value in state_dict[key].items() if name not in forget}
+                    for key in ("shapes", "state", "residuals")
+                },
+            )
+        )
 
     def _check_world(self, expected):
         """Error feedback is per rank: a checkpoint from another rank, or another world size,
         brings everything but it (the residuals start from zero, as after a reset)."""
         rank, size = expected
         if (rank, size) != (self.rank, self.size) and self.feedback is not None:
-            logger.warning("%s: the checkpoint was taken on rank %d of %d, but this is rank %d "
-                           "of %d; its error feedback is not this rank's and starts from zero",
-                           type(self).__name__, rank, size, self.rank, self.size)
+            logger.warning(
+                "%s: the checkpoint was taken on rank %d of %d, but this is rank %d "
+                "of %d; its error feedback is not this rank's and starts from zero",
+                type(self).__name__,
+                rank,
+                size,
+                self.rank,
+                self.size,
+            )
             self.feedback.load_state_dict({})
 
     def _new_state_from(self, values):
@@ -956,8 +1021,7 @@ def dense_round(grad: torch.Tensor) -> Round:
     """All-reduce ``grad`` uncompressed (bf16 travels as float32: Horovod cannot sum bf16)."""
     dtype, shape = grad.dtype, grad.shape
     payload = grad if dtype in _ALLREDUCE_DTYPES else grad.float()
-    return Round(payload.reshape(-1), Collective.ALLREDUCE,
-                 lambda mean: mean.view(shape).to(dtype), last=True)
+    return Round(payload.reshape(-1), Collective.ALLREDUCE, lambda mean: mean.view(shape).to(dtype), last=True)
 
 
 def check_positive_int(compressor, name, label, value, upper=None):

@@ -1,6 +1,7 @@
 """Stateless compressors: 16-bit casts, and the uncompressed baseline.
 
 FP16 all-reduces in float16; Horovod has no bf16, so BF16 reduce-scatters."""
+
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -16,6 +17,7 @@ from hvd_compress.compressors.config import CompressorConfig, configured
 @dataclass(frozen=True, kw_only=True)
 class CastConfig(CompressorConfig):
     """A cast sends every entry, so it applies to gradients of any size."""
+
     min_numel: int = 0
 
 
@@ -25,8 +27,9 @@ class _Settingless(Compressor):
 
     payload_carries_input = True  # a cast keeps infinities and NaN, and every entry travels
 
-    def __init__(self, named_parameters: NamedParameters = None, *,
-                 config: Optional[CastConfig] = None, **options: Any):
+    def __init__(
+        self, named_parameters: NamedParameters = None, *, config: Optional[CastConfig] = None, **options: Any
+    ):
         """``options``: ``CastConfig``'s fields (``min_numel``); or pass ``config``."""
         super().__init__(named_parameters, configured(CastConfig, type(self).__name__, config, options))
 
@@ -53,8 +56,12 @@ class FP16(_Settingless):
         return 2 * math.prod(shape)
 
     def _begin(self, name, grad):
-        return Round(grad.to(torch.float16, memory_format=torch.contiguous_format), Collective.ALLREDUCE,
-                     lambda mean: self._typed_result(grad, mean), last=True)
+        return Round(
+            grad.to(torch.float16, memory_format=torch.contiguous_format),
+            Collective.ALLREDUCE,
+            lambda mean: self._typed_result(grad, mean),
+            last=True,
+        )
 
     def fixed_payload(self, shape):
         return True  # every gradient, as float16
@@ -86,8 +93,12 @@ class BF16(_Settingless):
         def after_gather(rows):
             return self._typed_result(grad, rows.view(torch.bfloat16).reshape(-1)[:n])
 
-        return two_hop(chunks, lambda received: received.view(torch.bfloat16).float(),
-                       lambda mean: mean.to(torch.bfloat16).view(torch.int16), after_gather)
+        return two_hop(
+            chunks,
+            lambda received: received.view(torch.bfloat16).float(),
+            lambda mean: mean.to(torch.bfloat16).view(torch.int16),
+            after_gather,
+        )
 
 
 class NoCompression(_Settingless):

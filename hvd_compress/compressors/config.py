@@ -22,6 +22,7 @@ compressor family and controller) that
 It is the one declaration of a method's options and defaults: a constructor takes either the
 configuration itself (``config=``) or its fields as keywords, and builds it with ``configured``.
 """
+
 import dataclasses
 import functools
 from dataclasses import MISSING, InitVar, dataclass, field, fields
@@ -32,22 +33,26 @@ from hvd_compress import arguments
 Config = TypeVar("Config", bound="MethodConfig")
 
 
-def option(default: Any = MISSING, check: Optional[Callable[..., Any]] = None, *, agreed: bool = True,
-           **limits: Any) -> Any:
+def option(
+    default: Any = MISSING, check: Optional[Callable[..., Any]] = None, *, agreed: bool = True, **limits: Any
+) -> Any:
     """A configuration field with its ``default`` (none: a required field) and its ``check``,
     called as ``check(owner, name, value, **limits)`` (``arguments.integer``, ``real``, ``flag``,
     ``choice``) and returning the value to keep. ``agreed=False``: the field need not agree
     across ranks nor with a checkpoint."""
     if limits and check is None:
         raise TypeError(f"option: limits {sorted(limits)} without a check to apply them")
-    return field(default=default, metadata={
-        "check": None if check is None else functools.partial(check, **limits), "agreed": agreed})
+    return field(
+        default=default,
+        metadata={"check": None if check is None else functools.partial(check, **limits), "agreed": agreed},
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class MethodConfig:
     """Base of every method's configuration; subclasses add fields, each declared with its
     check (``option``), and override ``check`` only for what spans fields."""
+
     owner: InitVar[str] = ""
 
     def __post_init__(self, owner: str) -> None:
@@ -68,8 +73,11 @@ class MethodConfig:
 
     def describe(self) -> Dict[str, Any]:
         """The fields that must agree on every rank and with a checkpoint, as plain data."""
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)
-                if _declared(type(self), f.name).get("agreed", True)}
+        return {
+            f.name: _plain(getattr(self, f.name))
+            for f in fields(self)
+            if _declared(type(self), f.name).get("agreed", True)
+        }
 
 
 def _declared(kind: type, name: str) -> Mapping[str, Any]:
@@ -92,13 +100,15 @@ class CompressorConfig(MethodConfig):
     flags), compiled before the first collective, eagerly on every rank where some rank cannot
     compile. Agreed across ranks and recorded in checkpoints: compiled and eager kernels may
     round differently."""
+
     min_numel: int = option(1024, arguments.integer, low=0)
     default: Any = None
     compiled: bool = option(False, arguments.flag)
 
 
-def configured(kind: Type[Config], owner: str, config: Optional[Config], options: Dict[str, Any],
-               **named: Any) -> Config:
+def configured(
+    kind: Type[Config], owner: str, config: Optional[Config], options: Dict[str, Any], **named: Any
+) -> Config:
     """The configuration a constructor of ``owner`` runs with: ``config`` as given, or a ``kind``
     built from ``options`` (its fields as keywords) and ``named`` (the fields the constructor
     names itself, such as the positional rank, whose default in its signature is the field's).
@@ -108,8 +118,9 @@ def configured(kind: Type[Config], owner: str, config: Optional[Config], options
         # A named field left at its default was not given.
         given = [key for key, value in named.items() if value != getattr(kind, key)] + sorted(options)
         if given:
-            raise ValueError(f"{owner}: pass either config or its options as arguments, not both "
-                             f"(got config and {given})")
+            raise ValueError(
+                f"{owner}: pass either config or its options as arguments, not both (got config and {given})"
+            )
         if not isinstance(config, kind):
             raise ValueError(f"{owner}: config must be a {kind.__name__}, got {type(config).__name__}")
         return config
@@ -117,8 +128,10 @@ def configured(kind: Type[Config], owner: str, config: Optional[Config], options
     accepted = [f.name for f in fields(kind) if f.name not in named and f.name != "default"]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
-        raise TypeError(f"{owner}: unexpected keyword argument {unknown[0]!r}; the options are "
-                        f"{', '.join(accepted)} (or config={kind.__name__}(...))")
+        raise TypeError(
+            f"{owner}: unexpected keyword argument {unknown[0]!r}; the options are "
+            f"{', '.join(accepted)} (or config={kind.__name__}(...))"
+        )
     return kind(owner=owner, **options, **named)
 
 
@@ -138,17 +151,16 @@ def checkpoint_header(owner: str, config: MethodConfig) -> Dict[str, Any]:
     return {"class": owner, "config": config.describe()}
 
 
-def check_checkpoint(owner: str, state_dict: Dict[str, Any], keys: Iterable[str],
-                     config: MethodConfig) -> None:
+def check_checkpoint(owner: str, state_dict: Dict[str, Any], keys: Iterable[str], config: MethodConfig) -> None:
     """Raises ``ValueError`` unless ``state_dict`` has ``keys`` (besides the header) and is a
     checkpoint of ``owner`` taken with ``config``, naming the first difference."""
     missing = ({"class", "config"} | set(keys)) - set(state_dict)
     if missing:
-        raise ValueError(f"{owner}.load_state_dict: not an hvd_compress {owner} checkpoint "
-                         f"(missing {sorted(missing)})")
+        raise ValueError(f"{owner}.load_state_dict: not an hvd_compress {owner} checkpoint (missing {sorted(missing)})")
     if state_dict["class"] != owner:
-        raise ValueError(f"{owner}.load_state_dict: the checkpoint is a {state_dict['class']} "
-                         f"checkpoint, not a {owner} one")
+        raise ValueError(
+            f"{owner}.load_state_dict: the checkpoint is a {state_dict['class']} checkpoint, not a {owner} one"
+        )
     mine, theirs = config.describe(), dict(state_dict["config"])
     # A checkpoint taken before a field existed ran with that field's default.
     for each in fields(config):
@@ -156,5 +168,6 @@ def check_checkpoint(owner: str, state_dict: Dict[str, Any], keys: Iterable[str]
             theirs[each.name] = _plain(each.default)
     for key in sorted(set(mine) | set(theirs)):
         if mine.get(key) != theirs.get(key):
-            raise ValueError(f"{owner}.load_state_dict: {key} is {theirs.get(key)!r} in the "
-                             f"checkpoint but {mine.get(key)!r} here")
+            raise ValueError(
+                f"{owner}.load_state_dict: {key} is {theirs.get(key)!r} in the checkpoint but {mine.get(key)!r} here"
+            )

@@ -7,6 +7,7 @@ handled in one place: a step's new residuals are staged, and become the residual
 step is known to be finite everywhere (``commit``); otherwise they are dropped (``rollback``)
 and the step leaves no trace.
 """
+
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
@@ -40,8 +41,9 @@ class StagedSums:
             value = self.committed[name] = value.to(device)
         return value
 
-    def add(self, name: str, value: torch.Tensor, *, current_weight: float = 1.0,
-            value_weight: float = 1.0) -> torch.Tensor:
+    def add(
+        self, name: str, value: torch.Tensor, *, current_weight: float = 1.0, value_weight: float = 1.0
+    ) -> torch.Tensor:
         """Stages ``current_weight * current + value_weight * value`` in float32, shaped like
         ``value``; returns it. The caller may overwrite the returned tensor: what it leaves there
         is what gets committed. (One weight is always 1, so this is one fused pass.)"""
@@ -72,9 +74,15 @@ class StagedSums:
         buffers a name alternates between are each a slice of one such stack after two steps."""
         spares = [self._spare.get(name) for name in names]
         base = getattr(spares[0], "_base", None)
-        if (base is not None and base.shape == (len(names), *shape) and base.device == device
-                and all(spare is not None and spare._base is base and spare.data_ptr() == row.data_ptr()
-                        for spare, row in zip(spares, base))):
+        if (
+            base is not None
+            and base.shape == (len(names), *shape)
+            and base.device == device
+            and all(
+                spare is not None and spare._base is base and spare.data_ptr() == row.data_ptr()
+                for spare, row in zip(spares, base)
+            )
+        ):
             return base
         base = torch.empty((len(names), *shape), dtype=torch.float32, device=device)
         self._spare.update(zip(names, base))

@@ -1,12 +1,12 @@
 """State, checks and the controller protocol shared by the low-rank compressors (PowerSGD, ACP-SGD)."""
+
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
 from hvd_compress import arguments
-from hvd_compress.compressors.base import (Compressor, NamedParameters, check_candidate, check_positive_int,
-                                           dense_round)
+from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate, check_positive_int, dense_round
 from hvd_compress.compressors.config import CompressorConfig, configured, option
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import errors as error_maths
@@ -15,14 +15,15 @@ from hvd_compress.maths import lowrank
 
 @dataclass
 class LowRankState:
-    p: torch.Tensor       # n x r, warm start for ACP-SGD's Q steps
-    q: torch.Tensor       # m x r, warm start for the next P = M Q
+    p: torch.Tensor  # n x r, warm start for ACP-SGD's Q steps
+    q: torch.Tensor  # m x r, warm start for the next P = M Q
     step: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
 class LowRankConfig(CompressorConfig):
     """PowerSGD's and ACP-SGD's configuration (``default``: the rank); see their tuning guides."""
+
     default: int = 4
     min_compression_rate: float = option(2.0, arguments.real, low=0, low_open=True)
     start_step: int = option(0, arguments.integer, low=0)
@@ -37,8 +38,14 @@ class LowRankCompressor(Compressor):
     # Every round's payload is a product with M: an Inf or NaN of M reaches it (base's docstring).
     payload_carries_input = True
 
-    def __init__(self, named_parameters: NamedParameters = None, rank: int = LowRankConfig.default, *,
-                 config: Optional[LowRankConfig] = None, **options: Any):
+    def __init__(
+        self,
+        named_parameters: NamedParameters = None,
+        rank: int = LowRankConfig.default,
+        *,
+        config: Optional[LowRankConfig] = None,
+        **options: Any,
+    ):
         """``rank`` (the configuration's ``default``) and ``options`` are ``LowRankConfig``'s
         fields; or pass ``config``, a ``LowRankConfig``."""
         config = configured(LowRankConfig, type(self).__name__, config, options, default=rank)
@@ -57,8 +64,9 @@ class LowRankCompressor(Compressor):
 
     # ----- the controller protocol --------------------------------------------------------
     def check_value(self, value, label):
-        check_candidate(self, value, label, isinstance(value, int) and not isinstance(value, bool)
-                        and value >= 1, "a positive rank")
+        check_candidate(
+            self, value, label, isinstance(value, int) and not isinstance(value, bool) and value >= 1, "a positive rank"
+        )
 
     def candidates(self, shape, default, values=None):
         """``values``, or the L-GreCo paper's range [D/2, 2D] around the default rank D."""
@@ -92,7 +100,8 @@ class LowRankCompressor(Compressor):
         matrix = x.reshape(lowrank.matrix_shape(x.shape))
         top = lowrank.effective_rank(settings[0], *matrix.shape)
         energies, memo["q"] = error_maths.lowrank_kept_energies(
-            matrix, memo.get("q"), [min(top, s) for s in settings], self.config.seed, name)
+            matrix, memo.get("q"), [min(top, s) for s in settings], self.config.seed, name
+        )
         return energies
 
     # ----- the exchange -------------------------------------------------------------------
@@ -103,8 +112,10 @@ class LowRankCompressor(Compressor):
         st = self.state.get(name)
         if st is None:
             device = grad.device
-            st = LowRankState(p=lowrank.seeded_normal(n, r, self.config.seed, name, "p").to(device),
-                              q=lowrank.seeded_normal(m, r, self.config.seed, name, "q").to(device))
+            st = LowRankState(
+                p=lowrank.seeded_normal(n, r, self.config.seed, name, "p").to(device),
+                q=lowrank.seeded_normal(m, r, self.config.seed, name, "q").to(device),
+            )
             self.state[name] = st
         if st.q.shape[1] != r:
             st.p = lowrank.resize_columns(st.p, r, self.config.seed, f"{name}.p")
@@ -181,4 +192,3 @@ def factor_bytes(shape, rank, factors):
     """float32 bytes of ``factors`` ("pq", "p" or "q") for a gradient of ``shape`` at ``rank``."""
     n, m, r = lowrank.factor_shapes(shape, rank)
     return 4 * r * sum(n if f == "p" else m for f in factors)
-

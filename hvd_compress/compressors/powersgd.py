@@ -1,4 +1,5 @@
 """PowerSGD (Vogels et al., 2019): one step of warm-started subspace iteration per step."""
+
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.lowrank import LowRankCompressor, factor_bytes
 from hvd_compress.maths import lowrank

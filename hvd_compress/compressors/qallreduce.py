@@ -1,4 +1,5 @@
 """A two-hop quantized all-reduce with error feedback on both hops."""
+
 import logging
 import math
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ BITS = absmax.BYTE_ALIGNED_BITS
 @dataclass(frozen=True, kw_only=True)
 class QuantizedAllReduceConfig(CompressorConfig):
     """``default``: the bits per entry (2, 4 or 8); ``block_size``: entries per float32 scale."""
+
     default: int = 8
     block_size: int = option(256, arguments.integer, low=1)
 
@@ -84,14 +86,21 @@ class QuantizedAllReduce(Compressor):
     controllable = True
     payload_carries_input = True
 
-    def __init__(self, named_parameters: NamedParameters = None, bits: int = QuantizedAllReduceConfig.default, *,
-                 config: Optional[QuantizedAllReduceConfig] = None, **options: Any):
+    def __init__(
+        self,
+        named_parameters: NamedParameters = None,
+        bits: int = QuantizedAllReduceConfig.default,
+        *,
+        config: Optional[QuantizedAllReduceConfig] = None,
+        **options: Any,
+    ):
         """``bits`` (the configuration's ``default``) and ``options`` are
         ``QuantizedAllReduceConfig``'s fields; or pass ``config``."""
-        super().__init__(named_parameters, configured(QuantizedAllReduceConfig, type(self).__name__, config,
-                                                      options, default=bits))
+        super().__init__(
+            named_parameters, configured(QuantizedAllReduceConfig, type(self).__name__, config, options, default=bits)
+        )
         self.feedback = ErrorFeedback()  # e_w, the worker's residual
-        self.owned = ErrorFeedback()     # e_s, the owner's residual of its chunk
+        self.owned = ErrorFeedback()  # e_s, the owner's residual of its chunk
 
     def _check_setting(self, name, value, numel):
         if isinstance(value, bool) or not isinstance(value, int) or value not in BITS:
@@ -133,12 +142,17 @@ class QuantizedAllReduce(Compressor):
             values = absmax.dequantize_rows(gathered_codes, gathered_scales, block)
             return self._typed_result(grad, values.reshape(-1)[:n])
 
-        return two_hop(absmax.pack_rows(codes, scales, bits),
-                       lambda received: absmax.decode_rows(received, bits, c, block), owner, finish)
+        return two_hop(
+            absmax.pack_rows(codes, scales, bits),
+            lambda received: absmax.decode_rows(received, bits, c, block),
+            owner,
+            finish,
+        )
 
     # ----- hop 1 alone: a reduce-scatter (pure FSDP) ---------------------------------------
-    def quantize_reduce_scatter(self, rows: torch.Tensor, layout: Sequence[Tuple[str, Tuple[int, ...]]]
-                                ) -> torch.Tensor:
+    def quantize_reduce_scatter(
+        self, rows: torch.Tensor, layout: Sequence[Tuple[str, Tuple[int, ...]]]
+    ) -> torch.Tensor:
         """Hop 1's worker side for a reduce-scatter laid out as FSDP2's (ZeRO++'s qgZ, Wang et
         al. 2023, arXiv 2306.10209, section 4.3): ``rows`` (W, m), row j the entries rank j
         reduces, the concatenation over ``layout``'s parameters (name, full shape; dim 0
@@ -158,20 +172,21 @@ class QuantizedAllReduce(Compressor):
             self._remember_state(name)
             self._shapes.setdefault(name, tuple(shape))
             per_rank = -(-shape[0] // size)
-            columns = x[:, offset:offset + per_rank * math.prod(shape[1:])]
-            total = self.feedback.compensated(name, columns.reshape(size * per_rank, *shape[1:])[:shape[0]])
+            columns = x[:, offset : offset + per_rank * math.prod(shape[1:])]
+            total = self.feedback.compensated(name, columns.reshape(size * per_rank, *shape[1:])[: shape[0]])
             pad = size * per_rank - shape[0]
             padded = torch.cat([total, total.new_zeros(pad, *shape[1:])]) if pad else total
             columns.copy_(padded.reshape(size, -1))
             compensated.append((total, columns, per_rank))
             offset += columns.shape[1]
         if offset != m:
-            raise ValueError(f"{type(self).__name__}: the reduce-scatter's rows hold {m} entries, "
-                             f"its parameters' rows {offset}")
+            raise ValueError(
+                f"{type(self).__name__}: the reduce-scatter's rows hold {m} entries, its parameters' rows {offset}"
+            )
         codes, scales = absmax.quantize_rows(x, bits, block)
         x.sub_(absmax.dequantize_rows(codes, scales, block))  # what quantisation left out
         for total, columns, per_rank in compensated:
-            total.copy_(columns.reshape(size * per_rank, *total.shape[1:])[:total.shape[0]])
+            total.copy_(columns.reshape(size * per_rank, *total.shape[1:])[: total.shape[0]])
         return absmax.pack_rows(codes, scales, bits)
 
     def decode_reduce_scatter(self, received: torch.Tensor, length: int) -> torch.Tensor:
@@ -191,7 +206,7 @@ class QuantizedAllReduce(Compressor):
         flat = grad.reshape(-1).to(torch.float32, copy=True)
         start = min(self.rank * owned.numel(), flat.numel())
         stop = min(start + owned.numel(), flat.numel())
-        flat[start:stop].add_(owned[:stop - start], alpha=self.size * self.loss_scale())
+        flat[start:stop].add_(owned[: stop - start], alpha=self.size * self.loss_scale())
         return super()._dense_round_with_residual(name, flat.view(grad.shape).to(grad.dtype))
 
     def _end_step(self, comm_seconds):
@@ -206,9 +221,15 @@ class QuantizedAllReduce(Compressor):
         """As ``Compressor.bind_world``; a new rank or W moves chunk ownership, so the owner's
         residuals are dropped."""
         if self._bound and (rank, size) != (self.rank, self.size):
-            logger.warning("%s: rank %d of %d now, was %d of %d: the owner's residuals (error "
-                           "feedback of the second hop) start from zero", type(self).__name__,
-                           rank, size, self.rank, self.size)
+            logger.warning(
+                "%s: rank %d of %d now, was %d of %d: the owner's residuals (error "
+                "feedback of the second hop) start from zero",
+                type(self).__name__,
+                rank,
+                size,
+                self.rank,
+                self.size,
+            )
             self.owned.load_state_dict({})
         super().bind_world(rank, size)
 
@@ -229,16 +250,23 @@ class QuantizedAllReduce(Compressor):
         check_checkpoint(cls, state_dict, ("owner_residuals", "shapes", "rank", "world_size"), self.config)
         owned, shapes = state_dict["owner_residuals"], state_dict["shapes"]
         for name, residual in owned.items():
-            if name not in shapes or residual.numel() != self.chunk_entries(math.prod(shapes[name]),
-                                                                    state_dict["world_size"]):
+            if name not in shapes or residual.numel() != self.chunk_entries(
+                math.prod(shapes[name]), state_dict["world_size"]
+            ):
                 raise self._error(name, "the checkpoint's owner residual does not fit its chunk")
         super().load_state_dict(state_dict)
         if self._bound and (state_dict["rank"], state_dict["world_size"]) != (self.rank, self.size):
             owned = {}
         self.owned.load_state_dict(owned)
 
-    def world_change_state(self, state_dict: Dict[str, Any], *, own: Optional[Dict[str, Any]] = None,
-                           rank: Optional[int] = None, size: Optional[int] = None) -> Dict[str, Any]:
+    def world_change_state(
+        self,
+        state_dict: Dict[str, Any],
+        *,
+        own: Optional[Dict[str, Any]] = None,
+        rank: Optional[int] = None,
+        size: Optional[int] = None,
+    ) -> Dict[str, Any]:
         """As ``Compressor.world_change_state``; ``own``'s owner residuals are kept only where it
         was taken on ``rank`` of ``size`` (the same chunks), else they start from zero."""
         changed = super().world_change_state(state_dict, own=own, rank=rank, size=size)
@@ -252,8 +280,13 @@ class QuantizedAllReduce(Compressor):
 
     # ----- the controller protocol ----------------------------------------------------------
     def check_value(self, value, label):
-        check_candidate(self, value, label, isinstance(value, int) and not isinstance(value, bool)
-                        and value in BITS, f"bits in {list(BITS)}")
+        check_candidate(
+            self,
+            value,
+            label,
+            isinstance(value, int) and not isinstance(value, bool) and value in BITS,
+            f"bits in {list(BITS)}",
+        )
 
     def candidates(self, shape, default, values=None):
         """``values``, or the L-GreCo paper's [D/2, 2D] around the default D, among (2, 4, 8)."""

@@ -1,4 +1,5 @@
 """QSGD: unbiased stochastic quantisation to a few bits per entry."""
+
 import math
 import zlib
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ MIN_BITS, MAX_BITS = 2, 8
 @dataclass(frozen=True, kw_only=True)
 class QSGDConfig(CompressorConfig):
     """``default``: the bits per entry."""
+
     default: int = 4
     bucket_size: int = option(512, arguments.integer, low=1)
     seed: int = option(0, arguments.integer)
@@ -52,12 +54,17 @@ class QSGD(Compressor):
     # entry of that bucket decodes non-finite on every rank.
     payload_carries_input = True
 
-    def __init__(self, named_parameters: NamedParameters = None, bits: int = QSGDConfig.default, *,
-                 config: Optional[QSGDConfig] = None, **options: Any):
+    def __init__(
+        self,
+        named_parameters: NamedParameters = None,
+        bits: int = QSGDConfig.default,
+        *,
+        config: Optional[QSGDConfig] = None,
+        **options: Any,
+    ):
         """``bits`` (the configuration's ``default``) and ``options`` are ``QSGDConfig``'s
         fields; or pass ``config``, a ``QSGDConfig``."""
-        super().__init__(named_parameters, configured(QSGDConfig, type(self).__name__, config, options,
-                                                      default=bits))
+        super().__init__(named_parameters, configured(QSGDConfig, type(self).__name__, config, options, default=bits))
 
     def _check_setting(self, name, value, numel):
         if isinstance(value, bool) or not isinstance(value, int) or not MIN_BITS <= value <= MAX_BITS:
@@ -73,8 +80,13 @@ class QSGD(Compressor):
 
     # ----- the controller protocol ----------------------------------------------------------
     def check_value(self, value, label):
-        check_candidate(self, value, label, isinstance(value, int) and not isinstance(value, bool)
-                        and MIN_BITS <= value <= MAX_BITS, f"bits in [{MIN_BITS}, {MAX_BITS}]")
+        check_candidate(
+            self,
+            value,
+            label,
+            isinstance(value, int) and not isinstance(value, bool) and MIN_BITS <= value <= MAX_BITS,
+            f"bits in [{MIN_BITS}, {MAX_BITS}]",
+        )
 
     def candidates(self, shape, default, values=None):
         """``values``, or the L-GreCo paper's [D/2, 2D] around the default D, within the bits
@@ -111,15 +123,29 @@ class QSGD(Compressor):
         return payload, payload[:code_bytes], norms[:buckets]
 
     def _encode(self, x, bits, key, codes, norms, compiled):
-        quantize.encode(x, bits, self.config.bucket_size, torch.Generator(device=x.device).manual_seed(key),
-                        codes, norms, compiled=compiled)
+        quantize.encode(
+            x,
+            bits,
+            self.config.bucket_size,
+            torch.Generator(device=x.device).manual_seed(key),
+            codes,
+            norms,
+            compiled=compiled,
+        )
 
     def _decode_mean(self, rows, n, bits, out, compiled):
         """The mean of the gathered ``rows`` (one payload a rank), into ``out`` where given."""
         code_bytes = quantize.packed_size(n, bits)
         buckets = -(-n // self.config.bucket_size)
-        return quantize.decode_mean(rows[:, :code_bytes], rows[:, code_bytes:].view(torch.float32)[:, :buckets],
-                                    bits, self.config.bucket_size, n, out=out, compiled=compiled)
+        return quantize.decode_mean(
+            rows[:, :code_bytes],
+            rows[:, code_bytes:].view(torch.float32)[:, :buckets],
+            bits,
+            self.config.bucket_size,
+            n,
+            out=out,
+            compiled=compiled,
+        )
 
     def _warm_up(self, numel, setting, device):
         payload, codes, norms = self._payload(numel, setting, device)
@@ -137,8 +163,9 @@ class QSGD(Compressor):
         def after_gather(rows):
             # No entry decodes above its bucket's norm, and the mean adds one per rank, then divides.
             code_bytes, buckets = codes.numel(), norms.numel()
-            self._result_bounded_by(name, rows[:, code_bytes:code_bytes + 4 * buckets].view(torch.float32),
-                                    rows.shape[0])
+            self._result_bounded_by(
+                name, rows[:, code_bytes : code_bytes + 4 * buckets].view(torch.float32), rows.shape[0]
+            )
             out = self._result_memory(grad)
             mean = self._compiled_or_eager(lambda compiled: self._decode_mean(rows, n, bits, out, compiled))
             return mean.view(shape).to(dtype)

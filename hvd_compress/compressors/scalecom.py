@@ -1,4 +1,5 @@
 """ScaleCom (Chen et al., NeurIPS 2020): cyclic local top-k, so sparse payloads all-reduce."""
+
 import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
@@ -48,8 +49,14 @@ class ScaleCom(KSparse):
     gradient it has selected from, per thread, between steps.
     """
 
-    def __init__(self, named_parameters: NamedParameters = None, density: float = ScaleComConfig.density, *,
-                 config: Optional[ScaleComConfig] = None, **options: Any):
+    def __init__(
+        self,
+        named_parameters: NamedParameters = None,
+        density: float = ScaleComConfig.density,
+        *,
+        config: Optional[ScaleComConfig] = None,
+        **options: Any,
+    ):
         """``density`` and ``options`` are ``ScaleComConfig``'s fields; or pass ``config``, a
         ``ScaleComConfig``."""
         config = configured(ScaleComConfig, type(self).__name__, config, options, density=density)
@@ -99,8 +106,9 @@ class ScaleCom(KSparse):
 
         return Round(indices, Collective.BROADCAST, after_indices, root=leader)
 
-    def set_rates_from_flops(self, flops: Dict[str, float], numels: Dict[str, int],
-                             per_worker_batch: int = 32, reference_batch: int = 32) -> Dict[str, int]:
+    def set_rates_from_flops(
+        self, flops: Dict[str, float], numels: Dict[str, int], per_worker_batch: int = 32, reference_batch: int = 32
+    ) -> Dict[str, int]:
         """The paper's engineering rule: FLOPs per gradient element >= 196 -> 25x, [128, 196) ->
         50x, below -> 400x, at a per-worker batch of 32 (vision and speech). ``flops`` and
         ``numels`` map parameter names to one step's forward FLOPs and gradient sizes; the ratio

@@ -1,4 +1,5 @@
 """EF-SignSGD with majority vote: one bit per entry, error feedback on every rank."""
+
 import math
 from typing import Any, Optional
 
@@ -48,8 +49,9 @@ class SignSGD(Compressor):
     setting_name = None
     controllable = False
 
-    def __init__(self, named_parameters: NamedParameters = None, *,
-                 config: Optional[CompressorConfig] = None, **options: Any):
+    def __init__(
+        self, named_parameters: NamedParameters = None, *, config: Optional[CompressorConfig] = None, **options: Any
+    ):
         """``options``: ``CompressorConfig``'s fields (``min_numel``); or pass ``config``."""
         config = configured(CompressorConfig, type(self).__name__, config, options)
         self.feedback = ErrorFeedback()
@@ -77,7 +79,7 @@ class SignSGD(Compressor):
             votes = signs.majority_vote([row[:code_bytes] for row in rows], n)
             total = None  # the scales' sum, in rank order
             for row in rows:
-                row_scale = row[code_bytes:code_bytes + 4].view(torch.float32).double()
+                row_scale = row[code_bytes : code_bytes + 4].view(torch.float32).double()
                 total = row_scale if total is None else total.add_(row_scale)
             mean_scale = total.div_(rows.shape[0]).to(torch.float32)
             return votes.mul_(mean_scale).view(shape).to(dtype)

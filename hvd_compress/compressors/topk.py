@@ -1,4 +1,5 @@
 """Top-K sparsification with error feedback."""
+
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -18,6 +19,7 @@ from hvd_compress.maths.sparsify import topk_indices
 @dataclass(frozen=True, kw_only=True)
 class KSparseConfig(CompressorConfig):
     """``density``: the share of entries sent where a parameter's setting (k) is None."""
+
     density: float = option(0.01, arguments.real, low=0, high=1, low_open=True)
 
 
@@ -45,8 +47,13 @@ class KSparse(Compressor):
 
     # ----- the controller protocol: user-facing values are densities, settings are k -------
     def check_value(self, value, label):
-        check_candidate(self, value, label, isinstance(value, (int, float)) and not isinstance(value, bool)
-                        and 0 < value <= 1, "a density in (0, 1]")
+        check_candidate(
+            self,
+            value,
+            label,
+            isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1,
+            "a density in (0, 1]",
+        )
 
     def setting_for_value(self, shape, value):
         numel = math.prod(shape)
@@ -104,8 +111,14 @@ class TopK(KSparse):
     # threshold's candidates, which keep NaN), so a non-finite input is always among the k sent.
     payload_carries_input = True
 
-    def __init__(self, named_parameters: NamedParameters = None, density: float = TopKConfig.density, *,
-                 config: Optional[TopKConfig] = None, **options: Any):
+    def __init__(
+        self,
+        named_parameters: NamedParameters = None,
+        density: float = TopKConfig.density,
+        *,
+        config: Optional[TopKConfig] = None,
+        **options: Any,
+    ):
         """``density`` and ``options`` are ``TopKConfig``'s fields; or pass ``config``, a
         ``TopKConfig``."""
         config = configured(TopKConfig, type(self).__name__, config, options, density=density)
@@ -140,8 +153,9 @@ class TopK(KSparse):
             if k == nested[0]:
                 kept = error_maths.kept_within_selection(values, nested)
             elif k == nested[-1]:  # the selection holds the last k's energy; the others are measured
-                kept = torch.cat([error_maths.topk_kept_energies(acc, nested[:-1]),
-                                  values.double().square().sum().reshape(1)])
+                kept = torch.cat(
+                    [error_maths.topk_kept_energies(acc, nested[:-1]), values.double().square().sum().reshape(1)]
+                )
             else:
                 kept = error_maths.topk_kept_energies(acc, nested)
             energies = torch.cat([error_maths.squared_norm(acc), kept])
@@ -150,10 +164,10 @@ class TopK(KSparse):
 
         def after_gather(rows):
             # An entry sums at most one value from each rank before the mean divides it.
-            self._result_bounded_by(name, rows[:, :4 * k].view(torch.float32), rows.shape[0])
+            self._result_bounded_by(name, rows[:, : 4 * k].view(torch.float32), rows.shape[0])
             total = self._zeroed_result(grad)
             for row in rows:
-                total.index_add_(0, row[4 * k:].view(torch.int32).long(), row[:4 * k].view(torch.float32))
+                total.index_add_(0, row[4 * k :].view(torch.int32).long(), row[: 4 * k].view(torch.float32))
             if rows.shape[0] > 1:  # dividing by one would only cost a pass
                 total.div_(rows.shape[0])
             return total.view(shape).to(dtype)

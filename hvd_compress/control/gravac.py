@@ -1,6 +1,7 @@
 """GraVAC (Tyagi and Sharma, 2023): the compression factor adapts to compression gain and
 throughput. Policy (Algorithm 1, pure) apart from mechanism (gains measured on real gradients,
 agreed across ranks)."""
+
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ POLICIES = ("exponential", "geometric")
 @dataclass(frozen=True, kw_only=True)
 class GraVACConfig(MethodConfig):
     """GraVAC's configuration (see its tuning guide); ``smoothing=None``: the paper's N / 100."""
+
     theta_min: float = option(10.0, arguments.real, low=1)
     theta_max: float = 1000.0  # checked by ``check``: at least theta_min
     epsilon: float = option(0.7, arguments.real, low=0, high=1, low_open=True)
@@ -36,8 +38,7 @@ class GraVACConfig(MethodConfig):
         """theta_max, bounded by theta_min, and smoothing, which may be None."""
         self._keep("theta_max", arguments.real(owner, "theta_max", self.theta_max, low=self.theta_min))
         if self.smoothing is not None:
-            self._keep("smoothing", arguments.real(owner, "smoothing", self.smoothing, low=0, high=1,
-                                                   low_open=True))
+            self._keep("smoothing", arguments.real(owner, "smoothing", self.smoothing, low=0, high=1, low_open=True))
 
 
 def smoothing_for(config: GraVACConfig, world_size: int) -> float:
@@ -74,7 +75,7 @@ class GraVACPolicy:
     def _next_candidate(self):
         self.exponent += 1
         power = 2 ** (self.exponent - 1) if self.config.policy == "exponential" else self.exponent
-        return min(self.config.theta_min * 2.0 ** power, self.config.theta_max)
+        return min(self.config.theta_min * 2.0**power, self.config.theta_max)
 
     def choose(self) -> float:
         """The CF to send at the next step (Algorithm 1, lines 11-25, on the smoothed gains)."""
@@ -85,8 +86,7 @@ class GraVACPolicy:
             return self.theta_min
         return self.theta_min if self.config.scale_down_to == "min" else DENSE
 
-    def observe(self, cf: float, gain_min: float, gain_candidate: float,
-                seconds: Optional[float] = None) -> float:
+    def observe(self, cf: float, gain_min: float, gain_candidate: float, seconds: Optional[float] = None) -> float:
         """One step's global measurements: ``cf``, the factor it sent, and the gains measured on
         its gradients (lines 7 and 9, EWMA-smoothed); ``seconds``, its duration, when already
         known (UpdateStep, lines 28-30). A step's duration is often known only later: then pass
@@ -94,8 +94,9 @@ class GraVACPolicy:
         gain of ``cf`` at this step (1 for dense, as line 25)."""
         a = self.smoothing
         self.gain_min = gain_min if self.gain_min is None else (1 - a) * self.gain_min + a * gain_min
-        self.gain_candidate = (gain_candidate if self.gain_candidate is None
-                               else (1 - a) * self.gain_candidate + a * gain_candidate)
+        self.gain_candidate = (
+            gain_candidate if self.gain_candidate is None else (1 - a) * self.gain_candidate + a * gain_candidate
+        )
         gain = self.gain_of(cf)
         if seconds is not None:
             self.record_time(cf, gain, seconds)
@@ -214,8 +215,13 @@ class GraVAC(Controller):
 
     def metrics(self):
         """Adds the compression factor in force, its running mean, and theta_min."""
-        return dict(super().metrics(), gravac_factor=self.cf, gravac_average_factor=self.average_cf,
-                    gravac_theta_min=self.policy.theta_min, gravac_settled=float(self.policy.settled))
+        return dict(
+            super().metrics(),
+            gravac_factor=self.cf,
+            gravac_average_factor=self.average_cf,
+            gravac_theta_min=self.policy.theta_min,
+            gravac_settled=float(self.policy.settled),
+        )
 
     @property
     def average_cf(self) -> float:
@@ -234,8 +240,7 @@ class GraVAC(Controller):
             self._shapes[name] = shape
             self._apply_factor(name)
         # The candidate compresses further than theta_min: nested settings, multi-level gains.
-        settings = [self.inner.setting_for_factor(shape, cf)
-                    for cf in (self.policy.theta_min, self.policy.candidate)]
+        settings = [self.inner.setting_for_factor(shape, cf) for cf in (self.policy.theta_min, self.policy.candidate)]
         # Warm starts are updated in a copy, kept only if the step turns out finite.
         memo = self._step_memos[name] = dict(self._memos.get(name, {}))
         # The energies come from the compression's own work where the compressor can (they
@@ -302,20 +307,40 @@ class GraVAC(Controller):
     def state_dict(self):
         """The policy, the wrapped compressor's checkpoint, the bounded history, warm starts and
         the step waiting for its duration. Readable with ``torch.load(weights_only=True)``."""
-        return {**checkpoint_header("GraVAC", self.config), "inner": self.inner.state_dict(),
-                "policy": self.policy.state(), "cf": self.cf, "history": list(self.history),
-                "factor_sum": self._factor_sum, "factor_count": self._factor_count,
-                "memos": {name: dict(memo) for name, memo in self._memos.items()},
-                "shapes": {name: list(shape) for name, shape in self._shapes.items()},
-                "pending": None if self._pending is None else list(self._pending),
-                "last_seconds": self._last_seconds}
+        return {
+            **checkpoint_header("GraVAC", self.config),
+            "inner": self.inner.state_dict(),
+            "policy": self.policy.state(),
+            "cf": self.cf,
+            "history": list(self.history),
+            "factor_sum": self._factor_sum,
+            "factor_count": self._factor_count,
+            "memos": {name: dict(memo) for name, memo in self._memos.items()},
+            "shapes": {name: list(shape) for name, shape in self._shapes.items()},
+            "pending": None if self._pending is None else list(self._pending),
+            "last_seconds": self._last_seconds,
+        }
 
     def load_state_dict(self, state_dict):
         """Checked before anything changes: a mismatch raises ``ValueError`` and leaves this
         object as it was. A step's duration does not span a reload."""
-        check_checkpoint("GraVAC", state_dict, ("inner", "policy", "cf", "history", "factor_sum",
-                                                "factor_count", "memos", "shapes", "pending",
-                                                "last_seconds"), self.config)
+        check_checkpoint(
+            "GraVAC",
+            state_dict,
+            (
+                "inner",
+                "policy",
+                "cf",
+                "history",
+                "factor_sum",
+                "factor_count",
+                "memos",
+                "shapes",
+                "pending",
+                "last_seconds",
+            ),
+            self.config,
+        )
         self.inner.load_state_dict(state_dict["inner"])  # checks its own part; last to raise
         self.policy.load(state_dict["policy"])
         self.cf = state_dict["cf"]

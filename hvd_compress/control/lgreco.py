@@ -1,5 +1,6 @@
 """L-GreCo (Markov et al., MLSys 2024): per-layer compression settings chosen by dynamic
 programming under an error budget, decided on rank 0 and applied by every rank at one step."""
+
 import logging
 import math
 import time
@@ -40,9 +41,9 @@ NORM_KEY = "\0"
 @dataclass
 class Decision:
     version: int
-    decided_at: int       # the step whose accumulated gradients were analysed
-    effective_step: int   # the first step that runs with these settings
-    settings: dict        # parameter name -> setting of the wrapped compressor
+    decided_at: int  # the step whose accumulated gradients were analysed
+    effective_step: int  # the first step that runs with these settings
+    settings: dict  # parameter name -> setting of the wrapped compressor
     total_bytes: int
     uniform_bytes: int
     total_error: float
@@ -63,6 +64,7 @@ class Accordion:
     gradient norm changed by at least ``threshold`` (relative) since the last decision is in a
     critical regime and gets the ``critical`` default (less compression); others get ``normal``.
     L-GreCo then distributes that error budget over layers (the paper's best, Table 4)."""
+
     critical: object
     normal: object
     threshold: float = 0.5
@@ -74,6 +76,7 @@ class LGreCoConfig(MethodConfig):
     ("epoch" becomes ``steps_per_epoch``, which need not agree: ``decide_every`` does);
     candidates and Accordion's values are checked against the wrapped compressor by
     ``check_for``, ``transport`` and ``timeout`` by the decision service."""
+
     candidates: Optional[tuple] = None
     dense_candidates: bool = option(False, arguments.flag)
     decide_every: Union[int, str] = 1000
@@ -95,16 +98,19 @@ class LGreCoConfig(MethodConfig):
         ("epoch": steps_per_epoch), apply_delay ("auto"), accumulate_steps (None), accordion and
         candidates."""
         if self.decide_every == "epoch":
-            self._keep("decide_every", arguments.integer(owner, "steps_per_epoch (with decide_every='epoch')",
-                                                         self.steps_per_epoch, low=1))
+            self._keep(
+                "decide_every",
+                arguments.integer(owner, "steps_per_epoch (with decide_every='epoch')", self.steps_per_epoch, low=1),
+            )
         arguments.integer(owner, "decide_every", self.decide_every, low=1)
         if self.accumulate_steps is not None:
             arguments.integer(owner, "accumulate_steps (or None)", self.accumulate_steps, low=1)
         if self.apply_delay != "auto":
             arguments.integer(owner, 'apply_delay (or "auto")', self.apply_delay, low=1)
             if self.apply_delay >= self.decide_every:
-                raise ValueError(f"{owner}: apply_delay ({self.apply_delay}) must be smaller than "
-                                 f"decide_every ({self.decide_every})")
+                raise ValueError(
+                    f"{owner}: apply_delay ({self.apply_delay}) must be smaller than decide_every ({self.decide_every})"
+                )
         if (self.objective == "accordion") != (self.accordion is not None):
             raise ValueError(f"{owner}: objective='accordion' and accordion=Accordion(...) go together")
         if self.accordion is not None and not isinstance(self.accordion, Accordion):
@@ -207,12 +213,13 @@ class LGreCo(Controller):
         self._bound_world = None
         # Agreed by all ranks. "auto" starts within one period: a short schedule's first
         # decision is then not skipped for want of a measured time.
-        self._delay = (min(FIRST_DELAY, max(1, config.decide_every - 1)) if config.apply_delay == "auto"
-                       else config.apply_delay)
+        self._delay = (
+            min(FIRST_DELAY, max(1, config.decide_every - 1)) if config.apply_delay == "auto" else config.apply_delay
+        )
         self._step_seconds = 0.0  # rank 0's running step time; 0 until measured
         self._step_ended = None
         self._sums = StagedSums()  # rank 0: gradients accumulated since the last decision
-        self._shapes = {}      # in the order gradients first arrived (about backward order)
+        self._shapes = {}  # in the order gradients first arrived (about backward order)
         self._previous_norms = {}
         self._time_samples = deque(maxlen=TIME_SAMPLES)  # (bytes per time bucket, seconds)
         self._step_bucket_bytes = None
@@ -261,8 +268,11 @@ class LGreCo(Controller):
 
     def _drop_decision_in_flight(self):
         if self._pending is not None:
-            logger.warning("L-GreCo: decision %d (gradients up to step %d) dropped: the world "
-                           "changed while it was in flight", self._pending[0], self._pending[1])
+            logger.warning(
+                "L-GreCo: decision %d (gradients up to step %d) dropped: the world changed while it was in flight",
+                self._pending[0],
+                self._pending[1],
+            )
         self._pending = None
         self._sums.clear()
         self.service.rejoin()
@@ -313,8 +323,9 @@ class LGreCo(Controller):
         if residual is not None and self.config.error_source == "sent":
             self._sums.add(name, residual.view(grad.shape), value_weight=share)
         # Read on the host only when the decision is made: no wait per layer and step.
-        self._sums.add(name + NORM_KEY + "gradient_norm", grad.detach().float().norm().reshape(1),
-                       value_weight=share / scale)
+        self._sums.add(
+            name + NORM_KEY + "gradient_norm", grad.detach().float().norm().reshape(1), value_weight=share / scale
+        )
         if residual is not None:
             self._sums.add(name + NORM_KEY + "residual_norm", residual.norm().reshape(1), value_weight=share)
 
@@ -342,8 +353,11 @@ class LGreCo(Controller):
         now = time.monotonic()
         if self._step_ended is not None:
             seconds = now - self._step_ended
-            self._step_seconds = seconds if self._step_seconds == 0 else \
-                (1 - STEP_TIME_SMOOTHING) * self._step_seconds + STEP_TIME_SMOOTHING * seconds
+            self._step_seconds = (
+                seconds
+                if self._step_seconds == 0
+                else (1 - STEP_TIME_SMOOTHING) * self._step_seconds + STEP_TIME_SMOOTHING * seconds
+            )
         self._step_ended = now
 
     def _submit(self):
@@ -409,8 +423,9 @@ class LGreCo(Controller):
         start = time.perf_counter()
         notes = []
         defaults = self._defaults(sums)
-        names = sorted(name for name in sums
-                       if self.config.dense_candidates or self.inner.compresses(shapes[name], defaults[name]))
+        names = sorted(
+            name for name in sums if self.config.dense_candidates or self.inner.compresses(shapes[name], defaults[name])
+        )
         weights = self._time_weights(names, shapes, samples, notes) if self.config.objective == "time" else None
         candidates = {}
         for name in names:
@@ -432,8 +447,8 @@ class LGreCo(Controller):
         size_table = np.full((len(names), width), np.inf)
         error_table = np.full((len(names), width), np.inf)
         for i, (options, sizes, errors, _) in enumerate(rows):
-            size_table[i, :len(options)] = sizes
-            error_table[i, :len(options)] = errors
+            size_table[i, : len(options)] = sizes
+            error_table[i, : len(options)] = errors
         defaults_at = [row[3] for row in rows]
         budget = float(sum(error_table[i, d] for i, d in enumerate(defaults_at)))
         uniform_bytes = int(sum(size_table[i, d] for i, d in enumerate(defaults_at)))
@@ -452,14 +467,30 @@ class LGreCo(Controller):
         total_bytes = int(sum(size_table[i, c] for i, c in enumerate(choice)))
         layers = {}
         for name, (options, sizes, errors, default_at), chosen in zip(names, rows, choice):
-            layers[name] = {"options": list(options), "bytes": [int(b) for b in sizes],
-                            "errors": [float(e) for e in errors], "chosen": int(chosen),
-                            "default": int(default_at)}
+            layers[name] = {
+                "options": list(options),
+                "bytes": [int(b) for b in sizes],
+                "errors": [float(e) for e in errors],
+                "chosen": int(chosen),
+                "default": int(default_at),
+            }
             for kind in ("gradient_norm", "residual_norm"):
                 layers[name][kind] = read.get(name + NORM_KEY + kind, [0.0])[0]
-        return Decision(version, decided_at, effective_step, settings, total_bytes, uniform_bytes,
-                        float(total_error), budget, self.config.objective, time.perf_counter() - start,
-                        step_seconds, notes, layers)
+        return Decision(
+            version,
+            decided_at,
+            effective_step,
+            settings,
+            total_bytes,
+            uniform_bytes,
+            float(total_error),
+            budget,
+            self.config.objective,
+            time.perf_counter() - start,
+            step_seconds,
+            notes,
+            layers,
+        )
 
     # ----- the time objective -------------------------------------------------------------
     def _bucket_of(self, name, shapes):
@@ -476,8 +507,7 @@ class LGreCo(Controller):
     def _time_weights(self, names, shapes, samples, notes):
         coefficients = fit_bucket_seconds_per_byte(samples, self.config.time_buckets)
         if coefficients is None:
-            notes.append(f"time model not identifiable from {len(samples)} samples; "
-                         f"optimised size instead")
+            notes.append(f"time model not identifiable from {len(samples)} samples; optimised size instead")
             return None
         return np.array([coefficients[self._bucket_of(name, shapes)] for name in names])
 
@@ -498,23 +528,45 @@ class LGreCo(Controller):
         return self._state(None, None, self.inner.elastic_state_dict())
 
     def _state(self, pending, outcome, inner):
-        return {**checkpoint_header("LGreCo", self.config), "inner": inner,
-                "step": self.step, "version": self.version, "next_decision": self._next_decision,
-                "delay": self._delay, "pending": None if pending is None else list(pending),
-                "outcome": None if outcome is None else list(outcome),
-                "shapes": [[name, list(shape)] for name, shape in self._shapes.items()],
-                "sums": {name: value.clone() for name, value in self._sums.committed.items()},
-                "decisions": [asdict(d) for d in self.decisions],
-                "previous_norms": dict(self._previous_norms),
-                "time_samples": [[list(b), s] for b, s in self._time_samples]}
+        return {
+            **checkpoint_header("LGreCo", self.config),
+            "inner": inner,
+            "step": self.step,
+            "version": self.version,
+            "next_decision": self._next_decision,
+            "delay": self._delay,
+            "pending": None if pending is None else list(pending),
+            "outcome": None if outcome is None else list(outcome),
+            "shapes": [[name, list(shape)] for name, shape in self._shapes.items()],
+            "sums": {name: value.clone() for name, value in self._sums.committed.items()},
+            "decisions": [asdict(d) for d in self.decisions],
+            "previous_norms": dict(self._previous_norms),
+            "time_samples": [[list(b), s] for b, s in self._time_samples],
+        }
 
     def load_state_dict(self, state_dict):
         """Restores the wrapped compressor (so the current per-layer settings), the schedule and
         a decision in flight, so that training resumes exactly. Checked before anything changes:
         a mismatch raises ``ValueError`` and leaves this object as it was."""
-        check_checkpoint("LGreCo", state_dict, ("inner", "step", "version", "next_decision", "delay",
-                                                "pending", "outcome", "shapes", "sums", "decisions",
-                                                "previous_norms", "time_samples"), self.config)
+        check_checkpoint(
+            "LGreCo",
+            state_dict,
+            (
+                "inner",
+                "step",
+                "version",
+                "next_decision",
+                "delay",
+                "pending",
+                "outcome",
+                "shapes",
+                "sums",
+                "decisions",
+                "previous_norms",
+                "time_samples",
+            ),
+            self.config,
+        )
         decisions = [Decision(**d) for d in state_dict["decisions"]]
         outcome = state_dict["outcome"]
         if outcome is not None and outcome[0] == "ok":
@@ -529,8 +581,7 @@ class LGreCo(Controller):
         self._sums.committed.update({name: value.clone() for name, value in state_dict["sums"].items()})
         self.decisions = deque(decisions, maxlen=DECISIONS_KEPT)
         self._previous_norms = dict(state_dict["previous_norms"])
-        self._time_samples = deque(((tuple(b), s) for b, s in state_dict["time_samples"]),
-                                   maxlen=TIME_SAMPLES)
+        self._time_samples = deque(((tuple(b), s) for b, s in state_dict["time_samples"]), maxlen=TIME_SAMPLES)
 
 
 def read_rows(rows):
@@ -541,7 +592,7 @@ def read_rows(rows):
     flat = torch.cat([row.reshape(-1).to(device, torch.float64) for row in rows.values()]).tolist()
     read, start = {}, 0
     for key, row in rows.items():
-        read[key], start = flat[start:start + row.numel()], start + row.numel()
+        read[key], start = flat[start : start + row.numel()], start + row.numel()
     return read
 
 
@@ -570,11 +621,13 @@ def fit_bucket_seconds_per_byte(samples, buckets):
 
 def format_decision(decision, inner):
     label = inner.setting_name
-    lines = [f"L-GreCo decision {decision.version} ({decision.objective}; gradients up to step "
-             f"{decision.decided_at}, effective from step {decision.effective_step}, computed in "
-             f"{decision.seconds:.2f} s): {decision.total_bytes} bytes/step vs "
-             f"{decision.uniform_bytes} uniform ({decision.uniform_bytes / max(decision.total_bytes, 1):.2f}x "
-             f"fewer); error {decision.total_error:.4g} of budget {decision.budget:.4g}"]
+    lines = [
+        f"L-GreCo decision {decision.version} ({decision.objective}; gradients up to step "
+        f"{decision.decided_at}, effective from step {decision.effective_step}, computed in "
+        f"{decision.seconds:.2f} s): {decision.total_bytes} bytes/step vs "
+        f"{decision.uniform_bytes} uniform ({decision.uniform_bytes / max(decision.total_bytes, 1):.2f}x "
+        f"fewer); error {decision.total_error:.4g} of budget {decision.budget:.4g}"
+    ]
     lines += [f"  {note}" for note in decision.notes]
     lines += [f"  {name}: {label} {value}" for name, value in sorted(decision.settings.items())]
     return "\n".join(lines)

@@ -9,6 +9,7 @@ wait has a deadline, so a dead or stalled rank 0 makes the others raise instead 
 The exchange runs over a transport of ``comm/transports.py`` (``transport="auto"``: Horovod's
 collectives under ``horovodrun``, with either controller, ``torch.distributed`` under DDP).
 """
+
 import atexit
 import hashlib
 import threading
@@ -41,6 +42,7 @@ def digest(obj):
 class Postponed:
     """What ``exchange`` returns on every rank when rank 0 was still computing: exchange again
     at ``step``."""
+
     step: int
 
 
@@ -89,6 +91,7 @@ class DecisionService:
             with self._lock:
                 if self._thread is threading.current_thread():  # else abandoned
                     self._outcome = outcome
+
         thread = threading.Thread(target=run, name="hvd_compress-decision", daemon=True)
         thread.timeout = self.timeout
         with self._lock:
@@ -146,15 +149,13 @@ class DecisionService:
             if later is not None:
                 outcome = ("later", later)
             elif elapsed > self.timeout:
-                outcome = ("error", f"the computation has run {elapsed:.1f} s, over the timeout "
-                                    f"of {self.timeout} s")
+                outcome = ("error", f"the computation has run {elapsed:.1f} s, over the timeout of {self.timeout} s")
                 self._abandon()
         if transport.rank == 0 and outcome is None:
             if self._thread is not None:
                 self._thread.join(max(0.0, deadline - time.monotonic()))
                 if self._thread.is_alive():
-                    raise DecisionTimeout(f"{what}: rank 0 did not finish its computation in "
-                                          f"{self.timeout} s")
+                    raise DecisionTimeout(f"{what}: rank 0 did not finish its computation in {self.timeout} s")
             with self._lock:
                 outcome = self._outcome or ("error", "rank 0 has no computed decision to send")
                 self._thread, self._outcome = None, None
@@ -166,6 +167,5 @@ class DecisionService:
         everyone = transport.allgather(mine, 2 * version + 1, deadline, what)
         for rank, theirs in enumerate(everyone):
             if theirs != mine:
-                raise RuntimeError(f"{what}: ranks disagree on the decision: {mine} here, "
-                                   f"{theirs} on rank {rank}")
+                raise RuntimeError(f"{what}: ranks disagree on the decision: {mine} here, {theirs} on rank {rank}")
         return result

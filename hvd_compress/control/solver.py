@@ -10,6 +10,7 @@ than the true optimum for the tightened budget - L * delta (rounding adds under 
 Ties are deterministic: least size, then least total units, then the lowest candidate index,
 choosing from the last layer back.
 """
+
 from fractions import Fraction
 import math
 import numbers
@@ -27,8 +28,10 @@ def solve(sizes, errors, budget, steps=10000):
     if least_units.sum() > steps:
         available = np.isfinite(sizes) & np.isfinite(errors)
         least_error = math.fsum(np.where(available, errors, np.inf).min(axis=1))
-        raise ValueError(f"budget: no assignment of candidates meets the error budget {budget} "
-                         f"in {steps} steps; the least achievable error is {least_error}")
+        raise ValueError(
+            f"budget: no assignment of candidates meets the error budget {budget} "
+            f"in {steps} steps; the least achievable error is {least_error}"
+        )
     # After layer l only totals that the remaining layers can still complete within steps matter.
     room = steps - (least_units.sum() - np.cumsum(least_units))
     caps = steps - (least_units.sum() - least_units)
@@ -42,11 +45,12 @@ def solve(sizes, errors, budget, steps=10000):
         low, new_high = low + shift_min, min(high + shift_max, room[layer])
         width = new_high - low + 1
         # Below low nothing is reachable; above high the row is flat, since every choice fits.
-        padded = np.concatenate([np.full(shift_max - shift_min, np.inf), row,
-                                 np.full(new_high - shift_min - high, row[-1])])
+        padded = np.concatenate(
+            [np.full(shift_max - shift_min, np.inf), row, np.full(new_high - shift_min - high, row[-1])]
+        )
         row, candidate = np.full(width, np.inf), np.empty(width)
         for offset, cost in zip(shift_max - unit, size):
-            np.add(padded[offset:offset + width], cost, out=candidate)
+            np.add(padded[offset : offset + width], cost, out=candidate)
             np.minimum(row, candidate, out=row)
         inputs.append(padded)
         lows.append(low)
@@ -67,20 +71,21 @@ def solve(sizes, errors, budget, steps=10000):
 def _validated(sizes, errors, budget, steps):
     sizes, errors = np.asarray(sizes, dtype=np.float64), np.asarray(errors, dtype=np.float64)
     if sizes.ndim != 2 or 0 in sizes.shape:
-        raise ValueError("sizes: must be 2-D (layers, candidates) with both >= 1, "
-                         f"got shape {sizes.shape}")
+        raise ValueError(f"sizes: must be 2-D (layers, candidates) with both >= 1, got shape {sizes.shape}")
     if errors.shape != sizes.shape:
         raise ValueError(f"errors: shape {errors.shape} differs from sizes' shape {sizes.shape}")
     for name, table in (("sizes", sizes), ("errors", errors)):
         for problem, bad in (("must not be NaN", np.isnan(table)), ("must be >= 0", table < 0)):
             if bad.any():
                 layer, candidate = np.argwhere(bad)[0]
-                raise ValueError(f"{name}: {problem}, got {table[layer, candidate]} "
-                                 f"at layer {layer}, candidate {candidate}")
+                raise ValueError(
+                    f"{name}: {problem}, got {table[layer, candidate]} at layer {layer}, candidate {candidate}"
+                )
     unavailable = ~(np.isfinite(sizes) & np.isfinite(errors)).any(axis=1)
     if unavailable.any():
-        raise ValueError(f"sizes, errors: layer {np.argmax(unavailable)} has no candidate "
-                         "with both size and error finite")
+        raise ValueError(
+            f"sizes, errors: layer {np.argmax(unavailable)} has no candidate with both size and error finite"
+        )
     real = isinstance(budget, numbers.Real) and not isinstance(budget, bool)
     if not real or not 0 <= budget < math.inf:
         raise ValueError(f"budget: must be a finite number >= 0, got {budget!r}")

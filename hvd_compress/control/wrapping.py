@@ -2,6 +2,7 @@
 the integration layer sees one ``GradientCompression`` with the wrapped compressor's names and
 traffic. Controllers use the compressor only through the controller protocol of
 ``compressors/base.py``."""
+
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from hvd_compress.compressors.base import Compressor, GradientCompression, Shape
@@ -22,9 +23,11 @@ class Controller(GradientCompression):
 
     def __init__(self, compressor: Compressor):
         if not isinstance(compressor, Compressor) or not compressor.controllable:
-            raise ValueError(f"{type(self).__name__}: compressor must be one of "
-                             f"{', '.join(_REGISTERED_CONTROLLABLE)} (a compressor with controllable "
-                             f"per-parameter settings), got {type(compressor).__name__}")
+            raise ValueError(
+                f"{type(self).__name__}: compressor must be one of "
+                f"{', '.join(_REGISTERED_CONTROLLABLE)} (a compressor with controllable "
+                f"per-parameter settings), got {type(compressor).__name__}"
+            )
         self.inner = compressor
         self.parameters = compressor.parameters
         self.needs_parameter_names = compressor.needs_parameter_names
@@ -94,14 +97,24 @@ class Controller(GradientCompression):
     def describe(self) -> Dict[str, Any]:
         """The controller's configuration, the wrapped compressor's description nested in it
         (``inner``): both must agree on every rank."""
-        return {"compressor": type(self).__name__,
-                "config": {"inner": self.inner.describe(), **self.config.describe()}, "settings": {}}
+        return {
+            "compressor": type(self).__name__,
+            "config": {"inner": self.inner.describe(), **self.config.describe()},
+            "settings": {},
+        }
 
     # ----- world changes: the wrapped compressor's state is nested under "inner" -------------
-    def world_change_state(self, state_dict: Dict[str, Any], *, own: Optional[Dict[str, Any]] = None,
-                           rank: Optional[int] = None, size: Optional[int] = None) -> Dict[str, Any]:
-        inner = self.inner.world_change_state(state_dict["inner"], own=None if own is None else own["inner"],
-                                              rank=rank, size=size)
+    def world_change_state(
+        self,
+        state_dict: Dict[str, Any],
+        *,
+        own: Optional[Dict[str, Any]] = None,
+        rank: Optional[int] = None,
+        size: Optional[int] = None,
+    ) -> Dict[str, Any]:
+        inner = self.inner.world_change_state(
+            state_dict["inner"], own=None if own is None else own["inner"], rank=rank, size=size
+        )
         return dict(state_dict, inner=inner)
 
     def restart_from(self, state_dict: Dict[str, Any], forget: Iterable[str] = ()) -> None:

@@ -1,4 +1,5 @@
 """Every rank must run the same compressor with the same settings, or payloads disagree."""
+
 import time
 
 # Seconds a rank waits for the others' configurations before failing loudly: generous, since
@@ -19,20 +20,27 @@ def verify_same_configuration(compression, transport, rank_name=None, compiled_r
     rank_name = rank_name or (lambda rank: rank)
     mine = compression.describe()
     deadline = time.monotonic() + AGREEMENT_TIMEOUT
-    everyone = transport.allgather({"configuration": mine, "compiled_ready": compiled_ready},
-                                   "hvd_compress.configuration", deadline, "the cross-rank configuration check")
+    everyone = transport.allgather(
+        {"configuration": mine, "compiled_ready": compiled_ready},
+        "hvd_compress.configuration",
+        deadline,
+        "the cross-rank configuration check",
+    )
     for other_rank, theirs in enumerate(everyone):
         if theirs["configuration"] != mine:
-            raise ValueError(describe_difference(mine, theirs["configuration"], rank_name(transport.rank),
-                                                 rank_name(other_rank)))
+            raise ValueError(
+                describe_difference(mine, theirs["configuration"], rank_name(transport.rank), rank_name(other_rank))
+            )
     return [theirs["compiled_ready"] for theirs in everyone]
 
 
 def describe_difference(mine, theirs, my_rank, other_rank):
     where = f"on rank {my_rank} but"
     if mine["compressor"] != theirs["compressor"]:
-        return (f"compression differs across ranks: {mine['compressor']} {where} "
-                f"{theirs['compressor']} on rank {other_rank}")
+        return (
+            f"compression differs across ranks: {mine['compressor']} {where} "
+            f"{theirs['compressor']} on rank {other_rank}"
+        )
     cls = mine["compressor"]
     for key in sorted(set(mine["config"]) | set(theirs["config"])):
         a, b = mine["config"].get(key), theirs["config"].get(key)

@@ -7,6 +7,7 @@ An optimizer class with ``_step_supports_amp_scaling = True`` gets ``step()`` ca
 deletes both after ``step()`` returns. DiLoCo uses it so that a skipped inner step still counts
 in the period; the wrapper, so that the skip is decided on exchanged gradients.
 """
+
 from typing import Any, Iterable, Optional, Tuple
 
 import torch

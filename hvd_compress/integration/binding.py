@@ -22,11 +22,13 @@ compression takes its new rank and size at once, and every binding is stale from
 
 Nothing here imports Horovod at module level: ``DiLoCo``, DDP and HSDP run on torch alone.
 """
+
 import sys
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
+
 # Imported after init_process_group (every optimizer's constructor imports it), torch._dynamo
 # keeps references to the default process group (torch 2.13), so destroy_process_group cannot
 # stop Gloo's worker threads; one that then drops a finished collective's tensors during
@@ -39,8 +41,7 @@ from hvd_compress.comm.fusion import FusionPlan
 from hvd_compress.comm.horovod_backend import HorovodBackend
 from hvd_compress.comm.timing import finished_at
 from hvd_compress.comm.torch_backend import TorchBackend
-from hvd_compress.comm.transports import (DEFAULT_TORCH_GROUP, HorovodTransport, TorchTransport,
-                                         uses_torch_distributed)
+from hvd_compress.comm.transports import DEFAULT_TORCH_GROUP, HorovodTransport, TorchTransport, uses_torch_distributed
 from hvd_compress.integration.agreement import verify_same_configuration
 
 World = Optional[Tuple[int, Optional[int], Optional[int]]]
@@ -115,11 +116,13 @@ class TorchGroup:
     @property
     def rank(self) -> int:
         import torch.distributed as dist
+
         return dist.get_rank(self.group)
 
     @property
     def size(self) -> int:
         import torch.distributed as dist
+
         return dist.get_world_size(self.group)
 
     def backend(self) -> TorchBackend:
@@ -141,8 +144,10 @@ def group_of(process_set: Any, owner: str) -> Any:
         return TorchGroup(process_set)
     hvd = sys.modules.get("horovod.torch")  # hvd.init() imported it
     if hvd is None or not hvd.is_initialized():
-        raise RuntimeError(f"{owner}: neither Horovod nor torch.distributed is initialised; "
-                           f"call hvd.init() or torch.distributed.init_process_group() first")
+        raise RuntimeError(
+            f"{owner}: neither Horovod nor torch.distributed is initialised; "
+            f"call hvd.init() or torch.distributed.init_process_group() first"
+        )
     return HorovodGroup(hvd.global_process_set if process_set is None else process_set)
 
 
@@ -166,9 +171,16 @@ class Binding:
     gradients' memory (``write_results_into_gradients``); every integration does but stock
     Horovod's compression called from outside its optimizer (``hvd.allreduce``)."""
 
-    def __init__(self, compression: Any, group: Any, *, described: Any = None,
-                 rank_name: Optional[Callable[[int], int]] = None, bind_alone: bool = False,
-                 replaces_gradients: bool = True):
+    def __init__(
+        self,
+        compression: Any,
+        group: Any,
+        *,
+        described: Any = None,
+        rank_name: Optional[Callable[[int], int]] = None,
+        bind_alone: bool = False,
+        replaces_gradients: bool = True,
+    ):
         self.compression = compression
         self.group = group
         self.world = group.world()
@@ -203,8 +215,9 @@ class Binding:
         ``agreement.AGREEMENT_TIMEOUT``), and runs them compiled only where every rank could."""
         if self.active and not self._checked:
             ready = self.compression.prepare_compiled(shapes)
-            everyone = verify_same_configuration(self._described, self.group.transport(), self._rank_name,
-                                                 compiled_ready=ready)
+            everyone = verify_same_configuration(
+                self._described, self.group.transport(), self._rank_name, compiled_ready=ready
+            )
             self.compression.use_compiled(everyone)
             self._checked = True
 
@@ -230,8 +243,9 @@ class Binding:
             device = next((grad.device for grad in results.values()), None)
         return results, finished_at(device, self.compression.times_communication) - waited
 
-    def exchange(self, gradients: Dict[str, torch.Tensor], plan: Optional[FusionPlan],
-                 device: Optional[torch.device]) -> Tuple[Dict[str, torch.Tensor], float]:
+    def exchange(
+        self, gradients: Dict[str, torch.Tensor], plan: Optional[FusionPlan], device: Optional[torch.device]
+    ) -> Tuple[Dict[str, torch.Tensor], float]:
         """Every round of ``gradients`` ({name: gradient}, started in that order, first rounds
         fused by ``plan``), to the end: ({name: aggregate}, seconds from the first start).
         ``device`` as in :meth:`finish`, but None reads the clock without waiting for a GPU."""

@@ -38,6 +38,7 @@ One process (world size 1): as with Horovod, nothing is compressed; buckets pass
 NCCL/CUDA: written device-agnostically (outputs on the gradients' device, CUDA-aware futures)
 but untested: there is no GPU on the development machine.
 """
+
 import math
 from typing import Any, Dict, Iterable, Optional, Tuple
 
@@ -68,11 +69,18 @@ class State:
 
     ``iter``: steps completed, as in ``PowerSGDState``."""
 
-    def __init__(self, compressor: GradientCompression, process_group: Any = None, *,
-                 named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None):
+    def __init__(
+        self,
+        compressor: GradientCompression,
+        process_group: Any = None,
+        *,
+        named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
+    ):
         if not isinstance(compressor, GradientCompression):
-            raise ValueError(f"hvd_compress.ddp.State: compressor must be an hvd_compress "
-                             f"compressor or controller, got {type(compressor).__name__}")
+            raise ValueError(
+                f"hvd_compress.ddp.State: compressor must be an hvd_compress "
+                f"compressor or controller, got {type(compressor).__name__}"
+            )
         compressor.serve(self, "an hvd_compress.ddp hook's State", argument="compressor")
         self.compressor = compressor
         self.process_group = process_group
@@ -81,8 +89,8 @@ class State:
         self._shapes: Dict[str, Tuple[int, ...]] = {}  # what compiled kernels are warmed on
         self._lookup: Dict[int, str] = {}  # id(parameter) -> name
         self._binding: Optional[Binding] = None  # made at the first bucket, configuration checked
-        self._plan = []        # this step's buckets so far, as fusion buckets
-        self._pending = []     # this step's (buffer, [(name, offset, numel)], future)
+        self._plan = []  # this step's buckets so far, as fusion buckets
+        self._pending = []  # this step's (buffer, [(name, offset, numel)], future)
         if named_parameters is not None:
             self.name_parameters(named_parameters)
 
@@ -110,7 +118,8 @@ class State:
             raise ValueError(
                 f"hvd_compress.ddp: a bucket holds a parameter of shape {tuple(param.shape)} that "
                 f"has no name; use hvd_compress.ddp.register(ddp_model, compressor), or "
-                f"State(compressor, named_parameters=model.named_parameters())")
+                f"State(compressor, named_parameters=model.named_parameters())"
+            )
         return name
 
     def _prepare(self):
@@ -124,15 +133,16 @@ class State:
 
     def _start_bucket(self, bucket):
         buffer = bucket.buffer()
-        members = [(self._name_of(param), _gradient_in(buffer, param, grad))
-                   for param, grad in zip(bucket.parameters(), bucket.gradients())]
+        members = [
+            (self._name_of(param), _gradient_in(buffer, param, grad))
+            for param, grad in zip(bucket.parameters(), bucket.gradients())
+        ]
         # This bucket is one fusion bucket: its first-round payloads travel together.
         self._plan.append(Bucket(tuple(name for name, _ in members), 0))
         self._binding.driver.use_plan(FusionPlan("", 0, tuple(self._plan)))
         for name, grad in members:
             self._binding.start(name, grad)
-        future = (torch.futures.Future(devices=[buffer.device]) if buffer.is_cuda
-                  else torch.futures.Future())
+        future = torch.futures.Future(devices=[buffer.device]) if buffer.is_cuda else torch.futures.Future()
         self._pending.append((buffer, members, future))
         return future
 
@@ -185,8 +195,7 @@ def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Te
     return future
 
 
-def register(ddp_model: torch.nn.parallel.DistributedDataParallel, compressor: Any,
-             process_group: Any = None) -> State:
+def register(ddp_model: torch.nn.parallel.DistributedDataParallel, compressor: Any, process_group: Any = None) -> State:
     """``ddp_model.register_comm_hook(State(compressor, ...), hook)`` with the wrapped module's
     parameter names; returns the state. ``process_group``: None takes the DDP model's own.
     ``compressor`` may also be a :class:`State` (a restored one: it gets its names back)."""
@@ -206,8 +215,9 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, compressor: A
     return state
 
 
-def scaled_bucket_cap_mb(model: torch.nn.Module, compressor: GradientCompression,
-                         dense_mb: float = DEFAULT_DENSE_THRESHOLD / MIB) -> float:
+def scaled_bucket_cap_mb(
+    model: torch.nn.Module, compressor: GradientCompression, dense_mb: float = DEFAULT_DENSE_THRESHOLD / MIB
+) -> float:
     """DDP's ``bucket_cap_mb`` under ACP-SGD's scaled fusion rule (docs/ddp.md).
 
     The rule sizes a buffer of *compressed* payloads at ``dense_mb`` times the compression rate

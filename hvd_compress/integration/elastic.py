@@ -26,6 +26,7 @@ Elastic Horovod runs with the Gloo controller (``horovodrun --gloo`` is implied 
 ``--host-discovery-script``); the exchange runs among all ranks (``hvd.global_process_set``).
 Imported by ``hvd_compress`` only where Horovod is.
 """
+
 import logging
 from typing import Any, Dict
 
@@ -68,15 +69,20 @@ class CompressionStateHandler(elastic_state.StateHandler):
 
     def restore(self) -> None:
         compression, own = self.compression(), self.part(self._saved)
-        self.value.load_state_dict(self.with_part(self._saved, compression.world_change_state(
-            own, own=own, rank=compression.rank, size=compression.size)))
+        self.value.load_state_dict(
+            self.with_part(
+                self._saved, compression.world_change_state(own, own=own, rank=compression.rank, size=compression.size)
+            )
+        )
 
     def sync(self) -> None:
         compression = self.compression()
         policy = compression.feedback_on_world_change
         if policy not in FEEDBACK_POLICIES:
-            raise ValueError(f"{type(compression).__name__}.feedback_on_world_change must be one of "
-                             f"{', '.join(FEEDBACK_POLICIES)}, got {policy!r}")
+            raise ValueError(
+                f"{type(compression).__name__}.feedback_on_world_change must be one of "
+                f"{', '.join(FEEDBACK_POLICIES)}, got {policy!r}"
+            )
         mine = self.value.elastic_state_dict() if policy == "keep" or hvd.rank() == 0 else None
         shared = None
         if hvd.rank() == 0:  # the receivers take their rank, size and feedback from themselves
@@ -87,11 +93,16 @@ class CompressionStateHandler(elastic_state.StateHandler):
         # binding is stale from here and is made anew at its next step.
         reform_world(compression, rank, size)
         own = self.part(mine) if policy == "keep" else None
-        self.value.load_state_dict(self.with_part(shared, compression.world_change_state(
-            self.part(shared), own=own, rank=rank, size=size)))
+        self.value.load_state_dict(
+            self.with_part(shared, compression.world_change_state(self.part(shared), own=own, rank=rank, size=size))
+        )
         if rank == 0:
-            logger.info("hvd_compress: %s synchronised in a world of %d ranks (error feedback: %s)",
-                        type(self.value).__name__, size, policy)
+            logger.info(
+                "hvd_compress: %s synchronised in a world of %d ranks (error feedback: %s)",
+                type(self.value).__name__,
+                size,
+                policy,
+            )
 
 
 class DiLoCoStateHandler(CompressionStateHandler):
@@ -116,5 +127,10 @@ class DiLoCoStateHandler(CompressionStateHandler):
 
 
 # DiLoCo ahead of Horovod's optimizer handler, which would take it for a torch optimizer.
-elastic_state.set_handler_registry([(DiLoCo, DiLoCoStateHandler), *elastic_state.get_handler_registry(),
-                                    (GradientCompression, CompressionStateHandler)])
+elastic_state.set_handler_registry(
+    [
+        (DiLoCo, DiLoCoStateHandler),
+        *elastic_state.get_handler_registry(),
+        (GradientCompression, CompressionStateHandler),
+    ]
+)

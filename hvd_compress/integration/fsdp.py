@@ -88,13 +88,15 @@ stores as gradients as it would its own. Bytes a rank sends per group: (W-1)/W (
   the synchronised backward quantizes their sum once.
 
 Checkpoints: :class:`State` (and :class:`ShardedState`) is a ``torch.distributed.checkpoint``
-``Stateful``; save it beside the model and optimizer (``{"model": ..., "optim": ..., "compression": state}``). Its state dict
+``Stateful``; save it beside the model and optimizer (``{"model": ..., "optim": ..., "compression":
+state}``). Its state dict
 holds every rank's compressor state (gathered at save: each rank's error feedback is its own),
 so a resume at the same world shape is bit-identical. At another world shape it restores
 everything but error feedback where the shards keep their shapes (another number of replicas);
 where the shard group's size changed, warm starts of reshaped shards are dropped too, and a
 controller restarts its schedule with its compressor's settings restored.
 """
+
 import io
 import logging
 import math
@@ -128,16 +130,21 @@ class _Checkpointed:
         torch.save({"compressor": self.compressor.state_dict(), "iter": self.iter}, buffer)
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, buffer.getvalue())
-        return {"world_shape": list(self._world_shape), "ranks": everyone,
-                "shapes": {name: list(shape) for name, shape in sorted(self._local_shapes.items())}}
+        return {
+            "world_shape": list(self._world_shape),
+            "ranks": everyone,
+            "shapes": {name: list(shape) for name, shape in sorted(self._local_shapes.items())},
+        }
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """This rank's own state at the same world shape. Otherwise rank 0's, without error
         feedback, and without the warm starts of shards whose shape changed (another shard
         group size); there a controller restarts its schedule (its statistics are per shard)
         and only its compressor's state, the per-layer settings included, comes back."""
-        same_world = (list(state_dict["world_shape"]) == list(self._world_shape)
-                      and len(state_dict["ranks"]) == dist.get_world_size())
+        same_world = (
+            list(state_dict["world_shape"]) == list(self._world_shape)
+            and len(state_dict["ranks"]) == dist.get_world_size()
+        )
         source = dist.get_rank() if same_world else 0
         saved = torch.load(io.BytesIO(state_dict["ranks"][source]), weights_only=True)
         compressor_state = saved["compressor"]
@@ -146,15 +153,18 @@ class _Checkpointed:
             self.compressor.load_state_dict(compressor_state)
             return
         compressor_state = self.compressor.world_change_state(compressor_state)
-        changed = {name for name, shape in state_dict["shapes"].items()
-                   if tuple(shape) != self._local_shapes.get(name)}
+        changed = {name for name, shape in state_dict["shapes"].items() if tuple(shape) != self._local_shapes.get(name)}
         if not changed:
             self.compressor.load_state_dict(compressor_state)
             return
         if self.compressor.wrapped is not None:
-            logger.warning("hvd_compress.fsdp: the checkpoint's shards have other shapes (%d "
-                           "parameters); %s restarts its schedule, its compressor's settings "
-                           "come back", len(changed), type(self.compressor).__name__)
+            logger.warning(
+                "hvd_compress.fsdp: the checkpoint's shards have other shapes (%d "
+                "parameters); %s restarts its schedule, its compressor's settings "
+                "come back",
+                len(changed),
+                type(self.compressor).__name__,
+            )
         self.compressor.restart_from(compressor_state, forget=changed)
 
 
@@ -166,8 +176,10 @@ class State(_Checkpointed):
 
     def __init__(self, compressor: GradientCompression, model: FSDPModule, groups, fusion: ScaledFusion):
         if not isinstance(compressor, GradientCompression):
-            raise ValueError(f"hvd_compress.fsdp.register: compressor must be an hvd_compress "
-                             f"compressor or controller, got {type(compressor).__name__}")
+            raise ValueError(
+                f"hvd_compress.fsdp.register: compressor must be an hvd_compress "
+                f"compressor or controller, got {type(compressor).__name__}"
+            )
         compressor.serve(self, "an HSDP model (hvd_compress.fsdp.register)", argument="compressor")
         if compressor.parameters:  # built with named_parameters: the same names, each rank's shards
             compressor.use_shards({name: p.to_local() for name, p in model.named_parameters()})
@@ -182,18 +194,23 @@ class State(_Checkpointed):
         self._device = next(iter(model.parameters())).device
         # The exchange runs over the replicate group; its configuration errors name global ranks.
         group = self.replicate_group
-        self._binding = Binding(compressor, TorchGroup(group),
-                                rank_name=lambda rank: dist.get_global_rank(group, rank))
+        self._binding = Binding(compressor, TorchGroup(group), rank_name=lambda rank: dist.get_global_rank(group, rank))
         # The fixed order groups start their exchange in: the reverse of the model's modules;
         # each group's non-empty shards by name (an empty shard is empty on the whole replicate group).
         ordered = list(reversed(groups))
         self._position = {id(param_group): index for index, (_, param_group, _) in enumerate(ordered)}
-        self._members = [sorted(name for name in (self._names[id(p)] for p in params)
-                                if math.prod(self._local_shapes[name])) for _, _, params in ordered]
+        self._members = [
+            sorted(name for name in (self._names[id(p)] for p in params) if math.prod(self._local_shapes[name]))
+            for _, _, params in ordered
+        ]
         # Payloads fuse across groups, in that order, into ACP-SGD's scaled buckets (as the
         # Horovod wrapper's): one collective per group would pay a collective's fixed cost per layer.
-        self._fusion = FusionScheduler(compressor, {name: self._local_shapes[name] for names in self._members
-                                                    for name in names}, fusion, rank=dist.get_rank())
+        self._fusion = FusionScheduler(
+            compressor,
+            {name: self._local_shapes[name] for names in self._members for name in names},
+            fusion,
+            rank=dist.get_rank(),
+        )
         # position -> the group's parameters this backward reduced for the exchange ([] without
         # all-reduce: an accumulating micro-batch)
         self._fired: Dict[int, List[torch.nn.Parameter]] = {}
@@ -208,8 +225,10 @@ class State(_Checkpointed):
         """FSDP's all-reduce hook of one parameter group, run before FSDP stores the group's
         reduced shards as gradients: starts the groups whose shards FSDP has stored."""
         if group.gradient_divide_factor is not None:
-            raise ValueError("hvd_compress.fsdp: set_gradient_divide_factor is not supported: "
-                             "the replicate exchange averages over the replicate group")
+            raise ValueError(
+                "hvd_compress.fsdp: set_gradient_divide_factor is not supported: "
+                "the replicate exchange averages over the replicate group"
+            )
         exchanged = []
         for param in params:
             key = id(param)
@@ -318,9 +337,11 @@ class ShardedState(_Checkpointed):
 
     def __init__(self, compressor: GradientCompression, model: FSDPModule, groups):
         if not isinstance(compressor, QuantizedAllReduce):
-            raise ValueError(f"hvd_compress.fsdp.register: compressor: pure FSDP (a mesh without a "
-                             f"replicate dimension) accepts QuantizedAllReduce only, got "
-                             f"{type(compressor).__name__}")
+            raise ValueError(
+                f"hvd_compress.fsdp.register: compressor: pure FSDP (a mesh without a "
+                f"replicate dimension) accepts QuantizedAllReduce only, got "
+                f"{type(compressor).__name__}"
+            )
         compressor.serve(self, "a pure FSDP model (hvd_compress.fsdp.register)", argument="compressor")
         self.compressor = compressor
         self.iter = 0
@@ -328,8 +349,12 @@ class ShardedState(_Checkpointed):
         group = self.group
         # Binds the compressor to the shard group; its cross-rank configuration check names
         # global ranks. FSDP stores the reduced shards itself: no results into gradients.
-        self._binding = Binding(compressor, TorchGroup(group), replaces_gradients=False,
-                                rank_name=lambda rank: dist.get_global_rank(group, rank))
+        self._binding = Binding(
+            compressor,
+            TorchGroup(group),
+            replaces_gradients=False,
+            rank_name=lambda rank: dist.get_global_rank(group, rank),
+        )
         self._world_shape = [self.group.size()]
         # Residuals are gradient-shaped: their shapes do not depend on the world.
         self._local_shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
@@ -383,11 +408,16 @@ class QuantizedReduceScatter(ReduceScatter):
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
-                 op: Any, async_op: bool = False) -> None:
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: Any,
+        async_op: bool = False,
+    ) -> None:
         if op not in (dist.ReduceOp.AVG, dist.ReduceOp.SUM):
-            raise ValueError(f"hvd_compress.fsdp: the quantized reduce-scatter sums or averages, "
-                             f"FSDP asked for {op}")
+            raise ValueError(f"hvd_compress.fsdp: the quantized reduce-scatter sums or averages, FSDP asked for {op}")
         # Every rank reaches its first reduce-scatter together: ranks configured differently
         # (bits, block size) raise here, naming the difference, not in a mismatched all-to-all.
         self._state._binding.check_configuration()
@@ -408,8 +438,10 @@ def _param_groups(model):
     every FSDP module of ``model``: HSDP (a replicate and a shard dimension) or pure FSDP (a
     shard dimension only), over one mesh; ValueError naming what is neither."""
     if not isinstance(model, FSDPModule):
-        raise ValueError(f"hvd_compress.fsdp.register: model must be an FSDP2 module (after "
-                         f"torch.distributed.fsdp.fully_shard), got {type(model).__name__}")
+        raise ValueError(
+            f"hvd_compress.fsdp.register: model must be an FSDP2 module (after "
+            f"torch.distributed.fsdp.fully_shard), got {type(model).__name__}"
+        )
     found = []
     for module in model.modules():
         if not isinstance(module, FSDPModule):
@@ -419,7 +451,8 @@ def _param_groups(model):
                 raise ValueError(
                     "hvd_compress.fsdp.register: replicate-only meshes (fully_shard without a "
                     "shard dimension) are not supported: use the DDP comm hook "
-                    "(hvd_compress.ddp.register)")
+                    "(hvd_compress.ddp.register)"
+                )
             found.append((module, group, [p.sharded_param for p in group.fsdp_params]))
     if not found:
         raise ValueError("hvd_compress.fsdp.register: the model has no parameters managed by FSDP")
@@ -428,30 +461,38 @@ def _param_groups(model):
     placements = (Replicate(), Shard(0)) if hsdp else (Shard(0),)
     for _, group, params in found:
         if group.mesh_info.mesh != first.mesh or isinstance(group.mesh_info, DDPMeshInfo) != hsdp:
-            raise ValueError("hvd_compress.fsdp.register: every fully_shard of the model must use "
-                             "the same mesh")
+            raise ValueError("hvd_compress.fsdp.register: every fully_shard of the model must use the same mesh")
         for param in params:
             if not (isinstance(param, DTensor) and tuple(param.placements) == placements):
-                raise ValueError(f"hvd_compress.fsdp.register: parameters must be sharded on dim 0 "
-                                 f"({'HSDP' if hsdp else 'FSDP'}'s {placements}); one has "
-                                 f"placements {getattr(param, 'placements', None)}")
+                raise ValueError(
+                    f"hvd_compress.fsdp.register: parameters must be sharded on dim 0 "
+                    f"({'HSDP' if hsdp else 'FSDP'}'s {placements}); one has "
+                    f"placements {getattr(param, 'placements', None)}"
+                )
         if group.gradient_divide_factor is not None:
-            raise ValueError("hvd_compress.fsdp.register: set_gradient_divide_factor is not "
-                             "supported: the compressed exchange averages over its group")
+            raise ValueError(
+                "hvd_compress.fsdp.register: set_gradient_divide_factor is not "
+                "supported: the compressed exchange averages over its group"
+            )
     return hsdp, found
 
 
 def _shard_only(mesh_info):
     """``mesh_info`` without its replicate dimension: FSDP then reduce-scatters (averaging over
     the shard group) and skips the all-reduce. Its separate reduce-scatter group, if set, stays."""
-    shard_only = FSDPMeshInfo(mesh=mesh_info.mesh, shard_mesh_dim=mesh_info.shard_mesh_dim,
-                              dp_mesh_dims=mesh_info.dp_mesh_dims, spmd_mesh=mesh_info.spmd_mesh)
+    shard_only = FSDPMeshInfo(
+        mesh=mesh_info.mesh,
+        shard_mesh_dim=mesh_info.shard_mesh_dim,
+        dp_mesh_dims=mesh_info.dp_mesh_dims,
+        spmd_mesh=mesh_info.spmd_mesh,
+    )
     shard_only.reduce_scatter_process_group = mesh_info.reduce_scatter_process_group
     return shard_only
 
 
-def register(model: FSDPModule, compressor: GradientCompression, *,
-             fusion: ScaledFusion = ScaledFusion()) -> Union[State, ShardedState]:
+def register(
+    model: FSDPModule, compressor: GradientCompression, *, fusion: ScaledFusion = ScaledFusion()
+) -> Union[State, ShardedState]:
     """Compresses ``model``'s gradient exchange with ``compressor``; returns the
     :class:`State` or :class:`ShardedState` (save it with ``torch.distributed.checkpoint``).
     Call once, after ``fully_shard`` and before the first backward; the one line a script adds.
@@ -473,18 +514,19 @@ def register(model: FSDPModule, compressor: GradientCompression, *,
     25 MiB scaled by the compression rate; ``ScaledFusion(0)``: one collective per shard);
     pure FSDP sends one all-to-all per parameter group, as FSDP's own reduce-scatter."""
     if getattr(model, "_hvd_compress_fsdp", None) is not None:
-        raise ValueError("hvd_compress.fsdp.register: this model's gradient exchange is "
-                         "already compressed (register once)")
+        raise ValueError(
+            "hvd_compress.fsdp.register: this model's gradient exchange is already compressed (register once)"
+        )
     if not isinstance(fusion, ScaledFusion):
-        raise ValueError(f"hvd_compress.fsdp.register: fusion must be a ScaledFusion, got "
-                         f"{type(fusion).__name__}")
+        raise ValueError(f"hvd_compress.fsdp.register: fusion must be a ScaledFusion, got {type(fusion).__name__}")
     hsdp, groups = _param_groups(model)
     if not hsdp:
         sharded = ShardedState(compressor, model, groups)
         names = {id(p): name for name, p in model.named_parameters()}
         for module, _, params in groups:
-            module.set_custom_reduce_scatter(QuantizedReduceScatter(
-                sharded, [(names[id(p)], tuple(p.shape)) for p in params]))
+            module.set_custom_reduce_scatter(
+                QuantizedReduceScatter(sharded, [(names[id(p)], tuple(p.shape)) for p in params])
+            )
         # A fixed layout of each group's rows: every parameter is reduced, as zeros where unused.
         model.set_reduce_scatter_unused_params(True)
         model._hvd_compress_fsdp = sharded
@@ -496,7 +538,8 @@ def register(model: FSDPModule, compressor: GradientCompression, *,
         if group.post_forward_mesh_info is old:  # reshard_after_forward=True: the same mesh
             group.post_forward_mesh_info = group.mesh_info
         module.set_all_reduce_hook(
-            lambda output, group=group, params=params: state._after_reduce_scatter(group, params, output))
+            lambda output, group=group, params=params: state._after_reduce_scatter(group, params, output)
+        )
     model.set_reduce_scatter_unused_params(True)
     model._hvd_compress_fsdp = state
     return state

@@ -1,6 +1,7 @@
 """Parameters' names: which parameter a gradient belongs to (stock Horovod calls
 ``compress(p.grad)`` without the name, and ``p.grad`` is a new tensor every step under
 ``zero_grad(set_to_none=True)``), and the names of an optimizer's parameters."""
+
 import sys
 
 import torch
@@ -21,12 +22,16 @@ class GradientOwners:
     def __init__(self, named_parameters):
         self.parameters = named_parameters
         self._by_grad_id = {}
-        self._hooks = [param.register_post_accumulate_grad_hook(self._recorder(name))
-                       for name, param in named_parameters.items() if param.requires_grad]
+        self._hooks = [
+            param.register_post_accumulate_grad_hook(self._recorder(name))
+            for name, param in named_parameters.items()
+            if param.requires_grad
+        ]
 
     def _recorder(self, name):
         def record(param):
             self._by_grad_id[id(param.grad)] = name
+
         return record
 
     def name_of(self, grad):
@@ -58,12 +63,17 @@ def parameter_names(param_groups, named_parameters):
     """{parameter: name} over the optimizer's ``param_groups``, with Horovod's checks and its
     default names (``allreduce.noname.i.j``)."""
     if named_parameters is None:
-        return {p: f"allreduce.noname.{i}.{j}"
-                for i, group in enumerate(param_groups) for j, p in enumerate(group["params"])}
+        return {
+            p: f"allreduce.noname.{i}.{j}"
+            for i, group in enumerate(param_groups)
+            for j, p in enumerate(group["params"])
+        }
     named = arguments.named_parameters("DistributedOptimizer", named_parameters)
     by_param = {p: name for name, p in named.items()}
     unnamed = [p for group in param_groups for p in group["params"] if p not in by_param]
     if unnamed:
-        raise ValueError(f"named_parameters: {len(unnamed)} optimizer parameter(s) are not named, "
-                         f"with shapes {[tuple(p.shape) for p in unnamed]}")
+        raise ValueError(
+            f"named_parameters: {len(unnamed)} optimizer parameter(s) are not named, "
+            f"with shapes {[tuple(p.shape) for p in unnamed]}"
+        )
     return {p: by_param[p] for group in param_groups for p in group["params"]}

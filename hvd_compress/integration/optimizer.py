@@ -1,4 +1,5 @@
 """``hvd_compress.DistributedOptimizer``: Horovod's signature, our exchange machinery."""
+
 import warnings
 from contextlib import contextmanager
 from typing import Any, Iterable, Optional, Tuple
@@ -19,8 +20,9 @@ from hvd_compress.integration.stock import check_op
 
 
 class _CompressedDistributedOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 sparse_as_dense, process_set, fusion):
+    def __init__(
+        self, params, named_parameters, compression, backward_passes_per_step, op, sparse_as_dense, process_set, fusion
+    ):
         super(self.__class__, self).__init__(params)
         compression.serve(self, f"an hvd_compress.DistributedOptimizer over {type(self).__name__}")
         self._compression = compression
@@ -36,8 +38,11 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         self._fusion = fusion
         self._bind_world()
-        self._hooks = ([p.register_post_accumulate_grad_hook(self._make_hook()) for p in self._requires_update]
-                       if process_set.included() else [])
+        self._hooks = (
+            [p.register_post_accumulate_grad_hook(self._make_hook()) for p in self._requires_update]
+            if process_set.included()
+            else []
+        )
 
     def _bind_world(self):
         """Binds the compression to the process set's world and builds what depends on it;
@@ -52,8 +57,7 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         if self._binding.active and self._fusion is not None:
             # Backward order: gradients of the last-registered parameters are ready first.
             shapes = {self._parameter_names[p]: tuple(p.shape) for p in reversed(self._requires_update)}
-            self._scheduler = FusionScheduler(self._compression, shapes, self._fusion,
-                                              self._binding.group.rank)
+            self._scheduler = FusionScheduler(self._compression, shapes, self._fusion, self._binding.group.rank)
 
     def _begin_step(self):
         """At the first gradient of a step: rebinds after an elastic reset, and checks that every
@@ -72,11 +76,13 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
                 raise AssertionError(
                     f"gradient of {self._parameter_names[p]!r} was computed more than "
                     f"backward_passes_per_step={self.backward_passes_per_step} times before "
-                    f"step(); increase backward_passes_per_step to accumulate locally")
+                    f"step(); increase backward_passes_per_step to accumulate locally"
+                )
             self._delay[p] -= 1
             if self._delay[p] == 0:
                 self._start(p)
             self._binding.driver.poll()
+
         return hook
 
     def _start(self, p):
@@ -96,8 +102,9 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         if self._scheduler is not None:
             self._scheduler.shapes.pop(name, None)
         self._binding.driver.leave_out(name)
-        self._sparse[p] = sparse_allreduce_async(p.grad, name=f"hvd_compress.sparse.{name}",
-                                                 op=self._op, process_set=self._process_set)
+        self._sparse[p] = sparse_allreduce_async(
+            p.grad, name=f"hvd_compress.sparse.{name}", op=self._op, process_set=self._process_set
+        )
 
     def synchronize(self):
         """Finishes every exchange and writes the aggregated gradients into ``p.grad``."""
@@ -147,10 +154,12 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
             return self._scaled_step(closure, found_inf, grad_scale)
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
-                              "context after optimizer.synchronize(): the gradients are "
-                              "exchanged again. Use `with optimizer.skip_synchronize(): "
-                              "optimizer.step()` after optimizer.synchronize().")
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() "
+                    "context after optimizer.synchronize(): the gradients are "
+                    "exchanged again. Use `with optimizer.skip_synchronize(): "
+                    "optimizer.step()` after optimizer.synchronize()."
+                )
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)
@@ -166,7 +175,8 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
                 "GradScaler checked this rank's gradients before they were exchanged, so ranks "
                 "could skip different steps. As with hvd.DistributedOptimizer: "
                 "optimizer.synchronize(); scaler.unscale_(optimizer) (to clip); then "
-                "`with optimizer.skip_synchronize(): scaler.step(optimizer)`")
+                "`with optimizer.skip_synchronize(): scaler.step(optimizer)`"
+            )
         self._synchronized = False
         if bool(found_inf):  # identical on every rank: the aggregates are
             return None
@@ -175,8 +185,10 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none=True):
         if self._started:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
-                                 "before optimizer.step() or optimizer.synchronize()")
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but "
+                "before optimizer.step() or optimizer.synchronize()"
+            )
         return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
     def load_state_dict(self, *args, **kwargs):
@@ -187,14 +199,20 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).load_state_dict(*args, **kwargs)
 
 
-def DistributedOptimizer(optimizer: torch.optim.Optimizer,
-                         named_parameters: Optional[Iterable[Tuple[str, torch.nn.Parameter]]] = None,
-                         compression: Optional[GradientCompression] = None,
-                         backward_passes_per_step: int = 1, op: Any = hvd.Average,
-                         gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                         groups: Any = None, sparse_as_dense: bool = False,
-                         process_set: Any = hvd.global_process_set, *,
-                         fusion: Optional[ScaledFusion] = ScaledFusion()) -> torch.optim.Optimizer:
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Optional[Iterable[Tuple[str, torch.nn.Parameter]]] = None,
+    compression: Optional[GradientCompression] = None,
+    backward_passes_per_step: int = 1,
+    op: Any = hvd.Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    sparse_as_dense: bool = False,
+    process_set: Any = hvd.global_process_set,
+    *,
+    fusion: Optional[ScaledFusion] = ScaledFusion(),
+) -> torch.optim.Optimizer:
     """Drop-in for ``hvd.DistributedOptimizer`` (same positional signature) that runs
     hvd_compress compressors with names and steps passed explicitly.
 
@@ -225,28 +243,39 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     """
     compression = NoCompression() if compression is None else compression
     if not isinstance(compression, GradientCompression):
-        raise ValueError(f"compression must be an hvd_compress compressor, got "
-                         f"{type(compression).__name__}; use hvd.DistributedOptimizer for "
-                         f"Horovod's own compressors")
+        raise ValueError(
+            f"compression must be an hvd_compress compressor, got "
+            f"{type(compression).__name__}; use hvd.DistributedOptimizer for "
+            f"Horovod's own compressors"
+        )
     check_op("hvd_compress.DistributedOptimizer", op)
-    arguments.real("DistributedOptimizer", "gradient_predivide_factor", gradient_predivide_factor,
-                   low=0, low_open=True)
+    arguments.real("DistributedOptimizer", "gradient_predivide_factor", gradient_predivide_factor, low=0, low_open=True)
     if gradient_predivide_factor != 1.0 and op != hvd.Average:
         raise ValueError("gradient_predivide_factor: as in Horovod, only with op=hvd.Average")
     if num_groups or groups is not None:
         raise ValueError("num_groups/groups: not supported; use fusion=ScaledFusion(...)")
     if not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step must be a positive integer, "
-                         f"got {backward_passes_per_step!r}")
+        raise ValueError(f"backward_passes_per_step must be a positive integer, got {backward_passes_per_step!r}")
     # Horovod's broadcast_optimizer_state (hence elastic TorchState.sync) initialises an empty
     # optimizer state with the wrapped optimizer's own step() when the optimizer's module is
     # that of hvd.DistributedOptimizer, else with step(): ours would exchange zeros on the
     # ranks whose state is empty (a joining worker) and wait forever for the others. Horovod
     # compares with its own module's name, so ours is named from that module, never from
     # hvd.DistributedOptimizer, which a user (or a test harness) may have replaced.
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_CompressedDistributedOptimizer.__dict__, __module__=horovod_optimizer.__name__))
+    cls = type(
+        optimizer.__class__.__name__,
+        (optimizer.__class__,),
+        dict(_CompressedDistributedOptimizer.__dict__, __module__=horovod_optimizer.__name__),
+    )
     if fusion is not None and not isinstance(fusion, ScaledFusion):
         raise ValueError(f"fusion must be a ScaledFusion or None, got {type(fusion).__name__}")
-    return cls(optimizer.param_groups, named_parameters, compression,
-               backward_passes_per_step, op, bool(sparse_as_dense), process_set, fusion)
+    return cls(
+        optimizer.param_groups,
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        op,
+        bool(sparse_as_dense),
+        process_set,
+        fusion,
+    )

@@ -27,6 +27,7 @@ Why each rule is what it is:
   compression's state sits), registered ahead of Horovod's optimizer handler.
 * Nothing here imports Horovod: under ``torchrun`` torch alone is enough.
 """
+
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
@@ -62,6 +63,7 @@ def nesterov_outer(params: List[torch.Tensor]) -> torch.optim.Optimizer:
 class DiLoCoConfig(MethodConfig):
     """What must agree on every rank and with a checkpoint: the period, the outer optimizer's
     class and the parameters' names and shapes."""
+
     inner_steps: int = option(check=arguments.integer, low=1)
     outer_optimizer: str
     parameters: Dict[str, List[int]]
@@ -114,27 +116,40 @@ class DiLoCo(torch.optim.Optimizer):
     mid-period included. ``load_state_dict`` checks everything before changing anything.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer,
-                 named_parameters: Iterable[Tuple[str, torch.nn.Parameter]],
-                 compression: Optional[GradientCompression] = None, *, inner_steps: int,
-                 outer_optimizer: OuterOptimizerFactory = nesterov_outer, process_set: Any = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Iterable[Tuple[str, torch.nn.Parameter]],
+        compression: Optional[GradientCompression] = None,
+        *,
+        inner_steps: int,
+        outer_optimizer: OuterOptimizerFactory = nesterov_outer,
+        process_set: Any = None,
+    ):
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise ValueError(f"DiLoCo: optimizer must be a torch.optim.Optimizer, got "
-                             f"{type(optimizer).__name__}")
+            raise ValueError(f"DiLoCo: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if type(optimizer).__module__ == HOROVOD_OPTIMIZER_MODULE:
-            raise ValueError("DiLoCo: optimizer must be the local optimizer, not a distributed "
-                             "one (between outer steps nothing is exchanged)")
+            raise ValueError(
+                "DiLoCo: optimizer must be the local optimizer, not a distributed "
+                "one (between outer steps nothing is exchanged)"
+            )
         if named_parameters is None:
-            raise ValueError("DiLoCo: named_parameters is required (model.named_parameters()): "
-                             "names key the compressor's state and the checkpoints")
+            raise ValueError(
+                "DiLoCo: named_parameters is required (model.named_parameters()): "
+                "names key the compressor's state and the checkpoints"
+            )
         compression = NoCompression() if compression is None else compression
         if not isinstance(compression, GradientCompression):
-            raise ValueError(f"DiLoCo: compression must be an hvd_compress compressor or "
-                             f"controller, got {type(compression).__name__}")
+            raise ValueError(
+                f"DiLoCo: compression must be an hvd_compress compressor or "
+                f"controller, got {type(compression).__name__}"
+            )
         if not callable(outer_optimizer):
-            raise ValueError(f"DiLoCo: outer_optimizer must be a callable that builds a "
-                             f"torch.optim.Optimizer from a list of tensors, got "
-                             f"{type(outer_optimizer).__name__}")
+            raise ValueError(
+                f"DiLoCo: outer_optimizer must be a callable that builds a "
+                f"torch.optim.Optimizer from a list of tensors, got "
+                f"{type(outer_optimizer).__name__}"
+            )
         compression.serve(self, "a DiLoCo")
         # Not Optimizer.__init__: the parameter groups are the inner optimizer's own objects.
         self.optimizer = optimizer
@@ -144,11 +159,13 @@ class DiLoCo(torch.optim.Optimizer):
         self._outer_factory = outer_optimizer
         names = parameter_names(optimizer.param_groups, named_parameters)
         self._named = {name: p for p, name in names.items() if p.requires_grad}
-        self._anchors, self._outer = self._build_outer(
-            {name: p.detach() for name, p in self._named.items()})
+        self._anchors, self._outer = self._build_outer({name: p.detach() for name, p in self._named.items()})
         self.config = DiLoCoConfig(
-            owner="DiLoCo", inner_steps=inner_steps, outer_optimizer=type(self._outer).__name__,
-            parameters={name: list(p.shape) for name, p in self._named.items()})
+            owner="DiLoCo",
+            inner_steps=inner_steps,
+            outer_optimizer=type(self._outer).__name__,
+            parameters={name: list(p.shape) for name, p in self._named.items()},
+        )
         self.step_in_period = 0
         self.outer_steps = 0
         self.skipped_outer_steps = 0  # non-finite pseudo-gradients: periods thrown away
@@ -157,12 +174,13 @@ class DiLoCo(torch.optim.Optimizer):
 
     def _build_outer(self, values):
         """Anchors holding ``values`` (copied) and an outer optimizer over them."""
-        anchors = {name: torch.nn.Parameter(values[name].to(p.device, p.dtype).clone(), requires_grad=True)
-                   for name, p in self._named.items()}
+        anchors = {
+            name: torch.nn.Parameter(values[name].to(p.device, p.dtype).clone(), requires_grad=True)
+            for name, p in self._named.items()
+        }
         outer = self._outer_factory(list(anchors.values()))
         if not isinstance(outer, torch.optim.Optimizer):
-            raise ValueError(f"DiLoCo: outer_optimizer must return a torch.optim.Optimizer, "
-                             f"got {type(outer).__name__}")
+            raise ValueError(f"DiLoCo: outer_optimizer must return a torch.optim.Optimizer, got {type(outer).__name__}")
         return anchors, outer
 
     # ----- the optimizer interface ------------------------------------------------------------
@@ -179,8 +197,10 @@ class DiLoCo(torch.optim.Optimizer):
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
-        raise ValueError("DiLoCo: add_param_group: the parameters are fixed at construction (each "
-                         "has its outer-start copy); build the inner optimizer with every group")
+        raise ValueError(
+            "DiLoCo: add_param_group: the parameters are fixed at construction (each "
+            "has its outer-start copy); build the inner optimizer with every group"
+        )
 
     # GradScaler.step calls step() even when this rank's gradients overflowed (integration.amp):
     # a step it skipped must still count in the period, or the ranks' outer steps (collectives)
@@ -231,15 +251,24 @@ class DiLoCo(torch.optim.Optimizer):
     def describe(self) -> Dict[str, Any]:
         """What must agree on every rank (the cross-rank check's format): the configuration, the
         step within the period and the compression's own description."""
-        return {"compressor": "DiLoCo", "settings": {},
-                "config": {**self.config.describe(), "step_in_period": self.step_in_period,
-                           "inner": self.compression.describe()}}
+        return {
+            "compressor": "DiLoCo",
+            "settings": {},
+            "config": {
+                **self.config.describe(),
+                "step_in_period": self.step_in_period,
+                "inner": self.compression.describe(),
+            },
+        }
 
     def _broadcast_anchors(self, backend):
         """Rank 0's anchors everywhere; at a period's start, its weights too (they are equal)."""
-        handles = {name: backend.start(f"hvd_compress.diloco.anchor.{name}",
-                                             Round(anchor.detach(), Collective.BROADCAST, None))
-                   for name, anchor in self._anchors.items()}
+        handles = {
+            name: backend.start(
+                f"hvd_compress.diloco.anchor.{name}", Round(anchor.detach(), Collective.BROADCAST, None)
+            )
+            for name, anchor in self._anchors.items()
+        }
         with torch.no_grad():
             for name, handle in handles.items():
                 self._anchors[name].copy_(backend.wait(handle))
@@ -261,9 +290,11 @@ class DiLoCo(torch.optim.Optimizer):
                 self.outer_steps += 1
             else:
                 self.skipped_outer_steps += 1
-                logger.warning("DiLoCo: non-finite pseudo-gradient on some rank; outer step skipped, "
-                               "the weights go back to the period's start (%d such steps so far)",
-                               self.skipped_outer_steps)
+                logger.warning(
+                    "DiLoCo: non-finite pseudo-gradient on some rank; outer step skipped, "
+                    "the weights go back to the period's start (%d such steps so far)",
+                    self.skipped_outer_steps,
+                )
             for name, p in self._named.items():
                 p.copy_(self._anchors[name])
         self.step_in_period = 0
@@ -288,28 +319,38 @@ class DiLoCo(torch.optim.Optimizer):
         return self._state(self.compression.elastic_state_dict())
 
     def _state(self, compression_state):
-        return {**checkpoint_header("DiLoCo", self.config),
-                "step_in_period": self.step_in_period, "outer_steps": self.outer_steps,
-                "skipped_outer_steps": self.skipped_outer_steps,
-                "anchors": {name: anchor.detach().clone() for name, anchor in self._anchors.items()},
-                "outer_optimizer": _copied(self._outer.state_dict()),
-                "compression": compression_state}
+        return {
+            **checkpoint_header("DiLoCo", self.config),
+            "step_in_period": self.step_in_period,
+            "outer_steps": self.outer_steps,
+            "skipped_outer_steps": self.skipped_outer_steps,
+            "anchors": {name: anchor.detach().clone() for name, anchor in self._anchors.items()},
+            "outer_optimizer": _copied(self._outer.state_dict()),
+            "compression": compression_state,
+        }
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Restores a ``state_dict``. Everything is checked before anything changes: a mismatch
         raises one ``ValueError`` naming it and leaves this object as it was."""
-        check_checkpoint("DiLoCo", state_dict, ("step_in_period", "outer_steps", "skipped_outer_steps",
-                                                "anchors", "outer_optimizer", "compression"), self.config)
+        check_checkpoint(
+            "DiLoCo",
+            state_dict,
+            ("step_in_period", "outer_steps", "skipped_outer_steps", "anchors", "outer_optimizer", "compression"),
+            self.config,
+        )
         step = state_dict["step_in_period"]
         if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < self.inner_steps:
-            raise ValueError(f"DiLoCo.load_state_dict: step_in_period must lie in [0, "
-                             f"{self.inner_steps}), got {step!r}")
+            raise ValueError(
+                f"DiLoCo.load_state_dict: step_in_period must lie in [0, {self.inner_steps}), got {step!r}"
+            )
         anchors = state_dict["anchors"]
         for name, p in self._named.items():
             value = anchors.get(name)
             if not torch.is_tensor(value) or tuple(value.shape) != tuple(p.shape):
-                raise ValueError(f"DiLoCo.load_state_dict: anchor of parameter {name!r} is missing "
-                                 f"or has the wrong shape in the checkpoint")
+                raise ValueError(
+                    f"DiLoCo.load_state_dict: anchor of parameter {name!r} is missing "
+                    f"or has the wrong shape in the checkpoint"
+                )
         extra = sorted(set(anchors) - set(self._named))
         if extra:
             raise ValueError(f"DiLoCo.load_state_dict: anchors {extra} are not parameters here")
@@ -334,4 +375,3 @@ def _copied(value):
     if isinstance(value, (list, tuple)):
         return type(value)(_copied(item) for item in value)
     return value
-

@@ -1,6 +1,7 @@
 """Horovod's Compression API for hvd_compress compressors: stock ``hvd.DistributedOptimizer``
 calls ``compress``/``decompress``, which :class:`StockBridge` serves with our round driver.
 Imported only where Horovod is (``registry.public_class`` mixes :class:`StockCompression` in)."""
+
 import sys
 import time
 import weakref
@@ -17,6 +18,7 @@ from hvd_compress.integration.names import GradientOwners
 
 class _RidesHorovod:
     """Context of a gradient whose single all-reduce is Horovod's own."""
+
     __slots__ = ("bridge", "round")
 
     def __init__(self, bridge, round_):
@@ -25,6 +27,7 @@ class _RidesHorovod:
 
 class _Driven:
     """Context of a gradient whose rounds run on our driver."""
+
     __slots__ = ("bridge", "name")
 
     def __init__(self, bridge, name):
@@ -87,8 +90,9 @@ class StockBridge:
         # Bound even in a world of one: Horovod calls compress there under elastic. The
         # configuration check waits for the first compress, when every rank is stepping.
         # Horovod's optimizer sets each gradient to its result; hvd.allreduce returns a new tensor.
-        self.binding = Binding(compressor, HorovodGroup(self.process_set), bind_alone=True,
-                               replaces_gradients=optimizer is not None)
+        self.binding = Binding(
+            compressor, HorovodGroup(self.process_set), bind_alone=True, replaces_gradients=optimizer is not None
+        )
         self.owners = GradientOwners(named) if named else None
         self._results = {}
         self._outstanding = 0
@@ -114,9 +118,12 @@ class StockBridge:
         name = self._name_of(tensor)
         round_ = self.compressor.begin(name, tensor)
         self._outstanding += 1
-        if round_.last and round_.collective is Collective.ALLREDUCE and \
-                self.compressor.fixed_payload(tuple(tensor.shape)) and \
-                (self.horovod_divides_first or not divides_first(round_.payload.dtype)):
+        if (
+            round_.last
+            and round_.collective is Collective.ALLREDUCE
+            and self.compressor.fixed_payload(tuple(tensor.shape))
+            and (self.horovod_divides_first or not divides_first(round_.payload.dtype))
+        ):
             self.compressor.traffic.add_gradient(tensor)
             self.compressor.traffic.add_payload(round_.payload, round_.collective)
             # Horovod refuses non-contiguous tensors (a cast keeps a channels_last gradient's layout).
@@ -155,9 +162,12 @@ class StockBridge:
             if self.owners is None:
                 raise ValueError(
                     f"{cls}: compress() was called without parameter names, outside "
-                    f"hvd.DistributedOptimizer; construct it as {cls}(model.named_parameters(), ...)")
-            raise ValueError(f"{cls}: got a gradient of shape {tuple(tensor.shape)} that belongs "
-                             f"to none of the named_parameters it was given")
+                    f"hvd.DistributedOptimizer; construct it as {cls}(model.named_parameters(), ...)"
+                )
+            raise ValueError(
+                f"{cls}: got a gradient of shape {tuple(tensor.shape)} that belongs "
+                f"to none of the named_parameters it was given"
+            )
         return name
 
 
@@ -204,15 +214,23 @@ class StockCompression(HorovodCompressor):
         return state
 
 
-OP_NAMES = {hvd.Average: "hvd.Average", hvd.Sum: "hvd.Sum", hvd.Adasum: "hvd.Adasum",
-            hvd.Min: "hvd.Min", hvd.Max: "hvd.Max", hvd.Product: "hvd.Product"}
+OP_NAMES = {
+    hvd.Average: "hvd.Average",
+    hvd.Sum: "hvd.Sum",
+    hvd.Adasum: "hvd.Adasum",
+    hvd.Min: "hvd.Min",
+    hvd.Max: "hvd.Max",
+    hvd.Product: "hvd.Product",
+}
 
 
 def check_op(owner, op):
     """Only averages and sums of compressed payloads make sense; ``owner`` names the refuser."""
     if op not in (hvd.Average, hvd.Sum):
-        raise ValueError(f"op: {owner} takes hvd.Average or hvd.Sum, got {OP_NAMES.get(op, op)}; "
-                         f"Adasum, Min, Max and Product cannot combine compressed payloads")
+        raise ValueError(
+            f"op: {owner} takes hvd.Average or hvd.Sum, got {OP_NAMES.get(op, op)}; "
+            f"Adasum, Min, Max and Product cannot combine compressed payloads"
+        )
 
 
 def _calling_optimizer(compression):
@@ -226,4 +244,3 @@ def _calling_optimizer(compression):
             return owner
         frame = frame.f_back
     return None
-

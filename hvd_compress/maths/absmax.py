@@ -11,6 +11,7 @@ element-wise and reshape passes over whole tensors (no per-entry Python), for ``
 A block holding an Inf or NaN gets a non-finite scale, and every entry of it decodes
 non-finite (0 x Inf is NaN): a payload is non-finite wherever its input was.
 """
+
 from typing import Tuple
 
 import torch
@@ -75,19 +76,18 @@ def pack_rows(codes: torch.Tensor, scales: torch.Tensor, bits: int) -> torch.Ten
     code_bytes = length * bits // 8
     payload = torch.empty(rows, code_bytes + 4 * scales.shape[1], dtype=torch.uint8, device=codes.device)
     packed = pack_codes(codes.reshape(-1), bits)
-    payload[:, :code_bytes] = packed[:rows * code_bytes].view(rows, code_bytes)
+    payload[:, :code_bytes] = packed[: rows * code_bytes].view(rows, code_bytes)
     payload[:, code_bytes:].view(torch.float32).copy_(scales)
     return payload
 
 
-def unpack_rows(payload: torch.Tensor, bits: int, length: int, block_size: int
-                ) -> Tuple[torch.Tensor, torch.Tensor]:
+def unpack_rows(payload: torch.Tensor, bits: int, length: int, block_size: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """``pack_rows`` undone: (int8 codes (rows, length), float32 scales (rows, blocks)) of the
     uint8 ``payload`` (rows, ``row_bytes``)."""
     rows = payload.shape[0]
     code_bytes = length * bits // 8
     codes = unpack_codes(payload[:, :code_bytes].reshape(-1), bits, rows * length).view(rows, length)
-    scales = payload[:, code_bytes:code_bytes + 4 * block_count(length, block_size)].view(torch.float32)
+    scales = payload[:, code_bytes : code_bytes + 4 * block_count(length, block_size)].view(torch.float32)
     return codes, scales
 
 

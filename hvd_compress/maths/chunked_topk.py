@@ -1,5 +1,6 @@
 """Chunk-wise top-k (ScaleCom, following Shi et al.): split the vector into chunks and select
 within each, which parallelises and avoids one large selection."""
+
 import torch
 
 from hvd_compress.maths.scratch import scratch

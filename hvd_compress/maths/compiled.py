@@ -18,6 +18,7 @@ a multiply-add); each is deterministic, so ranks that agree on the path agree on
 Inductor keeps what it built in its on-disk cache (``TORCHINDUCTOR_CACHE_DIR``, by default
 under the system's temporary folder), so a second process compiles the same graphs much faster.
 """
+
 import functools
 import time
 from typing import Any, Callable, Iterable, Optional, Tuple
@@ -46,6 +47,7 @@ class Compilable:
     def _backend(self, graph: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         """Inductor, counting each graph it is handed."""
         from torch._inductor.compile_fx import compile_fx
+
         self.graphs += 1
         return compile_fx(graph, example_inputs)
 
@@ -69,10 +71,16 @@ def _is_compile_error(error: BaseException) -> bool:
     """Whether ``error`` comes from compiling (dynamo, inductor, the C++ compiler), not from
     running a graph on bad inputs."""
     from torch._dynamo import exc
-    compile_errors = tuple(kind for kind in (getattr(exc, "BackendCompilerFailed", None),
-                                             getattr(exc, "Unsupported", None),
-                                             getattr(exc, "InternalTorchDynamoError", None))
-                           if kind is not None)
+
+    compile_errors = tuple(
+        kind
+        for kind in (
+            getattr(exc, "BackendCompilerFailed", None),
+            getattr(exc, "Unsupported", None),
+            getattr(exc, "InternalTorchDynamoError", None),
+        )
+        if kind is not None
+    )
     inductor = type(error).__module__.startswith("torch._inductor")
     return isinstance(error, compile_errors) or inductor or isinstance(error, OSError)
 

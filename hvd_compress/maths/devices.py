@@ -3,6 +3,7 @@
 A plain ``torch.tensor(values, device="cuda")``, or indexing a CUDA tensor with a Python list,
 copies from pageable memory and then waits for the stream: a host synchronisation. Through
 pinned memory the copy is queued like any kernel."""
+
 from typing import Sequence
 
 import torch

@@ -7,6 +7,7 @@ once for all layers, not once per layer. Each ``*_kept_energies`` function retur
 the least to the most compressed, computing the first and deriving the others from it
 (GraVAC's multi-level gains). Those run on every step, so they return a float64 tensor on
 the gradient's device and never wait for the device: GraVAC sends them with the payload."""
+
 import torch
 
 from hvd_compress.maths.devices import on_device
@@ -73,8 +74,8 @@ def squared_norms_of_batch(matrices):
     buffer = torch.empty(flat.shape[0], width, dtype=torch.float64, device=flat.device)
     total = torch.zeros(flat.shape[0], dtype=torch.float64, device=flat.device)
     for start in range(0, flat.shape[1], width):
-        chunk = buffer[:, :min(width, flat.shape[1] - start)]
-        total += chunk.copy_(flat[:, start:start + width]).square_().sum(dim=1)
+        chunk = buffer[:, : min(width, flat.shape[1] - start)]
+        total += chunk.copy_(flat[:, start : start + width]).square_().sum(dim=1)
     return total
 
 
@@ -151,16 +152,17 @@ def _qsgd_squared_errors(flat, bits_options, bucket_size):
     weights = torch.stack([(norms / s).square() for s in levels])  # (norm / s)^2: width x bucket
     totals = torch.zeros(len(levels), dtype=torch.float64, device=flat.device)
     rows = max(1, QSGD_CHUNK_ENTRIES // bucket_size)
-    unit, fraction, square = (torch.empty(min(rows, buckets.shape[0]), bucket_size, device=flat.device)
-                              for _ in range(3))
+    unit, fraction, square = (
+        torch.empty(min(rows, buckets.shape[0]), bucket_size, device=flat.device) for _ in range(3)
+    )
     for start in range(0, buckets.shape[0], rows):
-        piece = buckets[start:start + rows]
+        piece = buckets[start : start + rows]
         m = piece.shape[0]
-        torch.div(piece.abs(), safe_norms[start:start + m, None], out=unit[:m])
+        torch.div(piece.abs(), safe_norms[start : start + m, None], out=unit[:m])
         for i, s in enumerate(levels):
             f = torch.mul(unit[:m], s, out=fraction[:m]).frac_()
             f.sub_(torch.square(f, out=square[:m]))  # f - f^2 = f(1 - f)
-            totals[i] += f.sum(dim=1, dtype=torch.float64).mul_(weights[i, start:start + m]).sum()
+            totals[i] += f.sum(dim=1, dtype=torch.float64).mul_(weights[i, start : start + m]).sum()
     return totals
 
 

@@ -1,4 +1,5 @@
 """Whether a tensor holds only finite values, without a host synchronisation."""
+
 from typing import Dict, List, Tuple
 
 import torch

@@ -1,4 +1,5 @@
 """Low-rank maths shared by PowerSGD and ACP-SGD."""
+
 import math
 import zlib
 

@@ -10,6 +10,7 @@ the random stream in order. Other devices process the whole tensor at once.
 drawn eagerly, chunk by chunk, from the same stream, so only float rounding can differ from the
 eager path (a norm's float64 sum in another order, a fused multiply-add).
 """
+
 import math
 
 import torch
@@ -56,7 +57,7 @@ def bucket_norms(x, bucket_size):
     norms = torch.empty(-(-x.numel() // bucket_size), device=x.device)
     chunk, wide = _norm_scratch(x, bucket_size)
     for start in range(0, x.numel(), chunk):
-        _chunk_norms(x[start:start + chunk], bucket_size, wide, norms[start // bucket_size:])
+        _chunk_norms(x[start : start + chunk], bucket_size, wide, norms[start // bucket_size :])
     return norms
 
 
@@ -78,8 +79,7 @@ def _chunk_norms(piece, bucket_size, wide, norms):
     wide_norms = torch.linalg.vector_norm(wide[:padded].view(-1, bucket_size), dim=1)
     # A finite norm beyond the float32 range is capped (rounding would give Inf); a bucket
     # holding Inf or NaN keeps a non-finite norm, so that the step is seen to be non-finite.
-    norms[:padded // bucket_size] = torch.where(wide_norms.isinf(), wide_norms,
-                                                wide_norms.clamp(max=_FLOAT32_MAX))
+    norms[: padded // bucket_size] = torch.where(wide_norms.isinf(), wide_norms, wide_norms.clamp(max=_FLOAT32_MAX))
 
 
 def quantize(x, bits, bucket_size, generator):
@@ -114,7 +114,7 @@ def encode(x, bits, bucket_size, generator, packed, norms, compiled=False):
         return
     for start, codes in _quantized_chunks(x, bits, bucket_size, generator, norms, per_word=per_word):
         first = start // per_word * 8
-        packed[first:first + packed_size(codes.numel(), bits)] = pack_codes(codes, bits)
+        packed[first : first + packed_size(codes.numel(), bits)] = pack_codes(codes, bits)
 
 
 def _quantized_chunks(x, bits, bucket_size, generator, norms, codes=None, per_word=1):
@@ -128,18 +128,18 @@ def _quantized_chunks(x, bits, bucket_size, generator, norms, codes=None, per_wo
     words = torch.empty(noise_words(min(chunk, n)), dtype=torch.int64, device=x.device)
     scratch = torch.empty(min(chunk, n), dtype=torch.int8, device=x.device) if codes is None else None
     for start in range(0, n, chunk):
-        piece = x[start:start + chunk]
+        piece = x[start : start + chunk]
         count = piece.numel()
         # The chunk's norms first, so that it is read from memory once for both.
-        piece_norms = norms[start // bucket_size:(start + count - 1) // bucket_size + 1]
+        piece_norms = norms[start // bucket_size : (start + count - 1) // bucket_size + 1]
         _chunk_norms(piece, bucket_size, wide, piece_norms)
         piece_level = level[:count].copy_(piece)
         # A zero norm's bucket holds zeros only: divided by 1 they stay 0, not NaN.
         denominators = torch.where(piece_norms > 0, piece_norms, 1.0)
         _per_bucket(torch.Tensor.div_, piece_level, denominators, 0, bucket_size)
-        noise = draw_noise(words[:noise_words(count)], generator)
-        piece_level.mul_(s).add_(0.5).add_(noise.view(torch.int16)[:count], alpha=2 ** -16)
-        piece_codes = codes[start:start + count] if codes is not None else scratch[:count]
+        noise = draw_noise(words[: noise_words(count)], generator)
+        piece_level.mul_(s).add_(0.5).add_(noise.view(torch.int16)[:count], alpha=2**-16)
+        piece_codes = codes[start : start + count] if codes is not None else scratch[:count]
         piece_codes.copy_(piece_level.floor_())
         yield start, piece_codes
 
@@ -157,8 +157,16 @@ def dequantize_mean(codes, norms, bits, bucket_size, out=None):
     at a time, every row added and the sum divided while the chunk is in cache, not row by row
     over the whole gradient: the same operations in the same order, so bit for bit the row-by-row
     mean."""
-    return _mean_of_rows(lambda row, start, stop: codes[row][start:stop], len(codes), norms, bits, bucket_size,
-                         codes[0].numel(), codes[0].device, out)
+    return _mean_of_rows(
+        lambda row, start, stop: codes[row][start:stop],
+        len(codes),
+        norms,
+        bits,
+        bucket_size,
+        codes[0].numel(),
+        codes[0].device,
+        out,
+    )
 
 
 def decode_mean(packed, norms, bits, bucket_size, count, out=None, compiled=False):
@@ -172,7 +180,7 @@ def decode_mean(packed, norms, bits, bucket_size, count, out=None, compiled=Fals
         return _decode_mean_compiled(packed, norms, bits, bucket_size, count, out)
 
     def codes_of(row, start, stop):
-        return unpack_codes(packed[row][start // per_word * 8:packed_size(stop, bits)], bits, stop - start)
+        return unpack_codes(packed[row][start // per_word * 8 : packed_size(stop, bits)], bits, stop - start)
 
     per_word = 64 // bits
     return _mean_of_rows(codes_of, len(packed), norms, bits, bucket_size, count, packed[0].device, out, per_word)
@@ -186,10 +194,10 @@ def _mean_of_rows(codes_of, rows, norms, bits, bucket_size, n, device, out, per_
     chunk = _chunk_entries(device, bucket_size, n, per_word)
     row_values = torch.empty(min(chunk, n), device=device) if rows > 1 else None
     for start in range(0, n, chunk):
-        piece = mean[start:start + chunk]
+        piece = mean[start : start + chunk]
         stop = start + piece.numel()
         for row in range(rows):
-            values = piece if row == 0 else row_values[:piece.numel()]
+            values = piece if row == 0 else row_values[: piece.numel()]
             values.copy_(codes_of(row, start, stop))
             values.div_(s)
             _per_bucket(torch.Tensor.mul_, values, norms[row], start, bucket_size)
@@ -315,9 +323,9 @@ def _per_bucket(op, values, per_bucket, start, bucket_size):
     first = start // bucket_size
     full = values.numel() // bucket_size
     if full:
-        op(values[:full * bucket_size].view(full, bucket_size), per_bucket[first:first + full].unsqueeze(1))
+        op(values[: full * bucket_size].view(full, bucket_size), per_bucket[first : first + full].unsqueeze(1))
     if full * bucket_size < values.numel():
-        op(values[full * bucket_size:], per_bucket[first + full])
+        op(values[full * bucket_size :], per_bucket[first + full])
 
 
 # ----- the compiled path -----------------------------------------------------------------------
@@ -352,7 +360,7 @@ def _encode_chunk(piece, noise, packed, bits: int, bucket_size: int):
     chunk_norms = torch.where(wide_norms.isinf(), wide_norms, wide_norms.clamp(max=largest)).to(torch.float32)
     denominators = torch.where(chunk_norms > 0, chunk_norms, 1.0)
     bucket = torch.arange(n, device=piece.device) // bucket_size
-    level = piece / denominators[bucket] * s + 0.5 + noise[:n].to(torch.float32) * 2 ** -16
+    level = piece / denominators[bucket] * s + 0.5 + noise[:n].to(torch.float32) * 2**-16
     unsigned = (level.floor() + s).to(torch.int64)
     per_field, field_bytes = (8 // bits, 1) if _packs_bytes(bits) else (64 // bits, 8)
     fields = torch.nn.functional.pad(unsigned, (0, packed.shape[0] // field_bytes * per_field - n)).view(-1, per_field)
@@ -370,13 +378,14 @@ def _encode_compiled(x, bits, bucket_size, generator, packed, norms):
     chunk = _chunk_entries(x.device, bucket_size, n, per_word)
     words = torch.empty(noise_words(min(chunk, n)), dtype=torch.int64, device=x.device)
     for start in range(0, n, chunk):
-        piece = x[start:start + chunk]
+        piece = x[start : start + chunk]
         count = piece.numel()
-        noise = draw_noise(words[:noise_words(count)], generator).view(torch.int16)
+        noise = draw_noise(words[: noise_words(count)], generator).view(torch.int16)
         first = start // per_word * 8
-        chunk_norms = _encode_chunk.compiled(piece, noise, packed[first:first + packed_size(count, bits)], bits,
-                                             bucket_size)
-        norms[start // bucket_size:start // bucket_size + chunk_norms.numel()] = chunk_norms
+        chunk_norms = _encode_chunk.compiled(
+            piece, noise, packed[first : first + packed_size(count, bits)], bits, bucket_size
+        )
+        norms[start // bucket_size : start // bucket_size + chunk_norms.numel()] = chunk_norms
 
 
 @compilable
@@ -407,11 +416,15 @@ def _decode_mean_compiled(packed, norms, bits, bucket_size, n, out):
     fields = _packed_view(packed, bits)
     per_field = 1 if _packs_bytes(bits) else 8
     for start in range(0, n, chunk):
-        piece = mean[start:start + chunk]
+        piece = mean[start : start + chunk]
         first = start // per_word * 8
-        _decode_chunk.compiled(fields[:, first // per_field:(first + packed_size(piece.numel(), bits)) // per_field],
-                               norms[:, start // bucket_size:(start + piece.numel() - 1) // bucket_size + 1],
-                               piece, bits, bucket_size)
+        _decode_chunk.compiled(
+            fields[:, first // per_field : (first + packed_size(piece.numel(), bits)) // per_field],
+            norms[:, start // bucket_size : (start + piece.numel() - 1) // bucket_size + 1],
+            piece,
+            bits,
+            bucket_size,
+        )
     return mean
 
 

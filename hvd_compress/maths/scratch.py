@@ -1,5 +1,6 @@
 """Buffers kept between calls, for work that would otherwise allocate a gradient-sized
 temporary at every call."""
+
 import threading
 
 import torch

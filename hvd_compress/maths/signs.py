@@ -5,6 +5,7 @@ The convention: bit 1 means ``x >= 0`` (+1, so sign(0) = +1 and one bit is enoug
 one bit there are no magnitude levels (s = 0), so a 0/1 code is stored as it is, 8 per byte,
 least significant first, in 64-bit words (the count rounded up to a multiple of 64 bits).
 """
+
 import torch
 
 from hvd_compress.maths import quantize

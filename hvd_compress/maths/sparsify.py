@@ -1,4 +1,5 @@
 """Top-k selection."""
+
 import functools
 import math
 
@@ -109,13 +110,12 @@ def indices_at_least(values, threshold, compiled=False):
         below = torch.nextafter(threshold, threshold.new_zeros(())).item()
         kept = scratch(min(n, _MASK_CHUNK), values.dtype, values.device)
         for start in range(0, n, _MASK_CHUNK):
-            piece = values[start:start + _MASK_CHUNK]
+            piece = values[start : start + _MASK_CHUNK]
             count = piece.numel()
             magnitudes = torch.abs(piece, out=kept[:count])
-            mask[start:start + count].copy_(torch.threshold(magnitudes, below, 0.0, out=magnitudes))
+            mask[start : start + count].copy_(torch.threshold(magnitudes, below, 0.0, out=magnitudes))
     as_words = mask.view(torch.int64)
     (hit,) = torch.nonzero(as_words, as_tuple=True)
     (flags,) = torch.nonzero(as_words.index_select(0, hit).view(torch.bool), as_tuple=True)
     # A flag's position among the hit words gives its word (hit[p // 8]) and byte (p % 8).
     return hit.index_select(0, flags >> 3).mul_(8).add_(flags & 7)
-

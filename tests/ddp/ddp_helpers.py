@@ -1,5 +1,6 @@
 """What the DDP test files share: a small CNN with a parameter used on rank 0 only and one used
 by no rank, rank-sharded digits, and all-gathers for cross-rank checks."""
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -62,11 +63,14 @@ def batches(steps, batch_size=32, seed=0):
     global _DIGITS
     if _DIGITS is None:
         from sklearn.datasets import load_digits
+
         data = load_digits()
-        _DIGITS = (torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0,
-                   torch.tensor(data.target, dtype=torch.long))
+        _DIGITS = (
+            torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0,
+            torch.tensor(data.target, dtype=torch.long),
+        )
     x, y = _DIGITS
-    x, y = x[dist.get_rank()::dist.get_world_size()], y[dist.get_rank()::dist.get_world_size()]
+    x, y = x[dist.get_rank() :: dist.get_world_size()], y[dist.get_rank() :: dist.get_world_size()]
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         idx = torch.randint(len(y), (batch_size,), generator=g)
@@ -131,8 +135,7 @@ def check_step_against_reference(module, model, optimizer, reference, method, x,
             continue
         # Rounding in a low-precision sum scales with the summands, not with a result that
         # cancels: the bound is relative to the largest rank's gradient.
-        largest = max((rows[name].abs().max().item() for rows in per_rank if rows[name].numel()),
-                      default=0.0)
+        largest = max((rows[name].abs().max().item() for rows in per_rank if rows[name].numel()), default=0.0)
         tol = TOLERANCE.get(method, 1e-5) * largest + 1e-7
         assert torch.allclose(p.grad, expected[name], rtol=0, atol=tol), (method, name)
     optimizer.step()

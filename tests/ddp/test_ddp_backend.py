@@ -1,6 +1,7 @@
 """The torch.distributed pieces on real ranks (torchrun, Gloo): the round driver's backend (every
 collective and dtype the compressors use, a process group, roots within it), L-GreCo's decision
 transport, and the cross-rank configuration check at the first bucket."""
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -40,8 +41,7 @@ def test_allreduce_refuses_integer_payloads_before_sending_anything(dtype):
         TorchBackend().start("codes", Round(torch.zeros(4, dtype=dtype), Collective.ALLREDUCE, None))
 
 
-@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.bool, torch.bfloat16,
-                                   torch.float32])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.bool, torch.bfloat16, torch.float32])
 def test_allgather_rows_are_each_ranks_payload_bit_for_bit(dtype):
     """Gloo has no int16 (BF16's payloads): every dtype travels as its bytes."""
     backend = TorchBackend()
@@ -93,8 +93,11 @@ def test_driver_finishes_multi_round_exchanges_in_the_same_order_everywhere():
     driver = RoundDriver(backend, Traffic(world_size=w))
 
     def exchange(value):
-        return Round(torch.full((4,), float(value)), Collective.ALLREDUCE,
-                     lambda mean: Round(mean * 2, Collective.ALLGATHER, lambda rows: rows.sum(0)))
+        return Round(
+            torch.full((4,), float(value)),
+            Collective.ALLREDUCE,
+            lambda mean: Round(mean * 2, Collective.ALLGATHER, lambda rows: rows.sum(0)),
+        )
 
     for i in range(5):
         driver.start(f"layer{i}", torch.zeros(4), exchange(r + i))
@@ -110,8 +113,7 @@ def test_decision_transport_broadcasts_from_rank_0_and_gathers_everyone():
     decision = {"layer": 3, "notes": ["x" * 1000]} if transport.rank == 0 else None
     assert transport.broadcast(decision, 0, deadline, "test") == {"layer": 3, "notes": ["x" * 1000]}
     mine = ("rank", transport.rank, "y" * transport.rank * 50)  # different lengths
-    assert transport.allgather(mine, 1, deadline, "test") == \
-        [("rank", r, "y" * r * 50) for r in range(transport.size)]
+    assert transport.allgather(mine, 1, deadline, "test") == [("rank", r, "y" * r * 50) for r in range(transport.size)]
 
 
 def test_compressors_configured_differently_fail_loudly_at_the_first_bucket():

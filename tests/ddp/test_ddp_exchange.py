@@ -2,6 +2,7 @@
 stay bit-identical, aggregates equal the simulated world's, parameters unused on some or all
 ranks (find_unused_parameters=True), DDP's bucket rebuild after the first iteration, float16
 means whose sum overflows, and parameters of degenerate shapes."""
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -15,8 +16,15 @@ from hvd_compress.comm.simulated import SimulatedWorld
 
 import overflow  # tests/overflow.py
 from degenerate import Degenerate  # tests/degenerate.py
-from ddp_helpers import (METHODS, Net, assert_identical_across_ranks, batches,
-                         check_step_against_reference, make_ddp, train)
+from ddp_helpers import (
+    METHODS,
+    Net,
+    assert_identical_across_ranks,
+    batches,
+    check_step_against_reference,
+    make_ddp,
+    train,
+)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -36,8 +44,7 @@ def test_aggregate_matches_reference_from_allgathered_gradients(method):
     """Each step every rank's raw gradients are all-gathered and fed to W identically
     configured compressors in one process; DDP's aggregate must equal theirs."""
     module, model, _ = make_ddp(hc.COMPRESSORS[method].build(small=True))
-    reference = SimulatedWorld([hc.COMPRESSORS[method].build(small=True)
-                                for _ in range(dist.get_world_size())])
+    reference = SimulatedWorld([hc.COMPRESSORS[method].build(small=True) for _ in range(dist.get_world_size())])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     for x, y in batches(4, seed=2):
         check_step_against_reference(module, model, optimizer, reference, method, x, y)
@@ -48,10 +55,8 @@ def test_aggregate_matches_reference_from_allgathered_gradients(method):
 def test_buckets_rebuilt_after_the_first_iteration(method, bucket_cap_mb):
     """Without find_unused_parameters DDP rebuilds its buckets after the first iteration (new
     bucket contents and indices); state is keyed by name, so nothing changes for compressors."""
-    module, model, _ = make_ddp(hc.COMPRESSORS[method].build(small=True), partial=False,
-                                bucket_cap_mb=bucket_cap_mb)
-    reference = SimulatedWorld([hc.COMPRESSORS[method].build(small=True)
-                                for _ in range(dist.get_world_size())])
+    module, model, _ = make_ddp(hc.COMPRESSORS[method].build(small=True), partial=False, bucket_cap_mb=bucket_cap_mb)
+    reference = SimulatedWorld([hc.COMPRESSORS[method].build(small=True) for _ in range(dist.get_world_size())])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     for x, y in batches(3, seed=3):
         check_step_against_reference(module, model, optimizer, reference, method, x, y)
@@ -63,8 +68,9 @@ def test_compressor_with_its_own_names_and_gradient_as_bucket_view():
     torch.manual_seed(0)
     module = Net()
     compressor = hc.PowerSGD(module.named_parameters(), rank=2)
-    model = DistributedDataParallel(module, find_unused_parameters=True, gradient_as_bucket_view=True,
-                                    bucket_cap_mb=0.05)
+    model = DistributedDataParallel(
+        module, find_unused_parameters=True, gradient_as_bucket_view=True, bucket_cap_mb=0.05
+    )
     state = hvd_compress.ddp.register(model, compressor)
     reference = SimulatedWorld([hc.PowerSGD(rank=2) for _ in range(dist.get_world_size())])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -82,18 +88,18 @@ def _ddp_gradient(dtype, register, value):
     return module.w.grad
 
 
-@pytest.mark.parametrize("method,dtype", [("fp16", torch.float32), ("fp16", torch.float16),
-                                          ("none", torch.float16), ("powersgd", torch.float16)])
+@pytest.mark.parametrize(
+    "method,dtype",
+    [("fp16", torch.float32), ("fp16", torch.float16), ("none", torch.float16), ("powersgd", torch.float16)],
+)
 def test_a_float16_mean_whose_sum_overflows_is_what_torchs_fp16_hook_gives(method, dtype):
     """30000 on rank 0 and 50000 on the last rank (evenly between): their float16 sum is Inf,
     their mean 40000. torch's fp16_compress_hook divides by W before its float16 all-reduce and
     gives the mean; so must every float16 payload of ours (FP16's, a float16 gradient's)."""
     w = dist.get_world_size()
     value = overflow.value(dist.get_rank(), w)
-    ours = _ddp_gradient(dtype, lambda model: hvd_compress.ddp.register(model, hc.COMPRESSORS[method].build()),
-                         value)
-    torchs = _ddp_gradient(dtype, lambda model: model.register_comm_hook(None, default_hooks.fp16_compress_hook),
-                           value)
+    ours = _ddp_gradient(dtype, lambda model: hvd_compress.ddp.register(model, hc.COMPRESSORS[method].build()), value)
+    torchs = _ddp_gradient(dtype, lambda model: model.register_comm_hook(None, default_hooks.fp16_compress_hook), value)
     assert torch.isfinite(torchs).all()
     assert ours.dtype == dtype and torch.equal(ours, torchs.to(dtype))
     if w == 2:
@@ -134,8 +140,9 @@ def test_degenerate_shapes_match_the_simulated_world(method):
     module = Degenerate()
     model = DistributedDataParallel(module)
     hvd_compress.ddp.register(model, hc.COMPRESSORS[method].build(small=True, min_numel=0))
-    reference = SimulatedWorld([hc.COMPRESSORS[method].build(small=True, min_numel=0)
-                                for _ in range(dist.get_world_size())])
+    reference = SimulatedWorld(
+        [hc.COMPRESSORS[method].build(small=True, min_numel=0) for _ in range(dist.get_world_size())]
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     for x, y in batches(3, seed=6):
         check_step_against_reference(module, model, optimizer, reference, method, x, y % 2)

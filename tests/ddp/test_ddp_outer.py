@@ -1,5 +1,6 @@
 """hvd_compress.DiLoCo through torch.distributed (``torchrun``, Gloo, no Horovod initialised):
 the cases of tests/outer_cases.py, shared with the Horovod launch (tests/multirank/test_outer.py)."""
+
 import sys
 from pathlib import Path
 
@@ -36,7 +37,8 @@ def test_one_inner_step_is_data_parallel_sgd():
 
 def test_nonfinite_pseudo_gradient_on_one_rank_skips_the_outer_step_everywhere():
     cases.nonfinite_pseudo_gradient_on_one_rank_skips_the_outer_step_everywhere(
-        gather, dist.get_rank(), dist.get_world_size())
+        gather, dist.get_rank(), dist.get_world_size()
+    )
 
 
 def test_gradscaler_overflow_on_one_rank_keeps_the_periods_in_step():
@@ -53,5 +55,6 @@ def test_ranks_that_disagree_all_fail():
 
 @pytest.mark.parametrize("method", ["fp16", "none"])
 def test_float16_pseudo_gradients_average_where_their_sum_overflows(method):
-    cases.float16_pseudo_gradients_average_where_their_sum_overflows(gather, dist.get_rank(), dist.get_world_size(), method)
-
+    cases.float16_pseudo_gradients_average_where_their_sum_overflows(
+        gather, dist.get_rank(), dist.get_world_size(), method
+    )

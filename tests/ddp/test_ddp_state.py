@@ -1,6 +1,7 @@
 """State across steps through hvd_compress.ddp on real ranks (torchrun, Gloo): L-GreCo's rank-0
 decisions over torch.distributed (applied at the same step everywhere, a stalled rank 0 fails
 every rank within the timeout), GraVAC's factor changes, and checkpoints that resume exactly."""
+
 import io
 import itertools
 import pickle
@@ -17,8 +18,15 @@ from hvd_compress.comm.simulated import SimulatedWorld
 from hvd_compress.comm.transports import DecisionTimeout, TorchTransport
 from hvd_compress.registry import controllable
 
-from ddp_helpers import (METHODS, assert_identical_across_ranks, batches, check_step_against_reference,
-                         everyone, make_ddp, train)
+from ddp_helpers import (
+    METHODS,
+    assert_identical_across_ranks,
+    batches,
+    check_step_against_reference,
+    everyone,
+    make_ddp,
+    train,
+)
 from poison import OneInf  # tests/poison.py
 
 # What every controller wraps here: the first registered compressor it can wrap.
@@ -77,8 +85,11 @@ def test_controllers_match_the_simulated_world_step_by_step(controller):
     for x, y in batches(9, seed=6):
         check_step_against_reference(module, model, optimizer, reference, WRAPPED, x, y)
     if controller == "lgreco":
-        assert [(d.version, d.decided_at, d.effective_step) for d in compression.decisions] == \
-            [(1, 2, 3), (2, 5, 6), (3, 8, 9)]
+        assert [(d.version, d.decided_at, d.effective_step) for d in compression.decisions] == [
+            (1, 2, 3),
+            (2, 5, 6),
+            (3, 8, 9),
+        ]
         assert type(compression.service._transport) is TorchTransport  # "auto" under DDP
         names = [name for name, _ in module.named_parameters()]
         assert [compression.setting(n) for n in names] == [reference.compressors[0].setting(n) for n in names]
@@ -129,8 +140,9 @@ def test_resumed_from_a_checkpoint_equals_uninterrupted(name):
     compressor = build(name)
     module, model, _ = make_ddp(compressor)
     optimizer = train(model, data[:4])
-    saved = checkpoint({"model": module.state_dict(), "optimizer": optimizer.state_dict(),
-                        "compressor": compressor.state_dict()})
+    saved = checkpoint(
+        {"model": module.state_dict(), "optimizer": optimizer.state_dict(), "compressor": compressor.state_dict()}
+    )
     compressor = build(name)
     compressor.load_state_dict(saved["compressor"])
     module, model, _ = make_ddp(compressor, seed=1)  # other initial weights: the checkpoint's win
@@ -160,8 +172,7 @@ def test_a_pickled_state_resumes_like_a_checkpoint():
     saved = {"model": module.state_dict(), "optimizer": optimizer.state_dict()}
     torch.manual_seed(1)
     module = type(module)()
-    model = torch.nn.parallel.DistributedDataParallel(module, find_unused_parameters=True,
-                                                      bucket_cap_mb=0.05)
+    model = torch.nn.parallel.DistributedDataParallel(module, find_unused_parameters=True, bucket_cap_mb=0.05)
     hvd_compress.ddp.register(model, restored)
     module.load_state_dict(saved["model"])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -233,8 +244,11 @@ def test_two_ddp_models_share_fp16_and_refuse_a_stateful_compressor():
     is shared: the two models train as with an FP16 each."""
     for compression in (hc.PowerSGD(rank=2), controlled("lgreco")):
         served = make_ddp(compression)
-        with pytest.raises(ValueError, match=r"^compressor: this \w+ object already serves an "
-                                             r"hvd_compress.ddp hook's State.*compressor=copy\.deepcopy"):
+        with pytest.raises(
+            ValueError,
+            match=r"^compressor: this \w+ object already serves an "
+            r"hvd_compress.ddp hook's State.*compressor=copy\.deepcopy",
+        ):
             make_ddp(compression, seed=1)
         assert served[2].compressor is compression
     data = list(batches(3, seed=5))

@@ -1,4 +1,5 @@
 """Run by tests/test_elastic.py: which controller a run has inside ``hvd.elastic.run``."""
+
 import horovod.torch as hvd
 
 hvd.init()

@@ -2,6 +2,7 @@
 (SIGSTOP, as a hung host) as it enters L-GreCo's exchange of decision 1, after the step's
 gradients were exchanged; rank 1 waits there and must raise DecisionTimeout within the timeout.
 Rank 1 prints ``DEAD_RANK0_RESULT waited <seconds> s: <exception>``."""
+
 import os
 import signal
 import time
@@ -16,10 +17,16 @@ from benchmarks.workloads.digits import DigitsCNN
 hvd.init()
 torch.manual_seed(0)
 model = DigitsCNN()
-compression = hc.LGreCo(hc.PowerSGD(model.named_parameters(), rank=2, min_numel=0), warmup_steps=3,
-                        decide_every=100, apply_delay=1, timeout=float(os.environ["DECISION_TIMEOUT"]))
-optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                     named_parameters=model.named_parameters(), compression=compression)
+compression = hc.LGreCo(
+    hc.PowerSGD(model.named_parameters(), rank=2, min_numel=0),
+    warmup_steps=3,
+    decide_every=100,
+    apply_delay=1,
+    timeout=float(os.environ["DECISION_TIMEOUT"]),
+)
+optimizer = hvd.DistributedOptimizer(
+    torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters(), compression=compression
+)
 exchange, entered = compression.service.exchange, []
 
 
@@ -38,5 +45,6 @@ try:
         optimizer.step()
     raise AssertionError("rank 1 was not stopped by the missing decision")
 except hc.DecisionTimeout as error:
-    print(f"DEAD_RANK0_RESULT waited {time.monotonic() - entered[0]:.2f} s: "
-          f"{type(error).__name__}: {error}", flush=True)
+    print(
+        f"DEAD_RANK0_RESULT waited {time.monotonic() - entered[0]:.2f} s: {type(error).__name__}: {error}", flush=True
+    )

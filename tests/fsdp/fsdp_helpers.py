@@ -1,6 +1,7 @@
 """What the FSDP test files share: HSDP over a ("replicate", "shard") mesh of a small network
 with a layer used on rank 0 only and one used by no rank, rank-dependent data, and a
 reference computed from every rank's raw gradients."""
+
 import tempfile
 
 import torch
@@ -187,5 +188,4 @@ def load(model, optimizer, state, path):
     # Partial: get_state_dict makes a momentum buffer for every parameter of a fresh
     # optimizer, but ``spare`` never had a gradient, so the checkpoint has none for it.
     dcp.load(everything, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=True))
-    set_state_dict(model, optimizer, model_state_dict=everything["model"],
-                   optim_state_dict=everything["optim"])
+    set_state_dict(model, optimizer, model_state_dict=everything["model"], optim_state_dict=everything["optim"])

@@ -3,6 +3,7 @@ mesh): every registered method and both controllers keep replicas bit-identical 
 reference computed from every rank's raw gradients; checkpoints through
 torch.distributed.checkpoint; a non-finite gradient on one rank; unused parameters; gradient
 accumulation; mixed precision; misuse refused (pure FSDP: test_fsdp_quantized.py)."""
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -16,9 +17,23 @@ from hvd_compress.registry import controllable
 
 import overflow  # tests/overflow.py
 from degenerate import Degenerate  # tests/degenerate.py
-from fsdp_helpers import (METHODS, TOLERANCE, Net, assert_replicas_identical, batches, everyone,
-                          expected_shards, load, local_shards, loss_of, make_hsdp, mesh, save,
-                          shared_directory, train)
+from fsdp_helpers import (
+    METHODS,
+    TOLERANCE,
+    Net,
+    assert_replicas_identical,
+    batches,
+    everyone,
+    expected_shards,
+    load,
+    local_shards,
+    loss_of,
+    make_hsdp,
+    mesh,
+    save,
+    shared_directory,
+    train,
+)
 
 # Each registered controller at its multi-rank settings (L-GreCo decides at 2, 5, ...), over
 # the first compressor it can wrap.
@@ -28,8 +43,7 @@ CONTROLLERS = sorted(hc.CONTROLLERS)
 def build(name, named_parameters=None):
     if name in hc.CONTROLLERS:
         method = hc.CONTROLLERS[name]
-        return method.build(hc.COMPRESSORS[controllable()[0]].build(named_parameters, small=True),
-                            ranks=True)
+        return method.build(hc.COMPRESSORS[controllable()[0]].build(named_parameters, small=True), ranks=True)
     return hc.COMPRESSORS[name].build(named_parameters, small=True)
 
 
@@ -128,8 +142,7 @@ def train_skipping_non_finite_steps(name, bad_step=None, skipped_step=None, step
         model.poison = step == bad_step and dist.get_rank() == dist.get_world_size() - 1
         optimizer.zero_grad()
         loss_of(model, x, y).backward()
-        finite = all(torch.isfinite(p.grad.to_local()).all().item() for p in model.parameters()
-                     if p.grad is not None)
+        finite = all(torch.isfinite(p.grad.to_local()).all().item() for p in model.parameters() if p.grad is not None)
         finite_steps.append(finite)
         if finite:
             optimizer.step()
@@ -157,7 +170,7 @@ def accumulated_gradients(compressor, how, **fsdp_options):
     data = list(batches(4, seed=7))
     for step in range(2):
         optimizer.zero_grad()
-        for micro, (x, y) in enumerate(data[2 * step:2 * step + 2]):
+        for micro, (x, y) in enumerate(data[2 * step : 2 * step + 2]):
             last = micro == 1
             if how == "no_sync":
                 model.set_requires_gradient_sync(last)
@@ -251,8 +264,11 @@ def test_a_compressor_serving_another_hsdp_model_is_refused():
     """One object for two models: refused at the second ``register``, on every rank alike."""
     compressor = hc.PowerSGD(rank=2)
     _, _, state = make_hsdp(compressor)
-    with pytest.raises(ValueError, match=r"^compressor: this PowerSGD object already serves an HSDP "
-                                         r"model.*compressor=copy\.deepcopy"):
+    with pytest.raises(
+        ValueError,
+        match=r"^compressor: this PowerSGD object already serves an HSDP "
+        r"model.*compressor=copy\.deepcopy",
+    ):
         make_hsdp(compressor, seed=1)
     assert state.compressor is compressor
 
@@ -265,7 +281,8 @@ def test_a_compressor_built_with_named_parameters_compresses_the_shards(name):
     _, named, _ = make_hsdp()
     state = hvd_compress.fsdp.register(named, build(name, named.named_parameters()))
     assert {n: tuple(p.shape) for n, p in state.compressor.parameters.items()} == {
-        n: tuple(p.to_local().shape) for n, p in named.named_parameters()}
+        n: tuple(p.to_local().shape) for n, p in named.named_parameters()
+    }
     train(unnamed, batches(5, seed=3))
     train(named, batches(5, seed=3))
     for (n, shard), other in zip(local_shards(named).items(), local_shards(unnamed).values()):
@@ -305,6 +322,7 @@ def test_degenerate_shapes_travel_as_plain_hsdp_trains_them(name):
     refuses scalar and non-contiguous parameters and cannot reduce an empty one
     (``_chunk_cat expects non-empty tensor``), so those stay out. Three steps keep replicas
     identical, and the uncompressed baseline's shards equal plain HSDP's bit for bit."""
+
     def trained(compressor):
         torch.manual_seed(0)
         model = Degenerate(strided=False)

@@ -3,6 +3,7 @@ reduce-scatter gives the exact reduce-scatter of the ranks' dequantized inputs, 
 rank's residual, skips a non-finite step on every rank without a trace, resumes from a DCP
 checkpoint bit for bit, follows FSDP's reduce dtypes, trains a compiled model as an eager one,
 and refuses other compressors and ranks configured differently."""
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -11,8 +12,18 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 import hvd_compress as hc
 import hvd_compress.fsdp
 
-from fsdp_helpers import batches, everyone, gathered, load, local_shards, loss_of, make_fsdp, save, \
-    shared_directory, train
+from fsdp_helpers import (
+    batches,
+    everyone,
+    gathered,
+    load,
+    local_shards,
+    loss_of,
+    make_fsdp,
+    save,
+    shared_directory,
+    train,
+)
 
 
 def recording(compressor):
@@ -53,7 +64,7 @@ def test_shards_are_the_exact_reduce_scatter_of_the_dequantized_inputs(bits):
             rows = -(-shape[0] // world)
             width = rows * torch.Size(shape[1:]).numel()
             mine = grads[name].reshape(-1)
-            assert torch.equal(mine, expected[offset:offset + mine.numel()]), name
+            assert torch.equal(mine, expected[offset : offset + mine.numel()]), name
             offset += width
     # And close to the exact mean of the raw gradients.
     names, params = zip(*plain.named_parameters())
@@ -76,7 +87,7 @@ def test_each_rank_keeps_its_input_minus_what_it_sent():
         for name, shape in layout:
             per_rank = -(-shape[0] // world)
             width = per_rank * torch.Size(shape[1:]).numel()
-            expected = left_out[:, offset:offset + width].reshape(world * per_rank, *shape[1:])[:shape[0]]
+            expected = left_out[:, offset : offset + width].reshape(world * per_rank, *shape[1:])[: shape[0]]
             assert torch.equal(state.compressor.residual(name), expected), name
             offset += width
     assert state.iter == 1
@@ -92,12 +103,18 @@ def train_with_a_non_finite_step(bad_step):
         optimizer.zero_grad()
         model.poison = step == bad_step and dist.get_rank() == 1
         loss_of(model, x, y).backward()
-        finite.append(all(bool(torch.isfinite(p.grad.to_local()).all())
-                          for p in model.parameters() if p.grad is not None))
+        finite.append(
+            all(bool(torch.isfinite(p.grad.to_local()).all()) for p in model.parameters() if p.grad is not None)
+        )
         if finite[-1]:
             optimizer.step()
-        residuals.append({name: state.compressor.residual(name).clone()
-                          for name, _ in model.named_parameters() if state.compressor.residual(name) is not None})
+        residuals.append(
+            {
+                name: state.compressor.residual(name).clone()
+                for name, _ in model.named_parameters()
+                if state.compressor.residual(name) is not None
+            }
+        )
     return residuals, finite, state
 
 

@@ -2,6 +2,7 @@
 
 Fail fast: a rank whose test fails would leave the others waiting in a collective, so it
 takes the whole job down at once (MPI Abort under mpirun, process exit under Gloo)."""
+
 import os
 
 import horovod.torch as hvd
@@ -13,6 +14,7 @@ UNDER_MPI = "OMPI_COMM_WORLD_RANK" in os.environ
 
 if UNDER_MPI:
     from mpi4py import MPI  # initialises MPI before Horovod, which then shares the world
+
     hvd.init(comm=MPI.COMM_WORLD)
 else:
     hvd.init()

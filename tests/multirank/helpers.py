@@ -24,8 +24,9 @@ def distributed(model, optimizer, compressor_name, path, broadcast=True, setting
     settings = settings or {}
     if path == "stock":
         compressor = hc.COMPRESSORS[compressor_name].build(model.named_parameters(), small=True, **settings)
-        opt = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                       compression=compressor, **kwargs)
+        opt = hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), compression=compressor, **kwargs
+        )
     else:
         compressor = hc.COMPRESSORS[compressor_name].build(small=True, **settings)
         opt = hc.DistributedOptimizer(optimizer, model.named_parameters(), compressor, **kwargs)
@@ -35,7 +36,7 @@ def distributed(model, optimizer, compressor_name, path, broadcast=True, setting
 def rank_batches(steps, batch_size=32, seed=0):
     """Different data on every rank: rank r's batches from its shard of the digits."""
     x, y, _, _ = digits.load_digits_split()
-    x, y = x[hvd.rank()::hvd.size()], y[hvd.rank()::hvd.size()]
+    x, y = x[hvd.rank() :: hvd.size()], y[hvd.rank() :: hvd.size()]
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         idx = torch.randint(len(y), (batch_size,), generator=g)

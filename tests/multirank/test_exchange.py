@@ -1,4 +1,5 @@
 """Real Horovod, several ranks: identical parameters, correct aggregates, the edge cases."""
+
 import horovod.torch as hvd
 import pytest
 import torch
@@ -8,8 +9,16 @@ import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
 from benchmarks.workloads.digits import DigitsCNN
 
-from helpers import (CONFIGS, DENSE_SWITCHABLE, PATHS, assert_parameters_identical, distributed, gathered,
-                     rank_batches, sends_whole)
+from helpers import (
+    CONFIGS,
+    DENSE_SWITCHABLE,
+    PATHS,
+    assert_parameters_identical,
+    distributed,
+    gathered,
+    rank_batches,
+    sends_whole,
+)
 from degenerate import Degenerate  # tests/degenerate.py
 from poison import OneInf  # tests/poison.py
 
@@ -23,8 +32,7 @@ TOLERANCE = {"fp16": 2e-3, "bf16": 2e-2}
 def test_parameters_bit_identical_after_20_steps(method, path):
     torch.manual_seed(hvd.rank())  # different initial weights: broadcast must fix them
     model = DigitsCNN()
-    opt, _ = distributed(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                         method, path)
+    opt, _ = distributed(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), method, path)
     for x, y in rank_batches(20):
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
@@ -119,7 +127,7 @@ def train_under_gradscaler(path, explicit_unscale):
     torch.manual_seed(0)
     model = DigitsCNN()
     opt, _ = distributed(model, torch.optim.SGD(model.parameters(), lr=0.05), "topk", path)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     poison = OneInf()
     next(p for p in model.parameters() if p.dim() >= 2).register_hook(poison)
     scales = []
@@ -143,7 +151,7 @@ def test_gradscaler_overflow_on_one_rank_skips_the_step_on_every_rank(path, expl
     """Every rank's scaler sees the exchanged gradients: the overflow halves every rank's scale,
     no rank steps on it, and the replicas stay identical."""
     model, scales = train_under_gradscaler(path, explicit_unscale)
-    assert scales == [2.0 ** 10, 2.0 ** 9, 2.0 ** 9, 2.0 ** 9]
+    assert scales == [2.0**10, 2.0**9, 2.0**9, 2.0**9]
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert_parameters_identical(model, f"gradscaler.{path}.{explicit_unscale}")
 
@@ -154,7 +162,7 @@ def test_gradscaler_before_synchronize_fails_on_every_rank():
     torch.manual_seed(0)
     model = DigitsCNN()
     opt, _ = distributed(model, torch.optim.SGD(model.parameters(), lr=0.05), "topk", "wrapper")
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     x, y = next(rank_batches(1))
     scaler.scale(nn.functional.cross_entropy(model(x), y)).backward()
     with pytest.raises(RuntimeError, match="before they were exchanged"):
@@ -170,14 +178,12 @@ def test_half_precision_models(dtype, method, path):
     cross Horovod (which has no bf16) as float32."""
     torch.manual_seed(0)  # identical weights everywhere: Horovod cannot broadcast bf16
     model = DigitsCNN().to(dtype)
-    opt, _ = distributed(model, torch.optim.SGD(model.parameters(), lr=0.05), method, path,
-                         broadcast=False)
+    opt, _ = distributed(model, torch.optim.SGD(model.parameters(), lr=0.05), method, path, broadcast=False)
     for x, y in rank_batches(3, seed=3):
         opt.zero_grad()
         nn.functional.cross_entropy(model(x.to(dtype)).float(), y).backward()
         opt.synchronize()
-        assert all(p.grad.dtype == dtype and torch.isfinite(p.grad.float()).all()
-                   for p in model.parameters())
+        assert all(p.grad.dtype == dtype and torch.isfinite(p.grad.float()).all() for p in model.parameters())
         with opt.skip_synchronize():
             opt.step()
     for name, p in model.named_parameters():
@@ -217,9 +223,11 @@ def test_sparse_gradients_take_horovods_allgather_path():
     embedding = nn.Embedding(50, 8, sparse=True)
     hvd.broadcast_parameters(embedding.state_dict(), root_rank=0)
     compressor = hc.PowerSGD(embedding.named_parameters(), rank=2, min_numel=0)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(embedding.parameters(), lr=0.1),
-                                   named_parameters=embedding.named_parameters(),
-                                   compression=compressor)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(embedding.parameters(), lr=0.1),
+        named_parameters=embedding.named_parameters(),
+        compression=compressor,
+    )
     ids = torch.tensor([hvd.rank(), 10 + hvd.rank()])
     embedding(ids).sum().backward()
     opt.synchronize()
@@ -239,16 +247,18 @@ def test_compressors_configured_differently_fail_loudly(path):
     with pytest.raises(ValueError, match=r"PowerSGD: default is \d on rank \d but \d on rank \d"):
         if path == "stock":
             compressor = hc.PowerSGD(model.named_parameters(), rank=rank_setting)
-            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                           compression=compressor)
+            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compressor)
         else:
             opt = hc.DistributedOptimizer(opt, model.named_parameters(), hc.PowerSGD(rank=rank_setting))
         x, y = next(rank_batches(1))  # checked at the first step, on either path
         nn.functional.cross_entropy(model(x), y).backward()
 
 
-FUSIONS = {"tiny buckets": hc.ScaledFusion(4096, scaled=False), "scaled default": hc.ScaledFusion(),
-           "whole model": hc.ScaledFusion(2 ** 62, scaled=False)}
+FUSIONS = {
+    "tiny buckets": hc.ScaledFusion(4096, scaled=False),
+    "scaled default": hc.ScaledFusion(),
+    "whole model": hc.ScaledFusion(2**62, scaled=False),
+}
 
 
 @pytest.mark.parametrize("fusion", sorted(FUSIONS))
@@ -256,14 +266,16 @@ FUSIONS = {"tiny buckets": hc.ScaledFusion(4096, scaled=False), "scaled default"
 def test_fused_aggregates_match_reference_and_plans_agree(method, fusion):
     model = DigitsCNN()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                  model.named_parameters(), hc.COMPRESSORS[method].build(small=True),
-                                  fusion=FUSIONS[fusion])
+    opt = hc.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        model.named_parameters(),
+        hc.COMPRESSORS[method].build(small=True),
+        fusion=FUSIONS[fusion],
+    )
     reference = SimulatedWorld([hc.COMPRESSORS[method].build(small=True) for _ in range(hvd.size())])
     digests = []
     for step, (x, y) in enumerate(rank_batches(3, seed=7)):
-        check_step_against_reference(model, opt, reference, method, x, y,
-                                     f"fused.{method}.{fusion}.{step}")
+        check_step_against_reference(model, opt, reference, method, x, y, f"fused.{method}.{fusion}.{step}")
         digests.append(opt._scheduler.plan().digest())
         with opt.skip_synchronize():
             opt.step()
@@ -292,7 +304,7 @@ def test_a_layer_switched_to_dense_sends_its_residual_once(method, path):
             compressor.set_setting(name, sends_whole(compressor, tuple(param.shape)))
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(x), y)
-        raw, = torch.autograd.grad(loss, [param], retain_graph=True)
+        (raw,) = torch.autograd.grad(loss, [param], retain_graph=True)
         loss.backward()
         opt.synchronize()
         if step >= 3:
@@ -343,13 +355,12 @@ def test_degenerate_shapes_match_the_reference(method, path):
     refuses: every payload handed to Horovod is contiguous."""
     torch.manual_seed(0)  # the same weights everywhere: hvd.broadcast_parameters refuses strided ones
     module = Degenerate()
-    opt, _ = distributed(module, torch.optim.SGD(module.parameters(), lr=0.05), method, path,
-                         broadcast=False, settings={"min_numel": 0})
-    reference = SimulatedWorld([hc.COMPRESSORS[method].build(small=True, min_numel=0)
-                                for _ in range(hvd.size())])
+    opt, _ = distributed(
+        module, torch.optim.SGD(module.parameters(), lr=0.05), method, path, broadcast=False, settings={"min_numel": 0}
+    )
+    reference = SimulatedWorld([hc.COMPRESSORS[method].build(small=True, min_numel=0) for _ in range(hvd.size())])
     for step, (x, y) in enumerate(rank_batches(3, seed=8)):
-        check_step_against_reference(module, opt, reference, method, x, y % 2,
-                                     f"degenerate.{method}.{path}.{step}")
+        check_step_against_reference(module, opt, reference, method, x, y % 2, f"degenerate.{method}.{path}.{step}")
         with opt.skip_synchronize():
             opt.step()
     assert_parameters_identical(module, f"degenerate.{method}.{path}")

@@ -1,5 +1,6 @@
 """GraVAC on real ranks: the factor changes during training, every rank takes the same factor
 at the same step, and parameters stay bit-identical through the changes."""
+
 import horovod.torch as hvd
 import pytest
 import torch
@@ -51,8 +52,9 @@ def test_float16_dense_steps_feed_the_policy_on_real_ranks(path):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     named = model.named_parameters() if path == "stock" else None
-    gravac = hc.GraVAC(hc.TopK(named, density=0.1), theta_min=4, theta_max=64, window=3,
-                       epsilon=1.0, scale_down_to="dense")
+    gravac = hc.GraVAC(
+        hc.TopK(named, density=0.1), theta_min=4, theta_max=64, window=3, epsilon=1.0, scale_down_to="dense"
+    )
     if path == "stock":
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=gravac)
     else:

@@ -1,6 +1,7 @@
 """L-GreCo on real ranks: every rank applies every decision at the same step, parameters stay
 identical, and a stalled rank 0 makes every rank fail within the timeout. The service runs over
 Horovod's collectives under both launchers."""
+
 import threading
 import time
 
@@ -32,8 +33,7 @@ def lgreco_optimizer(model, inner, path, **kwargs):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     if path == "stock":
         lgreco = hc.LGreCo(INNER[inner](model.named_parameters()), **options)
-        return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                        compression=lgreco), lgreco
+        return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=lgreco), lgreco
     lgreco = hc.LGreCo(INNER[inner](None), **options)
     return hc.DistributedOptimizer(opt, model.named_parameters(), lgreco), lgreco
 
@@ -50,8 +50,7 @@ def test_every_rank_applies_each_decision_at_the_same_step(inner, path):
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
         history.append(tuple(lgreco.setting(name) for name in names))
-    decisions = [(d.version, d.decided_at, d.effective_step, sorted(d.settings.items()))
-                 for d in lgreco.decisions]
+    decisions = [(d.version, d.decided_at, d.effective_step, sorted(d.settings.items())) for d in lgreco.decisions]
     assert [d[:3] for d in decisions] == [(1, 4, 6), (2, 10, 12), (3, 16, 18)]
     # Under mpirun too: no MPI calls of ours beside Horovod's background thread (issue 31).
     assert isinstance(lgreco.service.transport, HorovodTransport)

@@ -1,4 +1,5 @@
 """Horovod's options of DistributedOptimizer, on both paths: honoured, or refused at once."""
+
 import copy
 import warnings
 
@@ -55,8 +56,7 @@ def test_op_sum_sums_every_gradient(method, path):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("method", ["powersgd", "topk", "acpsgd"])
 def test_gradient_predivide_factor_changes_nothing_but_rounding(method, path):
-    assert_close(gradients_after(method, path, gradient_predivide_factor=4.0),
-                 gradients_after(method, path), method)
+    assert_close(gradients_after(method, path, gradient_predivide_factor=4.0), gradients_after(method, path), method)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -67,13 +67,15 @@ def test_backward_passes_per_step_accumulates_locally(method, path):
     for passes in [1, 2]:
         torch.manual_seed(0)
         model = DigitsCNN()
-        opt, _ = distributed(model, torch.optim.SGD(model.parameters(), lr=0.0), method, path,
-                             backward_passes_per_step=passes)
+        opt, _ = distributed(
+            model, torch.optim.SGD(model.parameters(), lr=0.0), method, path, backward_passes_per_step=passes
+        )
         x, y = next(rank_batches(1, batch_size=32, seed=5))
         opt.zero_grad()
         if passes == 1:
-            (nn.functional.cross_entropy(model(x[:16]), y[:16])
-             + nn.functional.cross_entropy(model(x[16:]), y[16:])).backward()
+            (
+                nn.functional.cross_entropy(model(x[:16]), y[:16]) + nn.functional.cross_entropy(model(x[16:]), y[16:])
+            ).backward()
         else:
             nn.functional.cross_entropy(model(x[:16]), y[:16]).backward()
             nn.functional.cross_entropy(model(x[16:]), y[16:]).backward()
@@ -89,14 +91,17 @@ def test_stock_groups_are_honoured(method):
 
 def test_wrapper_refuses_groups_and_unsupported_ops():
     model = DigitsCNN()
-    for options, match in [({"num_groups": 2}, "num_groups/groups"),
-                           ({"op": hvd.Adasum}, "op: .* got hvd.Adasum"),
-                           ({"op": hvd.Max}, "got hvd.Max"),
-                           ({"op": hvd.Sum, "gradient_predivide_factor": 2.0}, "only with op=hvd.Average"),
-                           ({"gradient_predivide_factor": 0.0}, "gradient_predivide_factor")]:
+    for options, match in [
+        ({"num_groups": 2}, "num_groups/groups"),
+        ({"op": hvd.Adasum}, "op: .* got hvd.Adasum"),
+        ({"op": hvd.Max}, "got hvd.Max"),
+        ({"op": hvd.Sum, "gradient_predivide_factor": 2.0}, "only with op=hvd.Average"),
+        ({"gradient_predivide_factor": 0.0}, "gradient_predivide_factor"),
+    ]:
         with pytest.raises(ValueError, match=match):
-            hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                    model.named_parameters(), hc.PowerSGD(rank=2), **options)
+            hc.DistributedOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), hc.PowerSGD(rank=2), **options
+            )
 
 
 @pytest.mark.parametrize("op, name", [(hvd.Adasum, "hvd.Adasum"), (hvd.Max, "hvd.Max")])
@@ -104,9 +109,12 @@ def test_stock_refuses_unsupported_ops_at_the_first_step_on_every_rank(op, name)
     torch.manual_seed(0)
     model = DigitsCNN()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters(), op=op,
-                                   compression=hc.PowerSGD(model.named_parameters(), rank=2))
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(),
+        op=op,
+        compression=hc.PowerSGD(model.named_parameters(), rank=2),
+    )
     x, y = next(rank_batches(1))
     with pytest.raises(ValueError, match=f"got {name}"):
         nn.functional.cross_entropy(model(x), y).backward()
@@ -122,11 +130,11 @@ def test_sparse_as_dense_either_way_keeps_ranks_identical(path, sparse_as_dense)
     compressor = hc.PowerSGD(embedding.named_parameters() if path == "stock" else None, rank=2, min_numel=0)
     opt = torch.optim.SGD(embedding.parameters(), lr=0.1)
     if path == "stock":
-        opt = hvd.DistributedOptimizer(opt, named_parameters=embedding.named_parameters(),
-                                       compression=compressor, sparse_as_dense=sparse_as_dense)
+        opt = hvd.DistributedOptimizer(
+            opt, named_parameters=embedding.named_parameters(), compression=compressor, sparse_as_dense=sparse_as_dense
+        )
     else:
-        opt = hc.DistributedOptimizer(opt, embedding.named_parameters(), compressor,
-                                      sparse_as_dense=sparse_as_dense)
+        opt = hc.DistributedOptimizer(opt, embedding.named_parameters(), compressor, sparse_as_dense=sparse_as_dense)
     for step in range(3):
         opt.zero_grad()
         embedding(torch.tensor([hvd.rank(), 10 + step])).sum().backward()
@@ -146,11 +154,19 @@ def test_wrapper_hands_sparse_gradients_back_sparse_for_sparse_adam(sparse_as_de
     model = nn.ModuleDict({"embedding": embedding, "linear": linear})
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     compressor = hc.PowerSGD(rank=2, min_numel=0)
-    opts = [hc.DistributedOptimizer(torch.optim.SparseAdam(embedding.parameters(), lr=0.1),
-                                    embedding.named_parameters(prefix="embedding"), compressor,
-                                    sparse_as_dense=sparse_as_dense),
-            hc.DistributedOptimizer(torch.optim.SGD(linear.parameters(), lr=0.1),
-                                    linear.named_parameters(prefix="linear"), hc.PowerSGD(rank=2, min_numel=0))]
+    opts = [
+        hc.DistributedOptimizer(
+            torch.optim.SparseAdam(embedding.parameters(), lr=0.1),
+            embedding.named_parameters(prefix="embedding"),
+            compressor,
+            sparse_as_dense=sparse_as_dense,
+        ),
+        hc.DistributedOptimizer(
+            torch.optim.SGD(linear.parameters(), lr=0.1),
+            linear.named_parameters(prefix="linear"),
+            hc.PowerSGD(rank=2, min_numel=0),
+        ),
+    ]
     for step in range(3):
         for opt in opts:
             opt.zero_grad()
@@ -179,8 +195,9 @@ def test_a_sparse_gradient_leaves_its_fusion_bucket_to_the_others():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Embedding(50, 8, sparse=True), nn.Linear(8, 16))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
-                                  hc.TopK(density=0.5, min_numel=0))
+    opt = hc.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), hc.TopK(density=0.5, min_numel=0)
+    )
     for step in range(3):
         opt.zero_grad()
         model(torch.tensor([hvd.rank(), 10 + step])).sum().backward()
@@ -202,8 +219,7 @@ def test_wrapper_warns_as_horovod_when_step_follows_synchronize():
                     opt.step()
             else:
                 opt.step()
-        warned = any("optimizer.step() called without optimizer.skip_synchronize()" in str(w.message)
-                     for w in caught)
+        warned = any("optimizer.step() called without optimizer.skip_synchronize()" in str(w.message) for w in caught)
         assert warned == (not skip), [str(w.message) for w in caught]
 
 
@@ -214,9 +230,9 @@ def test_wrapper_names_parameters_as_horovod():
     groups = [{"params": model[0].parameters()}, {"params": model[1].parameters()}]
     theirs = hvd.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1))
     assert ours._parameter_names == theirs._parameter_names
-    assert hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   model.named_parameters())._parameter_names == \
-        {p: name for name, p in model.named_parameters()}
+    assert hc.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters()
+    )._parameter_names == {p: name for name, p in model.named_parameters()}
 
 
 def stock_run(method, named_optimizer, named_compressor, steps=2):
@@ -225,11 +241,12 @@ def stock_run(method, named_optimizer, named_compressor, steps=2):
     torch.manual_seed(0)
     model = DigitsCNN()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    compressor = hc.COMPRESSORS[method].build(model.named_parameters() if named_compressor else None,
-                                              small=True)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                   named_parameters=model.named_parameters() if named_optimizer else None,
-                                   compression=compressor)
+    compressor = hc.COMPRESSORS[method].build(model.named_parameters() if named_compressor else None, small=True)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        named_parameters=model.named_parameters() if named_optimizer else None,
+        compression=compressor,
+    )
     for x, y in rank_batches(steps, seed=9):
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
@@ -274,8 +291,9 @@ class GAN:
             optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
             named = [(f"{part}.{name}", p) for name, p in model.named_parameters()]
             if path == "stock":
-                self.optimizers.append(hvd.DistributedOptimizer(optimizer, named_parameters=named,
-                                                                compression=compression))
+                self.optimizers.append(
+                    hvd.DistributedOptimizer(optimizer, named_parameters=named, compression=compression)
+                )
             else:
                 self.optimizers.append(hc.DistributedOptimizer(optimizer, named, compression))
 
@@ -298,25 +316,35 @@ class GAN:
             g_opt.step()
 
     def parameters(self):
-        return {f"{part}.{name}": p.detach().clone() for part in ("discriminator", "generator")
-                for name, p in getattr(self, part).named_parameters()}
+        return {
+            f"{part}.{name}": p.detach().clone()
+            for part in ("discriminator", "generator")
+            for name, p in getattr(self, part).named_parameters()
+        }
 
 
 def test_a_compressor_shared_by_a_gans_stock_optimizers_is_refused_with_what_to_do():
     """One TopK for both stock optimizers: the discriminator's steps first and serves it; the
     generator's first gradient is refused on every rank alike, with the way out."""
     gan = GAN("stock", [hc.TopK(density=1.0)] * 2)
-    with pytest.raises(ValueError, match=r"compression: this TopK object already serves a stock "
-                                         r"hvd.DistributedOptimizer.*copy\.deepcopy"):
+    with pytest.raises(
+        ValueError,
+        match=r"compression: this TopK object already serves a stock "
+        r"hvd.DistributedOptimizer.*copy\.deepcopy",
+    ):
         gan.train(1)
 
 
 @pytest.mark.parametrize("method", ["topk", "lgreco"])
 def test_a_compressor_shared_by_a_gans_wrapper_optimizers_is_refused_at_construction(method):
-    compression = (hc.TopK(density=1.0) if method == "topk"
-                   else hc.CONTROLLERS["lgreco"].build(hc.PowerSGD(rank=2), ranks=True))
-    with pytest.raises(ValueError, match=r"compression: this .* object already serves an "
-                                         r"hvd_compress.DistributedOptimizer over Adam.*copy\.deepcopy"):
+    compression = (
+        hc.TopK(density=1.0) if method == "topk" else hc.CONTROLLERS["lgreco"].build(hc.PowerSGD(rank=2), ranks=True)
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"compression: this .* object already serves an "
+        r"hvd_compress.DistributedOptimizer over Adam.*copy\.deepcopy",
+    ):
         GAN("wrapper", [compression] * 2)
 
 
@@ -341,10 +369,10 @@ def test_a_gan_shares_fp16_and_trains_as_with_two_copies(path):
     assert_parameters_identical(copies.generator, f"gan.{path}.copies")
 
 
-@pytest.mark.parametrize("options", [{}, {"op": hvd.Sum}, {"gradient_predivide_factor": 2.0},
-                                     {"gradient_predivide_factor": "size"}])
-@pytest.mark.parametrize("method,dtype", [("fp16", torch.float32), ("fp16", torch.float16),
-                                          ("none", torch.float16)])
+@pytest.mark.parametrize(
+    "options", [{}, {"op": hvd.Sum}, {"gradient_predivide_factor": 2.0}, {"gradient_predivide_factor": "size"}]
+)
+@pytest.mark.parametrize("method,dtype", [("fp16", torch.float32), ("fp16", torch.float16), ("none", torch.float16)])
 @pytest.mark.parametrize("path", PATHS)
 def test_a_float16_mean_whose_sum_overflows_survives(path, method, dtype, options):
     """30000 on rank 0 and 50000 on the last rank (evenly between): their float16 sum is Inf,
@@ -405,15 +433,18 @@ def trained_weights(path, compile_model, compiled_autograd=False, steps=4):
     # torch 2.13's inductor on a CPU gives this CNN's convolutions zero gradients when it
     # converts them to channels_last (layout_optimization); docs/methods.md has the reproducer.
     # torch.compile reads compiled_autograd when it wraps a function: both patched around all.
-    with torch._dynamo.config.patch(compiled_autograd=compiled_autograd), \
-            torch._inductor.config.patch(layout_optimization=False):
+    with (
+        torch._dynamo.config.patch(compiled_autograd=compiled_autograd),
+        torch._inductor.config.patch(layout_optimization=False),
+    ):
         torch.manual_seed(0)
         module = DigitsCNN()
         model = torch.compile(module) if compile_model else module
         local = torch.optim.SGD(module.parameters(), lr=0.05)
         if path == "diloco":
-            opt = hc.DiLoCo(local, module.named_parameters(), hc.COMPRESSORS["powersgd"].build(small=True),
-                            inner_steps=2)
+            opt = hc.DiLoCo(
+                local, module.named_parameters(), hc.COMPRESSORS["powersgd"].build(small=True), inner_steps=2
+            )
         else:
             opt, _ = distributed(module, local, "powersgd", path)
 

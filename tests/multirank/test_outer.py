@@ -1,5 +1,6 @@
 """hvd_compress.DiLoCo through Horovod (``horovodrun``/``mpirun``): the cases of
 tests/outer_cases.py, shared with the torchrun launch (tests/ddp/test_ddp_outer.py)."""
+
 import sys
 from pathlib import Path
 
@@ -51,4 +52,3 @@ def test_ranks_that_disagree_all_fail():
 @pytest.mark.parametrize("method", ["fp16", "none"])
 def test_float16_pseudo_gradients_average_where_their_sum_overflows(method):
     cases.float16_pseudo_gradients_average_where_their_sum_overflows(gather, hvd.rank(), hvd.size(), method)
-

@@ -1,6 +1,7 @@
 """A process set that leaves out rank 0 (launched at np 3, with HOROVOD_DYNAMIC_PROCESS_SETS=1):
 the exchange, the configuration check and L-GreCo's decisions run among ranks 1 and 2 only,
 while rank 0 waits elsewhere. Were any of them to wait on rank 0, the launch would time out."""
+
 import horovod.torch as hvd
 import pytest
 import torch
@@ -34,10 +35,12 @@ def everyone_finishes_together(pair):
 
 def methods(named):
     lgreco = dict(warmup_steps=2, decide_every=3, apply_delay=1, timeout=60.0)
-    return {"powersgd": hc.PowerSGD(named, rank=2),
-            "topk": hc.TopK(named, density=0.05),
-            "scalecom": hc.ScaleCom(named, density=0.05),
-            "lgreco": hc.LGreCo(hc.PowerSGD(named, rank=2), **lgreco)}
+    return {
+        "powersgd": hc.PowerSGD(named, rank=2),
+        "topk": hc.TopK(named, density=0.05),
+        "scalecom": hc.ScaleCom(named, density=0.05),
+        "lgreco": hc.LGreCo(hc.PowerSGD(named, rank=2), **lgreco),
+    }
 
 
 def trained_with_the_pair(method, path, steps):
@@ -49,8 +52,9 @@ def trained_with_the_pair(method, path, steps):
     compression = methods(named)[method]
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     if path == "stock":
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                       compression=compression, process_set=SETS["pair"])
+        opt = hvd.DistributedOptimizer(
+            opt, named_parameters=model.named_parameters(), compression=compression, process_set=SETS["pair"]
+        )
     else:
         opt = hc.DistributedOptimizer(opt, model.named_parameters(), compression, process_set=SETS["pair"])
     for x, y in rank_batches(steps, seed=8):
@@ -67,8 +71,7 @@ def test_training_within_a_set_of_two(pair, method, path):
         return
     model, compression = trained_with_the_pair(method, path, 8)
     for name, p in model.named_parameters():
-        rows = hvd.allgather(p.detach().reshape(1, -1), name=f"pair.{method}.{path}.{name}",
-                             process_set=pair)
+        rows = hvd.allgather(p.detach().reshape(1, -1), name=f"pair.{method}.{path}.{name}", process_set=pair)
         assert torch.equal(rows[0], rows[1]), name
     if method == "lgreco":
         assert [d.version for d in compression.decisions] == [1, 2]

@@ -5,6 +5,7 @@ worker threads. A thread left running into interpreter shutdown aborts the proce
 drops a finished collective's tensors (torch 2.13: "terminate called without an active
 exception"; DEVELOPERS.md). hvd_compress is imported before ``init_process_group``, as in the
 README's examples."""
+
 import gc
 import os
 
@@ -31,8 +32,9 @@ state = hvd_compress.ddp.register(ddp, hvd_compress.PowerSGD(rank=2))
 train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), steps=3)
 net = small_model()
 lgreco = hvd_compress.LGreCo(hvd_compress.TopK(density=0.05), warmup_steps=1, decide_every=2, apply_delay=1)
-diloco = hvd_compress.DiLoCo(torch.optim.AdamW(net.parameters(), lr=1e-3), net.named_parameters(), lgreco,
-                             inner_steps=2)
+diloco = hvd_compress.DiLoCo(
+    torch.optim.AdamW(net.parameters(), lr=1e-3), net.named_parameters(), lgreco, inner_steps=2
+)
 train(net, diloco, steps=8)
 # The default group, named without being held, still makes "auto" torch.distributed's transport.
 assert type(lgreco.service.transport).__name__ == "TorchTransport", lgreco.service.transport

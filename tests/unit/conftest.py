@@ -1,5 +1,6 @@
 """What the benchmark harness tests share: running ``python -m benchmarks`` and checking that a
 sweep of points resumes."""
+
 import json
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ class BenchmarkRuns:
     def run(self, options: List[str]) -> None:
         # Imported here: the torch-only stage (ci/torch_only.sh) runs tests without benchmarks/.
         from benchmarks import __main__ as bench
+
         assert bench.main(options) == 0
 
     def resumes(self, options: List[str], results: Path) -> None:
@@ -25,8 +27,9 @@ class BenchmarkRuns:
         (``mpirun_job`` of the benchmark, ``options[0]``, fails the test) and only rewrites the
         report."""
         points = json.loads(results.read_text())["points"]
-        self.monkeypatch.setattr(f"benchmarks.{options[0]}.mpirun_job",
-                                 lambda *_, **__: pytest.fail("a finished point ran again"))
+        self.monkeypatch.setattr(
+            f"benchmarks.{options[0]}.mpirun_job", lambda *_, **__: pytest.fail("a finished point ran again")
+        )
         self.run(options)
         assert json.loads(results.read_text())["points"] == points
 

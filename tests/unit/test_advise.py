@@ -1,6 +1,7 @@
 """``hvd_compress.advise``: the projection's parts, one process with a stand-in for the ranks,
 and (slow) a 2-rank ``mpirun`` run that prints the table; the shipped quality evidence is the
 one docs/benchmarks.md holds."""
+
 import json
 import os
 import math
@@ -23,16 +24,24 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_shipped_evidence_is_what_docs_benchmarks_md_holds():
     """Rerun ``python -m benchmarks evidence`` after the quality or time-to-quality benchmark
     adds results."""
-    parsed = evidence_script.gather(ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "benchmarks" / "time_to_quality.json")
+    parsed = evidence_script.gather(
+        ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "benchmarks" / "time_to_quality.json"
+    )
     assert json.loads(quality.EVIDENCE.read_text()) == json.loads(json.dumps(parsed))
     assert parsed["workloads"] == {"Digits CNN": "test accuracy", "Character LM": "validation perplexity"}
     assert {"none", "powersgd", "topk", "qsgd", "lgreco/powersgd"} <= set(parsed["methods"])
 
 
 def test_evidence_names_the_measurement_and_judges_it_against_the_limits():
-    evidence = {"workloads": {"LM": "perplexity"}, "methods": {"powersgd": {
-        "rank=8": [{"workload": "LM", "value": "4.586", "delta": "+2.7%", "seeds": 3}],
-        "rank=1": [{"workload": "LM", "value": "5.562", "delta": "+24.5%", "seeds": 1}]}}}
+    evidence = {
+        "workloads": {"LM": "perplexity"},
+        "methods": {
+            "powersgd": {
+                "rank=8": [{"workload": "LM", "value": "4.586", "delta": "+2.7%", "seeds": 3}],
+                "rank=1": [{"workload": "LM", "value": "5.562", "delta": "+24.5%", "seeds": 1}],
+            }
+        },
+    }
     text, ok = quality.evidence_for("powersgd", "rank=8", evidence)
     assert text == "LM: perplexity 4.586 (+2.7%, 3 seeds)" and ok is True
     assert quality.evidence_for("powersgd", "rank=1", evidence)[1] is False
@@ -150,13 +159,22 @@ def test_advice_is_the_fastest_safe_setting_or_not_to_compress():
     assert quality.recommend(fast_link).startswith("do not compress: the link is fast enough")
 
 
-STEPS = {"steps_to_target": {"workload": "LM, loss 1.4", "methods": {
-    "powersgd": {"rank=4": {"factor": 1.5, "seeds": 3, "reached": 3}},
-    "topk": {"density=0.001": {"factor": None, "seeds": 3, "reached": 1}}}}}
+STEPS = {
+    "steps_to_target": {
+        "workload": "LM, loss 1.4",
+        "methods": {
+            "powersgd": {"rank=4": {"factor": 1.5, "seeds": 3, "reached": 3}},
+            "topk": {"density=0.001": {"factor": None, "seeds": 3, "reached": 1}},
+        },
+    }
+}
 
 
 def test_steps_to_target_evidence_gives_the_factor_or_says_it_was_not_reached():
-    assert quality.steps_for("powersgd", "rank=4", STEPS) == ("1.50x the steps (3 of 3 seeds reached it; LM, loss 1.4)", 1.5)
+    assert quality.steps_for("powersgd", "rank=4", STEPS) == (
+        "1.50x the steps (3 of 3 seeds reached it; LM, loss 1.4)",
+        1.5,
+    )
     assert quality.steps_for("topk", "density=0.001", STEPS)[1] == math.inf
     assert quality.steps_for("powersgd", "rank=8", STEPS) == ("", None)
     assert quality.steps_for("none", "", STEPS)[1] == 1.0
@@ -189,15 +207,19 @@ def test_advice_picks_only_by_steps_measured_on_enough_seeds_and_names_a_sooner_
     risky.quality_ok, risky.steps_seeds, risky.steps_evidence = True, 1, "1.20x the steps (1 of 1 seeds reached it)"
     line = quality.recommend([dense, compressed, risky])
     assert line.startswith("compress with powersgd rank=4")
-    assert (f"Projected sooner but on fewer than {quality.PICK_SEEDS} seeds, not picked: topk density=0.001, "
-            f"{risky.to_target:.2f}x its time (1.20x the steps (1 of 1 seeds reached it))") in line
+    assert (
+        f"Projected sooner but on fewer than {quality.PICK_SEEDS} seeds, not picked: topk density=0.001, "
+        f"{risky.to_target:.2f}x its time (1.20x the steps (1 of 1 seeds reached it))"
+    ) in line
     compressed.steps_seeds = 2  # nothing measured on enough seeds: step time decides, and says why
     assert quality.recommend([dense, compressed, risky]).endswith(
-        f"measured on fewer than {quality.PICK_SEEDS} seeds only, so this rests on step time alone")
+        f"measured on fewer than {quality.PICK_SEEDS} seeds only, so this rests on step time alone"
+    )
 
 
 def test_the_timed_check_times_in_the_order_of_the_projection_until_a_timed_setting_beats_the_rest():
     from hvd_compress.advise.check import check_by_timing
+
     dense = candidate("none", "", 0.0, {})
     settings = {name: candidate(name, "", 0.0, {}) for name in ("a", "b", "c", "d")}
     projected = {"a": 0.5, "b": 0.6, "c": 1.0, "d": 0.55}  # time to target, relative to uncompressed
@@ -265,8 +287,10 @@ def test_advice_names_a_faster_setting_whose_steps_to_target_were_not_measured()
     line = quality.recommend([dense, compressed, risky])
     assert line.startswith("compress with powersgd rank=4")
     bound = risky.speedup * compressed.to_target
-    assert line.endswith(f"Not measured to target but {risky.speedup:.2f}x faster a step: topk density=0.001, "
-                         f"which pays if it needs under {bound:.2f}x the steps")
+    assert line.endswith(
+        f"Not measured to target but {risky.speedup:.2f}x faster a step: topk density=0.001, "
+        f"which pays if it needs under {bound:.2f}x the steps"
+    )
 
 
 def test_advice_without_steps_evidence_says_it_rests_on_step_time():
@@ -281,10 +305,14 @@ def test_steps_to_target_is_read_from_the_time_to_quality_results():
         spec = {"label": label, "compressor": compressor, "settings": settings, "controller": controller}
         return f"{label}/{seed}", {"spec": spec, "record": record(losses)}
 
-    points = dict([entry("uncompressed", None, {}, seed, [2.0, 1.6, 1.5]) for seed in range(5)] +
-                  [entry("PowerSGD rank 8", "powersgd", {"rank": 8}, seed, [2.1, 1.7, 1.65]) for seed in range(3)] +
-                  [entry("L-GreCo", "topk", {"density": 0.1}, 0, [2.0, 1.6, 1.5], {"kind": "lgreco"}),
-                   entry("DiLoCo", "qsgd", {"bits": 4}, 0, [2.0, 1.6, 1.5], {"kind": "diloco"})])
+    points = dict(
+        [entry("uncompressed", None, {}, seed, [2.0, 1.6, 1.5]) for seed in range(5)]
+        + [entry("PowerSGD rank 8", "powersgd", {"rank": 8}, seed, [2.1, 1.7, 1.65]) for seed in range(3)]
+        + [
+            entry("L-GreCo", "topk", {"density": 0.1}, 0, [2.0, 1.6, 1.5], {"kind": "lgreco"}),
+            entry("DiLoCo", "qsgd", {"bits": 4}, 0, [2.0, 1.6, 1.5], {"kind": "diloco"}),
+        ]
+    )
     results = {"points": points, "np": 4, "plan": {"base_seeds": 5, "knee_gain": 0.1}}  # knee 2,000: 1.6
     steps = evidence_script.steps_to_target(results)
     assert set(steps["methods"]) == {"none", "powersgd", "lgreco/topk"}  # DiLoCo is not projected
@@ -295,6 +323,7 @@ def test_steps_to_target_is_read_from_the_time_to_quality_results():
 
 class OneRank:
     """A world of one in this process (the single-process tier's stand-in for the launcher)."""
+
     rank, size = 0, 1
 
     def run(self, collective, tensor, label):
@@ -319,11 +348,16 @@ def small_model():
 
 def test_advise_in_one_process_measures_every_asked_method_at_its_settings():
     model, loss_of = small_model()
-    advice = adv.advise(model, loss_of, methods=["powersgd", "topk", "fp16"], ranks=OneRank(),
-                        codec_steps=2, compute_steps=1, repeats=1)
+    advice = adv.advise(
+        model, loss_of, methods=["powersgd", "topk", "fp16"], ranks=OneRank(), codec_steps=2, compute_steps=1, repeats=1
+    )
     seen = {(c.method, c.setting) for c in advice.candidates}
-    assert seen == {("none", ""), ("fp16", ""), *(("powersgd", f"rank={r}") for r in (16, 8, 4)),
-                    *(("topk", f"density={d}") for d in (0.1, 0.01, 0.001))}
+    assert seen == {
+        ("none", ""),
+        ("fp16", ""),
+        *(("powersgd", f"rank={r}") for r in (16, 8, 4)),
+        *(("topk", f"density={d}") for d in (0.1, 0.01, 0.001)),
+    }
     assert advice.parameters == sum(p.numel() for p in model.parameters())
     assert all(c.step_ms > 0 and c.codec_ms >= 0 for c in advice.candidates)
     assert set(advice.links) == {"allreduce", "allgather"}
@@ -335,10 +369,14 @@ def test_advise_in_one_process_measures_every_asked_method_at_its_settings():
 
 
 def test_lgreco_is_projected_at_the_settings_the_evidence_measured_it_at():
-    evidence = {"methods": {"lgreco/topk": {"density=0.01": []}, "gravac/topk": {"": []}},
-                "steps_to_target": {"methods": {"lgreco/topk": {"density=0.1": {}}, "lgreco/qsgd": {"bits=3": {}}}}}
+    evidence = {
+        "methods": {"lgreco/topk": {"density=0.01": []}, "gravac/topk": {"": []}},
+        "steps_to_target": {"methods": {"lgreco/topk": {"density=0.1": {}}, "lgreco/qsgd": {"bits=3": {}}}},
+    }
     assert advice_module.controlled(["topk", "qsgd", "fp16", "lgreco"], evidence) == [
-        ("lgreco/topk", {"density": 0.1}), ("lgreco/topk", {"density": 0.01})]  # bits=3: not a setting tried
+        ("lgreco/topk", {"density": 0.1}),
+        ("lgreco/topk", {"density": 0.01}),
+    ]  # bits=3: not a setting tried
     assert advice_module.controlled(["topk", "qsgd"], evidence) == []  # L-GreCo not asked for
 
 
@@ -353,12 +391,15 @@ def test_lgreco_candidate_runs_the_settings_rank_0_decided_from_the_models_gradi
     uniform = measure.measure_codec("topk", {"density": 0.1}, grads, named, 0, 4, 1)
     assert (counted.method, counted.setting, counted.layer_settings) == ("lgreco/topk", "density=0.1", decided)
     assert counted.wire_bytes != uniform.wire_bytes
-    advice = adv.advise(model, loss_of, methods=["topk", "lgreco"], ranks=OneRank(), codec_steps=1,
-                        compute_steps=1, repeats=1)
+    advice = adv.advise(
+        model, loss_of, methods=["topk", "lgreco"], ranks=OneRank(), codec_steps=1, compute_steps=1, repeats=1
+    )
     projected = [c for c in advice.candidates if c.method == "lgreco/topk"]
     shipped = json.loads(quality.EVIDENCE.read_text())
-    measured = {*shipped["methods"].get("lgreco/topk", {}),
-                *shipped["steps_to_target"]["methods"].get("lgreco/topk", {})}
+    measured = {
+        *shipped["methods"].get("lgreco/topk", {}),
+        *shipped["steps_to_target"]["methods"].get("lgreco/topk", {}),
+    }
     assert {c.setting for c in projected} == measured & {"density=0.1", "density=0.01", "density=0.001"}
     assert all(c.layer_settings and c.step_ms > 0 for c in projected)
 
@@ -379,9 +420,26 @@ def test_advise_refuses_bad_input_naming_it():
 def test_advise_on_two_ranks_prints_its_table(tmp_path):
     """``python -m hvd_compress.advise`` under ``mpirun -np 2`` on the small character LM."""
     out = tmp_path / "advice.json"
-    command = ["mpirun", "--allow-run-as-root", "-np", "2", *LOOPBACK_ONLY, "-x", "PYTHONPATH",
-               "-x", "OMP_NUM_THREADS", sys.executable, "-m", "hvd_compress.advise",
-               "--model", "examples.models:charlm_small", "--methods", "powersgd,topk", "--json", str(out)]
+    command = [
+        "mpirun",
+        "--allow-run-as-root",
+        "-np",
+        "2",
+        *LOOPBACK_ONLY,
+        "-x",
+        "PYTHONPATH",
+        "-x",
+        "OMP_NUM_THREADS",
+        sys.executable,
+        "-m",
+        "hvd_compress.advise",
+        "--model",
+        "examples.models:charlm_small",
+        "--methods",
+        "powersgd,topk",
+        "--json",
+        str(out),
+    ]
     code, stdout, stderr = run_bounded(command, 300, dict(os.environ, OMP_NUM_THREADS="1"))
     assert code == 0, stdout[-2000:] + stderr[-3000:]
     lines = stdout.splitlines()
@@ -398,6 +456,7 @@ def test_advise_on_two_ranks_prints_its_table(tmp_path):
 @pytest.mark.slow
 def test_advise_check_compares_the_model_with_a_measured_run(tmp_path, monkeypatch):
     from benchmarks import __main__ as bench
+
     measured = json.loads((ROOT / "docs" / "benchmarks" / "endtoend.json").read_text())
     measured["rates"] = {"1": measured["rates"]["1"]}
     measured["rates"]["1"]["models"] = {"cnn": measured["rates"]["1"]["models"]["cnn"]}
@@ -414,12 +473,22 @@ def test_the_table_marks_methods_that_send_more_than_uncompressed_at_these_ranks
     """At 32 ranks Top-K 10% all-gathers 0.8 n (W-1) bytes against uncompressed's 8 n (W-1)/W:
     the table says so."""
     from hvd_compress.advise.projection import Candidate
+
     n, w = 1_000_000, 32
-    candidates = [Candidate("none", "", 8 * n * (w - 1) / w, 0.0, {}),
-                  Candidate("topk", "density=0.1", 0.8 * n * (w - 1), 1.0, {}),
-                  Candidate("fp16", "", 4 * n * (w - 1) / w, 0.5, {})]
-    advice = advice_module.Advice(world_size=w, parameters=n, compute_ms=10.0, backward_ms=6.0, links={},
-                                  candidates=candidates, recommendation="do not compress")
+    candidates = [
+        Candidate("none", "", 8 * n * (w - 1) / w, 0.0, {}),
+        Candidate("topk", "density=0.1", 0.8 * n * (w - 1), 1.0, {}),
+        Candidate("fp16", "", 4 * n * (w - 1) / w, 0.5, {}),
+    ]
+    advice = advice_module.Advice(
+        world_size=w,
+        parameters=n,
+        compute_ms=10.0,
+        backward_ms=6.0,
+        links={},
+        candidates=candidates,
+        recommendation="do not compress",
+    )
     text = adv.format_advice(advice)
     marked = [line for line in text.splitlines() if line.startswith(("topk", "fp16", "none"))]
     assert [line.split()[0] for line in marked if "*" in line.split()[2]] == ["topk"]

@@ -1,4 +1,5 @@
 """Every public constructor refuses a bad argument at once, with a ValueError naming it."""
+
 import math
 
 import pytest
@@ -55,10 +56,18 @@ TABLE = [
     (lgreco, "candidates", [[], [0], [BOOL], [NAN], 5, "248"], "candidate"),
     (lgreco_topk, "candidates", [[], [0], [1.5], [NAN], [-0.1]], "candidate"),
     (lgreco, "accordion", [5, "yes"], "accordion"),
-    (lambda accordion: lgreco(objective="accordion", accordion=accordion), "accordion",
-     [hc.Accordion(-1, 0), hc.Accordion(4, NAN), hc.Accordion(4, 2, threshold=-1)], "accordion"),
-    (lambda accordion: lgreco_topk(objective="accordion", accordion=accordion), "accordion",
-     [hc.Accordion(5.0, 2.0), hc.Accordion(0.1, 0)], "accordion"),
+    (
+        lambda accordion: lgreco(objective="accordion", accordion=accordion),
+        "accordion",
+        [hc.Accordion(-1, 0), hc.Accordion(4, NAN), hc.Accordion(4, 2, threshold=-1)],
+        "accordion",
+    ),
+    (
+        lambda accordion: lgreco_topk(objective="accordion", accordion=accordion),
+        "accordion",
+        [hc.Accordion(5.0, 2.0), hc.Accordion(0.1, 0)],
+        "accordion",
+    ),
     (gravac, "theta_min", NUMBERS + [0, 0.5], "theta_min"),
     (gravac, "theta_max", NUMBERS + [5], "theta_max"),
     (gravac, "epsilon", NUMBERS + [0, 1.5], "epsilon"),
@@ -80,8 +89,9 @@ TABLE = [
 def cases():
     for make, parameter, values, named in TABLE:
         for value in values:
-            yield pytest.param(make, parameter, value, named,
-                               id=f"{getattr(make, '__name__', 'make')}-{parameter}-{value!r}")
+            yield pytest.param(
+                make, parameter, value, named, id=f"{getattr(make, '__name__', 'make')}-{parameter}-{value!r}"
+            )
 
 
 @pytest.mark.parametrize("make, parameter, value, named", cases())
@@ -100,6 +110,7 @@ def test_parameters_instead_of_named_parameters_is_refused():
 
 def test_fusion_zero_turns_fusion_off_as_in_horovod():
     from hvd_compress.comm.fusion import FusionScheduler
+
     shapes = {"a": (64, 64), "b": (64, 64), "c": (64,)}
     plan = FusionScheduler(hc.ACPSGD(rank=4, min_numel=0), shapes, hc.ScaledFusion(0)).plan()
     assert [len(bucket.members) for bucket in plan.buckets] == [1, 1, 1]
@@ -108,6 +119,7 @@ def test_fusion_zero_turns_fusion_off_as_in_horovod():
 def test_a_config_object_builds_what_its_keywords_build():
     from hvd_compress.compressors.lowrank import LowRankConfig
     from hvd_compress.control.lgreco import LGreCoConfig
+
     keywords = hc.PowerSGD(None, 8, seed=3, min_numel=0)
     built = hc.PowerSGD(config=LowRankConfig(default=8, seed=3, min_numel=0))
     assert built.describe() == keywords.describe()
@@ -118,6 +130,7 @@ def test_a_config_object_builds_what_its_keywords_build():
 
 def test_a_config_and_its_options_together_are_refused():
     from hvd_compress.compressors.lowrank import LowRankConfig
+
     with pytest.raises(ValueError, match="PowerSGD: pass either config or its options"):
         hc.PowerSGD(config=LowRankConfig(), seed=1)
     with pytest.raises(ValueError, match="GraVAC: pass either config or its options"):

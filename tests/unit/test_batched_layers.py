@@ -2,6 +2,7 @@
 ``_HalfSteps``), as the integrations begin a fusion bucket's gradients together
 (``RoundDriver.hold``). The identity, non-finite and checkpoint tests run it too: their worlds
 begin each step's gradients together and hold two layers of one shape."""
+
 from collections import Counter
 
 import pytest
@@ -16,8 +17,15 @@ from hvd_compress.comm.simulated import SimulatedWorld
 from test_binding import TwinBackend
 
 # Three layers of one shape, two of another, one at its own rank, and a bias sent whole.
-SHAPES = {"a1": (24, 40), "a2": (24, 40), "a3": (24, 40), "b1": (40, 24), "b2": (40, 24), "lone": (24, 40),
-          "bias": (24,)}
+SHAPES = {
+    "a1": (24, 40),
+    "a2": (24, 40),
+    "a3": (24, 40),
+    "b1": (40, 24),
+    "b2": (40, 24),
+    "lone": (24, 40),
+    "bias": (24,),
+}
 STEPS = 6
 
 
@@ -79,6 +87,7 @@ def test_a_member_without_a_residual_joins_its_batch_through_a_copy():
     """``a2``'s residual cleared (as a controller does when it sends a layer whole): its sum is a
     fresh tensor, not its slice of the stack, so the batch works on a copy and hands each residual
     back; the results and residuals are those of one layer at a time."""
+
     def clear(step, world):
         if step == 3:
             for compressor in world.compressors:

@@ -1,5 +1,6 @@
 """Smoke test of the benchmark harness: it runs end to end on tiny shapes and writes its
 outputs (no timing assertions: timings belong in docs/benchmarks.md, not in tests)."""
+
 import argparse
 import collections
 import json
@@ -74,14 +75,25 @@ def test_codec_floor_counts_each_methods_least_bytes_and_flops():
     # Rank 2: P 32 x 2 and Q 64 x 2 are 768 bytes; P = M Q, Q = M^T P, the residual M - P Q^T
     # (this rank's factors) and the decompression (the mean's): 4 x 2 x 32 x 64 x 2.
     # Its operators pass over the matrix 8 times (4 bytes an entry each), beside the floor.
-    assert model("powersgd", "PowerSGD", rank=2) == {"bytes": 16 * 2048 + 2 * 768 + 128, "flops": 32_768,
-                                                     "random_words": 0, "operator_bytes": 32 * 2048 + 2 * 768 + 128}
+    assert model("powersgd", "PowerSGD", rank=2) == {
+        "bytes": 16 * 2048 + 2 * 768 + 128,
+        "flops": 32_768,
+        "random_words": 0,
+        "operator_bytes": 32 * 2048 + 2 * 768 + 128,
+    }
     # Without error feedback, no residual: neither its bytes nor its product (nor the operators' bound).
     assert model("powersgd", "PowerSGD", rank=2, error_feedback=False) == {
-        "bytes": 8 * 2048 + 2 * 768 + 128, "flops": 24_576, "random_words": 0}
+        "bytes": 8 * 2048 + 2 * 768 + 128,
+        "flops": 24_576,
+        "random_words": 0,
+    }
     # ACP-SGD sends P or Q (half of both on average): one projection, the residual, the decompression.
-    assert model("acpsgd", "ACP-SGD", rank=2) == {"bytes": 16 * 2048 + 2 * 384 + 128, "flops": 24_576,
-                                                  "random_words": 0, "operator_bytes": 28 * 2048 + 2 * 384 + 128}
+    assert model("acpsgd", "ACP-SGD", rank=2) == {
+        "bytes": 16 * 2048 + 2 * 384 + 128,
+        "flops": 24_576,
+        "random_words": 0,
+        "operator_bytes": 28 * 2048 + 2 * 384 + 128,
+    }
     # k = 512 float32 values and int32 indices.
     assert model("topk", "TopK", density=0.25) == {"bytes": 16 * 2048 + 2 * 4096 + 128, "flops": 0, "random_words": 0}
     # No error feedback; 4-bit codes (1,024 bytes) and 4 bucket norms (16 bytes); a random 64-bit
@@ -117,7 +129,7 @@ def test_the_gpu_section_sets_each_step_against_its_operators(tmp_path, monkeypa
     (tmp_path / "benchmarks" / "codec-cuda.json").write_text(json.dumps(results))
     assert bench.main(["codec", "--device", "cuda", "--report-only", "--out", str(tmp_path)]) == 0
     text = (tmp_path / "benchmarks.md").read_text()
-    section = text[text.index("## Codec cost on a GPU"):]
+    section = text[text.index("## Codec cost on a GPU") :]
     assert "Time per operator" in section and "| tiny | QSGD |" in section
     assert "--out" not in section and (tmp_path / "benchmarks" / "codec_cost-cuda.png").exists()
 
@@ -148,8 +160,10 @@ def test_layouts_quick_times_every_form_at_every_rank_and_rewrites_its_section(t
     path = tmp_path / "benchmarks" / "layouts.json"
     shape = json.loads(path.read_text())["shapes"]["small"]
     assert [row["rank"] for row in shape["projection"]] == [1, 2, 4]
-    assert all(row["row_major_ms"] > 0 and row["column_major_ms"] > 0 and row["transposed_ms"] > 0
-               for row in shape["projection"])
+    assert all(
+        row["row_major_ms"] > 0 and row["column_major_ms"] > 0 and row["transposed_ms"] > 0
+        for row in shape["projection"]
+    )
     # On a CPU the codecs' product takes M Q at rank 1 and the transposed form at ranks 2-4.
     assert [row["codecs_form"] for row in shape["projection"]] == ["direct", "transposed", "transposed"]
     assert shape["decompression"]["mm_out_ms"] > 0
@@ -164,11 +178,16 @@ def test_controller_overhead_quick_measures_every_controller_and_resumes(tmp_pat
     assert bench.main(["controller_overhead", "--quick", "--out", str(tmp_path)]) == 0
     path = tmp_path / "benchmarks" / "controller_overhead.json"
     points = json.loads(path.read_text())["points"]
-    assert set(points) == {f"tiny/{m}" for m in ["PowerSGD rank 4", "ACP-SGD rank 4", "Top-K 1%",
-                                                  "QSGD 4 bits", "GraVAC"]}
+    assert set(points) == {
+        f"tiny/{m}" for m in ["PowerSGD rank 4", "ACP-SGD rank 4", "Top-K 1%", "QSGD 4 bits", "GraVAC"]
+    }
     assert points["tiny/PowerSGD rank 4"]["same_settings_as_exact"] is True
     assert set(points["tiny/Top-K 1%"]["stall_seconds"]) == {
-        "default, apply_delay 10", "default, auto", "short, apply_delay 1", "short, auto"}
+        "default, apply_delay 10",
+        "default, auto",
+        "short, apply_delay 1",
+        "short, auto",
+    }
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## Controller overhead" in text and "python -m benchmarks controller_overhead --quick" in text
     before = path.read_text()
@@ -200,6 +219,7 @@ def test_unknown_benchmark_prints_usage(capsys):
 
 def test_benchmarks_are_outside_the_installed_package():
     import hvd_compress
+
     assert not hasattr(hvd_compress, "bench") and not hasattr(hvd_compress, "workloads")
     package = Path(hvd_compress.__file__).parent
     for path in package.rglob("*.py"):
@@ -216,6 +236,7 @@ def test_full_runs_measure_each_method_in_a_fresh_process():
 @pytest.mark.slow
 def test_convergence_quick_trains_every_method_under_mpirun_and_writes_its_section(tmp_path, monkeypatch):
     from benchmarks.convergence import METHODS
+
     (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\n## Convergence\n\nstale\n\n## Other\n\nkept\n")
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     # A hang fails in two minutes, not the default five per job.
@@ -227,8 +248,7 @@ def test_convergence_quick_trains_every_method_under_mpirun_and_writes_its_secti
         assert list(methods) == METHODS
         assert all(record["steps"] > 0 and record["world_size"] == 2 for record in methods.values())
         # Counted bytes: every compressor sent fewer than a float32 all-reduce would have.
-        assert all(record["compression_ratio"] > 1
-                   for name, record in methods.items() if name != "uncompressed")
+        assert all(record["compression_ratio"] > 1 for name, record in methods.items() if name != "uncompressed")
     assert 0 <= results["workloads"]["digits"]["methods"]["uncompressed"]["metric"] <= 1
     assert results["workloads"]["charlm"]["methods"]["uncompressed"]["metric"] > 1  # a perplexity
     assert (tmp_path / "benchmarks" / "convergence.png").stat().st_size > 0
@@ -241,6 +261,7 @@ def test_convergence_quick_trains_every_method_under_mpirun_and_writes_its_secti
 @pytest.mark.slow
 def test_quality_quick_runs_a_point_per_method_resumes_and_writes_its_section(tmp_path, benchmark_runs):
     from benchmarks.quality import sweep_points
+
     options = ["quality", "--quick", "--workloads", "charlm", "--job-timeout", "120", "--out", str(tmp_path)]
     benchmark_runs.run(options)
     path = tmp_path / "benchmarks" / "quality.json"
@@ -259,10 +280,29 @@ def test_quality_quick_runs_a_point_per_method_resumes_and_writes_its_section(tm
 @pytest.mark.slow
 def test_endtoend_on_the_testbed_then_its_projection(tmp_path, monkeypatch):
     from benchmarks.testbed import NetworkNamespacesUnavailable
+
     monkeypatch.setattr(sys, "argv", list(sys.argv))
-    endtoend = ["endtoend", "--np", "2", "--rates", "1,2.5", "--models", "cnn",
-                "--methods", "S-SGD,ACP-SGD+fusion", "--warmup", "1", "--steps", "2",
-                "--max-other-cpu", "1", "--job-timeout", "120", "--out", str(tmp_path)]
+    endtoend = [
+        "endtoend",
+        "--np",
+        "2",
+        "--rates",
+        "1,2.5",
+        "--models",
+        "cnn",
+        "--methods",
+        "S-SGD,ACP-SGD+fusion",
+        "--warmup",
+        "1",
+        "--steps",
+        "2",
+        "--max-other-cpu",
+        "1",
+        "--job-timeout",
+        "120",
+        "--out",
+        str(tmp_path),
+    ]
     try:
         assert bench.main(endtoend) == 0
     except NetworkNamespacesUnavailable as error:
@@ -285,8 +325,10 @@ def test_endtoend_on_the_testbed_then_its_projection(tmp_path, monkeypatch):
     assert resumed["rates"]["1"] == results["rates"]["1"]
     assert resumed["rates"]["2.5"]["models"]["cnn"]["S-SGD"] == methods["S-SGD"]
     assert "ACP-SGD+fusion" in resumed["rates"]["2.5"]["models"]["cnn"] and not progress.exists()
-    assert bench.main(["projection", "--from", str(tmp_path / "benchmarks" / "endtoend.json"),
-                       "--out", str(tmp_path)]) == 0
+    assert (
+        bench.main(["projection", "--from", str(tmp_path / "benchmarks" / "endtoend.json"), "--out", str(tmp_path)])
+        == 0
+    )
     projection = json.loads((tmp_path / "benchmarks" / "projection.json").read_text())
     assert projection["alpha_us"] >= 0 and 0 < projection["efficiency"] <= 1.5
     text = (tmp_path / "benchmarks.md").read_text()
@@ -298,6 +340,7 @@ def test_endtoend_on_the_testbed_then_its_projection(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_ddp_quick_times_and_trains_every_method_under_torchrun(tmp_path, monkeypatch):
     from benchmarks.ddp import DIGITS_METHODS, HOOK, HOOK_ONE_BUCKET, METHODS
+
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     assert bench.main(["ddp", "--quick", "--job-timeout", "120", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "benchmarks" / "ddp.json").read_text())
@@ -317,22 +360,37 @@ def test_repeated_timing_jobs_pool_their_steps_and_keep_a_failure_apart():
     from benchmarks.report import jobs_of, pooled
 
     def job(ms, codec=None):
-        entry = {"step_ms": {"median": ms}, "step_ms_each": [ms] * 3, "compute_ms": ms / 2, "wall_seconds": 1.0,
-                 "disturbed_attempts": 0}
+        entry = {
+            "step_ms": {"median": ms},
+            "step_ms_each": [ms] * 3,
+            "compute_ms": ms / 2,
+            "wall_seconds": 1.0,
+            "disturbed_attempts": 0,
+        }
         return dict(entry, codec_ms=codec) if codec is not None else entry
 
     first = pooled(None, job(200.0, codec=30.0))
     both = pooled(first, job(220.0, codec=40.0))
     assert jobs_of(None) == 0 and jobs_of(job(1.0)) == 1 and both["jobs"] == 2
     assert both["job_medians_ms"] == [200.0, 220.0] and both["step_ms"]["median"] == 210.0
-    assert both["compute_ms"] == 105.0 and both["codec_ms"] == 35.0 and both["step_ms_each"] == [200.0] * 3 + [220.0] * 3
+    assert (
+        both["compute_ms"] == 105.0 and both["codec_ms"] == 35.0 and both["step_ms_each"] == [200.0] * 3 + [220.0] * 3
+    )
     # A failed job counts as a job; the successful ones stay the entry's numbers.
     failed = pooled(both, {"failed": "Connection reset by peer"})
     assert failed["jobs"] == 3 and failed["failed_jobs"] == 1 and failed["step_ms"] == both["step_ms"]
     assert "failed" not in pooled({"failed": "x"}, job(210.0)) and pooled({"failed": "x"}, {"failed": "y"})["jobs"] == 2
     # An FSDP job: no compute time, a load average (the largest kept) and a CPU share that may be unknown.
-    fsdp = [{"step_ms": {"median": ms}, "step_ms_each": [ms], "wall_seconds": 2.0, "load_average": load,
-             "other_cpu_share": share} for ms, load, share in ((1400.0, 4.4, None), (1500.0, 6.8, 0.01))]
+    fsdp = [
+        {
+            "step_ms": {"median": ms},
+            "step_ms_each": [ms],
+            "wall_seconds": 2.0,
+            "load_average": load,
+            "other_cpu_share": share,
+        }
+        for ms, load, share in ((1400.0, 4.4, None), (1500.0, 6.8, 0.01))
+    ]
     pooled_fsdp = pooled(pooled(None, fsdp[0]), fsdp[1])
     assert "compute_ms" not in pooled_fsdp and pooled_fsdp["load_average"] == 6.8
     assert pooled_fsdp["other_cpu_share"] == 0.01 and pooled_fsdp["wall_seconds"] == 4.0
@@ -379,16 +437,29 @@ def test_horovod_suite_injects_each_compressor_on_both_paths_and_resumes(tmp_pat
     tests = tmp_path / "test"
     (tests / "parallel").mkdir(parents=True)
     (tests / "parallel" / "test_torch.py").write_text(STAND_IN)
-    args = ["horovod_suite", "--tests", str(tests), "--methods", "horovod,powersgd", "--out", str(tmp_path),
-            "--timeout", "300"]
+    args = [
+        "horovod_suite",
+        "--tests",
+        str(tests),
+        "--methods",
+        "horovod,powersgd",
+        "--out",
+        str(tmp_path),
+        "--timeout",
+        "300",
+    ]
     assert bench.main(args) == 0
     results = json.loads((tmp_path / "benchmarks" / "horovod_suite.json").read_text())
     assert sorted(results) == ["horovod", "powersgd stock", "powersgd wrapper"]
-    assert results["horovod"]["outcomes"] == {"test_optimizer_exact_gradient": "passed",
-                                              "test_optimizer_runs": "passed"}
+    assert results["horovod"]["outcomes"] == {
+        "test_optimizer_exact_gradient": "passed",
+        "test_optimizer_runs": "passed",
+    }
     for job in ("powersgd stock", "powersgd wrapper"):  # injected: rank 2 of 64 x 64 is not exact
-        assert results[job]["outcomes"] == {"test_optimizer_exact_gradient": "failed",
-                                            "test_optimizer_runs": "passed"}, results[job]
+        assert results[job]["outcomes"] == {
+            "test_optimizer_exact_gradient": "failed",
+            "test_optimizer_runs": "passed",
+        }, results[job]
     assert "| `test_optimizer_runs` | passed | passed | passed |" in (tmp_path / "benchmarks.md").read_text()
     assert bench.main(args) == 0  # resumed: nothing to run again
 
@@ -413,13 +484,18 @@ def test_fsdp_quick_times_and_trains_hsdp_with_and_without_a_controller_and_resu
     assert bench.main(argv) == 0  # resumes: nothing left to run
     assert json.loads(path.read_text())["timing"] == json.loads(before)["timing"]
 
+
 def test_claims_protocol_searches_anchors_then_plans_lgreco_and_resumes(tmp_path, monkeypatch):
     """The protocol's driver with jobs faked: the anchor search runs each setting at 3 seeds from
     the least aggressive and stops at the first over 1% above uncompressed; L-GreCo and its
     ablations follow at the anchor; the report names the claims; a rerun runs nothing."""
     from benchmarks import claims
-    metric = {"uncompressed": 100.0, "PowerSGD": lambda rank: 100 + 4 / rank,
-              "Top-K": lambda density: 100 + 0.1 / density}
+
+    metric = {
+        "uncompressed": 100.0,
+        "PowerSGD": lambda rank: 100 + 4 / rank,
+        "Top-K": lambda density: 100 + 0.1 / density,
+    }
     ran = []
 
     def fake_job(module, job, np, timeout, prefix, what, expected=None):
@@ -428,11 +504,21 @@ def test_claims_protocol_searches_anchors_then_plans_lgreco_and_resumes(tmp_path
         value = metric[family](*settings.values()) if family in ("PowerSGD", "Top-K") else 99.5
         value = metric["uncompressed"] if family == "uncompressed" else value
         if job["workload"] == "charlm" and family.startswith("L-GreCo"):  # on its uniform curve, half the bytes
-            value = metric[family[len("L-GreCo ("):-1]](*settings.values())
+            value = metric[family[len("L-GreCo (") : -1]](*settings.values())
         value += 0.1 * (job["seed"] - 1)
         sent = 1e6 / (2 if "L-GreCo" in family else 1)
-        return [{"key": job["key"], "metric": value, "steps": job["steps"], "wire_bytes": 100 * sent,
-                 "wire_bytes_per_step_after": sent, "dense_wire_bytes_per_step": 4e6, "job_seconds": 1.0}]
+        return [
+            {
+                "key": job["key"],
+                "metric": value,
+                "steps": job["steps"],
+                "wire_bytes": 100 * sent,
+                "wire_bytes_per_step_after": sent,
+                "dense_wire_bytes_per_step": 4e6,
+                "job_seconds": 1.0,
+            }
+        ]
+
     monkeypatch.setattr(claims, "mpirun_job", fake_job)
     monkeypatch.setattr(sys, "argv", ["python -m benchmarks claims"])
     monkeypatch.setattr(claims, "CHAR_ANCHORS", {"PowerSGD": 8})
@@ -443,8 +529,12 @@ def test_claims_protocol_searches_anchors_then_plans_lgreco_and_resumes(tmp_path
     labels = {key.split("/")[1] for key in ran}
     assert {"PowerSGD rank 16", "PowerSGD rank 4", "PowerSGD rank 2", "Top-K density 0.03"} <= labels
     assert "PowerSGD rank 1" not in labels and "Top-K density 0.01" not in labels  # the search stopped
-    assert {"L-GreCo (PowerSGD) rank 4", "L-GreCo (Top-K) density 0.1",
-            "L-GreCo (PowerSGD) rank 4, raw error, whole period", "ScaleCom (paper's regime)"} <= labels
+    assert {
+        "L-GreCo (PowerSGD) rank 4",
+        "L-GreCo (Top-K) density 0.1",
+        "L-GreCo (PowerSGD) rank 4, raw error, whole period",
+        "ScaleCom (paper's regime)",
+    } <= labels
     assert ran.index("wordlm/L-GreCo (PowerSGD) rank 4/seed 2") < ran.index("wordlm/Top-K density 0.3/seed 0")
     assert ran.index("wordlm/L-GreCo (Top-K) density 0.1/seed 2") < ran.index("wordlm/ScaleCom (paper's regime)/seed 0")
     assert set(collections.Counter(key.split("/seed")[0] for key in ran).values()) == {3}  # every point, 3 seeds
@@ -452,8 +542,12 @@ def test_claims_protocol_searches_anchors_then_plans_lgreco_and_resumes(tmp_path
     assert "## L-GreCo protocol on the word LM" in text and "Partial" not in text
     assert "| Word LM: L-GreCo over PowerSGD rank 4: equal quality at >= 1.5x fewer bytes per step | yes |" in text
     # The anchor-free verdict: at equal quality the uniform curve sends twice L-GreCo's bytes.
-    verdict = "| Char LM: L-GreCo over {}: the uniform curve needs >= {}x its bytes per step at its quality | {} | 2.00x"
-    assert verdict.format("PowerSGD rank 4", 1.5, "yes") in text and verdict.format("Top-K density 0.1", 2.5, "NO") in text
+    verdict = (
+        "| Char LM: L-GreCo over {}: the uniform curve needs >= {}x its bytes per step at its quality | {} | 2.00x"
+    )
+    assert (
+        verdict.format("PowerSGD rank 4", 1.5, "yes") in text and verdict.format("Top-K density 0.1", 2.5, "NO") in text
+    )
     monkeypatch.setattr(claims, "draw_figure", draw)
     claims.main(["--out", str(tmp_path), "--report-only"])
     assert (tmp_path / "benchmarks" / "claims.png").stat().st_size > 0
@@ -468,12 +562,13 @@ def test_uniform_bytes_at_interpolates_in_log_bytes_and_never_extrapolates():
     between the neighbouring settings; None beyond either end; the fewest-bytes crossing where
     noise makes the curve non-monotone."""
     from benchmarks.claims import uniform_bytes_at
+
     curve = [(2e5, 4.85), (4e4, 5.0), (1e5, 4.9)]  # any order
     assert uniform_bytes_at(curve, 4.95) == pytest.approx(math.sqrt(4e4 * 1e5))
     assert uniform_bytes_at(curve, 5.0) == pytest.approx(4e4)
     assert uniform_bytes_at(curve, 4.85) == pytest.approx(2e5)
     assert uniform_bytes_at(curve, 5.01) is None and uniform_bytes_at(curve, 4.84) is None
-    assert uniform_bytes_at([(1.0, 5.0), (2.0, 4.8), (4.0, 4.9)], 4.85) == pytest.approx(2 ** 0.75)
+    assert uniform_bytes_at([(1.0, 5.0), (2.0, 4.8), (4.0, 4.9)], 4.85) == pytest.approx(2**0.75)
     assert uniform_bytes_at([(1.0, 5.0), (2.0, 5.0)], 5.0) == 1.0
 
 
@@ -483,8 +578,12 @@ def test_claims_dense_warm_up_rides_horovod_only_with_shapes_its_compressor_neve
     import torch
     import hvd_compress as hc
     from benchmarks.claims import DenseWhere
+
     named = list(torch.nn.Linear(64, 64).named_parameters())
-    inner = lambda: hc.COMPRESSORS["powersgd"].build(named, rank=2)
+
+    def inner():
+        return hc.COMPRESSORS["powersgd"].build(named, rank=2)
+
     warm_up = DenseWhere(inner(), start_step=5)
     assert warm_up.fixed_payload((64,)) and not warm_up.fixed_payload((64, 64))
     assert not DenseWhere(inner(), dense_names=["weight"]).fixed_payload((64,))
@@ -495,6 +594,7 @@ def test_claims_at_gpu_scale_asks_every_candidate_at_once_and_runs_lgreco_where_
     is asked for before any finishes; where none lies within 1% of uncompressed, L-GreCo still
     runs at the least aggressive one and the claim table says both; no character-LM rows."""
     from benchmarks import claims
+
     ran, slots = [], set()
 
     def fake_torchrun(argv, nproc, timeout, prefix, master_port=None, **_):
@@ -503,15 +603,29 @@ def test_claims_at_gpu_scale_asks_every_candidate_at_once_and_runs_lgreco_where_
         slots.add(master_port)
         assert job["backend"] == "ddp" and job["device"] == "cuda" and nproc == 2
         value = 100.0 if job["family"] == "uncompressed" else 105.0  # every setting 5% off
-        return [{"key": job["key"], "metric": value + 0.1 * job["seed"], "steps": job["steps"], "wire_bytes": 1e8,
-                 "wire_bytes_per_step_after": 1e6, "dense_wire_bytes_per_step": 4e6, "wall_seconds": 1.0}]
+        return [
+            {
+                "key": job["key"],
+                "metric": value + 0.1 * job["seed"],
+                "steps": job["steps"],
+                "wire_bytes": 1e8,
+                "wire_bytes_per_step_after": 1e6,
+                "dense_wire_bytes_per_step": 4e6,
+                "wall_seconds": 1.0,
+            }
+        ]
+
     monkeypatch.setattr(claims, "torchrun_job", fake_torchrun)
     monkeypatch.setattr(claims, "epoch_steps", lambda lm: 100)
     monkeypatch.setattr(claims, "draw_figure", lambda *_: None)
     claims.main(["--scale", "gpu", "--parallel", "4", "--out", str(tmp_path)])
     labels = {key.split("/")[1] for key in ran}
-    assert {"PowerSGD rank 4", "Top-K density 0.01", "L-GreCo (PowerSGD) rank 16",
-            "L-GreCo (Top-K) density 0.1"} <= labels
+    assert {
+        "PowerSGD rank 4",
+        "Top-K density 0.01",
+        "L-GreCo (PowerSGD) rank 16",
+        "L-GreCo (Top-K) density 0.1",
+    } <= labels
     assert not any(key.startswith("charlm") for key in ran) and len(slots) == 4
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## L-GreCo protocol on the word LM at larger scale (GPU)" in text
@@ -528,35 +642,69 @@ def test_advise_live_compares_each_point_with_endtoend_writes_its_section_and_re
     import contextlib
 
     from benchmarks import advise_live
+
     measured = {"S-SGD": 700.0, "FP16": 500.0, "PowerSGD": 300.0, "ACP-SGD": 250.0, "ScaleCom": 265.0}
 
     def endtoend(name, rates, scale):
         path = tmp_path / name
-        runs = {method: {"step_ms": {"median": scale * ms}, "compute_ms": 150.0, "codec_ms": 20.0,
-                         "exposed_comm_ms": scale * ms - 170.0} for method, ms in measured.items()}
-        path.write_text(json.dumps({"np": 4, "rank": 4, "command": f"python -m benchmarks endtoend {name}",
-                                    "load_average_before": [0.5, 0.5, 0.5],
-                                    "rates": {rate: {"models": {"cnn": runs}} for rate in rates}}))
+        runs = {
+            method: {
+                "step_ms": {"median": scale * ms},
+                "compute_ms": 150.0,
+                "codec_ms": 20.0,
+                "exposed_comm_ms": scale * ms - 170.0,
+            }
+            for method, ms in measured.items()
+        }
+        path.write_text(
+            json.dumps(
+                {
+                    "np": 4,
+                    "rank": 4,
+                    "command": f"python -m benchmarks endtoend {name}",
+                    "load_average_before": [0.5, 0.5, 0.5],
+                    "rates": {rate: {"models": {"cnn": runs}} for rate in rates},
+                }
+            )
+        )
         return str(path)
+
     stored, again = endtoend("stored.json", ["1"], 1.0), endtoend("again.json", ["1", "10"], 2.0)
     # Projections: PowerSGD 25% over the stored step, the rest within 20%.
-    projected = {("none", ""): 720.0, ("fp16", ""): 520.0, ("powersgd", "rank=4"): 375.0,
-                 ("acpsgd", "rank=4"): 240.0, ("acpsgd", "rank=16"): 230.0, ("scalecom", "density=0.01"): 280.0}
+    projected = {
+        ("none", ""): 720.0,
+        ("fp16", ""): 520.0,
+        ("powersgd", "rank=4"): 375.0,
+        ("acpsgd", "rank=4"): 240.0,
+        ("acpsgd", "rank=16"): 230.0,
+        ("scalecom", "density=0.01"): 280.0,
+    }
     ran = []
 
     def fake_point(cluster, model, timeout):
         ran.append((cluster.rate_gbit, model))
         candidates = [{"method": m, "setting": s, "step_ms": ms, "codec_ms": 20.0} for (m, s), ms in projected.items()]
         link = {"latency_s": 0.001, "bytes_per_s": 1e8, "measured": {"4096": 0.001, "1000000": 0.02}}
-        advice = {"candidates": candidates, "recommendation": "compress with acpsgd rank=16: 720.0 -> 230.0 ms",
-                  "compute_ms": 150.0, "links": {"allreduce": link}}
-        return {"command": "mpirun -np 4 python -m hvd_compress.advise", "testbed": "faked", "table": "THE TABLE",
-                "advice": advice, "load_average_before": [0.5, 0.5, 0.5], "wall_seconds": 30.0,
-                "other_cpu_seconds": 0.1}
+        advice = {
+            "candidates": candidates,
+            "recommendation": "compress with acpsgd rank=16: 720.0 -> 230.0 ms",
+            "compute_ms": 150.0,
+            "links": {"allreduce": link},
+        }
+        return {
+            "command": "mpirun -np 4 python -m hvd_compress.advise",
+            "testbed": "faked",
+            "table": "THE TABLE",
+            "advice": advice,
+            "load_average_before": [0.5, 0.5, 0.5],
+            "wall_seconds": 30.0,
+            "other_cpu_seconds": 0.1,
+        }
 
     @contextlib.contextmanager
     def fake_cluster(ranks, rate):
         yield argparse.Namespace(rate_gbit=rate, ranks=ranks)
+
     monkeypatch.setattr(advise_live, "advise_point", fake_point)
     monkeypatch.setattr(advise_live, "emulated_cluster", fake_cluster)
     monkeypatch.setattr(sys, "argv", ["python -m benchmarks advise_live"])
@@ -566,7 +714,12 @@ def test_advise_live_compares_each_point_with_endtoend_writes_its_section_and_re
     points = json.loads((tmp_path / "benchmarks" / "advise_live.json").read_text())["points"]
     one = points["1/cnn"]["comparisons"][stored]
     assert [m["met"] for m in one["methods"]] == [True, True, False, True, True]
-    assert (one["recommended_as"], one["setting_measured"], one["fastest"], one["met"]) == ("ACP-SGD", False, "ACP-SGD", True)
+    assert (one["recommended_as"], one["setting_measured"], one["fastest"], one["met"]) == (
+        "ACP-SGD",
+        False,
+        "ACP-SGD",
+        True,
+    )
     assert "met" not in points["10/cnn"]["comparisons"][stored]
     assert [m["met"] for m in points["10/cnn"]["comparisons"][again]["methods"]] == [False] * 5
     text = (tmp_path / "benchmarks.md").read_text()
@@ -581,20 +734,28 @@ def test_advise_live_compares_each_point_with_endtoend_writes_its_section_and_re
     advise_live.main(options + ["--repeat", str(repeat)])
     assert len(ran) == 2
     text = (tmp_path / "benchmarks.md").read_text()
-    assert "| 1 | cnn | acpsgd rank=16 / acpsgd rank=16 | 720 / 720, 520 / 520, 375 / 375, 240 / 240, 280 / 280 |" in text
+    assert (
+        "| 1 | cnn | acpsgd rank=16 / acpsgd rank=16 | 720 / 720, 520 / 520, 375 / 375, 240 / 240, 280 / 280 |" in text
+    )
     assert advise_live.recommended("do not compress: the link is fast enough") == ("none", "")
 
 
 def test_time_to_quality_schedule_target_and_scores():
     from benchmarks import time_to_quality as ttq
+
     # Warmup-stable-decay: the peak until 80% of the length, then 1 - sqrt down.
     assert ttq.lr_factor(0, 1000, 300) == pytest.approx(1 / 300)
     assert ttq.lr_factor(799, 1000, 300) == 1.0
-    assert ttq.lr_factor(800, 1000, 300) == 1.0 and ttq.lr_factor(900, 1000, 300) == pytest.approx(1 - 0.5 ** 0.5)
+    assert ttq.lr_factor(800, 1000, 300) == 1.0 and ttq.lr_factor(900, 1000, 300) == pytest.approx(1 - 0.5**0.5)
 
     def run(label, seed, losses):
-        return {"spec": {"label": label}, "record": {"points": [
-            {"length": length, "loss": loss} for length, loss in zip([1000, 2000, 4000], losses)]}, "seed": seed}
+        return {
+            "spec": {"label": label},
+            "record": {
+                "points": [{"length": length, "loss": loss} for length, loss in zip([1000, 2000, 4000], losses)]
+            },
+            "seed": seed,
+        }
 
     base = [run("uncompressed", s, [2.0 + d, 1.8 + d, 1.75 + d]) for s, d in enumerate([0.0, 0.01, 0.02, 0.03, 0.04])]
     results = {"points": {f"u{i}": point for i, point in enumerate(base)}}
@@ -617,15 +778,20 @@ def test_time_to_quality_schedule_target_and_scores():
     deciding, others = 5 * len(ttq.DECIDING), len(ttq.METHODS) - len(ttq.DECIDING)
     assert len(points) == deciding + 3 * others
     assert {p["label"] for p in points[:deciding]} == set(ttq.DECIDING)
-    assert [p["key"] for p in points[deciding - 6:deciding]] == [
-        "charlm/FP16/seed 4", "charlm/PowerSGD rank 8/seed 4", "charlm/ACP-SGD rank 16/seed 4",
-        "charlm/L-GreCo (Top-K) density 0.1/seed 4", "charlm/QuantizedAllReduce bits 8/seed 4",
-        "charlm/QuantizedAllReduce bits 4/seed 4"]
-    assert all(p["seed"] == 0 for p in points[deciding:deciding + others]) and points[deciding + others]["seed"] == 1
+    assert [p["key"] for p in points[deciding - 6 : deciding]] == [
+        "charlm/FP16/seed 4",
+        "charlm/PowerSGD rank 8/seed 4",
+        "charlm/ACP-SGD rank 16/seed 4",
+        "charlm/L-GreCo (Top-K) density 0.1/seed 4",
+        "charlm/QuantizedAllReduce bits 8/seed 4",
+        "charlm/QuantizedAllReduce bits 4/seed 4",
+    ]
+    assert all(p["seed"] == 0 for p in points[deciding : deciding + others]) and points[deciding + others]["seed"] == 1
 
 
 def test_time_to_target_fits_the_rate_for_a_ratio_and_waits_out_late_schedules():
     from benchmarks import time_to_target as ttt
+
     # T(R) = 2 ms + 10 ms Gbit/s / R, compute 10 ms: r = 3 wants 30 ms, so R = 10 / 28 Gbit/s.
     probes = [{"rate_gbit": rate, "allreduce_s": 0.002 + 0.010 / rate, "compute_s": 0.010} for rate in (0.05, 1.0)]
     rate, alpha, c = ttt.fitted_rate(probes, 3.0)
@@ -634,9 +800,15 @@ def test_time_to_target_fits_the_rate_for_a_ratio_and_waits_out_late_schedules()
     # A CI run's probes: the fit's rate measured r = 3.3 (that job's compute was the lowest), the
     # next fit landed 0.1% away, and a secant through those two read a 5.9 ms latency floor: r = 3
     # "out of reach". The secant takes the nearest probe at a distinct rate instead.
-    seen = [{"rate_gbit": rate, "allreduce_s": allreduce, "compute_s": compute} for rate, allreduce, compute in (
-        (0.05, 0.019367, 0.002353), (1.0, 0.001171, 0.002467), (0.136489, 0.006395, 0.001915),
-        (0.136357, 0.006396, 0.001966))]
+    seen = [
+        {"rate_gbit": rate, "allreduce_s": allreduce, "compute_s": compute}
+        for rate, allreduce, compute in (
+            (0.05, 0.019367, 0.002353),
+            (1.0, 0.001171, 0.002467),
+            (0.136489, 0.006395, 0.001915),
+            (0.136357, 0.006396, 0.001966),
+        )
+    ]
     pair = ttt.secant_pair(seen, 3.0)
     assert [p["rate_gbit"] for p in pair] == [0.136357, 0.05]
     assert ttt.fitted_rate(pair, 3.0)[0] is not None
@@ -650,7 +822,9 @@ def test_time_to_target_fits_the_rate_for_a_ratio_and_waits_out_late_schedules()
     two = ttt.pooled(one, {"mean_step_ms": 50.0, "median_step_ms": 49.0})
     three = ttt.pooled(two, {"mean_step_ms": 55.0, "median_step_ms": 54.0})
     assert ttt.jobs_of(None) == 0 and ttt.jobs_of(one) == 1 and ttt.jobs_of(three) == 3
-    assert three["mean_step_ms"] == 55.0 and three["median_step_ms"] == 54.0 and ttt.job_means(three) == [70.0, 50.0, 55.0]
+    assert (
+        three["mean_step_ms"] == 55.0 and three["median_step_ms"] == 54.0 and ttt.job_means(three) == [70.0, 50.0, 55.0]
+    )
 
 
 @pytest.mark.slow
@@ -658,21 +832,41 @@ def test_time_to_target_quick_prices_steps_on_the_testbed_and_resumes(tmp_path, 
     from benchmarks import time_to_quality as ttq
     from benchmarks import time_to_target as ttt
     from benchmarks.testbed import NetworkNamespacesUnavailable
+
     plan = dict(ttq.QUICK, quick=True)
     lengths = [8, 12, 16]
 
     def point(family, compressor, seed, losses):
         spec = dict(ttq.spec_for(family, compressor, {}, None, seed), lengths=lengths, target=None)
-        return spec["key"], {"spec": spec, "record": {"points": [
-            {"length": n, "loss": loss} for n, loss in zip(lengths, losses)]}}
+        return spec["key"], {
+            "spec": spec,
+            "record": {"points": [{"length": n, "loss": loss} for n, loss in zip(lengths, losses)]},
+        }
 
-    steps = {"plan": plan, "np": 2, "points": dict([
-        point(ttq.UNCOMPRESSED, None, 0, [3.0, 2.5, 2.4]), point(ttq.UNCOMPRESSED, None, 1, [3.0, 2.6, 2.5]),
-        point("FP16", "fp16", 0, [2.9, 2.4, 2.3])])}
+    steps = {
+        "plan": plan,
+        "np": 2,
+        "points": dict(
+            [
+                point(ttq.UNCOMPRESSED, None, 0, [3.0, 2.5, 2.4]),
+                point(ttq.UNCOMPRESSED, None, 1, [3.0, 2.6, 2.5]),
+                point("FP16", "fp16", 0, [2.9, 2.4, 2.3]),
+            ]
+        ),
+    }
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / "time_to_quality.json").write_text(json.dumps(steps))
-    options = ["time_to_target", "--quick", "--direct", "--max-other-cpu", "1", "--job-timeout", "300",
-               "--out", str(tmp_path)]
+    options = [
+        "time_to_target",
+        "--quick",
+        "--direct",
+        "--max-other-cpu",
+        "1",
+        "--job-timeout",
+        "300",
+        "--out",
+        str(tmp_path),
+    ]
     try:
         benchmark_runs.run(options)
     except NetworkNamespacesUnavailable as error:
@@ -687,16 +881,23 @@ def test_time_to_target_quick_prices_steps_on_the_testbed_and_resumes(tmp_path, 
     assert set(setting["methods"]) == {"uncompressed", "FP16", "FP16" + ttt.WRAPPER}
     # advise ran on the same cluster, as a user runs it, and its pick is judged (or said not to be).
     assert setting["advise"]["recommendation"] and {c["method"] for c in setting["advise"]["candidates"]} == {
-        "none", "fp16"}
+        "none",
+        "fp16",
+    }
     assert ttt.pick_of("compress with powersgd rank=8: projected ...") == ("powersgd", "rank=8")
-    assert ttt.pick_of("compress with fp16: 1.2 -> 1.0 ms") == ("fp16", "") and ttt.pick_of("do not compress: x")[0] == "none"
+    assert (
+        ttt.pick_of("compress with fp16: 1.2 -> 1.0 ms") == ("fp16", "")
+        and ttt.pick_of("do not compress: x")[0] == "none"
+    )
     assert all([j["steps"] for j in m["jobs"]] == [10] and m["mean_step_ms"] > 0 for m in setting["methods"].values())
     # End to end: each method for the first length its seed 0 reached the target at (8 steps here).
     assert {label: run["length"] for label, run in setting["direct"].items()} == {"uncompressed": 8, "FP16": 8}
     runs = [run for entry in setting["direct"].values() for run in ttt.recorded(entry, "runs")]
     assert len(runs) == 2 and all(run["train_s"] > 0 and math.isfinite(run["loss"]) for run in runs)
     # An entry written before --direct took a number of runs is its one run.
-    assert ttt.recorded({"length": 8, "train_s": 1.0, "loss": 2.0}, "runs") == [{"length": 8, "train_s": 1.0, "loss": 2.0}]
+    assert ttt.recorded({"length": 8, "train_s": 1.0, "loss": 2.0}, "runs") == [
+        {"length": 8, "train_s": 1.0, "loss": 2.0}
+    ]
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## Time to target" in text and "| FP16 |" in text and "measured there r =" in text
     assert f"| FP16{ttt.WRAPPER} | 8 (1) |" in text
@@ -712,6 +913,7 @@ def test_time_to_target_quick_prices_steps_on_the_testbed_and_resumes(tmp_path, 
 def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(tmp_path, benchmark_runs):
     from benchmarks import time_to_quality as ttq
     from benchmarks.report import mpirun_job
+
     options = ["time_to_quality", "--quick", "--job-timeout", "600", "--out", str(tmp_path)]
     benchmark_runs.run(options)
     path = tmp_path / "benchmarks" / "time_to_quality.json"
@@ -727,8 +929,14 @@ def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(t
     for spec in (base["spec"], diloco):
         losses = []
         for lengths in ([plan["longest"] // 2, plan["longest"]], [plan["longest"]]):
-            job = dict(spec, lm=ttq.QUICK_LM, lengths=lengths, target=None, warmup=plan["warmup"],
-                       eval_windows=plan["eval_windows"])
+            job = dict(
+                spec,
+                lm=ttq.QUICK_LM,
+                lengths=lengths,
+                target=None,
+                warmup=plan["warmup"],
+                eval_windows=plan["eval_windows"],
+            )
             [record] = mpirun_job("benchmarks.time_to_quality", job, 2, 600, ttq.RESULT_PREFIX, "branch", expected=1)
             losses.append(record["points"][-1]["loss"])
         assert losses[0] == losses[1], spec["label"]
@@ -745,6 +953,7 @@ def test_the_codec_clock_times_steps_and_skips_controllers_decisions():
     import hvd_compress as hc
     from benchmarks.report import CodecClock
     from hvd_compress.comm.simulated import SimulatedWorld
+
     lgreco = hc.LGreCo(hc.PowerSGD(rank=2), warmup_steps=1, decide_every=2, apply_delay=1, transport="local")
     clock = CodecClock(lgreco)
     world = SimulatedWorld([lgreco])
@@ -757,16 +966,25 @@ def test_the_codec_clock_times_steps_and_skips_controllers_decisions():
 def test_time_to_quality_sets_the_gpu_codec_against_a_gpu_clusters_compute(tmp_path):
     """The codec share from "Codec cost on a GPU" where its JSON is, else says it is not measured."""
     from benchmarks.time_to_quality import GPU_CLUSTERS, codec_share
+
     assert "not measured yet" in codec_share(tmp_path)[0]
     _, peak, _, tokens = GPU_CLUSTERS[0]
     parameters = 1e8
     compute_ms = 1e3 * 6 * parameters * tokens / (peak * 0.4)
-    methods = {name: {"step_ms": compute_ms / 2, "floor": {"floor_ms": 1.0}}
-               for name in ["PowerSGD", "ACP-SGD", "TopK", "QSGD", "FP16"]}
+    methods = {
+        name: {"step_ms": compute_ms / 2, "floor": {"floor_ms": 1.0}}
+        for name in ["PowerSGD", "ACP-SGD", "TopK", "QSGD", "FP16"]
+    }
     (tmp_path / "benchmarks").mkdir()
-    (tmp_path / "benchmarks" / "codec-cuda.json").write_text(json.dumps({
-        "machine": {"gpu": "a GPU"}, "options": {"rank": 4, "density": 0.01, "bits": 4},
-        "codec": {"bert-base": {"parameters": parameters, "methods": methods}}}))
+    (tmp_path / "benchmarks" / "codec-cuda.json").write_text(
+        json.dumps(
+            {
+                "machine": {"gpu": "a GPU"},
+                "options": {"rank": 4, "density": 0.01, "bits": 4},
+                "codec": {"bert-base": {"parameters": parameters, "methods": methods}},
+            }
+        )
+    )
     [text] = codec_share(tmp_path)
     assert "On a GPU (a GPU" in text and "PowerSGD 50%" in text and "FP16 50%" in text
 
@@ -775,15 +993,26 @@ def test_time_to_target_finds_advise_run_on_older_evidence(tmp_path, monkeypatch
     """A pick made with steps factors the shipped evidence has since changed is stale: the
     report says so and a rerun runs advise again."""
     from benchmarks import time_to_target as ttt
-    evidence = {"steps_to_target": {"workload": "w", "methods": {
-        "powersgd": {"rank=8": {"factor": 1.3, "reached": 2, "seeds": 2}},
-        "fp16": {"": {"factor": 1.05, "reached": 2, "seeds": 2}}}}}
+
+    evidence = {
+        "steps_to_target": {
+            "workload": "w",
+            "methods": {
+                "powersgd": {"rank=8": {"factor": 1.3, "reached": 2, "seeds": 2}},
+                "fp16": {"": {"factor": 1.05, "reached": 2, "seeds": 2}},
+            },
+        }
+    }
     shipped = tmp_path / "evidence.json"
     shipped.write_text(json.dumps(evidence))
     monkeypatch.setattr("hvd_compress.advise.evidence.EVIDENCE", shipped)
-    advice = {"candidates": [{"method": "powersgd", "setting": "rank=8", "steps_factor": 1.09},
-                             {"method": "fp16", "setting": "", "steps_factor": 1.05},
-                             {"method": "none", "setting": "", "steps_factor": 1.0}]}
+    advice = {
+        "candidates": [
+            {"method": "powersgd", "setting": "rank=8", "steps_factor": 1.09},
+            {"method": "fp16", "setting": "", "steps_factor": 1.05},
+            {"method": "none", "setting": "", "steps_factor": 1.0},
+        ]
+    }
     assert ttt.stale_factors(advice) == {("powersgd", "rank=8"): (1.09, 1.3)}
     advice["candidates"][0]["steps_factor"] = 1.3
     assert ttt.stale_factors(advice) == {}
@@ -791,6 +1020,7 @@ def test_time_to_target_finds_advise_run_on_older_evidence(tmp_path, monkeypatch
 
 def test_scaling_formula_fits_both_terms_and_finds_where_a_method_stops_paying():
     from benchmarks.scaling import crossing, fit, formula
+
     n = 1000
     all_gather = {w: formula(0.0, 0.8 * n, w) for w in (2, 4, 8, 32)}  # Top-K 10%: 8 bytes per kept entry
     a, b = fit(all_gather)
@@ -809,8 +1039,9 @@ def test_scaling_quick_counts_bytes_at_two_worlds_and_writes_its_section(tmp_pat
     assert set(results["jobs"]) == {"2", "3"}
     for job in results["jobs"].values():
         dense = job["methods"]["uncompressed"]["bytes_per_step"][0]
-        assert dense > 0 and all(0 < m["bytes_per_step"][0] < dense
-                                 for label, m in job["methods"].items() if label != "uncompressed")
+        assert dense > 0 and all(
+            0 < m["bytes_per_step"][0] < dense for label, m in job["methods"].items() if label != "uncompressed"
+        )
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## Bytes per rank as ranks grow" in text and "python -m benchmarks scaling --quick" in text
     assert (tmp_path / "benchmarks" / "scaling.png").stat().st_size > 0

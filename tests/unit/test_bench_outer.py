@@ -1,5 +1,6 @@
 """The DiLoCo benchmark's harness (``python -m benchmarks outer --quick``): it runs its points
 through real mpirun jobs, resumes, and writes its section. Never a quality number."""
+
 import json
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 @pytest.mark.slow
 def test_outer_quick_runs_its_points_resumes_and_writes_its_section(tmp_path, benchmark_runs):
     from benchmarks.outer import SECTION, points
+
     options = ["outer", "--quick", "--job-timeout", "300", "--out", str(tmp_path)]
     benchmark_runs.run(options)
     path = tmp_path / "benchmarks" / "outer.json"

@@ -1,5 +1,6 @@
 """The one binding every integration goes through (``integration/binding.py``), in one process:
 groups of our own stand in for a Horovod process set and a torch.distributed group."""
+
 import pytest
 import torch
 
@@ -25,6 +26,7 @@ class TwinBackend:
 class Gathering:
     """A transport whose other ranks answer ``theirs`` as their configuration; counts the
     all-gathers."""
+
     rank = 0
 
     def __init__(self, theirs):
@@ -38,6 +40,7 @@ class Gathering:
 class TwinGroup:
     """Two ranks (or ``size``), this one rank 0; ``theirs``: the other rank's description
     (None: the same as this rank's)."""
+
     included = True
     rank = 0
     process_set = "the twins' process set"
@@ -74,6 +77,7 @@ class ProcessSet:
 
 class RecordingTopK(hc.TopK):
     """TopK that records the process set it is given."""
+
     process_set = None
 
     def use_process_set(self, process_set):
@@ -82,8 +86,7 @@ class RecordingTopK(hc.TopK):
 
 def gradients(seed):
     generator = torch.Generator().manual_seed(seed)
-    return {"a.weight": torch.randn(32, 24, generator=generator),
-            "b.weight": torch.randn(16, 16, generator=generator)}
+    return {"a.weight": torch.randn(32, 24, generator=generator), "b.weight": torch.randn(16, 16, generator=generator)}
 
 
 @pytest.mark.parametrize("name", ["powersgd", "topk", "signsgd"])  # two rounds, an all-gather, packed signs
@@ -151,6 +154,7 @@ def test_a_configuration_that_differs_raises_naming_the_rank_it_is_told_to():
 
 def test_what_is_described_is_checked_instead_of_the_compression():
     """DiLoCo binds its compression and checks its own description, which holds it."""
+
     class Outer:
         def describe(self):
             return {"compressor": "Outer", "settings": {}, "config": {"period": 3}}

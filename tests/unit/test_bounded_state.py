@@ -1,5 +1,6 @@
 """State that grows with training must not: 100,000 cheap steps leave the controllers' memory
 (the pickled object) and their checkpoints no larger than after 20,000."""
+
 import io
 import pickle
 
@@ -19,12 +20,21 @@ def sizes(compression):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("make", [
-    lambda: hc.GraVAC(hc.TopK(density=0.5, min_numel=0), theta_min=1.0, theta_max=4.0, window=10,
-                      smoothing=1.0),
-    lambda: hc.LGreCo(hc.TopK(density=0.5, min_numel=0), objective="time", warmup_steps=1,
-                      decide_every=200, apply_delay=1, transport="local"),
-], ids=["gravac", "lgreco-time"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: hc.GraVAC(hc.TopK(density=0.5, min_numel=0), theta_min=1.0, theta_max=4.0, window=10, smoothing=1.0),
+        lambda: hc.LGreCo(
+            hc.TopK(density=0.5, min_numel=0),
+            objective="time",
+            warmup_steps=1,
+            decide_every=200,
+            apply_delay=1,
+            transport="local",
+        ),
+    ],
+    ids=["gravac", "lgreco-time"],
+)
 def test_memory_and_checkpoints_stay_flat_over_100k_steps(make):
     torch.set_num_threads(1)
     compression = make()

@@ -1,5 +1,6 @@
 """The character-level transformer on the standard library's source: corpus, learning,
 determinism. Small runs of the default model; about 15 s of CPU."""
+
 import pytest
 import torch
 

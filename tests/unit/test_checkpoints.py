@@ -1,5 +1,6 @@
 """Checkpoints: through torch.save / torch.load(weights_only=True), a resume at any step is
 bit-identical to the uninterrupted run, and a checkpoint that does not fit is refused whole."""
+
 import io
 import logging
 
@@ -42,12 +43,18 @@ def methods():
     """Every registered compressor, and every registered controller over every compressor it
     can wrap, at their small settings: L-GreCo has decisions in flight within the run; GraVAC's
     small window is longer than the run: the factor follows the gains alone."""
-    return ([pytest.param(lambda n=n: hc.COMPRESSORS[n].build(small=True, min_numel=0), 2, id=n)
-             for n in sorted(hc.COMPRESSORS)]
-            + [pytest.param(lambda c=c, n=n: hc.CONTROLLERS[c].build(
-                hc.COMPRESSORS[n].build(small=True, min_numel=0), small=True),
-                hc.CONTROLLERS[c].simulated_ranks, id=f"{c}-{n}")
-               for c in sorted(hc.CONTROLLERS) for n in controllable()])
+    return [
+        pytest.param(lambda n=n: hc.COMPRESSORS[n].build(small=True, min_numel=0), 2, id=n)
+        for n in sorted(hc.COMPRESSORS)
+    ] + [
+        pytest.param(
+            lambda c=c, n=n: hc.CONTROLLERS[c].build(hc.COMPRESSORS[n].build(small=True, min_numel=0), small=True),
+            hc.CONTROLLERS[c].simulated_ranks,
+            id=f"{c}-{n}",
+        )
+        for c in sorted(hc.CONTROLLERS)
+        for n in controllable()
+    ]
 
 
 @pytest.mark.parametrize("make, world_size", methods())
@@ -66,8 +73,12 @@ def test_resume_at_every_step_is_bit_identical(make, world_size):
 
 def test_lgreco_resume_keeps_the_decision_in_flight():
     """Checkpointed between a decision and the step it takes effect: the decision survives."""
-    make = lambda: hc.LGreCo(hc.PowerSGD(rank=4, min_numel=0), warmup_steps=3, decide_every=5,
-                             apply_delay=2, transport="local")
+
+    def make():
+        return hc.LGreCo(
+            hc.PowerSGD(rank=4, min_numel=0), warmup_steps=3, decide_every=5, apply_delay=2, transport="local"
+        )
+
     first = SimulatedWorld([make()])
     outputs(first, range(4))  # decided after step 3, effective from step 5
     assert first.compressors[0]._pending is not None
@@ -98,8 +109,11 @@ def test_a_checkpoint_of_another_layer_shape_is_refused_naming_the_parameter():
     checkpoint = trained(lambda named: hc.PowerSGD(named, rank=2, min_numel=0)).state_dict()
     other = {"conv.weight": (32, 16, 3, 3), "fc.weight": (32, 64), "fc.bias": (64,)}
     params = {n: torch.nn.Parameter(torch.zeros(s)) for n, s in other.items()}
-    refused(hc.PowerSGD(params.items(), rank=2, min_numel=0), checkpoint,
-            r"'fc.weight': has shape \(32, 64\) here but \(64, 128\) in the checkpoint")
+    refused(
+        hc.PowerSGD(params.items(), rank=2, min_numel=0),
+        checkpoint,
+        r"'fc.weight': has shape \(32, 64\) here but \(64, 128\) in the checkpoint",
+    )
 
 
 def test_without_parameter_names_the_shape_is_checked_at_the_first_gradient():
@@ -114,8 +128,11 @@ def test_without_parameter_names_a_shape_already_seen_is_checked_at_load():
     checkpoint = trained(lambda named: hc.TopK(named, density=0.05, min_numel=0), named=False).state_dict()
     compressor = hc.TopK(density=0.05, min_numel=0)
     SimulatedWorld([compressor]).step([{"fc.weight": torch.zeros(128, 64)}])
-    refused(compressor, checkpoint,
-            r"'fc.weight': had gradients of shape \(128, 64\) here but \(64, 128\) in the checkpoint")
+    refused(
+        compressor,
+        checkpoint,
+        r"'fc.weight': had gradients of shape \(128, 64\) here but \(64, 128\) in the checkpoint",
+    )
 
 
 def test_names_taken_from_the_optimizer_must_cover_what_the_compressor_saw():
@@ -129,11 +146,14 @@ def test_names_taken_from_the_optimizer_must_cover_what_the_compressor_saw():
     assert list(compressor.parameters) == ["fc.weight"]
 
 
-@pytest.mark.parametrize("make_other, match", [
-    (lambda: hc.ACPSGD(rank=2, min_numel=0), "PowerSGD checkpoint, not a ACPSGD one"),
-    (lambda: hc.PowerSGD(rank=2, min_numel=0, seed=1), "seed is 0 in the checkpoint but 1 here"),
-    (lambda: hc.PowerSGD(rank=4, min_numel=0), "default is 2 in the checkpoint but 4 here"),
-])
+@pytest.mark.parametrize(
+    "make_other, match",
+    [
+        (lambda: hc.ACPSGD(rank=2, min_numel=0), "PowerSGD checkpoint, not a ACPSGD one"),
+        (lambda: hc.PowerSGD(rank=2, min_numel=0, seed=1), "seed is 0 in the checkpoint but 1 here"),
+        (lambda: hc.PowerSGD(rank=4, min_numel=0), "default is 2 in the checkpoint but 4 here"),
+    ],
+)
 def test_a_checkpoint_of_another_class_or_configuration_is_refused(make_other, match):
     checkpoint = trained(lambda named: hc.PowerSGD(rank=2, min_numel=0), named=False).state_dict()
     refused(make_other(), checkpoint, match)
@@ -178,9 +198,11 @@ def assert_same_state(a, b):
             assert a[key].keys() == b[key].keys(), key
             for name in a[key]:
                 x, y = a[key][name], b[key][name]
-                assert (torch.equal(x, y) if torch.is_tensor(x) else
-                        all(torch.equal(v, y[k]) if torch.is_tensor(v) else v == y[k]
-                            for k, v in x.items())), (key, name)
+                assert (
+                    torch.equal(x, y)
+                    if torch.is_tensor(x)
+                    else all(torch.equal(v, y[k]) if torch.is_tensor(v) else v == y[k] for k, v in x.items())
+                ), (key, name)
         else:
             assert a[key] == b[key], key
 

@@ -3,6 +3,7 @@ bit-identical, every rank falls back to eager together, and the choice is agreed
 checkpointed. The tests that compile are marked slow: shapes are small and one bit width is
 used, so they compile three graphs (QSGD's encode and decode at two ranks, Top-K's flags),
 which inductor caches on disk for later runs; the others compile nothing."""
+
 import logging
 
 import pytest
@@ -63,9 +64,11 @@ def test_compiled_kernels_give_eager_bytes_on_these_gradients():
         payloads.append(torch.cat([packed, norms.view(torch.uint8)]))
     assert torch.equal(*payloads)
     rows = torch.stack([payloads[0], payloads[0]])
-    codes, norms = rows[:, :quantize.packed_size(n, 4)], rows[:, quantize.packed_size(n, 4):].view(torch.float32)
-    assert torch.equal(quantize.decode_mean(codes, norms, 4, BUCKET, n),
-                       quantize.decode_mean(codes, norms, 4, BUCKET, n, compiled=True))
+    codes, norms = rows[:, : quantize.packed_size(n, 4)], rows[:, quantize.packed_size(n, 4) :].view(torch.float32)
+    assert torch.equal(
+        quantize.decode_mean(codes, norms, 4, BUCKET, n),
+        quantize.decode_mean(codes, norms, 4, BUCKET, n, compiled=True),
+    )
 
 
 def test_every_rank_falls_back_to_eager_when_one_cannot_compile(monkeypatch, caplog):
@@ -80,7 +83,8 @@ def test_every_rank_falls_back_to_eager_when_one_cannot_compile(monkeypatch, cap
         world = SimulatedWorld([working, broken])
     assert [c.compiles for c in world.compressors] == [False, False]
     assert [r.getMessage() for r in caplog.records].count(
-        "QSGD: compiled=True, but torch.compile failed on rank(s) [1]; its kernels run eagerly from now on") == 1
+        "QSGD: compiled=True, but torch.compile failed on rank(s) [1]; its kernels run eagerly from now on"
+    ) == 1
     assert "(here: gcc: not found)" in caplog.records[-1].getMessage()
     eager = SimulatedWorld([qsgd(False), qsgd(False)])
     for fallen, slow in zip(steps(world), steps(eager)):
@@ -103,6 +107,7 @@ def test_an_unbound_compressor_falls_back_alone_where_a_kernel_fails(monkeypatch
 
 class Twin:
     """A transport of two ranks whose other rank describes ``theirs``."""
+
     rank = 0
 
     def __init__(self, theirs):
@@ -135,8 +140,11 @@ def test_compiled_topk_selects_as_eager_bit_for_bit():
     shapes = {"w": (256, 128)}
 
     def topk(compiled):
-        return hc.TopK([(name, torch.nn.Parameter(torch.zeros(shape))) for name, shape in shapes.items()],
-                       density=0.01, compiled=compiled)
+        return hc.TopK(
+            [(name, torch.nn.Parameter(torch.zeros(shape))) for name, shape in shapes.items()],
+            density=0.01,
+            compiled=compiled,
+        )
 
     def grads(seed):
         return {"w": torch.randn(*shapes["w"], generator=torch.Generator().manual_seed(seed))}

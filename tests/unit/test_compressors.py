@@ -1,4 +1,5 @@
 """Compressor invariants in a simulated world of W ranks (no Horovod collectives)."""
+
 import io
 import sys
 from pathlib import Path
@@ -35,8 +36,9 @@ def test_powersgd_recovers_exact_low_rank_matrix():
     assert torch.allclose(out, m, atol=1e-4 * m.abs().max())
 
 
-@pytest.mark.parametrize("make", [lambda: hc.PowerSGD(rank=2), lambda: hc.ACPSGD(rank=2),
-                                  lambda: hc.TopK(density=0.05)])
+@pytest.mark.parametrize(
+    "make", [lambda: hc.PowerSGD(rank=2), lambda: hc.ACPSGD(rank=2), lambda: hc.TopK(density=0.05)]
+)
 def test_error_feedback_identity(make):
     """compensated = sent + new residual, for every compressed gradient, at every step."""
     compressor = make()
@@ -74,6 +76,7 @@ def test_linearity_w_workers_equal_one_worker_at_w_times_batch(method, rank):
 
 def test_qsgd_aggregate_is_unbiased():
     from hvd_compress.maths.quantize import bucket_norms, levels_for_bits
+
     g = {"w": torch.randn(64, 64)}
     w, bits, bucket, trials = 2, 3, 128, 1500
     sim = SimulatedWorld([hc.QSGD(bits=bits, bucket_size=bucket, seed=s) for s in range(w)])
@@ -97,9 +100,17 @@ def test_topk_keeps_k_entries():
     assert torch.equal(out.abs().flatten().topk(200).values, g.abs().flatten().topk(200).values)
 
 
-@pytest.mark.parametrize("make", [hc.FP16, hc.BF16, hc.NoCompression,
-                                  lambda: hc.QSGD(bits=8, bucket_size=16), lambda: hc.TopK(density=1.0),
-                                  lambda: hc.PowerSGD(rank=64, min_compression_rate=0.01)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        hc.FP16,
+        hc.BF16,
+        hc.NoCompression,
+        lambda: hc.QSGD(bits=8, bucket_size=16),
+        lambda: hc.TopK(density=1.0),
+        lambda: hc.PowerSGD(rank=64, min_compression_rate=0.01),
+    ],
+)
 @pytest.mark.parametrize("w", [1, 3])
 def test_aggregate_approximates_mean(make, w):
     per_rank = [grads(r) for r in range(w)]
@@ -143,9 +154,15 @@ def test_integer_gradient_is_rejected_with_its_name(make):
 OVERFLOWING_SUM = (30000.0, 50000.0)
 
 
-@pytest.mark.parametrize("make, dtype", [(hc.FP16, torch.float32), (hc.FP16, torch.float16),
-                                         (hc.NoCompression, torch.float16),
-                                         (lambda: hc.PowerSGD(rank=2), torch.float16)])
+@pytest.mark.parametrize(
+    "make, dtype",
+    [
+        (hc.FP16, torch.float32),
+        (hc.FP16, torch.float16),
+        (hc.NoCompression, torch.float16),
+        (lambda: hc.PowerSGD(rank=2), torch.float16),
+    ],
+)
 @pytest.mark.parametrize("w", [2, 4])
 def test_a_float16_mean_whose_sum_overflows_survives(make, dtype, w):
     """Every float16 all-reduce (FP16's payload, a float16 gradient sent dense) divides by W
@@ -170,12 +187,18 @@ def test_bf16_mean_near_the_largest_bfloat16_survives():
 def degenerate_methods():
     """Every registered compressor, and every registered controller over every compressor it
     can wrap, at their small settings with min_numel 0 (so that each compresses what it can)."""
-    return ([pytest.param(lambda n=n: hc.COMPRESSORS[n].build(small=True, min_numel=0), 2, id=n)
-             for n in sorted(hc.COMPRESSORS)]
-            + [pytest.param(lambda c=c, n=n: hc.CONTROLLERS[c].build(
-                hc.COMPRESSORS[n].build(small=True, min_numel=0), small=True),
-                hc.CONTROLLERS[c].simulated_ranks, id=f"{c}-{n}")
-               for c in sorted(hc.CONTROLLERS) for n in hc.registry.controllable()])
+    return [
+        pytest.param(lambda n=n: hc.COMPRESSORS[n].build(small=True, min_numel=0), 2, id=n)
+        for n in sorted(hc.COMPRESSORS)
+    ] + [
+        pytest.param(
+            lambda c=c, n=n: hc.CONTROLLERS[c].build(hc.COMPRESSORS[n].build(small=True, min_numel=0), small=True),
+            hc.CONTROLLERS[c].simulated_ranks,
+            id=f"{c}-{n}",
+        )
+        for c in sorted(hc.CONTROLLERS)
+        for n in hc.registry.controllable()
+    ]
 
 
 @pytest.mark.parametrize("kind", sorted(degenerate.GRADIENTS))
@@ -186,10 +209,10 @@ def test_degenerate_shapes_travel_and_keep_their_names_in_checkpoints(make, w, k
     compressed, for more steps than a controller takes to decide; results keep the gradient's
     shape and are finite and identical on every rank. A checkpoint round trip keeps the
     parameter's name and resumes bit for bit."""
+
     def gradients(step):
         g = torch.Generator().manual_seed(step)
-        return [{kind: degenerate.GRADIENTS[kind](g), "fc.weight": torch.randn(64, 128, generator=g)}
-                for _ in range(w)]
+        return [{kind: degenerate.GRADIENTS[kind](g), "fc.weight": torch.randn(64, 128, generator=g)} for _ in range(w)]
 
     compressions = [make() for _ in range(w)]
     sim = SimulatedWorld(compressions)
@@ -266,6 +289,7 @@ def test_state_dict_roundtrip_resumes_identically():
 
 def test_pickle_drops_communication_state():
     import pickle
+
     compressor = hc.PowerSGD(rank=2)
     SimulatedWorld([compressor]).step([grads(0)])
     restored = pickle.loads(pickle.dumps(compressor))
@@ -279,8 +303,7 @@ def test_payload_bytes_count_what_is_sent(make):
     for step in range(2):
         sim.step([grads(step), grads(step + 10)])
     compressor = sim.compressors[0]
-    predicted = sum(compressor.payload_bytes(shape, compressor.setting(name))
-                    for name, shape in SHAPES.items())
+    predicted = sum(compressor.payload_bytes(shape, compressor.setting(name)) for name, shape in SHAPES.items())
     assert compressor.traffic.payload_bytes == 2 * predicted
 
 

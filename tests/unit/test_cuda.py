@@ -11,6 +11,7 @@ its reason, where torch sees no CUDA device (CI's machines). On a GPU machine:
 * A checkpoint written on the GPU, loaded with ``map_location="cpu"``, resumes on the GPU.
 * An Inf on one rank drops the step on every rank: the finiteness check on the device, through
   the results' bounds (``Compressor._result_bounded_by``) as through their extremes."""
+
 import io
 import sys
 import threading
@@ -26,9 +27,10 @@ import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
 from test_device_audit import gradients, methods
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="no CUDA device here (torch.cuda.is_available() is False); "
-                                       "this tier runs on a GPU machine")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="no CUDA device here (torch.cuda.is_available() is False); this tier runs on a GPU machine",
+)
 PACKAGE = Path(hc.__file__).parent
 
 
@@ -45,8 +47,10 @@ def run(make, device, steps=6, layers=2, dtype=torch.float32):
     world = SimulatedWorld([make() for _ in range(ranks)])
     outputs = []
     for step in range(steps):
-        per_rank = [{name: (grad * (r + 1)).to(device, dtype) for name, grad in gradients(step, layers).items()}
-                    for r in range(ranks)]
+        per_rank = [
+            {name: (grad * (r + 1)).to(device, dtype) for name, grad in gradients(step, layers).items()}
+            for r in range(ranks)
+        ]
         outputs.append(world.step(per_rank))
     return world, outputs
 
@@ -70,8 +74,9 @@ def test_aggregates_match_the_cpu_and_state_stays_on_the_device(make, request):
             assert all(t.is_cuda and t.dtype == torch.float32 for t in aggregates.values())
             assert all(torch.isfinite(t).all() for t in aggregates.values())
     for compressor in world.compressors:
-        assert all(t.is_cuda for t in tensors_in(compressor.state_dict())
-                   if t.is_floating_point() and t.numel() > 1), "state left the device"
+        assert all(t.is_cuda for t in tensors_in(compressor.state_dict()) if t.is_floating_point() and t.numel() > 1), (
+            "state left the device"
+        )
     if stochastic(request.node.callspec.id):
         return
     _, on_cpu = run(make, "cpu")
@@ -119,8 +124,9 @@ def count_waits(make, layers):
     decision thread is waited for, so that every decision submitted in the three is counted."""
     world, _ = run(make, "cuda", steps=3, layers=layers)
     # Copied to the GPU before counting: a copy from pageable host memory waits too.
-    steps = [[{n: g.cuda() for n, g in gradients(step, layers).items()} for _ in world.compressors]
-             for step in range(3, 6)]
+    steps = [
+        [{n: g.cuda() for n, g in gradients(step, layers).items()} for _ in world.compressors] for step in range(3, 6)
+    ]
     controllers = [c for c in world.compressors if isinstance(c, hc.LGreCo)]
     settle_decisions(controllers)
     torch.cuda.synchronize()
@@ -154,10 +160,12 @@ def settle_decisions(controllers, timeout=60.0):
 def test_a_step_waits_for_the_gpu_as_often_whatever_the_number_of_layers(make):
     (few, few_decisions), (many, many_decisions) = count_waits(make, 2), count_waits(make, 6)
     assert sum(many.values()) == sum(few.values()), (
-        f"a step's waits grow with the layers: {sorted((many - few).items())}; with 2 layers: {sorted(few.items())}")
+        f"a step's waits grow with the layers: {sorted((many - few).items())}; with 2 layers: {sorted(few.items())}"
+    )
     assert sum(many_decisions.values()) == sum(few_decisions.values()), (
         f"a decision's waits grow with the layers: {sorted((many_decisions - few_decisions).items())}; "
-        f"with 2 layers: {sorted(few_decisions.items())}")
+        f"with 2 layers: {sorted(few_decisions.items())}"
+    )
 
 
 @pytest.mark.parametrize("make", methods())
@@ -207,6 +215,7 @@ def test_qsgd_codes_pack_to_the_same_bytes_on_the_gpu_as_on_the_cpu(bits):
     """Widths that do not divide 8 pack a field at a time on the CPU and all fields at once on
     other devices: the bytes on the wire must not depend on where a rank packed them."""
     from hvd_compress.maths import quantize
+
     s = quantize.levels_for_bits(bits)
     codes = torch.randint(-s, s + 1, (10_007,), dtype=torch.int8)
     packed = quantize.pack_codes(codes, bits)

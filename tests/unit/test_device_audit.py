@@ -9,6 +9,7 @@ one). A torch function mode watches every step of every compressor and controlle
 * tensors made from nothing (``torch.zeros`` and kin) without ``device=``: on a GPU they land
   on the CPU. Only functions that draw on the CPU by design (identical values on every rank
   and device, then moved) may, and the decision service's pickled bytes."""
+
 import sys
 from collections import Counter
 from pathlib import Path
@@ -23,11 +24,41 @@ from hvd_compress.comm.simulated import SimulatedWorld
 from hvd_compress.registry import controllable
 
 PACKAGE = Path(hc.__file__).parent
-WAITS = {"item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy",
-         "nonzero", "masked_select", "unique", "bincount", "linalg_svd", "svdvals", "linalg_svdvals",
-         "linalg_eigh", "linalg_eigvalsh"}
-FACTORIES = {"zeros", "ones", "empty", "full", "tensor", "as_tensor", "arange", "randn", "rand",
-             "randint", "randperm", "eye", "linspace", "scalar_tensor"}
+WAITS = {
+    "item",
+    "tolist",
+    "__bool__",
+    "__float__",
+    "__int__",
+    "__index__",
+    "cpu",
+    "numpy",
+    "nonzero",
+    "masked_select",
+    "unique",
+    "bincount",
+    "linalg_svd",
+    "svdvals",
+    "linalg_svdvals",
+    "linalg_eigh",
+    "linalg_eigvalsh",
+}
+FACTORIES = {
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "tensor",
+    "as_tensor",
+    "arange",
+    "randn",
+    "rand",
+    "randint",
+    "randperm",
+    "eye",
+    "linspace",
+    "scalar_tensor",
+}
 CPU_BY_DESIGN = {"seeded_normal", "_sample_positions", "on_device"}
 # Pickled bytes between ranks (decisions, the configuration check), not gradients: on the host.
 HOST_BYTES = {"control/service.py", "comm/transports.py"}
@@ -46,8 +77,12 @@ class Audit(TorchFunctionMode):
         if where is not None:
             if name in WAITS or waits_on_a_gpu(name, args):
                 self.waits[(name, where)] += 1
-            if name in FACTORIES and "device" not in kwargs and where[1] not in CPU_BY_DESIGN \
-                    and where[0] not in HOST_BYTES:
+            if (
+                name in FACTORIES
+                and "device" not in kwargs
+                and where[1] not in CPU_BY_DESIGN
+                and where[0] not in HOST_BYTES
+            ):
                 self.placed_on_cpu.add((name, where))
         return func(*args, **kwargs)
 
@@ -86,8 +121,10 @@ def methods():
         yield pytest.param(lambda method=method: method.build(small=True), id=name)
     for controller in sorted(hc.CONTROLLERS):
         for name in controllable():
-            yield pytest.param(lambda c=controller, n=name: hc.CONTROLLERS[c].build(
-                hc.COMPRESSORS[n].build(small=True), small=True), id=f"{controller}-{name}")
+            yield pytest.param(
+                lambda c=controller, n=name: hc.CONTROLLERS[c].build(hc.COMPRESSORS[n].build(small=True), small=True),
+                id=f"{controller}-{name}",
+            )
 
 
 def gradients(step, layers):
@@ -116,8 +153,7 @@ def audited_steps(make, layers, audit=None, steps=6, audited=3):
 @pytest.mark.parametrize("make", methods())
 def test_a_step_waits_for_the_device_as_often_whatever_the_number_of_layers(make):
     few, many = audited_steps(make, layers=2), audited_steps(make, layers=6)
-    assert many.waits == few.waits, (
-        f"waits that grow with the layers: {sorted((many.waits - few.waits).items())}")
+    assert many.waits == few.waits, f"waits that grow with the layers: {sorted((many.waits - few.waits).items())}"
     assert sum(few.waits.values()) <= 3 * 2, sorted(few.waits.items())  # at most twice a step
 
 
@@ -144,8 +180,7 @@ def audited_decisions(make, layers, steps=6):
 def test_a_decision_reads_the_device_as_often_whatever_the_number_of_layers(make):
     """Issue 36: the error table and the window's norms come back once per decision."""
     few, many = audited_decisions(make, layers=2), audited_decisions(make, layers=6)
-    assert many.waits == few.waits, (
-        f"waits that grow with the layers: {sorted((many.waits - few.waits).items())}")
+    assert many.waits == few.waits, f"waits that grow with the layers: {sorted((many.waits - few.waits).items())}"
 
 
 class HostWaits(TorchDispatchMode):
@@ -160,8 +195,9 @@ class HostWaits(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.ops.aten._local_scalar_dense.default or (
-                func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
-                and _to_cpu_from_a_device(func, args, kwargs)):
+            func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
+            and _to_cpu_from_a_device(func, args, kwargs)
+        ):
             self.waits[func.__name__] += 1
         return func(*args, **kwargs)
 
@@ -194,6 +230,7 @@ def test_the_stock_bridge_makes_its_tensors_on_the_gradients_device(name):
     """Through Horovod's Compression API in one process (Horovod's all-reduce of one rank
     returns its input), as stock ``hvd.DistributedOptimizer`` calls it."""
     import horovod.torch as hvd
+
     hvd.init()
     model = torch.nn.Sequential(torch.nn.Linear(48, 32), torch.nn.Linear(32, 32))
     compression = hc.COMPRESSORS[name].build(model.named_parameters(), small=True)

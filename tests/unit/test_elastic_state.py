@@ -2,6 +2,7 @@
 handler that importing hvd_compress registers), commit/restore, the error-feedback policy at
 sync, and L-GreCo's decision in flight across a world change. The fault-injection runs with
 real workers are in tests/test_elastic.py."""
+
 import logging
 import threading
 
@@ -30,8 +31,12 @@ def trained_world(steps=3):
 
 def test_torch_state_takes_any_compressor_as_a_keyword():
     model = torch.nn.Linear(4, 2)
-    for compression in [hc.PowerSGD(rank=2), hc.LGreCo(hc.TopK(density=0.1), transport="local"),
-                        hc.GraVAC(hc.ACPSGD(rank=2)), hc.FP16()]:
+    for compression in [
+        hc.PowerSGD(rank=2),
+        hc.LGreCo(hc.TopK(density=0.1), transport="local"),
+        hc.GraVAC(hc.ACPSGD(rank=2)),
+        hc.FP16(),
+    ]:
         state = hvd.elastic.TorchState(model=model, compression=compression, step=0)
         assert isinstance(state._handlers["compression"], CompressionStateHandler)
         assert state.compression is compression
@@ -78,8 +83,9 @@ def test_an_unknown_feedback_policy_is_refused_by_name():
 def lgreco_with_a_decision_in_flight():
     """An L-GreCo whose first decision computes until the test sets its event (the first of
     the events returned; each later decision gets its own)."""
-    lgreco = hc.LGreCo(hc.PowerSGD(rank=4, min_numel=0), warmup_steps=3, decide_every=50,
-                       apply_delay=5, transport="local")
+    lgreco = hc.LGreCo(
+        hc.PowerSGD(rank=4, min_numel=0), warmup_steps=3, decide_every=50, apply_delay=5, transport="local"
+    )
     gates = held_decisions(lgreco)
     world = SimulatedWorld([lgreco])
     for step in range(3):
@@ -164,8 +170,10 @@ def test_the_wrapper_is_horovods_own_to_broadcast_optimizer_state_even_with_hvd_
     # optimizer of Horovod's own module; a replaced hvd.DistributedOptimizer must not change
     # ours (otherwise a rank with an empty state steps alone and waits forever).
     from horovod.torch import optimizer as horovod_optimizer  # what broadcast_optimizer_state imports
+
     monkeypatch.setattr(hvd, "DistributedOptimizer", lambda *args, **kwargs: None)
     model = torch.nn.Linear(4, 4)
-    wrapped = hc.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                      model.named_parameters(), hc.NoCompression())
+    wrapped = hc.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), hc.NoCompression()
+    )
     assert type(wrapped).__module__ == horovod_optimizer.DistributedOptimizer.__module__

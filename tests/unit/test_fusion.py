@@ -1,4 +1,5 @@
 """Fusion plans and fused execution, in one process."""
+
 import math
 
 import pytest
@@ -9,8 +10,13 @@ from hvd_compress.comm.driver import RoundDriver
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion, plan_buckets, scaled_threshold
 from hvd_compress.comm.rounds import Collective, Traffic
 
-SHAPES = {"fc2.bias": (10,), "fc2.weight": (10, 256), "fc1.bias": (256,), "fc1.weight": (256, 512),
-          "conv.weight": (64, 32, 3, 3)}
+SHAPES = {
+    "fc2.bias": (10,),
+    "fc2.weight": (10, 256),
+    "fc1.bias": (256,),
+    "fc1.weight": (256, 512),
+    "conv.weight": (64, 32, 3, 3),
+}
 
 
 def test_plans_respect_threshold_and_order_and_are_deterministic():
@@ -47,6 +53,7 @@ def test_acpsgd_has_one_plan_for_p_steps_and_one_for_q_steps_and_replans_on_new_
 
 class LoopbackBackend:
     """One rank: every collective returns its own payload (stacked for all-gather)."""
+
     size = 1
 
     def start(self, op_name, round_):
@@ -61,8 +68,10 @@ class LoopbackBackend:
         return handle
 
 
-@pytest.mark.parametrize("make", [lambda: hc.ACPSGD(rank=4, min_numel=0), lambda: hc.TopK(min_numel=0),
-                                  lambda: hc.PowerSGD(rank=2, min_numel=0)])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: hc.ACPSGD(rank=4, min_numel=0), lambda: hc.TopK(min_numel=0), lambda: hc.PowerSGD(rank=2, min_numel=0)],
+)
 @pytest.mark.parametrize("threshold", [1, 1 << 12, 1 << 40])
 def test_fused_execution_equals_unfused(make, threshold):
     g = torch.Generator().manual_seed(0)
@@ -82,5 +91,4 @@ def test_fused_execution_equals_unfused(make, threshold):
 
 def test_bad_fusion_argument_is_named():
     with pytest.raises(ValueError, match="fusion must be a ScaledFusion or None"):
-        hc.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1),
-                                fusion=1 << 20)
+        hc.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1), fusion=1 << 20)

@@ -1,4 +1,5 @@
 """GraVAC: the policy on scripted curves, and the mechanism in a simulated world."""
+
 import pytest
 import torch
 
@@ -23,8 +24,11 @@ def distinct(values):
 
 
 def test_exponential_policy_scales_up_and_settles_where_throughput_saturates():
-    policy = hc.GraVACPolicy(hc.GraVACConfig(theta_min=10, theta_max=1000, epsilon=0.7, omega=0.01,
-                                             window=2, policy="exponential", smoothing=1.0))
+    policy = hc.GraVACPolicy(
+        hc.GraVACConfig(
+            theta_min=10, theta_max=1000, epsilon=0.7, omega=0.01, window=2, policy="exponential", smoothing=1.0
+        )
+    )
     # High gains everywhere; throughput grows with CF up to 160x, then stays flat.
     sent = drive(policy, 14, gain=lambda cf: 0.95, throughput=lambda cf: min(cf, 160))
     assert distinct(sent) == [10, 20, 40, 160, 1000, 160]
@@ -32,16 +36,14 @@ def test_exponential_policy_scales_up_and_settles_where_throughput_saturates():
 
 
 def test_geometric_policy_sequence():
-    policy = hc.GraVACPolicy(hc.GraVACConfig(theta_min=10, theta_max=100, window=2, policy="geometric",
-                                             smoothing=1.0))
+    policy = hc.GraVACPolicy(hc.GraVACConfig(theta_min=10, theta_max=100, window=2, policy="geometric", smoothing=1.0))
     sent = drive(policy, 10, gain=lambda cf: 0.95, throughput=lambda cf: cf)
     assert distinct(sent)[:5] == [10, 20, 40, 80, 100]
 
 
 def test_low_gain_falls_back_to_theta_min_or_dense():
     for scale_down_to, expected in [("min", 10), ("dense", DENSE)]:
-        policy = hc.GraVACPolicy(hc.GraVACConfig(theta_min=10, window=100, smoothing=1.0,
-                                                 scale_down_to=scale_down_to))
+        policy = hc.GraVACPolicy(hc.GraVACConfig(theta_min=10, window=100, smoothing=1.0, scale_down_to=scale_down_to))
         policy.observe(10, 0.5, 0.4, 1.0)  # both gains below epsilon = 0.7
         assert policy.choose() == expected
         policy.observe(10, 0.8, 0.4, 1.0)  # theta_min good enough, the candidate not
@@ -69,24 +71,25 @@ def structured_gradient(step, n=64, m=128, decay=0.3, noise=0.01):
     return (u * spectrum) @ v.t() + noise * torch.randn(n, m, generator=torch.Generator().manual_seed(step))
 
 
-@pytest.mark.parametrize("inner", [lambda: hc.TopK(density=0.1), lambda: hc.PowerSGD(rank=4),
-                                   lambda: hc.ACPSGD(rank=4), lambda: hc.QSGD(bits=4)])
+@pytest.mark.parametrize(
+    "inner",
+    [lambda: hc.TopK(density=0.1), lambda: hc.PowerSGD(rank=4), lambda: hc.ACPSGD(rank=4), lambda: hc.QSGD(bits=4)],
+)
 def test_every_rank_takes_the_same_factor_every_step(inner):
-    ranks = [hc.GraVAC(inner(), theta_min=2, theta_max=64, window=2, smoothing=1.0, epsilon=0.3)
-             for _ in range(2)]
+    ranks = [hc.GraVAC(inner(), theta_min=2, theta_max=64, window=2, smoothing=1.0, epsilon=0.3) for _ in range(2)]
     world = SimulatedWorld(ranks)
     for step in range(10):
         g = torch.Generator().manual_seed(step)
-        world.step([{"w": structured_gradient(step), "b": torch.randn(64, generator=g)}
-                    for _ in ranks])
+        world.step([{"w": structured_gradient(step), "b": torch.randn(64, generator=g)} for _ in ranks])
     assert ranks[0].history == ranks[1].history
     assert len({h[0] for h in ranks[0].history}) > 1  # the factor did change
     assert all(0 <= h[1] <= 1.0 + 1e-6 and 0 <= h[2] <= h[1] + 1e-6 for h in ranks[0].history)
 
 
 def test_dense_fallback_sends_gradient_plus_residual_and_clears_it():
-    gravac = hc.GraVAC(hc.TopK(density=0.1), theta_min=2, window=100, scale_down_to="dense",
-                       epsilon=0.99, smoothing=1.0)
+    gravac = hc.GraVAC(
+        hc.TopK(density=0.1), theta_min=2, window=100, scale_down_to="dense", epsilon=0.99, smoothing=1.0
+    )
     world = SimulatedWorld([gravac])
     g = {"w": torch.randn(64, 128)}
     world.step([g])  # compressed at theta_min; the gain is far below 0.99
@@ -114,8 +117,18 @@ def test_low_precision_dense_steps_still_feed_the_policy_and_can_leave_dense(dty
     """A dense float16 payload used to carry no statistics: the policy, never fed again, stayed
     dense for good. Now every step feeds it, energies are float32 (those of these gradients
     overflow float16), and outputs keep the gradient's dtype, bit-identical on every rank."""
-    ranks = [hc.GraVAC(hc.TopK(density=0.1), theta_min=2, theta_max=64, window=100, smoothing=1.0,
-                       scale_down_to="dense", epsilon=0.95) for _ in range(2)]
+    ranks = [
+        hc.GraVAC(
+            hc.TopK(density=0.1),
+            theta_min=2,
+            theta_max=64,
+            window=100,
+            smoothing=1.0,
+            scale_down_to="dense",
+            epsilon=0.95,
+        )
+        for _ in range(2)
+    ]
     world = SimulatedWorld(ranks)
     wire = torch.float64 if dtype == torch.float64 else torch.float32
     sent = []
@@ -144,13 +157,14 @@ def test_low_precision_dense_steps_still_feed_the_policy_and_can_leave_dense(dty
     assert all(0 < h[2] <= h[1] + 1e-6 and h[1] <= 1.0 + 1e-6 for h in ranks[0].history)
 
 
-@pytest.mark.parametrize("inner", [lambda: hc.TopK(density=0.1), lambda: hc.PowerSGD(rank=4),
-                                   lambda: hc.ACPSGD(rank=4), lambda: hc.QSGD(bits=4)],
-                         ids=["topk", "powersgd", "acpsgd", "qsgd"])
+@pytest.mark.parametrize(
+    "inner",
+    [lambda: hc.TopK(density=0.1), lambda: hc.PowerSGD(rank=4), lambda: hc.ACPSGD(rank=4), lambda: hc.QSGD(bits=4)],
+    ids=["topk", "powersgd", "acpsgd", "qsgd"],
+)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_gradients_come_back_in_their_dtype(inner, dtype):
-    ranks = [hc.GraVAC(inner(), theta_min=2, theta_max=64, window=2, smoothing=1.0, epsilon=0.3)
-             for _ in range(2)]
+    ranks = [hc.GraVAC(inner(), theta_min=2, theta_max=64, window=2, smoothing=1.0, epsilon=0.3) for _ in range(2)]
     world = SimulatedWorld(ranks)
     for step in range(4):
         out = world.step([{k: v.to(dtype) for k, v in heavy_tailed(step, rank).items()} for rank in range(2)])
@@ -164,8 +178,10 @@ def test_each_step_time_is_paired_with_the_factor_that_step_sent():
     """Step 2 takes 0.20 s, the others 0.01 s: the 0.20 s belongs to step 2's history entry,
     with step 2's factor, and to that factor's throughput (it used to land one entry later)."""
     durations = [0.01, 0.01, 0.20, 0.01, 0.01, 0.01, 0.01]
-    ranks = [hc.GraVAC(hc.TopK(density=0.1), theta_min=2, theta_max=64, window=1, smoothing=1.0,
-                       epsilon=0.3) for _ in range(2)]
+    ranks = [
+        hc.GraVAC(hc.TopK(density=0.1), theta_min=2, theta_max=64, window=1, smoothing=1.0, epsilon=0.3)
+        for _ in range(2)
+    ]
     for gravac in ranks:
         gravac.clock = scripted_clock(durations)
     world = SimulatedWorld(ranks)
@@ -190,12 +206,15 @@ def test_a_non_finite_step_leaves_no_trace_in_the_pairing():
     """Step 3 is non-finite and takes 0.5 s: it has no history entry, its duration shows up
     nowhere, and every other step keeps its own factor, gains and duration: the entries are
     those of a run where step 3 is not taken at all."""
+
     def run(bad):
         durations = [0.01 * (k + 1) for k in range(7)]
         if bad:
             durations[3] = 0.5
-        ranks = [hc.GraVAC(hc.TopK(density=0.1), theta_min=2, theta_max=64, window=1,
-                           smoothing=1.0, epsilon=0.3) for _ in range(2)]
+        ranks = [
+            hc.GraVAC(hc.TopK(density=0.1), theta_min=2, theta_max=64, window=1, smoothing=1.0, epsilon=0.3)
+            for _ in range(2)
+        ]
         for gravac in ranks:
             gravac.clock = scripted_clock(durations if bad else durations[:3] + durations[4:])
         world = SimulatedWorld(ranks)
@@ -218,13 +237,13 @@ def test_a_non_finite_step_leaves_no_trace_in_the_pairing():
 def test_gains_under_loss_scaling_are_those_of_the_unscaled_gradients():
     """Residuals are kept unscaled (``track``): x = gradient + scale * residual, as the
     compressor builds it. A power-of-two scale changes no gain at all."""
+
     class Scaler:
         def get_scale(self):
             return 1024.0
 
     def run(scale):
-        gravac = hc.GraVAC(hc.TopK(density=0.1), theta_min=2, theta_max=64, window=2,
-                           smoothing=1.0, epsilon=0.3)
+        gravac = hc.GraVAC(hc.TopK(density=0.1), theta_min=2, theta_max=64, window=2, smoothing=1.0, epsilon=0.3)
         if scale != 1:
             gravac.track(Scaler())
         world = SimulatedWorld([gravac])
@@ -235,8 +254,10 @@ def test_gains_under_loss_scaling_are_those_of_the_unscaled_gradients():
     assert run(1024.0) == run(1)
 
 
-@pytest.mark.parametrize("inner", [lambda: hc.TopK(density=0.1), lambda: hc.PowerSGD(rank=4),
-                                   lambda: hc.ACPSGD(rank=4), lambda: hc.QSGD(bits=4)])
+@pytest.mark.parametrize(
+    "inner",
+    [lambda: hc.TopK(density=0.1), lambda: hc.PowerSGD(rank=4), lambda: hc.ACPSGD(rank=4), lambda: hc.QSGD(bits=4)],
+)
 @pytest.mark.parametrize("shape", [(64, 96), (256, 512)])  # the second past the Top-K histogram's size
 @pytest.mark.parametrize("sent", [0, 1])  # theta_min's setting, or the candidate's
 @pytest.mark.parametrize("with_residual", [False, True])
@@ -255,8 +276,9 @@ def test_measuring_begin_gives_the_gains_of_a_separate_measurement(inner, shape,
     if compressor.residual("w") is not None:
         x += compressor.residual("w").view(shape)
     memo, separate_memo = {}, {}
-    expected = torch.cat([x.double().square().sum().reshape(1),
-                          compressor.kept_energies("w", x, settings, separate_memo)])
+    expected = torch.cat(
+        [x.double().square().sum().reshape(1), compressor.kept_energies("w", x, settings, separate_memo)]
+    )
     _, energies = compressor.begin_measured("w", grad, settings, memo)
     assert energies.dtype == torch.float64 and energies.shape == (3,)
     histogram = isinstance(compressor, hc.TopK) and x.numel() >= 1 << 16

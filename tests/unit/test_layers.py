@@ -1,5 +1,6 @@
 """The house's rules that a grep can keep: no module of the package imports another module's
 private name (a leading underscore), so that each layer is used through what it documents."""
+
 import ast
 from pathlib import Path
 
@@ -20,8 +21,11 @@ def private_imports(path: Path):
 
 
 def test_no_module_imports_a_private_name_of_another():
-    found = [f"{path.relative_to(PACKAGE.parent)}:{line}: from {module} import {name}"
-             for path in sorted(PACKAGE.rglob("*.py")) for line, module, name in private_imports(path)]
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: from {module} import {name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line, module, name in private_imports(path)
+    ]
     assert not found, "private names imported across modules:\n" + "\n".join(found)
 
 

@@ -1,4 +1,5 @@
 """L-GreCo in one process: the schedule, the decisions, the objectives, checkpoints."""
+
 import logging
 import threading
 
@@ -61,10 +62,15 @@ def test_decisions_take_effect_at_the_announced_step():
     assert lgreco.decisions[0].settings != before  # the spectra differ, so do the ranks
 
 
-@pytest.mark.parametrize("inner", [lambda: hc.PowerSGD(rank=4, min_numel=0),
-                                   lambda: hc.ACPSGD(rank=4, min_numel=0),
-                                   lambda: hc.TopK(density=0.05, min_numel=0),
-                                   lambda: hc.QSGD(bits=4, bucket_size=64, min_numel=0)])
+@pytest.mark.parametrize(
+    "inner",
+    [
+        lambda: hc.PowerSGD(rank=4, min_numel=0),
+        lambda: hc.ACPSGD(rank=4, min_numel=0),
+        lambda: hc.TopK(density=0.05, min_numel=0),
+        lambda: hc.QSGD(bits=4, bucket_size=64, min_numel=0),
+    ],
+)
 def test_decision_meets_budget_with_fewer_bytes(inner):
     lgreco = make(inner())
     run(lgreco, 6)
@@ -85,8 +91,7 @@ def test_lowrank_decision_spends_rank_where_error_falls_fastest_per_byte():
 
 
 def test_accordion_picks_the_critical_default_first():
-    lgreco = make(hc.PowerSGD(rank=4, min_numel=0), objective="accordion",
-                  accordion=hc.Accordion(critical=8, normal=2))
+    lgreco = make(hc.PowerSGD(rank=4, min_numel=0), objective="accordion", accordion=hc.Accordion(critical=8, normal=2))
     run(lgreco, 6)
     decision = lgreco.decisions[0]
     # Everything is critical at the first decision: the budget is that of rank 8 everywhere.
@@ -125,11 +130,13 @@ def test_accumulate_steps_averages_only_the_last_steps_before_a_decision():
     """decide_every 5 from step 3: decisions at 3 and 8. With accumulate_steps=2 (raw gradients)
     the second one sees steps 6 and 7 only, and so decides as a run given just those two steps
     would; accumulate_steps=None averages the whole period."""
+
     def decided(lgreco, steps):
         sim = SimulatedWorld([lgreco])
         for step in steps:
             sim.step([layered_gradients(step, DECAY)])
         return lgreco.decisions[-1]
+
     raw = dict(error_source="raw", apply_delay=1)
     windowed = decided(make(hc.TopK(density=0.05, min_numel=0), accumulate_steps=2, **raw), range(9))
     everything = decided(make(hc.TopK(density=0.05, min_numel=0), accumulate_steps=None, **raw), range(9))
@@ -150,8 +157,7 @@ def decision_budget(inner, tables):
 def test_error_table_is_built_on_gradient_plus_residual_or_on_the_gradient(error_source):
     """Decision at step 3 over the last step only: the table is built on step 2's gradient plus
     the residual compression left before it ("sent", the reference's), or on the gradient alone."""
-    lgreco = make(hc.TopK(density=0.05, min_numel=0), accumulate_steps=1, apply_delay=1,
-                  error_source=error_source)
+    lgreco = make(hc.TopK(density=0.05, min_numel=0), accumulate_steps=1, apply_delay=1, error_source=error_source)
     sim = SimulatedWorld([lgreco])
     for step in range(2):
         sim.step([layered_gradients(step, DECAY)])
@@ -169,10 +175,12 @@ def test_error_table_is_built_on_gradient_plus_residual_or_on_the_gradient(error
 def test_sent_errors_see_the_residual_of_a_layer_cut_too_far():
     """After a decision that cut layer b, b's residual grows; the next decision, built on what
     b actually sends, gives it more bytes than one built on its raw gradient."""
+
     def second_decision(error_source):
         lgreco = make(hc.PowerSGD(rank=4, min_numel=0), accumulate_steps=2, error_source=error_source)
         run(lgreco, 11)
         return lgreco.decisions[-1]
+
     sent, raw = second_decision("sent"), second_decision("raw")
     assert sent.version == raw.version == 2
     assert sent.budget > raw.budget  # the residuals add to what is compressed
@@ -207,6 +215,7 @@ def held_decisions(lgreco):
         gate = threading.Event()
         gates.append(gate)
         submit(lambda: compute() if gate.wait(60) else pytest.fail("the test never released the decision"))
+
     lgreco.service.submit = held
     return gates
 
@@ -224,6 +233,7 @@ def test_auto_delay_postpones_instead_of_waiting_for_a_slow_decision():
     def held(*args):
         held_until_released.append(released.wait(20))
         return errors(*args)
+
     lgreco.inner.errors_of_layers = held
     sim, submitted = SimulatedWorld([lgreco]), None
     for step in range(5000):
@@ -239,6 +249,7 @@ def test_auto_delay_postpones_instead_of_waiting_for_a_slow_decision():
     assert decision.decided_at == submitted and decision.effective_step > decision.decided_at + 10
     assert decision.seconds > 0 and decision.step_seconds > 0
     from hvd_compress.control.lgreco import next_delay
+
     assert lgreco._delay == next_delay(decision)
 
 
@@ -273,7 +284,7 @@ def test_auto_delay_keeps_the_deadline_for_a_decision_that_never_ends():
     gates, sim = held_decisions(lgreco), SimulatedWorld([lgreco])
     try:
         with pytest.raises(RuntimeError, match="over the timeout"):
-            for step in range(10 ** 6):
+            for step in range(10**6):
                 sim.step([layered_gradients(step, DECAY)])
         assert len(gates) == 1
     finally:
@@ -311,6 +322,7 @@ def test_topk_decisions_from_the_histogram_match_the_exact_selection(monkeypatch
     """Large layers' Top-K rows come from a histogram; the decisions must match the exact
     selection's (layers of 128 x 1024 are above the histogram's threshold)."""
     from hvd_compress.maths import errors as error_maths
+
     shapes = {"a": (128, 1024), "b": (256, 512), "c": (1024, 96)}
     decisions = {}
     for exact in [False, True]:
@@ -321,8 +333,14 @@ def test_topk_decisions_from_the_histogram_match_the_exact_selection(monkeypatch
         sim = SimulatedWorld([lgreco])
         for step in range(6):
             g = torch.Generator().manual_seed(step)
-            sim.step([{name: torch.randn(shape, generator=g) * torch.rand(shape, generator=g) ** (3 * i)
-                       for i, (name, shape) in enumerate(shapes.items())}])
+            sim.step(
+                [
+                    {
+                        name: torch.randn(shape, generator=g) * torch.rand(shape, generator=g) ** (3 * i)
+                        for i, (name, shape) in enumerate(shapes.items())
+                    }
+                ]
+            )
         decisions[exact] = lgreco.decisions[0]
     assert decisions[False].settings == decisions[True].settings
     assert decisions[False].total_bytes < decisions[False].uniform_bytes
@@ -332,12 +350,14 @@ def test_decisions_from_randomized_errors_match_the_exact_svd(monkeypatch):
     """The error table's low-rank rows come from a randomized range finder; the decisions it
     leads to must match those of the exact SVD."""
     from hvd_compress.maths import errors as error_maths
+
     decisions = {}
     for exact in [False, True]:
         if exact:
             randomized = error_maths.lowrank_errors
-            monkeypatch.setattr(error_maths, "lowrank_errors",
-                                lambda matrix, ranks: randomized(matrix, ranks, exact=True))
+            monkeypatch.setattr(
+                error_maths, "lowrank_errors", lambda matrix, ranks: randomized(matrix, ranks, exact=True)
+            )
         lgreco = make(hc.PowerSGD(rank=8, min_numel=0))
         run(lgreco, 6)
         decisions[exact] = lgreco.decisions[0]
@@ -353,6 +373,7 @@ def test_a_run_ending_while_a_decision_computes_exits_cleanly(tmp_path):
     (an exit handler registered after the package's, so run before its join, stops it)."""
     import subprocess
     import sys
+
     script = tmp_path / "ends_mid_decision.py"
     script.write_text(
         "import atexit, threading, torch\n"
@@ -372,7 +393,8 @@ def test_a_run_ending_while_a_decision_computes_exits_cleanly(tmp_path):
         "SimulatedWorld([lgreco]).step([{'w': torch.randn(64, 64)}])\n"
         "assert started.wait(60)\n"
         "assert lgreco.service.running()\n"
-        "atexit.register(exiting.set)\n")
+        "atexit.register(exiting.set)\n"
+    )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
 
@@ -401,8 +423,7 @@ def test_candidates_are_compressed_settings_unless_dense_ones_are_asked_for(dens
         assert {"small", "tiny"} <= set(decision.settings)
     else:
         assert "tiny" not in decision.settings and "small" in decision.settings
-        assert all(lgreco.inner.compresses(shapes[name], setting)
-                   for name, setting in decision.settings.items())
+        assert all(lgreco.inner.compresses(shapes[name], setting) for name, setting in decision.settings.items())
     assert decision.total_error <= decision.budget * (1 + 1e-9)
 
 

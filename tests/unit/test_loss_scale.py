@@ -1,5 +1,6 @@
 """Error feedback under loss scaling: with ``track(scaler)`` a run whose gradients carry a
 changing loss scale gives, once unscaled, the gradients of the unscaled run."""
+
 import pytest
 import torch
 
@@ -43,14 +44,17 @@ def run(make, world_size, scaled, tracked):
 
 
 def with_feedback():
-    names = [n for n in sorted(hc.COMPRESSORS)
-             if hc.COMPRESSORS[n].build(small=True, min_numel=0).feedback is not None]
-    params = [pytest.param(lambda n=n: hc.COMPRESSORS[n].build(small=True, min_numel=0), 2, id=n)
-              for n in names]
+    names = [n for n in sorted(hc.COMPRESSORS) if hc.COMPRESSORS[n].build(small=True, min_numel=0).feedback is not None]
+    params = [pytest.param(lambda n=n: hc.COMPRESSORS[n].build(small=True, min_numel=0), 2, id=n) for n in names]
     # Every registered controller, over PowerSGD (a compressor with error feedback).
-    return params + [pytest.param(lambda c=c: hc.CONTROLLERS[c].build(
-                         hc.COMPRESSORS["powersgd"].build(small=True, min_numel=0), small=True), 1, id=f"{c}-powersgd")
-                     for c in sorted(hc.CONTROLLERS)]
+    return params + [
+        pytest.param(
+            lambda c=c: hc.CONTROLLERS[c].build(hc.COMPRESSORS["powersgd"].build(small=True, min_numel=0), small=True),
+            1,
+            id=f"{c}-powersgd",
+        )
+        for c in sorted(hc.CONTROLLERS)
+    ]
 
 
 @pytest.mark.parametrize("make, world_size", with_feedback())
@@ -60,8 +64,9 @@ def test_tracked_scale_gives_the_unscaled_run(make, world_size):
     for step, (got, expected) in enumerate(zip(tracked, reference)):
         for rank in range(world_size):
             for name in SHAPES:
-                torch.testing.assert_close(got[rank][name], expected[rank][name], rtol=1e-5, atol=1e-6,
-                                           msg=f"step {step}, rank {rank}, {name}")
+                torch.testing.assert_close(
+                    got[rank][name], expected[rank][name], rtol=1e-5, atol=1e-6, msg=f"step {step}, rank {rank}, {name}"
+                )
 
 
 @pytest.mark.parametrize("make, world_size", with_feedback()[:1])

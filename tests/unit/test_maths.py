@@ -1,4 +1,5 @@
 """Invariants of the pure maths: no communication, no state."""
+
 import pytest
 import torch
 
@@ -29,8 +30,7 @@ def test_projections_give_the_products_in_the_layouts_the_codecs_keep(rank):
     assert torch.allclose(projected, matrix.t() @ p, atol=1e-5) and projected.t().is_contiguous()
 
 
-@pytest.mark.parametrize("shape,rank", [((40, 30), 1), ((40, 30), 4), ((40, 30), 8), ((1024, 512), 8),
-                                        ((40, 30), 16)])
+@pytest.mark.parametrize("shape,rank", [((40, 30), 1), ((40, 30), 4), ((40, 30), 8), ((1024, 512), 8), ((40, 30), 16)])
 def test_a_projection_is_sent_contiguous_and_restored_to_its_orientation(shape, rank):
     """P = M Q comes back as M Q or as a transposed view of Q^T M^T, whichever the CPU's BLAS runs
     faster at this shape and rank; either way what travels is contiguous and comes back as P."""
@@ -69,14 +69,17 @@ def test_pack_unpack_roundtrip(bits):
     assert torch.equal(quantize.unpack_codes(packed, bits, 1001), codes)
 
 
-@pytest.mark.parametrize("rows,n,bucket_size", [(1, 1000, 64), (3, 1000, 64), (4, (1 << 18) + 700, 512),
-                                                (2, (1 << 18) + 5, 100)])
+@pytest.mark.parametrize(
+    "rows,n,bucket_size", [(1, 1000, 64), (3, 1000, 64), (4, (1 << 18) + 700, 512), (2, (1 << 18) + 5, 100)]
+)
 def test_dequantize_mean_is_the_row_by_row_mean_bit_for_bit(rows, n, bucket_size):
     """Decoded a chunk at a time with every row in cache (several chunks and a partial last
     bucket here), the mean is the one of decoding each row whole, adding in row order, dividing."""
     bits = 4
-    drawn = [quantize.quantize(torch.randn(n) * 10 ** row, bits, bucket_size, torch.Generator().manual_seed(row))
-             for row in range(rows)]
+    drawn = [
+        quantize.quantize(torch.randn(n) * 10**row, bits, bucket_size, torch.Generator().manual_seed(row))
+        for row in range(rows)
+    ]
     expected = quantize.dequantize(*drawn[0], bits, bucket_size)
     for codes, norms in drawn[1:]:
         expected.add_(quantize.dequantize(codes, norms, bits, bucket_size))
@@ -94,7 +97,7 @@ def test_packed_words_hold_code_i_at_bits_i_times_width(bits):
     codes = torch.randint(-s, s + 1, (2 * per_word,), dtype=torch.int8)
     words = quantize.pack_codes(codes, bits).view(torch.int64).tolist()
     for w, word in enumerate(words):
-        expected = sum((int(c) + s) << (i * bits) for i, c in enumerate(codes[w * per_word:(w + 1) * per_word]))
+        expected = sum((int(c) + s) << (i * bits) for i, c in enumerate(codes[w * per_word : (w + 1) * per_word]))
         assert word % (1 << 64) == expected
 
 
@@ -110,7 +113,7 @@ def test_qsgd_is_unbiased(bits):
     mean = total / trials
     # Per-entry standard error is at most norm/(s*sqrt(trials)); allow 5 sigma on the average.
     norm_bound = quantize.bucket_norms(x, 64).max()
-    tolerance = 5 * norm_bound / (quantize.levels_for_bits(bits) * trials ** 0.5)
+    tolerance = 5 * norm_bound / (quantize.levels_for_bits(bits) * trials**0.5)
     assert (mean - x).abs().max() < tolerance
 
 
@@ -135,7 +138,7 @@ def test_encode_and_decode_mean_are_pack_and_unpack_of_the_codes_bit_for_bit(mon
     buckets = -(-n // bucket_size)
     rows = []
     for row in range(3):
-        x = torch.randn(n) * 10 ** row
+        x = torch.randn(n) * 10**row
         codes, norms = quantize.quantize(x, bits, bucket_size, torch.Generator().manual_seed(row))
         packed = torch.empty(quantize.packed_size(n, bits), dtype=torch.uint8)
         encoded_norms = torch.empty(buckets)
@@ -189,6 +192,7 @@ def one_matrix_lowrank_errors(matrix, ranks):
     """maths/errors.py's rows as computed one matrix at a time before they were batched (2-D
     products and factorizations), the reference for the batched ones."""
     from hvd_compress.maths.errors import OVERSAMPLING, POWER_STEPS
+
     n, m = matrix.shape
     ranks = [min(r, n, m) for r in ranks]
     k = max(ranks) + OVERSAMPLING
@@ -208,6 +212,7 @@ def one_matrix_lowrank_errors(matrix, ranks):
 def test_batched_lowrank_errors_are_bit_identical_to_one_matrix_at_a_time_on_the_cpu(shape, ranks):
     """L-GreCo's decision batches layers of one shape: its rows, so its choices, stay the same."""
     from hvd_compress.maths.errors import lowrank_errors, lowrank_errors_of_batch
+
     matrices = torch.randn(3, *shape, generator=torch.Generator().manual_seed(0))
     reference = torch.stack([one_matrix_lowrank_errors(m, ranks) for m in matrices])
     assert torch.equal(lowrank_errors_of_batch(matrices, ranks), reference)
@@ -216,6 +221,7 @@ def test_batched_lowrank_errors_are_bit_identical_to_one_matrix_at_a_time_on_the
 
 def test_squared_norms_of_a_batch_in_chunks_match_one_float64_pass(monkeypatch):
     from hvd_compress.maths import errors
+
     matrices = torch.randn(3, 50, 70, generator=torch.Generator().manual_seed(0))
     reference = matrices.double().square().sum(dim=(1, 2))
     monkeypatch.setattr(errors, "TOTAL_CHUNK_ENTRIES", 3 * 512)  # 7 chunks, the last one short
@@ -224,6 +230,7 @@ def test_squared_norms_of_a_batch_in_chunks_match_one_float64_pass(monkeypatch):
 
 def test_lowrank_errors_match_truncated_svd_both_ways():
     from hvd_compress.maths.errors import lowrank_errors
+
     # Seeded: five power steps are an approximation, within 1% for this draw but not for every one.
     matrix = torch.randn(60, 40, generator=torch.Generator().manual_seed(0)) @ torch.diag(torch.logspace(0, -2, 40))
     u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
@@ -236,6 +243,7 @@ def test_lowrank_errors_match_truncated_svd_both_ways():
 
 def test_topk_errors_are_exact():
     from hvd_compress.maths.errors import topk_errors
+
     x = torch.randn(1000)
     for k, err in zip([1, 10, 999, 1000, 2000], topk_errors(x, [1, 10, 999, 1000, 2000])):
         kept = torch.zeros_like(x)
@@ -246,13 +254,15 @@ def test_topk_errors_are_exact():
 
 def test_qsgd_errors_equal_the_mean_error_of_many_draws():
     from hvd_compress.maths.errors import qsgd_errors
+
     x = torch.randn(512)
     generator = torch.Generator().manual_seed(0)
     for bits, expected in zip([2, 4], qsgd_errors(x, [2, 4], 64)):
-        draws = torch.stack([quantize.dequantize(*quantize.quantize(x, bits, 64, generator), bits, 64) - x
-                             for _ in range(400)])
+        draws = torch.stack(
+            [quantize.dequantize(*quantize.quantize(x, bits, 64, generator), bits, 64) - x for _ in range(400)]
+        )
         mean_squared = draws.square().sum(dim=1).mean().item()
-        assert abs(mean_squared - expected ** 2) < 0.1 * expected ** 2
+        assert abs(mean_squared - expected**2) < 0.1 * expected**2
 
 
 # ----- QSGD at extreme scales: norms from float64 squares ------------------------------------
@@ -271,9 +281,17 @@ def _extreme_buckets(bucket_size=64):
     single[5] = -3e-21
     mixed = unit * 1e-30
     mixed[::7] = unit[::7]
-    return {"1e30": unit * 1e30, "1e-30": unit * 1e-30, "1e-25": unit * 1e-25, "mixed 1e-30 and 1": mixed,
-            "zeros": torch.zeros(bucket_size), "single nonzero": single, "near float32 max": unit * 2e38,
-            "subnormal": unit * 1e-42, "partial last bucket": (unit * 1e-30)[:bucket_size - 9]}
+    return {
+        "1e30": unit * 1e30,
+        "1e-30": unit * 1e-30,
+        "1e-25": unit * 1e-25,
+        "mixed 1e-30 and 1": mixed,
+        "zeros": torch.zeros(bucket_size),
+        "single nonzero": single,
+        "near float32 max": unit * 2e38,
+        "subnormal": unit * 1e-42,
+        "partial last bucket": (unit * 1e-30)[: bucket_size - 9],
+    }
 
 
 @pytest.mark.parametrize("name", list(_extreme_buckets()))
@@ -291,7 +309,7 @@ def test_qsgd_roundtrip_is_finite_and_within_one_level_at_extreme_scales(name, b
     assert codes.abs().max() <= s and (codes * x.sign() >= 0).all()
     # Stochastic rounding moves an entry by less than one level, norm / s (give or take the
     # float32 rounding of the decoded value: 2^-149 apart among subnormals).
-    slack = norms.double().max() / s * 1e-6 + 2.0 ** -149
+    slack = norms.double().max() / s * 1e-6 + 2.0**-149
     assert ((decoded.double() - x.double()).abs() <= norms.double().max() / s + slack).all()
     if name == "zeros":
         assert (codes == 0).all() and (decoded == 0).all()
@@ -309,7 +327,7 @@ def test_qsgd_is_unbiased_at_tiny_and_huge_scales(scale):
     mean = quantize.dequantize(codes, norms, bits, bucket_size).double().view(draws, -1).mean(dim=0)
     # Per entry the rounding error lies within norm / s, so its mean's standard error is at most
     # norm / (2 s sqrt(draws)); allow 5 of those.
-    tolerance = 5 * norms[0].double() / (2 * quantize.levels_for_bits(bits) * draws ** 0.5)
+    tolerance = 5 * norms[0].double() / (2 * quantize.levels_for_bits(bits) * draws**0.5)
     assert ((mean - x.double()).abs() <= tolerance).all()
 
 
@@ -326,8 +344,11 @@ def test_qsgd_codes_lie_in_range_with_the_sign_of_the_entry(bits):
     single[:, 3] = magnitudes * torch.randn(20_000, generator=generator).sign()
     # Whole buckets of entries of one random exponent each, from subnormal to 1e38.
     exponents = torch.randint(-149, 127, (2_000, 1), generator=generator).float()
-    spread = (torch.rand(2_000, 16, generator=generator) + 0.5) * exponents.exp2() * torch.randn(
-        2_000, 16, generator=generator).sign()
+    spread = (
+        (torch.rand(2_000, 16, generator=generator) + 0.5)
+        * exponents.exp2()
+        * torch.randn(2_000, 16, generator=generator).sign()
+    )
     for x in [single.flatten(), spread.flatten()]:
         codes, norms = quantize.quantize(x, bits, 16, generator)
         assert codes.min() >= -s and codes.max() <= s
@@ -365,18 +386,20 @@ def test_bucket_norms_and_decoding_off_the_cpu_pad_the_last_bucket():
 @pytest.mark.parametrize("scale", [1e-25, 1e30])
 def test_qsgd_errors_match_the_quantiser_at_extreme_scales(scale):
     from hvd_compress.maths.errors import qsgd_errors
+
     x = torch.randn(512, generator=torch.Generator().manual_seed(4)) * scale
     generator = torch.Generator().manual_seed(0)
     expected = qsgd_errors(x, [4], 64)[0]
     codes, norms = quantize.quantize(x.repeat(400), 4, 64, generator)
     draws = quantize.dequantize(codes, norms, 4, 64).double().view(400, -1) - x.double()
-    assert abs(draws.square().sum(dim=1).mean().item() - expected ** 2) < 0.1 * expected ** 2
+    assert abs(draws.square().sum(dim=1).mean().item() - expected**2) < 0.1 * expected**2
 
 
 @pytest.mark.parametrize("shape", [(512, 256), (256, 1024), (1024, 128)])
 def test_randomized_lowrank_errors_are_within_half_a_percent_of_the_exact_svd(shape):
     """A spectrum decaying over three decades, slower than gradients' usually do."""
     from hvd_compress.maths.errors import lowrank_errors
+
     g = torch.Generator().manual_seed(3)
     n, m = shape
     r = min(n, m)
@@ -391,6 +414,7 @@ def test_randomized_lowrank_errors_are_within_half_a_percent_of_the_exact_svd(sh
 
 def test_topk_errors_from_a_partial_selection_match_a_full_sort():
     from hvd_compress.maths.errors import topk_errors
+
     x = torch.randn(100_000, generator=torch.Generator().manual_seed(4))
     ks = [1, 10, 100, 1000, 10_000]
     squared = x.double().square().sort(descending=True).values
@@ -403,6 +427,7 @@ def test_topk_errors_from_the_histogram_are_within_its_stated_accuracy(tail):
     """Large layers' Top-K rows come from a histogram of float32 bit patterns: each kept energy
     exact but for the boundary bin, counted at its mean (bins 0.8% wide)."""
     from hvd_compress.maths.errors import HISTOGRAM_MIN_NUMEL, topk_errors
+
     g = torch.Generator().manual_seed(5)
     x = torch.randn(4 * HISTOGRAM_MIN_NUMEL, generator=g)
     if tail == "heavy":
@@ -412,8 +437,8 @@ def test_topk_errors_from_the_histogram_are_within_its_stated_accuracy(tail):
     total = x.double().square().sum().item()
     for k, a, b in zip(ks, approximate, exact):
         # |kept energy - exact kept energy| <= 0.8% of the energy kept from the boundary bin
-        assert abs(a ** 2 - b ** 2) <= 0.008 * (total - b ** 2) + 1e-9 * total, k
-    assert approximate[-1] == pytest.approx(0.0, abs=1e-6 * total ** 0.5)
+        assert abs(a**2 - b**2) <= 0.008 * (total - b**2) + 1e-9 * total, k
+    assert approximate[-1] == pytest.approx(0.0, abs=1e-6 * total**0.5)
 
 
 @pytest.mark.parametrize("tail", ["normal", "heavy"])
@@ -422,6 +447,7 @@ def test_topk_kept_energies_from_a_threshold_are_close_to_the_exact_ones(tail):
     entries between it and the k-th largest had its magnitude: within 0.5% at GraVAC's
     densities, where the squared norm of a chunked float32 dot is within 1e-5."""
     from hvd_compress.maths.errors import HISTOGRAM_MIN_NUMEL, squared_norm, topk_kept_energies
+
     g = torch.Generator().manual_seed(6)
     x = torch.randn(4 * HISTOGRAM_MIN_NUMEL, generator=g)
     if tail == "heavy":
@@ -436,6 +462,7 @@ def test_squared_norm_of_a_large_heavy_tailed_layer_is_within_1e_5():
     """One float32 dot over millions of entries drifted 1.4e-4 on an AMD EPYC's BLAS; the chunks
     keep it within the docstring's 1e-5."""
     from hvd_compress.maths.errors import squared_norm
+
     g = torch.Generator().manual_seed(6)
     x = torch.randn(1 << 22, generator=g) / torch.rand(1 << 22, generator=g).clamp_min(1e-3)
     torch.testing.assert_close(squared_norm(x)[0], x.double().square().sum(), rtol=1e-5, atol=0)
@@ -444,6 +471,7 @@ def test_squared_norm_of_a_large_heavy_tailed_layer_is_within_1e_5():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_all_finite_finds_any_nan_or_infinity(dtype):
     from hvd_compress.maths.finite import all_finite
+
     x = torch.randn(10_000).to(dtype)
     assert bool(all_finite(x)) and bool(all_finite(x[:0]))
     for bad in [float("nan"), float("inf"), -float("inf")]:
@@ -455,6 +483,7 @@ def test_all_finite_finds_any_nan_or_infinity(dtype):
 
 def test_a_verdict_fails_on_a_non_finite_extreme_or_a_bound_beyond_float32():
     from hvd_compress.maths.finite import largest_magnitude, verdict
+
     x = torch.tensor([1.0, -3.0, 2.0])
     assert largest_magnitude(x).item() == 3.0
     assert largest_magnitude(x.half()).dtype == torch.float32
@@ -472,6 +501,7 @@ def test_lowrank_kept_energies_are_nested_projections_that_converge_to_the_best_
     """Rank r keeps the first r rows of P^T M: at the top rank, all of the projection's energy;
     warm-started over calls on one matrix (orthogonal iteration), the best rank-r energies."""
     from hvd_compress.maths.errors import lowrank_kept_energies
+
     g = torch.Generator().manual_seed(0)
     u = torch.linalg.qr(torch.randn(48, 48, generator=g)).Q
     v = torch.linalg.qr(torch.randn(96, 48, generator=g)).Q
@@ -490,6 +520,7 @@ def test_lowrank_kept_energies_are_nested_projections_that_converge_to_the_best_
 
 def test_lowrank_kept_energies_of_a_non_finite_matrix_are_not_finite():
     from hvd_compress.maths.errors import lowrank_kept_energies
+
     matrix = torch.ones(16, 32)
     matrix[3, 5] = float("nan")
     energies, _ = lowrank_kept_energies(matrix, None, [4, 2], seed=0, name="w")
@@ -498,8 +529,8 @@ def test_lowrank_kept_energies_of_a_non_finite_matrix_are_not_finite():
 
 def test_stacked_extremes_keep_each_dtype_exact_and_catch_any_non_finite():
     from hvd_compress.maths.finite import all_finite, stacked
-    scalars = [torch.tensor(1e300, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float16),
-               torch.tensor(-3.0)]
+
+    scalars = [torch.tensor(1e300, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float16), torch.tensor(-3.0)]
     out = stacked(scalars)
     assert out.dtype == torch.float64 and sorted(out.tolist()) == [-3.0, 2.0, 1e300]
     assert bool(all_finite(out))  # 1e300 survives: no float32 on the way

@@ -1,6 +1,7 @@
 """Per-step metrics (``compression.metrics()``, ``hvd_compress.metrics``) and the examples'
 whole output lines; the TensorBoard run of a 2-rank ``mpirun`` is read back with
 tensorboard's own event reader."""
+
 import io
 import json
 import math
@@ -104,8 +105,11 @@ def test_each_decision_is_written_with_what_the_solver_saw(tmp_path):
     for step in range(4):
         world.step([gradients(step)])
     tags = {tag for tag, _, _ in writer.scalars}
-    assert {"hvd_compress/decision/fc.weight/gradient_norm", "hvd_compress/decision/fc.weight/setting",
-            "hvd_compress/decision/fc.weight/residual_norm"} <= tags
+    assert {
+        "hvd_compress/decision/fc.weight/gradient_norm",
+        "hvd_compress/decision/fc.weight/setting",
+        "hvd_compress/decision/fc.weight/residual_norm",
+    } <= tags
     assert any(tag.startswith("hvd_compress/decision/fc.weight/error@") for tag in tags)
 
 
@@ -168,6 +172,7 @@ def test_a_watched_compression_pickles_unwatched(tmp_path):
 def watched(make):
     def made():
         return JsonLines(os.devnull, every=1).watch(make())
+
     return made
 
 
@@ -224,10 +229,30 @@ def test_tensorboard_event_file_of_a_two_rank_run_holds_the_scalars(tmp_path):
     """examples/train_digits.py at np 2 under mpirun: rank 0 alone writes an event file, and
     tensorboard's event reader finds the metrics in it; the output lines are whole."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     logdir = tmp_path / "tb"
-    command = ["mpirun", "--allow-run-as-root", "-np", "2", *LOOPBACK_ONLY, "-x", "PYTHONPATH",
-               "-x", "OMP_NUM_THREADS", "--tag-output", sys.executable, os.path.join(ROOT, "examples", "train_digits.py"),
-               "--epochs", "1", "--adapt", "lgreco", "--tensorboard", str(logdir), "--metrics-every", "2"]
+    command = [
+        "mpirun",
+        "--allow-run-as-root",
+        "-np",
+        "2",
+        *LOOPBACK_ONLY,
+        "-x",
+        "PYTHONPATH",
+        "-x",
+        "OMP_NUM_THREADS",
+        "--tag-output",
+        sys.executable,
+        os.path.join(ROOT, "examples", "train_digits.py"),
+        "--epochs",
+        "1",
+        "--adapt",
+        "lgreco",
+        "--tensorboard",
+        str(logdir),
+        "--metrics-every",
+        "2",
+    ]
     code, stdout, stderr = run_bounded(command, 240, dict(os.environ, OMP_NUM_THREADS="1"))
     assert code == 0, stdout[-2000:] + stderr[-3000:]
     rank0 = [line for line in stdout.splitlines() if line.startswith("[1,0]<stdout>:")]
@@ -238,8 +263,17 @@ def test_tensorboard_event_file_of_a_two_rank_run_holds_the_scalars(tmp_path):
     accumulator = EventAccumulator(str(logdir))
     accumulator.Reload()
     tags = set(accumulator.Tags()["scalars"])
-    expected = {"hvd_compress/" + key for key in ("bytes_sent", "ratio", "codec_seconds", "skipped_steps",
-                                                   "lgreco_version", "float32_allreduce_bytes")}
+    expected = {
+        "hvd_compress/" + key
+        for key in (
+            "bytes_sent",
+            "ratio",
+            "codec_seconds",
+            "skipped_steps",
+            "lgreco_version",
+            "float32_allreduce_bytes",
+        )
+    }
     assert expected <= tags, sorted(tags)
     assert any(tag.startswith("hvd_compress/setting/") for tag in tags)
     sent = accumulator.Scalars("hvd_compress/bytes_sent")
@@ -251,6 +285,7 @@ def test_tensorboard_event_file_of_a_two_rank_run_holds_the_scalars(tmp_path):
 
 def test_metrics_overhead_benchmark_writes_its_section(tmp_path, monkeypatch):
     from benchmarks import __main__ as bench
+
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     assert bench.main(["metrics_overhead", "--layers", "3", "--rounds", "2", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "benchmarks" / "metrics_overhead.json").read_text())

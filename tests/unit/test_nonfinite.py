@@ -2,6 +2,7 @@
 at that step, keeps its state as it was, and then goes on exactly as if the step had never been
 taken (what GradScaler needs: it skips such steps). Whichever rank it is on, and wherever in
 the gradient, even where no sparsifier would pick it."""
+
 import math
 
 import pytest
@@ -73,6 +74,7 @@ def assert_state_finite(compression):
                 walk(item)
         elif isinstance(value, float):
             assert math.isfinite(value)
+
     walk(compression.state_dict())
 
 
@@ -86,13 +88,21 @@ def methods():
     can wrap (and ``SENDING_DENSE``), in the largest simulated world it runs in: L-GreCo's rank
     0 decides for everyone through a transport, which the simulated world lacks, so it runs
     alone here (tests/ddp poisons one of its ranks under torchrun)."""
-    compressors = [pytest.param(lambda name=name: hc.COMPRESSORS[name].build(small=True, min_numel=0), 2, id=name)
-                   for name in sorted(hc.COMPRESSORS)]
+    compressors = [
+        pytest.param(lambda name=name: hc.COMPRESSORS[name].build(small=True, min_numel=0), 2, id=name)
+        for name in sorted(hc.COMPRESSORS)
+    ]
     cases = [(c, n, {}) for c in sorted(hc.CONTROLLERS) for n in controllable()] + [SENDING_DENSE]
-    controllers = [pytest.param(lambda c=c, n=n, o=o: hc.CONTROLLERS[c].build(
-                       hc.COMPRESSORS[n].build(small=True, min_numel=0), small=True, **o),
-                       hc.CONTROLLERS[c].simulated_ranks, id=f"{c}-{n}" + ("-dense" if o else ""))
-                   for c, n, o in cases]
+    controllers = [
+        pytest.param(
+            lambda c=c, n=n, o=o: hc.CONTROLLERS[c].build(
+                hc.COMPRESSORS[n].build(small=True, min_numel=0), small=True, **o
+            ),
+            hc.CONTROLLERS[c].simulated_ranks,
+            id=f"{c}-{n}" + ("-dense" if o else ""),
+        )
+        for c, n, o in cases
+    ]
     return compressors + controllers
 
 
@@ -109,10 +119,12 @@ def test_a_bad_step_on_any_rank_leaves_no_trace(make, world_size, bad_value):
                 world, outputs = run(make, world_size, bad=(bad_step, rank, bad_value, position))
                 where = dict(step=bad_step, rank=rank, position=position)
                 for each in range(world_size):
-                    assert not all(torch.isfinite(g).all() for g in outputs[bad_step][each].values()), \
-                        ("the bad step's gradients must be non-finite on every rank, so that it is "
-                         "skipped", where, each)
-                later = outputs[:bad_step] + outputs[bad_step + 1:]
+                    assert not all(torch.isfinite(g).all() for g in outputs[bad_step][each].values()), (
+                        "the bad step's gradients must be non-finite on every rank, so that it is skipped",
+                        where,
+                        each,
+                    )
+                later = outputs[:bad_step] + outputs[bad_step + 1 :]
                 assert len(later) == len(clean)
                 for step, (got, expected) in enumerate(zip(later, clean)):
                     for each in range(world_size):
@@ -130,7 +142,7 @@ def test_a_rejected_step_leaves_no_trace(make, world_size):
     non-finite one: the run goes on exactly as if it had never been taken."""
     _, clean = run(make, world_size, skip=BAD_STEP)
     world, outputs = run(make, world_size, reject=BAD_STEP)
-    later = outputs[:BAD_STEP] + outputs[BAD_STEP + 1:]
+    later = outputs[:BAD_STEP] + outputs[BAD_STEP + 1 :]
     for step, (got, expected) in enumerate(zip(later, clean)):
         for each in range(world_size):
             for name in SHAPES:
@@ -150,8 +162,11 @@ def test_half_precision_gradients_come_back_in_their_dtype(name, dtype):
 
 
 @pytest.mark.parametrize("bad_value", [math.inf, math.nan], ids=["inf", "nan"])
-@pytest.mark.parametrize("name, settings", [("topk", {"density": 0.01}), ("qsgd", {"bits": 5}),
-                                            ("qsgd", {"bits": 4})], ids=["topk", "qsgd5", "qsgd4"])
+@pytest.mark.parametrize(
+    "name, settings",
+    [("topk", {"density": 0.01}), ("qsgd", {"bits": 5}), ("qsgd", {"bits": 4})],
+    ids=["topk", "qsgd5", "qsgd4"],
+)
 def test_a_payload_without_a_marker_carries_a_bad_entry_of_a_large_gradient(name, settings, bad_value):
     """Top-K and QSGD send no marker of their input (``payload_carries_input``): a 65,536-entry
     gradient takes Top-K's sampled threshold (not torch.topk; entry 1,803 is not among the
@@ -178,18 +193,22 @@ class ReadsOfTheWhole(TorchDispatchMode):
         self.numel, self.extremes = numel, []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in (torch.ops.aten.aminmax.default, torch.ops.aten.linalg_vector_norm.default) \
-                and args[0].numel() == self.numel:
+        if (
+            func in (torch.ops.aten.aminmax.default, torch.ops.aten.linalg_vector_norm.default)
+            and args[0].numel() == self.numel
+        ):
             self.extremes.append(str(func))
         return func(*args, **(kwargs or {}))
 
 
 def into_gradients(make):
     """``make``'s compression, told that its integration replaces gradients with their results."""
+
     def made():
         compression = make()
         compression.write_results_into_gradients()
         return compression
+
     return made
 
 
@@ -203,8 +222,7 @@ def test_results_written_into_the_gradients_are_the_same_and_a_bad_step_still_le
     for step, (got, expected) in enumerate(zip(written, fresh)):
         for each in range(world_size):
             for name in SHAPES:
-                assert torch.equal(got[each][name].nan_to_num(), expected[each][name].nan_to_num()), \
-                    (step, each, name)
+                assert torch.equal(got[each][name].nan_to_num(), expected[each][name].nan_to_num()), (step, each, name)
     for compression in world.compressors:
         assert (compression.wrapped or compression).skipped_steps == 1
 

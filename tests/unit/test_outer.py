@@ -3,6 +3,7 @@ outer step works on this rank's own pseudo-gradient): arguments refused by name,
 step's arithmetic, a non-finite period skipped, checkpoints checked before anything changes.
 The multi-rank cases run under mpirun/horovodrun (tests/multirank/test_outer.py) and torchrun
 (tests/ddp/test_ddp_outer.py)."""
+
 import io
 
 import horovod.torch as hvd
@@ -43,10 +44,18 @@ def test_bad_arguments_are_refused_by_name():
     sgd = torch.optim.SGD(net.parameters(), lr=0.1)
     cases = [
         (lambda: hc.DiLoCo("sgd", named, inner_steps=2), "optimizer must be a torch.optim.Optimizer"),
-        (lambda: hc.DiLoCo(hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named),
-                           named, inner_steps=2), "optimizer must be the local optimizer"),
-        (lambda: hc.DiLoCo(hc.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named),
-                           named, inner_steps=2), "optimizer must be the local optimizer"),
+        (
+            lambda: hc.DiLoCo(
+                hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named), named, inner_steps=2
+            ),
+            "optimizer must be the local optimizer",
+        ),
+        (
+            lambda: hc.DiLoCo(
+                hc.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named), named, inner_steps=2
+            ),
+            "optimizer must be the local optimizer",
+        ),
         (lambda: hc.DiLoCo(sgd, None, inner_steps=2), "named_parameters is required"),
         (lambda: hc.DiLoCo(sgd, named[:1], inner_steps=2), "named_parameters: 3 optimizer parameter"),
         (lambda: hc.DiLoCo(sgd, named, hvd.Compression.fp16, inner_steps=2), "compression must be"),
@@ -54,8 +63,10 @@ def test_bad_arguments_are_refused_by_name():
         (lambda: hc.DiLoCo(sgd, named, inner_steps=2.5), "inner_steps must be an integer"),
         (lambda: hc.DiLoCo(sgd, named, inner_steps=True), "inner_steps must be an integer"),
         (lambda: hc.DiLoCo(sgd, named, inner_steps=2, outer_optimizer="sgd"), "outer_optimizer must be a callable"),
-        (lambda: hc.DiLoCo(sgd, named, inner_steps=2, outer_optimizer=lambda params: None),
-         "outer_optimizer must return a torch.optim.Optimizer"),
+        (
+            lambda: hc.DiLoCo(sgd, named, inner_steps=2, outer_optimizer=lambda params: None),
+            "outer_optimizer must return a torch.optim.Optimizer",
+        ),
     ]
     for build, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -127,19 +138,26 @@ def _edited(checkpoint, edit):
     return edited
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda c: c.pop("anchors"), "missing"),
-    (lambda c: c.update({"class": "LGreCo"}), "is a LGreCo checkpoint"),
-    (lambda c: c["config"].update(inner_steps=5), "inner_steps is 5 in the checkpoint but 2 here"),
-    (lambda c: c["config"].update(outer_optimizer="Adam"), "outer_optimizer is 'Adam'"),
-    (lambda c: c.update(step_in_period=2), r"step_in_period must lie in \[0, 2\)"),
-    (lambda c: c.update(anchors=dict(c["anchors"], **{"0.weight": torch.zeros(3, 3)})),
-     "anchor of parameter '0.weight'"),
-    (lambda c: c.update(anchors=dict(c["anchors"], extra=torch.zeros(3))), r"anchors \['extra'\]"),
-    (lambda c: c.update(outer_optimizer={"state": {}, "param_groups": []}), "outer_optimizer state"),
-    (lambda c: c.update(compression=dict(c["compression"], config={"min_numel": 1024, "default": 7})),
-     "TopK.load_state_dict"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c.pop("anchors"), "missing"),
+        (lambda c: c.update({"class": "LGreCo"}), "is a LGreCo checkpoint"),
+        (lambda c: c["config"].update(inner_steps=5), "inner_steps is 5 in the checkpoint but 2 here"),
+        (lambda c: c["config"].update(outer_optimizer="Adam"), "outer_optimizer is 'Adam'"),
+        (lambda c: c.update(step_in_period=2), r"step_in_period must lie in \[0, 2\)"),
+        (
+            lambda c: c.update(anchors=dict(c["anchors"], **{"0.weight": torch.zeros(3, 3)})),
+            "anchor of parameter '0.weight'",
+        ),
+        (lambda c: c.update(anchors=dict(c["anchors"], extra=torch.zeros(3))), r"anchors \['extra'\]"),
+        (lambda c: c.update(outer_optimizer={"state": {}, "param_groups": []}), "outer_optimizer state"),
+        (
+            lambda c: c.update(compression=dict(c["compression"], config={"min_numel": 1024, "default": 7})),
+            "TopK.load_state_dict",
+        ),
+    ],
+)
 def test_a_checkpoint_that_does_not_fit_is_refused_and_changes_nothing(edit, message):
     net = small_net()
     outer = diloco(net, compression=hc.TopK(density=0.05))
@@ -158,11 +176,11 @@ def test_a_learning_rate_scheduler_takes_it_and_sets_the_inner_learning_rate():
     net = small_net()
     inner = torch.optim.SGD(net.parameters(), lr=0.1)
     outer = hc.DiLoCo(inner, net.named_parameters(), inner_steps=2)
-    schedule = torch.optim.lr_scheduler.LambdaLR(outer, lambda step: 0.5 ** step)
+    schedule = torch.optim.lr_scheduler.LambdaLR(outer, lambda step: 0.5**step)
     for _ in range(3):
         train(net, outer, 1)
         schedule.step()
-    assert inner.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 3)
+    assert inner.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
 
 
 def test_elastic_state_commits_restores_and_syncs_the_outer_state():
@@ -170,6 +188,7 @@ def test_elastic_state_commits_restores_and_syncs_the_outer_state():
     optimizer handler): restore() brings back the committed anchors, period and error feedback;
     sync() loads rank 0's state and makes the wrapper bind again at its next step."""
     from hvd_compress.integration.elastic import DiLoCoStateHandler
+
     net = small_net()
     inner = torch.optim.SGD(net.parameters(), lr=0.1)
     outer = hc.DiLoCo(inner, net.named_parameters(), hc.TopK(density=0.05), inner_steps=3)
@@ -185,8 +204,10 @@ def test_elastic_state_commits_restores_and_syncs_the_outer_state():
     assert (restored["step_in_period"], restored["outer_steps"]) == (1, 1)
     for key in ("anchors",):
         assert all(torch.equal(restored[key][k], committed[key][k]) for k in committed[key])
-    assert all(torch.equal(restored["compression"]["residuals"][k], committed["compression"]["residuals"][k])
-               for k in committed["compression"]["residuals"])
+    assert all(
+        torch.equal(restored["compression"]["residuals"][k], committed["compression"]["residuals"][k])
+        for k in committed["compression"]["residuals"]
+    )
     state.sync()
     assert outer._binding.stale()
     train(net, outer, 2)
@@ -198,7 +219,7 @@ def test_gradscaler_steps_it_and_an_overflow_step_counts_in_the_period():
     ranks whose gradients were finite count theirs), and the other steps are unscaled."""
     net = small_net()
     outer = diloco(net, inner_steps=2)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     x = torch.randn(8, 16)
     for poison in [False, True, False, False]:
         outer.zero_grad()
@@ -208,7 +229,7 @@ def test_gradscaler_steps_it_and_an_overflow_step_counts_in_the_period():
         scaler.step(outer)
         scaler.update()
     assert (outer.outer_steps, outer.step_in_period) == (2, 0)
-    assert scaler.get_scale() == 2.0 ** 9  # the overflow halved it, as for any optimizer
+    assert scaler.get_scale() == 2.0**9  # the overflow halved it, as for any optimizer
 
 
 def test_gradscaler_unscales_as_for_the_inner_optimizer_alone():
@@ -220,7 +241,7 @@ def test_gradscaler_unscales_as_for_the_inner_optimizer_alone():
         net = small_net()
         inner = torch.optim.SGD(net.parameters(), lr=0.1)
         stepped = hc.DiLoCo(inner, net.named_parameters(), inner_steps=5) if wrapped else inner
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
         for _ in range(3):
             stepped.zero_grad()
             scaler.scale(net(torch.ones(8, 16)).square().mean()).backward()

@@ -1,5 +1,6 @@
 """What ``GradientCompression`` offers the layers above instead of its internals: the wrapped
 compressor, a state for a world change, a restart from a compressor's state, and observers."""
+
 import pickle
 
 import pytest
@@ -10,9 +11,11 @@ from hvd_compress.comm.rounds import Round
 from hvd_compress.comm.simulated import SimulatedWorld
 from hvd_compress.compressors.base import StepObserver
 
-MAKERS = {"PowerSGD": lambda: hc.PowerSGD(rank=2, min_numel=0),
-          "LGreCo": lambda: hc.LGreCo(hc.PowerSGD(rank=2, min_numel=0), transport="local"),
-          "GraVAC": lambda: hc.GraVAC(hc.TopK(density=0.1, min_numel=0), theta_min=2, window=2)}
+MAKERS = {
+    "PowerSGD": lambda: hc.PowerSGD(rank=2, min_numel=0),
+    "LGreCo": lambda: hc.LGreCo(hc.PowerSGD(rank=2, min_numel=0), transport="local"),
+    "GraVAC": lambda: hc.GraVAC(hc.TopK(density=0.1, min_numel=0), theta_min=2, window=2),
+}
 
 
 def gradients(step, rank):

@@ -1,5 +1,6 @@
 """QuantizedAllReduce: the two hops against a float64 reference, bit-identical ranks, error
 feedback's mass on both hops, bytes, checkpoints and world changes."""
+
 import io
 import math
 
@@ -58,8 +59,7 @@ class Reference:
                 self.worker[(name, rank)] = residual.reshape(-1)[:n]
                 sent.append(values)
             mean = torch.stack(sent).sum(dim=0) / w  # (W, c): row j, owner j's mean
-            s = mean + torch.stack([self.owner.get((name, j), torch.zeros(c, dtype=torch.float64))
-                                    for j in range(w)])
+            s = mean + torch.stack([self.owner.get((name, j), torch.zeros(c, dtype=torch.float64)) for j in range(w)])
             values, residual = quantized64(s, self.bits, self.block)
             for j in range(w):
                 self.owner[(name, j)] = residual[j]
@@ -96,8 +96,9 @@ def test_error_feedback_conserves_mass(bits):
         name = "fc.weight"
         inputs += sum(g[name].double().sum() for g in grads)
         delivered += size * results[0][name].double().sum()
-    held = sum(c.residual(name).double().sum() + size * c.owned.residual(name).double().sum()
-               for c in simulated.compressors)
+    held = sum(
+        c.residual(name).double().sum() + size * c.owned.residual(name).double().sum() for c in simulated.compressors
+    )
     assert held != 0
     assert abs(float(delivered + held - inputs)) <= 1e-4 * float(abs(inputs) + 1)
 
@@ -208,11 +209,14 @@ def test_dense_phase_takes_both_residuals_along():
     size = 2
     simulated = world(size, bits=2)
     simulated.step([gradients(0, rank) for rank in range(size)])
-    held = sum(c.residual("fc.weight").double().sum() + size * c.owned.residual("fc.weight").double().sum()
-               for c in simulated.compressors)
+    held = sum(
+        c.residual("fc.weight").double().sum() + size * c.owned.residual("fc.weight").double().sum()
+        for c in simulated.compressors
+    )
     zero = {"fc.weight": torch.zeros(SHAPES["fc.weight"])}
     rounds = [c.begin_uncompressed("fc.weight", zero["fc.weight"]) for c in simulated.compressors]
     from hvd_compress.comm.simulated import aggregate
+
     results = [r.then(got) for r, got in zip(rounds, aggregate(rounds))]
     for c in simulated.compressors:
         c.end_step()
@@ -220,9 +224,15 @@ def test_dense_phase_takes_both_residuals_along():
     assert float(size * results[0].double().sum()) == pytest.approx(float(held), rel=1e-5, abs=1e-4)
 
 
-@pytest.mark.parametrize("options,parameter", [({"block_size": 0}, "block_size"),
-                                               ({"block_size": 2.5}, "block_size"),
-                                               ({"bits": 3}, "bits"), ({"bits": 16}, "bits")])
+@pytest.mark.parametrize(
+    "options,parameter",
+    [
+        ({"block_size": 0}, "block_size"),
+        ({"block_size": 2.5}, "block_size"),
+        ({"bits": 3}, "bits"),
+        ({"bits": 16}, "bits"),
+    ],
+)
 def test_bad_options_name_the_parameter(options, parameter):
     with pytest.raises(ValueError, match=parameter):
         hc.QuantizedAllReduce(**options)
@@ -251,11 +261,18 @@ def test_values_ride_an_all_to_all_to_every_rank():
     rank receives their mean over ranks, and each row of the payload arrives unchanged."""
     from hvd_compress.comm.rounds import Collective, Round, carrying
     from hvd_compress.comm.simulated import aggregate
+
     size = 3
     payloads = [torch.arange(6, dtype=torch.int16).view(size, 2) + 10 * rank for rank in range(size)]
     received = [[] for _ in range(size)]
-    rounds = [carrying(Round(payloads[rank], Collective.ALLTOALL, lambda rows: rows),
-                       torch.tensor([float(rank), 1.0]), received[rank].append) for rank in range(size)]
+    rounds = [
+        carrying(
+            Round(payloads[rank], Collective.ALLTOALL, lambda rows: rows),
+            torch.tensor([float(rank), 1.0]),
+            received[rank].append,
+        )
+        for rank in range(size)
+    ]
     for rank, (round_, result) in enumerate(zip(rounds, aggregate(rounds))):
         rows = round_.then(result)
         assert torch.equal(rows, torch.stack([payloads[source][rank] for source in range(size)]))

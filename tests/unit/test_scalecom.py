@@ -1,4 +1,5 @@
 """ScaleCom's cyclic local top-k in a simulated world."""
+
 import math
 import random
 
@@ -13,8 +14,7 @@ W = 3
 
 
 def rank_grads(step, n=4096):
-    return [{"w": torch.randn(64, n // 64, generator=torch.Generator().manual_seed(100 * step + r))}
-            for r in range(W)]
+    return [{"w": torch.randn(64, n // 64, generator=torch.Generator().manual_seed(100 * step + r))} for r in range(W)]
 
 
 def test_chunked_topk_is_exact_when_large_entries_are_spread():
@@ -28,8 +28,11 @@ def test_chunked_topk_is_exact_when_large_entries_are_spread():
 
 # Layer sizes for the chunked top-k sweep: every size up to 200, sizes around chunk and bucket
 # boundaries, and a seeded sample up to 5000. Densities span 1e-4..0.5; k = 1..64 is explicit.
-SWEEP_SIZES = sorted(set(range(1, 201)) | {255, 256, 257, 1000, 1023, 1024, 1025, 1156, 2304, 4095, 4096,
-                                           4097, 5000} | set(random.Random(0).sample(range(201, 5001), 150)))
+SWEEP_SIZES = sorted(
+    set(range(1, 201))
+    | {255, 256, 257, 1000, 1023, 1024, 1025, 1156, 2304, 4095, 4096, 4097, 5000}
+    | set(random.Random(0).sample(range(201, 5001), 150))
+)
 SWEEP_DENSITIES = [1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.016, 0.021, 0.03, 0.06, 0.1, 0.2, 0.3, 0.5]
 
 
@@ -44,20 +47,32 @@ def test_chunked_topk_returns_k_distinct_indices_in_range_for_every_size_and_den
             assert picked.unique().numel() == k, (n, k)
 
 
-@pytest.mark.parametrize("n,k,chunks", [(1024, 62, 64), (2304, 49, 64), (1156, 35, 64), (1000, 37, 8),
-                                        (4096, 205, 64), (65, 64, 64), (7, 7, 64), (5000, 2500, 64)])
+@pytest.mark.parametrize(
+    "n,k,chunks",
+    [
+        (1024, 62, 64),
+        (2304, 49, 64),
+        (1156, 35, 64),
+        (1000, 37, 8),
+        (4096, 205, 64),
+        (65, 64, 64),
+        (7, 7, 64),
+        (5000, 2500, 64),
+    ],
+)
 def test_chunked_topk_keeps_the_k_largest_chunkwise_candidates(n, k, chunks):
     """The k largest of the p largest of each chunk, where p is the smallest count from
     ceil(k / c) up that gives k candidates (the last chunks may be short or empty)."""
     magnitudes = torch.randperm(n, generator=torch.Generator().manual_seed(k)).float()  # no ties
     c = min(chunks, k, n)
     width = -(-n // c)
-    pieces = [magnitudes[i * width:(i + 1) * width] for i in range(c)]
+    pieces = [magnitudes[i * width : (i + 1) * width] for i in range(c)]
     p = -(-k // c)
     while sum(min(p, piece.numel()) for piece in pieces) < k:
         p += 1
-    candidates = torch.cat([i * width + piece.topk(min(p, piece.numel())).indices
-                            for i, piece in enumerate(pieces) if piece.numel()])
+    candidates = torch.cat(
+        [i * width + piece.topk(min(p, piece.numel())).indices for i, piece in enumerate(pieces) if piece.numel()]
+    )
     expected = candidates[magnitudes[candidates].topk(k).indices]
     picked = chunked_topk_indices(magnitudes, k, chunks)
     assert set(picked.tolist()) == set(expected.tolist())
@@ -75,8 +90,9 @@ def test_scalecom_on_layers_whose_last_chunks_are_padding(density, side):
     padding; ScaleCom raised IndexError (index 1047 out of bounds for size 1024)."""
     world = SimulatedWorld([hc.ScaleCom(density=density) for _ in range(2)])
     for step in range(3):
-        grads = [{"w": torch.randn(side, side, generator=torch.Generator().manual_seed(10 * step + r))}
-                 for r in range(2)]
+        grads = [
+            {"w": torch.randn(side, side, generator=torch.Generator().manual_seed(10 * step + r))} for r in range(2)
+        ]
         out = world.step(grads)
         k = math.ceil(density * side * side)
         for r in range(2):
@@ -140,8 +156,9 @@ def test_warmup_steps_are_dense():
 def test_flops_rule_and_bad_settings():
     param = torch.nn.Parameter(torch.zeros(100, 100))
     compressor = hc.ScaleCom([("a", param), ("b", param), ("c", param)])
-    rates = compressor.set_rates_from_flops({"a": 200 * 10_000, "b": 150 * 10_000, "c": 10 * 10_000},
-                                            {"a": 10_000, "b": 10_000, "c": 10_000})
+    rates = compressor.set_rates_from_flops(
+        {"a": 200 * 10_000, "b": 150 * 10_000, "c": 10 * 10_000}, {"a": 10_000, "b": 10_000, "c": 10_000}
+    )
     assert rates == {"a": 25, "b": 50, "c": 400}
     assert compressor.setting("a") == 400 and compressor.setting("c") == 25
     with pytest.raises(ValueError, match="beta must lie in"):

@@ -3,6 +3,7 @@ at construction (or, under stock ``hvd.DistributedOptimizer``, at the second opt
 ``compress``) with an error naming the argument and how to make two; the stateless casts are
 shared. The GAN under Horovod at 2 ranks: tests/multirank/test_options.py; DDP and DiLoCo under
 torchrun: tests/ddp/test_ddp_state.py."""
+
 import copy
 import pickle
 
@@ -26,8 +27,13 @@ class Owner:
 
 
 def stateful():
-    return [hc.TopK(density=1.0), hc.PowerSGD(rank=2), hc.BF16(),
-            hc.LGreCo(hc.PowerSGD(rank=2), transport="local"), hc.GraVAC(hc.TopK(density=0.5))]
+    return [
+        hc.TopK(density=1.0),
+        hc.PowerSGD(rank=2),
+        hc.BF16(),
+        hc.LGreCo(hc.PowerSGD(rank=2), transport="local"),
+        hc.GraVAC(hc.TopK(density=0.5)),
+    ]
 
 
 @pytest.mark.parametrize("compression", stateful(), ids=lambda c: type(c).__name__)
@@ -141,8 +147,11 @@ def test_ddp_and_diloco_refuse_a_compressor_already_served():
     compression = hc.PowerSGD(rank=2)
     model, inner = linear_optimizer()
     first = State(compression)
-    with pytest.raises(ValueError, match=r"^compressor: this PowerSGD object already serves an "
-                                         r"hvd_compress.ddp hook's State"):
+    with pytest.raises(
+        ValueError,
+        match=r"^compressor: this PowerSGD object already serves an "
+        r"hvd_compress.ddp hook's State",
+    ):
         State(compression)
     with pytest.raises(ValueError, match=r"^compression: this PowerSGD object already serves"):
         hc.DiLoCo(inner, model.named_parameters(), compression, inner_steps=2)

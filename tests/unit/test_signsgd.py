@@ -1,4 +1,5 @@
 """EF-SignSGD with majority vote, in a simulated world of W ranks (no Horovod collectives)."""
+
 import math
 
 import pytest

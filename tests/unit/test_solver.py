@@ -1,4 +1,5 @@
 """The L-GreCo DP solver against brute force, MILP and its documented guarantee and tie-break."""
+
 import itertools
 import math
 from fractions import Fraction
@@ -74,7 +75,7 @@ def test_is_exact_for_rounded_errors_with_the_documented_tie_break(seed):
     budget, steps = float(rng.integers(3, 12)), int(rng.choice([2, 5, 9]))
     keys = []
     for choice, size, _ in assignments(sizes, errors):
-        units = sum(rounded_units(errors[l, c], budget, steps) for l, c in enumerate(choice))
+        units = sum(rounded_units(errors[layer, c], budget, steps) for layer, c in enumerate(choice))
         if units <= steps:
             keys.append((size, units, choice[::-1]))
     if not keys:
@@ -100,10 +101,14 @@ def test_is_no_worse_than_milp_at_the_tightened_budget(seed):
     available = np.isfinite(sizes).ravel()
     one_hot = np.kron(np.eye(layers), np.ones(candidates))
     result = scipy_optimize.milp(
-        c=np.where(available, sizes.ravel(), 0.0), integrality=1,
+        c=np.where(available, sizes.ravel(), 0.0),
+        integrality=1,
         bounds=scipy_optimize.Bounds(0, available.astype(float)),
-        constraints=[scipy_optimize.LinearConstraint(one_hot, 1, 1),
-                     scipy_optimize.LinearConstraint(errors.ravel()[None, :], -np.inf, tightened)])
+        constraints=[
+            scipy_optimize.LinearConstraint(one_hot, 1, 1),
+            scipy_optimize.LinearConstraint(errors.ravel()[None, :], -np.inf, tightened),
+        ],
+    )
     assert result.success
     choice, total_size, total_error = solve(sizes, errors, budget, steps)
     check_result(sizes, errors, budget, choice, total_size, total_error)
@@ -120,30 +125,31 @@ def test_beats_the_uniform_default_it_is_budgeted_by(seed):
     ranks = np.arange(1, candidates + 1)
     sizes = np.outer(rng.integers(64, 4096, layers), ranks).astype(float)
     decay = rng.uniform(0.5, 2.0, (layers, 1))
-    errors = rng.lognormal(0, 1, (layers, 1)) * ranks ** -decay
+    errors = rng.lognormal(0, 1, (layers, 1)) * ranks**-decay
     choice, total_size, total_error = solve(sizes, errors, errors[:, default].sum())
     assert total_size <= sizes[:, default].sum()
 
 
-@pytest.mark.parametrize("sizes, errors, budget, steps, message", [
-    ([1.0, 2.0], [1.0, 2.0], 1.0, 10, "sizes: must be 2-D"),
-    (np.ones((0, 3)), np.ones((0, 3)), 1.0, 10, "sizes: must be 2-D"),
-    (np.ones((2, 3)), np.ones((3, 2)), 1.0, 10, "errors: shape"),
-    ([[1.0, np.nan]], [[1.0, 1.0]], 1.0, 10, "sizes: must not be NaN, got nan at layer 0, cand"),
-    ([[1.0, 1.0]], [[np.nan, 1.0]], 1.0, 10, "errors: must not be NaN"),
-    ([[1.0, -2.0]], [[1.0, 1.0]], 1.0, 10, "sizes: must be >= 0, got -2.0 at layer 0, candidate 1"),
-    (np.ones((4, 3)), -np.eye(4, 3)[::-1], 1.0, 10,
-     "errors: must be >= 0, got -1.0 at layer 1, candidate 2"),
-    ([[1.0, np.inf], [1.0, 1.0]], [[np.inf, 1.0], [1.0, 1.0]], 1.0, 10,
-     "sizes, errors: layer 0 has no candidate"),
-    ([[1.0]], [[1.0]], -1.0, 10, "budget: must be a finite number >= 0"),
-    ([[1.0]], [[1.0]], np.inf, 10, "budget: must be a finite number >= 0"),
-    ([[1.0]], [[1.0]], np.nan, 10, "budget: must be a finite number >= 0"),
-    ([[1.0]], [[1.0]], "1", 10, "budget: must be a finite number >= 0"),
-    ([[1.0]], [[1.0]], 1.0, 0, "steps: must be a positive int"),
-    ([[1.0]], [[1.0]], 1.0, 2.5, "steps: must be a positive int"),
-    ([[1.0]], [[1.0]], 1.0, True, "steps: must be a positive int"),
-])
+@pytest.mark.parametrize(
+    "sizes, errors, budget, steps, message",
+    [
+        ([1.0, 2.0], [1.0, 2.0], 1.0, 10, "sizes: must be 2-D"),
+        (np.ones((0, 3)), np.ones((0, 3)), 1.0, 10, "sizes: must be 2-D"),
+        (np.ones((2, 3)), np.ones((3, 2)), 1.0, 10, "errors: shape"),
+        ([[1.0, np.nan]], [[1.0, 1.0]], 1.0, 10, "sizes: must not be NaN, got nan at layer 0, cand"),
+        ([[1.0, 1.0]], [[np.nan, 1.0]], 1.0, 10, "errors: must not be NaN"),
+        ([[1.0, -2.0]], [[1.0, 1.0]], 1.0, 10, "sizes: must be >= 0, got -2.0 at layer 0, candidate 1"),
+        (np.ones((4, 3)), -np.eye(4, 3)[::-1], 1.0, 10, "errors: must be >= 0, got -1.0 at layer 1, candidate 2"),
+        ([[1.0, np.inf], [1.0, 1.0]], [[np.inf, 1.0], [1.0, 1.0]], 1.0, 10, "sizes, errors: layer 0 has no candidate"),
+        ([[1.0]], [[1.0]], -1.0, 10, "budget: must be a finite number >= 0"),
+        ([[1.0]], [[1.0]], np.inf, 10, "budget: must be a finite number >= 0"),
+        ([[1.0]], [[1.0]], np.nan, 10, "budget: must be a finite number >= 0"),
+        ([[1.0]], [[1.0]], "1", 10, "budget: must be a finite number >= 0"),
+        ([[1.0]], [[1.0]], 1.0, 0, "steps: must be a positive int"),
+        ([[1.0]], [[1.0]], 1.0, 2.5, "steps: must be a positive int"),
+        ([[1.0]], [[1.0]], 1.0, True, "steps: must be a positive int"),
+    ],
+)
 def test_rejects_bad_arguments_naming_them(sizes, errors, budget, steps, message):
     with pytest.raises(ValueError) as raised:
         solve(sizes, errors, budget, steps)

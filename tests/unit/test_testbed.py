@@ -1,6 +1,7 @@
 """The emulated cluster of ``benchmarks.testbed``: the mpirun command it builds, and a
 real 2-namespace testbed carrying a tiny mpi4py job (skipped where network namespaces cannot be
 created). Seconds long; no timing assertions."""
+
 import os
 import shutil
 import subprocess
@@ -8,8 +9,7 @@ import sys
 
 import pytest
 
-from benchmarks.testbed import (EmulatedCluster, NetworkNamespacesUnavailable,
-                                        emulated_cluster)
+from benchmarks.testbed import EmulatedCluster, NetworkNamespacesUnavailable, emulated_cluster
 
 # Prefix and subnet of their own, so the test never touches a benchmark's testbed (hvdc*).
 PREFIX, SUBNET = "hvdt", "10.77.1"
@@ -53,8 +53,7 @@ def test_ranks_of_one_node_share_its_namespace_and_address():
 
 
 def _namespaces():
-    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                          timeout=10).stdout.split()
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout.split()
 
 
 @pytest.fixture(params=["as found", "FORWARD policy DROP"])
@@ -89,8 +88,12 @@ def test_two_namespace_testbed_runs_mpi_between_ranks_and_is_removed(forward_pol
     _skip_without_testbed()
     try:
         with emulated_cluster(2, rate_gbit=1.0, prefix=PREFIX, subnet=SUBNET) as cluster:
-            shaping = subprocess.run(["ip", "netns", "exec", cluster.namespace(1), "tc", "qdisc",
-                                      "show"], capture_output=True, text=True, timeout=10).stdout
+            shaping = subprocess.run(
+                ["ip", "netns", "exec", cluster.namespace(1), "tc", "qdisc", "show"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout
             returncode, stdout, stderr = cluster.run([sys.executable, "-c", HELLO], timeout=60)
     except NetworkNamespacesUnavailable as error:
         pytest.skip(f"network namespaces not permitted here: {error}")
@@ -115,5 +118,9 @@ def test_two_nodes_of_two_ranks_each_run_mpi_across_the_bridge():
     assert returncode == 0, stderr
     # Ranks 0 and 1 on node 0, 2 and 3 on node 1; the all-reduce: 1 + 2 + 3 + 4.
     assert sorted(line for line in stdout.splitlines() if line) == [
-        f"0 {PREFIX}0 10", f"1 {PREFIX}0 10", f"2 {PREFIX}1 10", f"3 {PREFIX}1 10"]
+        f"0 {PREFIX}0 10",
+        f"1 {PREFIX}0 10",
+        f"2 {PREFIX}1 10",
+        f"3 {PREFIX}1 10",
+    ]
     assert not [name for name in _namespaces() if name.startswith(PREFIX)]

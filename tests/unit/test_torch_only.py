@@ -2,6 +2,7 @@
 in a subprocess whose imports of ``horovod`` fail (``sys.modules["horovod"] = None``), so Horovod
 stays installed for the rest of the suite; ``ci/torch_only.sh`` runs the torchrun tier in a
 virtual environment that has no Horovod at all."""
+
 import pickle
 import subprocess
 import sys
@@ -18,8 +19,9 @@ BLOCK_HOROVOD = "import sys\nsys.modules['horovod'] = None\n"
 
 def run_without_horovod(code, stdin=None):
     """Runs ``code`` in a fresh interpreter without Horovod; its stdout."""
-    result = subprocess.run([sys.executable, "-c", BLOCK_HOROVOD + textwrap.dedent(code)], input=stdin,
-                            capture_output=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", BLOCK_HOROVOD + textwrap.dedent(code)], input=stdin, capture_output=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr.decode()[-6000:]
     return result.stdout.decode()
 
@@ -98,11 +100,14 @@ def test_a_compressor_pickled_with_horovod_loads_without_it():
     """The public classes are named hvd_compress.<ClassName> either way."""
     pytest.importorskip("horovod.torch")
     pickled = pickle.dumps(hc.PowerSGD(rank=3))
-    out = run_without_horovod("""
+    out = run_without_horovod(
+        """
         import pickle
         compressor = pickle.loads(sys.stdin.buffer.read())
         print(type(compressor).__module__, type(compressor).__name__, compressor.config.default)
-    """, stdin=pickled)
+    """,
+        stdin=pickled,
+    )
     assert out.split() == ["hvd_compress", "PowerSGD", "3"]
 
 
@@ -110,6 +115,7 @@ def test_with_horovod_the_public_classes_are_horovod_compressors():
     """What stock hvd.DistributedOptimizer(compression=...) takes, and the wrapper is there."""
     pytest.importorskip("horovod.torch")
     from horovod.torch.compression import Compressor
+
     for cls in hc.PUBLIC.values():
         assert issubclass(cls, Compressor) and cls.__module__ == "hvd_compress"
     assert "DistributedOptimizer" in hc.__all__ and callable(hc.DistributedOptimizer)

@@ -1,5 +1,6 @@
 """The word-level GPT workload: a skewed vocabulary built the same way every time, and a model
 whose embedding and head hold most parameters."""
+
 import torch
 
 from benchmarks.workloads import charlm, wordlm
