@@ -68,7 +68,7 @@ from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import SimulatedWorld, exchange_alone, run_alone
 from hvd_compress.compressors.feedback import StagedSums
 from hvd_compress.control.lgreco import LGreCoConfig
-from hvd_compress.maths import errors as error_maths
+from hvd_compress.maths import error_tables as error_maths
 
 logger = logging.getLogger(__name__)
 

@@ -61,7 +61,7 @@ NOTES = (
     "inside `hvd.broadcast_optimizer_state` while rank 0 waited in the broadcast, because our "
     "class took its module name from `hvd.DistributedOptimizer`, which the harness replaces, and "
     "Horovod runs the plain torch `step()` only for an optimizer of `horovod.torch.optimizer`. "
-    "The class is now named from that module itself (`integration/optimizer.py`; "
+    "The class is now named from that module itself (`integration/horovod/optimizer.py`; "
     "`tests/unit/test_elastic_state.py`), and the wrapper jobs were rerun.\n"
 )
 

@@ -8,10 +8,11 @@ Layers, from the bottom up (each imports only the ones below it):
                  configuration object per method (``compressors/config.py``)
   control/       adaptive controllers (L-GreCo, GraVAC) and the rank-0 decision service; they use
                  compressors only through the controller protocol of ``compressors/base.py``
-  integration/   Horovod (the stock optimizer's Compression API, our DistributedOptimizer, the
-                 elastic state handler), PyTorch DDP's comm hook (``hvd_compress.ddp``), HSDP's
-                 replicate exchange (``hvd_compress.fsdp``) and DiLoCo's outer loop (local steps,
-                 compressed pseudo-gradients)
+  integration/   by engine: horovod/ (the stock optimizer's Compression API, our
+                 DistributedOptimizer, the elastic state handlers) and torch/ (DDP's comm hook,
+                 HSDP's replicate exchange, DiLoCo's outer loop: local steps, compressed
+                 pseudo-gradients); one public module each: ``hvd_compress.horovod``,
+                 ``hvd_compress.ddp``, ``hvd_compress.fsdp``, ``hvd_compress.diloco``
 ``metrics.py`` exports per-step metrics (TensorBoard, JSON lines); ``advise/`` projects every
 method's step time on the user's own model and ranks (``python -m hvd_compress.advise``).
 ``registry.py`` names every method once; the classes exported here come from it. ``arguments.py``
@@ -21,7 +22,7 @@ Horovod is optional. torch alone serves ``hvd_compress.ddp``, ``hvd_compress.fsd
 ``DiLoCo`` under ``torchrun``, with every compressor and controller. Where Horovod is installed,
 the exported compressors also have its Compression API, ``DistributedOptimizer`` is there, and
 importing the package makes every compressor (and ``DiLoCo``) part of ``hvd.elastic.TorchState``
-(``integration/elastic.py``); without it, ``hvd_compress.DistributedOptimizer`` raises an
+(``integration/horovod/elastic.py``); without it, ``hvd_compress.DistributedOptimizer`` raises an
 ImportError that says how to install Horovod.
 
 Use with stock Horovod::
@@ -39,7 +40,7 @@ from hvd_compress.compressors.base import Compressor
 from hvd_compress.control.gravac import GraVACConfig, GraVACPolicy
 from hvd_compress.control.lgreco import Accordion
 from hvd_compress.comm.transports import DecisionTimeout
-from hvd_compress.integration.outer import DiLoCo
+from hvd_compress.integration.torch.diloco import DiLoCo
 from hvd_compress.optional import horovod_available, import_horovod
 from hvd_compress.registry import COMPRESSORS, CONTROLLERS, PUBLIC
 from hvd_compress import metrics
@@ -48,8 +49,8 @@ globals().update(PUBLIC)
 
 HOROVOD_ONLY = ["DistributedOptimizer"]
 if horovod_available():
-    from hvd_compress.integration import elastic  # noqa: F401  (registers the elastic state handlers)
-    from hvd_compress.integration.optimizer import DistributedOptimizer
+    from hvd_compress.integration.horovod import elastic  # noqa: F401  (registers the elastic state handlers)
+    from hvd_compress.integration.horovod.optimizer import DistributedOptimizer
 else:
 
     def __getattr__(name: str) -> object:

@@ -128,7 +128,7 @@ def public_class(core: type) -> type:
     ``hvd_compress.<ClassName>`` either way, so that a pickle made with Horovod loads without it."""
     bases = (core,)
     if horovod_available():
-        from hvd_compress.integration.stock import StockCompression  # imports Horovod
+        from hvd_compress.integration.horovod.compression import StockCompression  # imports Horovod
 
         bases = (StockCompression, core)
     return type(

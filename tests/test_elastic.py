@@ -29,7 +29,7 @@ STEPS = 300  # a joining worker starts in seconds while training goes on: room t
 # Killed at step 45, between commits (every 10 steps). L-GreCo (decisions submitted at steps 25,
 # 45, ...): rank 0, the one computing the decision, dies right after submitting one, which is
 # then in flight.
-# One handler serves every compressor (integration/elastic.py), so two cover it: error feedback
+# One handler serves every compressor (integration/horovod/elastic.py), so two cover it: error feedback
 # with factors (PowerSGD) and a controller whose decision is in flight (L-GreCo); every
 # compressor's state round-trips in tests/unit/test_checkpoints.py. ScaleCom's run (64 s) moved to
 # `python -m benchmarks elastic` (all three) when CI landed at 53 min, over its 45.

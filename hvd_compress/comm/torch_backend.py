@@ -5,7 +5,7 @@ NCCL) matches them by the order in which each rank issues them on a process grou
 drives this backend must therefore start collectives in the same order on every rank:
 ``RoundDriver.start`` and ``RoundDriver.finish`` do (``finish`` advances the smallest pending
 name first); ``RoundDriver.poll`` does not (which round lands first differs between ranks),
-so it must not be used with this backend. ``integration/ddp.py`` never calls it.
+so it must not be used with this backend. ``integration/torch/ddp.py`` never calls it.
 
 Dtypes (probed with Gloo at np 2, torch 2.13): all-reduce, all-gather, all-to-all and
 broadcast take float16, bfloat16, float32, float64, uint8, int8, int32 and int64, and nothing

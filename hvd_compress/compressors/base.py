@@ -87,7 +87,7 @@ from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round, Traffic, carrying, on_result
 from hvd_compress.compressors.config import CompressorConfig, check_checkpoint, checkpoint_header
 from hvd_compress.compressors.feedback import ErrorFeedback
-from hvd_compress.maths import errors as error_maths
+from hvd_compress.maths import error_tables as error_maths
 from hvd_compress.maths.compiled import Compilable, CompileFailed, graphs, timed_warm_up
 from hvd_compress.maths.finite import extremes, largest_magnitude, nonfinite_marker, verdict
 

@@ -9,7 +9,7 @@ from hvd_compress import arguments
 from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate, check_positive_int, dense_round
 from hvd_compress.compressors.config import CompressorConfig, configured, option
 from hvd_compress.compressors.feedback import ErrorFeedback
-from hvd_compress.maths import errors as error_maths
+from hvd_compress.maths import error_tables as error_maths
 from hvd_compress.maths import lowrank
 
 

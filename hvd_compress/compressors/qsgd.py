@@ -11,7 +11,7 @@ from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate
 from hvd_compress.compressors.config import CompressorConfig, configured, option
-from hvd_compress.maths import errors as error_maths
+from hvd_compress.maths import error_tables as error_maths
 from hvd_compress.maths import quantize
 
 MIN_BITS, MAX_BITS = 2, 8

@@ -17,7 +17,7 @@ Groups, one class per kind of process group:
   binding.
 
 :func:`group_of` picks one for a ``process_set`` that may be either (``DiLoCo``).
-:func:`reform_world` is how the elastic handlers (``integration/elastic.py``) rebind: the
+:func:`reform_world` is how the elastic handlers (``integration/horovod/elastic.py``) rebind: the
 compression takes its new rank and size at once, and every binding is stale from then on.
 
 Nothing here imports Horovod at module level: ``DiLoCo``, DDP and HSDP run on torch alone.

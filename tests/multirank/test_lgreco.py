@@ -71,7 +71,7 @@ def test_start_step_sends_whole_gradients_first_and_decides_one_warm_up_later(pa
         opt.step()
         if step == 5:
             # Plus, on the stock path, Horovod's 4-byte placeholder for each gradient our driver
-            # carries: every gradient some setting compresses (integration/stock.py).
+            # carries: every gradient some setting compresses (integration/horovod/compression.py).
             driven = 0 if path == "wrapper" else sum(lgreco.inner.tunable(tuple(p.shape)) for p in model.parameters())
             placeholders = step * driven * Collective.ALLREDUCE.wire_bytes(4, hvd.size())
             assert lgreco.traffic.wire_bytes == lgreco.traffic.dense_wire_bytes + placeholders

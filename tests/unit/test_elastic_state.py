@@ -13,7 +13,7 @@ import torch
 import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
 from hvd_compress.control.service import DecisionService
-from hvd_compress.integration.elastic import CompressionStateHandler
+from hvd_compress.integration.horovod.elastic import CompressionStateHandler
 from test_checkpoints import assert_same_state, gradients, outputs
 from test_lgreco import DECAY, held_decisions, layered_gradients
 

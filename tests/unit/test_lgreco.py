@@ -321,7 +321,7 @@ def test_bad_configuration_is_named():
 def test_topk_decisions_from_the_histogram_match_the_exact_selection(monkeypatch):
     """Large layers' Top-K rows come from a histogram; the decisions must match the exact
     selection's (layers of 128 x 1024 are above the histogram's threshold)."""
-    from hvd_compress.maths import errors as error_maths
+    from hvd_compress.maths import error_tables as error_maths
 
     shapes = {"a": (128, 1024), "b": (256, 512), "c": (1024, 96)}
     decisions = {}
@@ -349,7 +349,7 @@ def test_topk_decisions_from_the_histogram_match_the_exact_selection(monkeypatch
 def test_decisions_from_randomized_errors_match_the_exact_svd(monkeypatch):
     """The error table's low-rank rows come from a randomized range finder; the decisions it
     leads to must match those of the exact SVD."""
-    from hvd_compress.maths import errors as error_maths
+    from hvd_compress.maths import error_tables as error_maths
 
     decisions = {}
     for exact in [False, True]:

@@ -189,9 +189,9 @@ def test_topk_indices_with_many_ties():
 
 
 def one_matrix_lowrank_errors(matrix, ranks):
-    """maths/errors.py's rows as computed one matrix at a time before they were batched (2-D
+    """maths/error_tables.py's rows as computed one matrix at a time before they were batched (2-D
     products and factorizations), the reference for the batched ones."""
-    from hvd_compress.maths.errors import OVERSAMPLING, POWER_STEPS
+    from hvd_compress.maths.error_tables import OVERSAMPLING, POWER_STEPS
 
     n, m = matrix.shape
     ranks = [min(r, n, m) for r in ranks]
@@ -211,7 +211,7 @@ def one_matrix_lowrank_errors(matrix, ranks):
 @pytest.mark.parametrize("shape, ranks", [((32, 48), [2, 3, 4, 8]), ((256, 300), [2, 4, 8])])  # SVD, sketch
 def test_batched_lowrank_errors_are_bit_identical_to_one_matrix_at_a_time_on_the_cpu(shape, ranks):
     """L-GreCo's decision batches layers of one shape: its rows, so its choices, stay the same."""
-    from hvd_compress.maths.errors import lowrank_errors, lowrank_errors_of_batch
+    from hvd_compress.maths.error_tables import lowrank_errors, lowrank_errors_of_batch
 
     matrices = torch.randn(3, *shape, generator=torch.Generator().manual_seed(0))
     reference = torch.stack([one_matrix_lowrank_errors(m, ranks) for m in matrices])
@@ -220,16 +220,16 @@ def test_batched_lowrank_errors_are_bit_identical_to_one_matrix_at_a_time_on_the
 
 
 def test_squared_norms_of_a_batch_in_chunks_match_one_float64_pass(monkeypatch):
-    from hvd_compress.maths import errors
+    from hvd_compress.maths import error_tables
 
     matrices = torch.randn(3, 50, 70, generator=torch.Generator().manual_seed(0))
     reference = matrices.double().square().sum(dim=(1, 2))
-    monkeypatch.setattr(errors, "TOTAL_CHUNK_ENTRIES", 3 * 512)  # 7 chunks, the last one short
-    assert torch.allclose(errors.squared_norms_of_batch(matrices), reference, rtol=1e-14, atol=0)
+    monkeypatch.setattr(error_tables, "TOTAL_CHUNK_ENTRIES", 3 * 512)  # 7 chunks, the last one short
+    assert torch.allclose(error_tables.squared_norms_of_batch(matrices), reference, rtol=1e-14, atol=0)
 
 
 def test_lowrank_errors_match_truncated_svd_both_ways():
-    from hvd_compress.maths.errors import lowrank_errors
+    from hvd_compress.maths.error_tables import lowrank_errors
 
     # Seeded: five power steps are an approximation, within 1% for this draw but not for every one.
     matrix = torch.randn(60, 40, generator=torch.Generator().manual_seed(0)) @ torch.diag(torch.logspace(0, -2, 40))
@@ -242,7 +242,7 @@ def test_lowrank_errors_match_truncated_svd_both_ways():
 
 
 def test_topk_errors_are_exact():
-    from hvd_compress.maths.errors import topk_errors
+    from hvd_compress.maths.error_tables import topk_errors
 
     x = torch.randn(1000)
     for k, err in zip([1, 10, 999, 1000, 2000], topk_errors(x, [1, 10, 999, 1000, 2000])):
@@ -253,7 +253,7 @@ def test_topk_errors_are_exact():
 
 
 def test_qsgd_errors_equal_the_mean_error_of_many_draws():
-    from hvd_compress.maths.errors import qsgd_errors
+    from hvd_compress.maths.error_tables import qsgd_errors
 
     x = torch.randn(512)
     generator = torch.Generator().manual_seed(0)
@@ -385,7 +385,7 @@ def test_bucket_norms_and_decoding_off_the_cpu_pad_the_last_bucket():
 
 @pytest.mark.parametrize("scale", [1e-25, 1e30])
 def test_qsgd_errors_match_the_quantiser_at_extreme_scales(scale):
-    from hvd_compress.maths.errors import qsgd_errors
+    from hvd_compress.maths.error_tables import qsgd_errors
 
     x = torch.randn(512, generator=torch.Generator().manual_seed(4)) * scale
     generator = torch.Generator().manual_seed(0)
@@ -398,7 +398,7 @@ def test_qsgd_errors_match_the_quantiser_at_extreme_scales(scale):
 @pytest.mark.parametrize("shape", [(512, 256), (256, 1024), (1024, 128)])
 def test_randomized_lowrank_errors_are_within_half_a_percent_of_the_exact_svd(shape):
     """A spectrum decaying over three decades, slower than gradients' usually do."""
-    from hvd_compress.maths.errors import lowrank_errors
+    from hvd_compress.maths.error_tables import lowrank_errors
 
     g = torch.Generator().manual_seed(3)
     n, m = shape
@@ -413,7 +413,7 @@ def test_randomized_lowrank_errors_are_within_half_a_percent_of_the_exact_svd(sh
 
 
 def test_topk_errors_from_a_partial_selection_match_a_full_sort():
-    from hvd_compress.maths.errors import topk_errors
+    from hvd_compress.maths.error_tables import topk_errors
 
     x = torch.randn(100_000, generator=torch.Generator().manual_seed(4))
     ks = [1, 10, 100, 1000, 10_000]
@@ -426,7 +426,7 @@ def test_topk_errors_from_a_partial_selection_match_a_full_sort():
 def test_topk_errors_from_the_histogram_are_within_its_stated_accuracy(tail):
     """Large layers' Top-K rows come from a histogram of float32 bit patterns: each kept energy
     exact but for the boundary bin, counted at its mean (bins 0.8% wide)."""
-    from hvd_compress.maths.errors import HISTOGRAM_MIN_NUMEL, topk_errors
+    from hvd_compress.maths.error_tables import HISTOGRAM_MIN_NUMEL, topk_errors
 
     g = torch.Generator().manual_seed(5)
     x = torch.randn(4 * HISTOGRAM_MIN_NUMEL, generator=g)
@@ -446,7 +446,7 @@ def test_topk_kept_energies_from_a_threshold_are_close_to_the_exact_ones(tail):
     """Large layers' kept energies on the CPU come from a sampled threshold, as though the
     entries between it and the k-th largest had its magnitude: within 0.5% at GraVAC's
     densities, where the squared norm of a chunked float32 dot is within 1e-5."""
-    from hvd_compress.maths.errors import HISTOGRAM_MIN_NUMEL, squared_norm, topk_kept_energies
+    from hvd_compress.maths.error_tables import HISTOGRAM_MIN_NUMEL, squared_norm, topk_kept_energies
 
     g = torch.Generator().manual_seed(6)
     x = torch.randn(4 * HISTOGRAM_MIN_NUMEL, generator=g)
@@ -461,7 +461,7 @@ def test_topk_kept_energies_from_a_threshold_are_close_to_the_exact_ones(tail):
 def test_squared_norm_of_a_large_heavy_tailed_layer_is_within_1e_5():
     """One float32 dot over millions of entries drifted 1.4e-4 on an AMD EPYC's BLAS; the chunks
     keep it within the docstring's 1e-5."""
-    from hvd_compress.maths.errors import squared_norm
+    from hvd_compress.maths.error_tables import squared_norm
 
     g = torch.Generator().manual_seed(6)
     x = torch.randn(1 << 22, generator=g) / torch.rand(1 << 22, generator=g).clamp_min(1e-3)
@@ -500,7 +500,7 @@ def test_a_verdict_fails_on_a_non_finite_extreme_or_a_bound_beyond_float32():
 def test_lowrank_kept_energies_are_nested_projections_that_converge_to_the_best_ranks():
     """Rank r keeps the first r rows of P^T M: at the top rank, all of the projection's energy;
     warm-started over calls on one matrix (orthogonal iteration), the best rank-r energies."""
-    from hvd_compress.maths.errors import lowrank_kept_energies
+    from hvd_compress.maths.error_tables import lowrank_kept_energies
 
     g = torch.Generator().manual_seed(0)
     u = torch.linalg.qr(torch.randn(48, 48, generator=g)).Q
@@ -519,7 +519,7 @@ def test_lowrank_kept_energies_are_nested_projections_that_converge_to_the_best_
 
 
 def test_lowrank_kept_energies_of_a_non_finite_matrix_are_not_finite():
-    from hvd_compress.maths.errors import lowrank_kept_energies
+    from hvd_compress.maths.error_tables import lowrank_kept_energies
 
     matrix = torch.ones(16, 32)
     matrix[3, 5] = float("nan")

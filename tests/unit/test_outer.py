@@ -187,7 +187,7 @@ def test_elastic_state_commits_restores_and_syncs_the_outer_state():
     """hvd.elastic.TorchState takes DiLoCo as a keyword through its own handler (not Horovod's
     optimizer handler): restore() brings back the committed anchors, period and error feedback;
     sync() loads rank 0's state and makes the wrapper bind again at its next step."""
-    from hvd_compress.integration.elastic import DiLoCoStateHandler
+    from hvd_compress.integration.horovod.elastic import DiLoCoStateHandler
 
     net = small_net()
     inner = torch.optim.SGD(net.parameters(), lr=0.1)

@@ -81,6 +81,40 @@ def test_horovod_only_entry_point_says_how_to_install_horovod():
     assert "ci/setup.sh" in out and "torchrun" in out
 
 
+def test_each_integration_has_one_public_module_and_the_horovod_one_needs_horovod():
+    out = run_without_horovod("""
+        import hvd_compress.ddp, hvd_compress.fsdp, hvd_compress.diloco
+        import hvd_compress as hc
+        assert hvd_compress.diloco.DiLoCo is hc.DiLoCo
+        try:
+            import hvd_compress.horovod
+        except ImportError as error:
+            print(error)
+    """)
+    assert "hvd_compress.horovod needs Horovod" in out and "ci/setup.sh" in out
+
+
+@pytest.mark.parametrize(
+    "former, now",
+    [
+        ("stock", "horovod.compression"),
+        ("optimizer", "horovod.optimizer"),
+        ("elastic", "horovod.elastic"),
+        ("ddp", "torch.ddp"),
+        ("fsdp", "torch.fsdp"),
+        ("outer", "torch.diloco"),
+    ],
+)
+def test_an_integration_module_imports_under_its_former_name_with_a_deprecation_warning(former, now):
+    import importlib
+
+    module = importlib.import_module(f"hvd_compress.integration.{now}")
+    sys.modules.pop(f"hvd_compress.integration.{former}", None)
+    with pytest.warns(DeprecationWarning, match=f"integration.{former} is now hvd_compress.integration.{now}"):
+        assert importlib.import_module(f"hvd_compress.integration.{former}") is module
+    assert module.__spec__.name == module.__name__ == f"hvd_compress.integration.{now}"
+
+
 def test_diloco_without_any_backend_says_what_to_initialise():
     out = run_without_horovod("""
         import torch

@@ -16,7 +16,7 @@ from hvd_compress.compressors.cast import NoCompression
 from hvd_compress.integration import amp
 from hvd_compress.integration.binding import Binding, HorovodGroup
 from hvd_compress.integration.names import parameter_names
-from hvd_compress.integration.stock import check_op
+from hvd_compress.integration.horovod.compression import check_op
 
 
 class _CompressedDistributedOptimizer(torch.optim.Optimizer):
@@ -46,7 +46,7 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
 
     def _bind_world(self):
         """Binds the compression to the process set's world and builds what depends on it;
-        again at the first gradient of a step after an elastic reset (``integration.elastic``)
+        again at the first gradient of a step after an elastic reset (``integration.horovod.elastic``)
         re-formed it. No collective here: an elastic worker that joins builds its optimizer
         while the others synchronise their state."""
         self._binding = Binding(self._compression, HorovodGroup(self._process_set))

@@ -35,7 +35,7 @@ from horovod.torch.elastic import state as elastic_state
 
 from hvd_compress.compressors.base import GradientCompression
 from hvd_compress.integration.binding import reform_world
-from hvd_compress.integration.outer import DiLoCo
+from hvd_compress.integration.torch.diloco import DiLoCo
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ Why each rule is what it is:
   saved parameters and skips the outer optimizer). The inner optimizer's state is the user's
   and is left alone: copying it every period would cost another copy of its state.
 * Under elastic Horovod the wrapper is a ``TorchState`` keyword with a handler of its own
-  (``integration.elastic.DiLoCoStateHandler``, the compressors' handler told where the
+  (``integration.horovod.elastic.DiLoCoStateHandler``, the compressors' handler told where the
   compression's state sits), registered ahead of Horovod's optimizer handler.
 * Nothing here imports Horovod: under ``torchrun`` torch alone is enough.
 """
@@ -48,7 +48,7 @@ from hvd_compress.maths.finite import all_finite, extremes, stacked
 logger = logging.getLogger(__name__)
 
 # The module of Horovod's distributed optimizers, and of hvd_compress.DistributedOptimizer's
-# (``integration/optimizer.py``): compared by name, so that no Horovod is imported to check.
+# (``integration/horovod/optimizer.py``): compared by name, so that no Horovod is imported to check.
 HOROVOD_OPTIMIZER_MODULE = "horovod.torch.optimizer"
 
 OuterOptimizerFactory = Callable[[List[torch.Tensor]], torch.optim.Optimizer]

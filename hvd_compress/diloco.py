@@ -1,0 +1,7 @@
+"""DiLoCo: H local steps, then compressed pseudo-gradients averaged across ranks and applied by an
+outer optimizer: ``hvd_compress.diloco.DiLoCo(inner_optimizer, model.named_parameters(),
+compressor, inner_steps=H)``, under ``torchrun`` or Horovod."""
+
+from hvd_compress.integration.torch.diloco import DiLoCo, DiLoCoConfig, nesterov_outer
+
+__all__ = ["DiLoCo", "DiLoCoConfig", "nesterov_outer"]
