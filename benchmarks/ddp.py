@@ -3,7 +3,7 @@ this project's compressors through ``hvd_compress.ddp``, on an emulated cluster;
 digits accuracy of each under ``torchrun``.
 
     python -m benchmarks ddp [--models charlm,cnn] [--rate 1] [--np 4] [--rank 4]
-        [--warmup 8] [--steps 12] [--repeats 1] [--out docs/] [--quick]
+        [--methods DDP,ACP-SGD,...] [--warmup 8] [--steps 12] [--repeats 1] [--out docs/] [--quick]
 
 Timing: an :mod:`emulated cluster <benchmarks.testbed>` of ``--np`` ranks (one network namespace
 each, links shaped by ``tc tbf`` to ``--rate`` Gbit/s); mpirun starts one process per namespace,
@@ -61,6 +61,7 @@ from benchmarks.report import (
     describe_machine,
     init_cluster_worker,
     jobs_of,
+    names_from,
     machine,
     notes_lines,
     pooled,
@@ -250,7 +251,7 @@ def run(args):
         (model, method)
         for repeat in range(args.repeats)
         for model in args.models
-        for method in METHODS
+        for method in args.methods
         if jobs_of(timing.get(model, {}).get(method)) <= repeat
     ]
     if wanted:
@@ -261,7 +262,7 @@ def run(args):
                 methods = timing.setdefault(model, {})
                 methods[method] = pooled(methods.get(method), timing_job(args, cluster, model, method))
                 save()
-    for method in DIGITS_METHODS:
+    for method in [m for m in DIGITS_METHODS if m in args.methods]:
         if method not in results["digits"]:
             argv = worker_argv("benchmarks.ddp", args, "digits", method=method, epochs=args.epochs)
             results["digits"][method] = torchrun_job(argv, args.np, args.job_timeout, RESULT_PREFIX)[0]["accuracy"]
@@ -391,6 +392,7 @@ def parse_args(argv):
     parser.add_argument("--rate", type=float, default=1.0, help="link rate, Gbit/s")
     parser.add_argument("--np", type=int, default=4)
     parser.add_argument("--rank", type=int, default=4, help="rank of the low-rank methods")
+    parser.add_argument("--methods", type=names_from(METHODS), default=METHODS, help="some of: " + ", ".join(METHODS))
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=1, help="timing jobs per method, in rounds over the methods")
