@@ -126,6 +126,10 @@ METHODS = [
     # at half its bytes), at two periods.
     ("DiLoCo H=50 (QSGD)", "qsgd", {"bits": 4}, {"kind": "diloco", "inner_steps": 50}),
     ("DiLoCo H=10 (QSGD)", "qsgd", {"bits": 4}, {"kind": "diloco", "inner_steps": 10}),
+    # SparseLoCo at the paper's settings (2% of each chunk of 4,096 in 2 bits, residual decay
+    # 0.95, outer SGD at learning rate 1), at the same two periods.
+    ("SparseLoCo H=50", "chunkedtopk", {"density": 0.02}, {"kind": "sparseloco", "inner_steps": 50}),
+    ("SparseLoCo H=10", "chunkedtopk", {"density": 0.02}, {"kind": "sparseloco", "inner_steps": 10}),
     # The two-hop quantized all-reduce, added after the points above had run.
     ("QuantizedAllReduce", "qallreduce", {"bits": 8}, None),
     ("QuantizedAllReduce", "qallreduce", {"bits": 4}, None),
@@ -173,10 +177,24 @@ def build_training(spec: Dict[str, Any], schedule_steps: int) -> Training:
     tokens = lm["batch_size"] * lm["model"]["context"]
     inner = torch.optim.AdamW(model.parameters(), lr=PEAK_LR, weight_decay=0.01)
     stateful = {"model": model}
-    if (spec["controller"] or {}).get("kind") == "diloco":
-        # Local AdamW steps, then an outer step on the codec's average of the pseudo-gradients.
-        codec = hc.COMPRESSORS[spec["compressor"]].build(**spec["settings"])
-        optimizer = hc.DiLoCo(inner, named, codec, inner_steps=spec["controller"]["inner_steps"])
+    outer = spec["controller"] or {}
+    if outer.get("kind") in ("diloco", "sparseloco"):
+        # Local AdamW steps, then an outer step on the codec's average of the pseudo-gradients:
+        # Nesterov SGD (DiLoCo; "outer_lr" and "outer_momentum" where given, else 0.7 and 0.9),
+        # or SparseLoCo's plain SGD on its chunked top-k ("outer_lr", "feedback_decay").
+        if outer["kind"] == "sparseloco":
+            options = {key: outer[key] for key in ("outer_lr", "feedback_decay") if key in outer}
+            optimizer = hc.SparseLoCo(inner, named, inner_steps=outer["inner_steps"], **spec["settings"], **options)
+        else:
+            codec = hc.COMPRESSORS[spec["compressor"]].build(**spec["settings"])
+            lr, momentum = outer.get("outer_lr", 0.7), outer.get("outer_momentum", 0.9)
+            optimizer = hc.DiLoCo(
+                inner,
+                named,
+                codec,
+                inner_steps=outer["inner_steps"],
+                outer_optimizer=lambda anchors: torch.optim.SGD(anchors, lr=lr, momentum=momentum, nesterov=True),
+            )
         compression = optimizer.compression
         stateful.update(optimizer=inner, outer=optimizer)  # DiLoCo's state holds its codec's
     else:

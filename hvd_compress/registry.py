@@ -21,6 +21,7 @@ from hvd_compress.compressors import (
     ACPSGD,
     BF16,
     FP16,
+    ChunkedTopK,
     QSGD,
     NoCompression,
     PowerSGD,
@@ -92,6 +93,8 @@ _COMPRESSOR_LIST = [
     # Two-hop int8/int4 all-reduce, error feedback on both hops.
     Method("qallreduce", QuantizedAllReduce, {"bits": 8}, {"bits": 4, "block_size": 64}),
     Method("topk", TopK, {"density": 0.01}, {"density": 0.05}),  # all-gathered
+    # Top-k within chunks, low-bit values, decaying error feedback: SparseLoCo's compressor.
+    Method("chunkedtopk", ChunkedTopK, {"density": 0.02}, {"density": 0.05, "chunk": 512}),
     Method("scalecom", ScaleCom, {"density": 0.01}, {"density": 0.05}),  # cyclic local top-k, all-reduced
     Method("signsgd", SignSGD, {}, {}),  # 1 bit per entry, majority vote
 ]

@@ -14,7 +14,7 @@ import overflow  # tests/overflow.py
 from degenerate import Degenerate  # tests/degenerate.py
 
 # Outer steps through these, each with its own state (error feedback, warm starts, L-GreCo).
-COMPRESSIONS = ["none", "fp16", "qsgd", "qallreduce", "topk", "powersgd", "lgreco"]
+COMPRESSIONS = ["none", "fp16", "qsgd", "qallreduce", "topk", "chunkedtopk", "powersgd", "lgreco"]
 H = 3
 
 
@@ -95,6 +95,47 @@ def outer_step_is_the_reference_outer_optimizer_on_the_mean(gather, rank, size):
                 p.copy_(anchor)
         for (name, p), q in zip(net.named_parameters(), local.parameters()):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=f"{name} at step {step}")
+
+
+def sparseloco_steps_along_the_mean_of_what_each_rank_sent(gather, rank, size):
+    """SparseLoCo, three periods: each rank sends C(x) of x = beta e + delta (its decayed
+    residual plus its pseudo-gradient, from a replica trained beside it) and keeps e' = x - C(x);
+    the weights move by outer_lr times the mean over ranks of C(x); and each chunk of 64 sends
+    at most 7 entries (density 0.1)."""
+    beta, lr = 0.9, 0.5
+    net, local = model(0), model(0)
+    outer = hc.SparseLoCo(
+        torch.optim.SGD(net.parameters(), lr=0.05),
+        net.named_parameters(),
+        inner_steps=H,
+        density=0.1,
+        chunk=64,
+        feedback_decay=beta,
+        outer_lr=lr,
+        min_numel=0,
+    )
+    local_opt = torch.optim.SGD(local.parameters(), lr=0.05)
+    residual = {name: torch.zeros_like(p) for name, p in net.named_parameters()}
+    start = weights(net)
+    for step, (x, y) in enumerate(batches(rank, 3 * H), 1):
+        inner_step(net, outer, x, y)
+        inner_step(local, local_opt, x, y)
+        if step % H:
+            continue
+        for (name, p), q in zip(net.named_parameters(), local.parameters()):
+            x = beta * residual[name] + (start[name] - q.detach())
+            kept = outer.compression.residual(name)
+            own = x if kept is None else x - kept.view_as(p)  # C(x); 1-D weights go dense
+            if p.dim() >= 2:
+                sent = own.abs() > 1e-5 * x.abs().max()  # what was not sent differs by rounding alone
+                assert kept is not None and sent.float().mean() <= 7 / 64
+                residual[name] = kept.view_as(p).clone()
+            mean = gather(own, f"outer.sparseloco.{step}.{name}").mean(dim=0).view_as(p)
+            torch.testing.assert_close(p.detach(), start[name] - lr * mean, rtol=1e-5, atol=1e-6, msg=name)
+        start = weights(net)
+        with torch.no_grad():
+            for p, q in zip(local.parameters(), net.parameters()):
+                p.copy_(q)
 
 
 def one_inner_step_is_data_parallel_sgd(gather, rank, size):

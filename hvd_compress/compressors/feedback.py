@@ -143,14 +143,20 @@ class ErrorFeedback:
     Memory: two float32 buffers per compressed parameter (the residual, and the one the next
     residual is built in).
 
+    ``decay`` (beta in [0, 1]) multiplies the residual before the next input is added:
+    ``compensated`` returns ``grad + beta * residual``. 1 is plain error feedback; below 1 the
+    residual is a decaying sum of what was not sent, SparseLoCo's stand-in for DiLoCo's outer
+    momentum (Sarfi et al. 2025, arXiv 2508.15706, section 3).
+
     Loss scaling: gradients under ``torch.amp.GradScaler`` arrive multiplied by the scale S in
     force, which changes between steps. Residuals are kept in unscaled units: ``compensated``
     returns ``grad + S * residual`` (in the gradient's units) and ``commit`` divides the new
     residuals by S. The owner sets ``loss_scale`` before each step (``Compressor.track``).
     """
 
-    def __init__(self, enabled: bool = True):
+    def __init__(self, enabled: bool = True, decay: float = 1.0):
         self.enabled = enabled
+        self.decay = decay
         self.loss_scale = 1.0
         self._sums = StagedSums()
 
@@ -162,11 +168,11 @@ class ErrorFeedback:
         if not self.enabled:
             return grad.to(torch.float32, copy=True)
         if in_place:
-            return self._sums.add(name, grad, current_weight=self.loss_scale)
+            return self._sums.add(name, grad, current_weight=self.decay * self.loss_scale)
         residual = self._sums.staged(name, grad.device)
         if residual is None:
             return grad.to(torch.float32, copy=True)
-        return torch.add(grad, residual, alpha=self.loss_scale)
+        return torch.add(grad, residual, alpha=self.decay * self.loss_scale)
 
     def stacked(self, names: Sequence[str], shape: Tuple[int, ...], device: torch.device) -> Optional[torch.Tensor]:
         """Where ``compensated`` will build the names' sums (each of ``shape``) in place, as the

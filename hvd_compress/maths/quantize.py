@@ -209,36 +209,61 @@ def _mean_of_rows(codes_of, rows, norms, bits, bucket_size, n, device, out, per_
 
 
 def pack_codes(codes, bits):
-    """Packs signed codes of ``bits`` bits into bytes: floor(64 / bits) codes per 64-bit word,
-    code i of a word at bits [i * bits, (i + 1) * bits), offset by s to be non-negative.
-
-    When ``bits`` divides 8 a word is exactly 8 / bits codes per byte, least significant
-    first: the bytes of one packed byte's codes are read as one wider integer (a lane), and one
-    multiplication gathers its codes into its top byte (``_gathering``). Other widths shift
-    64-bit words."""
-    per_word = 64 // bits
+    """Packs signed codes of ``bits`` bits (in [-s, s]) into bytes: each offset by s to be
+    non-negative, then packed as ``pack_fields`` packs."""
     count = codes.numel()
-    unsigned = torch.zeros(-(-count // per_word) * per_word, dtype=torch.uint8, device=codes.device)
+    unsigned = _padded_fields(count, bits, codes.device)
     # uint8 arithmetic wraps, so code + s lands in [0, 2s] from the code's two's complement.
     torch.add(codes.view(torch.uint8), levels_for_bits(bits), out=unsigned[:count])
-    if 8 % bits:
-        return _pack_words(unsigned.view(-1, per_word), bits).view(torch.uint8)
-    if bits == 8:
-        return unsigned
-    multiplier, top_byte = _gathering(bits)
-    # Products wrap in the lane's width; the top byte keeps the gathered codes.
-    return (unsigned.view(_LANE_TYPES[8 // bits]) * multiplier).bitwise_right_shift_(top_byte).to(torch.uint8)
+    return _packed(unsigned, bits)
 
 
 def unpack_codes(packed, bits, count):
     """The first ``count`` signed codes of ``pack_codes``'s output, as int8."""
+    # Subtracting s in wrapping uint8 arithmetic leaves the code's two's complement.
+    return unpack_fields(packed, bits, count).sub(levels_for_bits(bits)).view(torch.int8)
+
+
+def pack_fields(fields, bits):
+    """Packs uint8 ``fields``, each below 2^bits, into ``packed_size`` bytes: floor(64 / bits)
+    fields per 64-bit word, field i of a word at bits [i * bits, (i + 1) * bits).
+
+    When ``bits`` divides 8 a word is exactly 8 / bits fields per byte, least significant
+    first: the bytes of one packed byte's fields are read as one wider integer (a lane), and
+    one multiplication gathers its fields into its top byte (``_gathering``). Other widths
+    shift 64-bit words."""
+    count = fields.numel()
+    unsigned = _padded_fields(count, bits, fields.device)
+    unsigned[:count] = fields.reshape(-1)
+    return _packed(unsigned, bits)
+
+
+def unpack_fields(packed, bits, count):
+    """The first ``count`` fields of ``pack_fields``'s output, as uint8 (at 8 bits, a view of
+    ``packed``)."""
     if 8 % bits:
-        return _unpack_words(packed.view(torch.int64), bits).view(-1)[:count].sub_(levels_for_bits(bits))
+        return _unpack_words(packed.view(torch.int64), bits).view(-1)[:count].view(torch.uint8)
     lanes = packed.to(_LANE_TYPES[8 // bits])
     for shift, mask in _spreading(bits):
         lanes = lanes.bitwise_or(lanes << shift).bitwise_and_(mask)
-    # Subtracting s in wrapping uint8 arithmetic leaves the code's two's complement.
-    return lanes.view(torch.uint8)[:count].sub(levels_for_bits(bits)).view(torch.int8)
+    return lanes.view(torch.uint8)[:count]
+
+
+def _padded_fields(count, bits, device):
+    """A zeroed uint8 buffer for ``count`` fields, rounded up to whole 64-bit words of them."""
+    per_word = 64 // bits
+    return torch.zeros(-(-count // per_word) * per_word, dtype=torch.uint8, device=device)
+
+
+def _packed(unsigned, bits):
+    """``pack_fields`` of the whole words of fields ``unsigned`` (``_padded_fields``)."""
+    if 8 % bits:
+        return _pack_words(unsigned.view(-1, 64 // bits), bits).view(torch.uint8)
+    if bits == 8:
+        return unsigned
+    multiplier, top_byte = _gathering(bits)
+    # Products wrap in the lane's width; the top byte keeps the gathered fields.
+    return (unsigned.view(_LANE_TYPES[8 // bits]) * multiplier).bitwise_right_shift_(top_byte).to(torch.uint8)
 
 
 # The integer that holds a packed byte's codes one byte each, by codes per byte.

@@ -31,6 +31,10 @@ def test_outer_step_is_the_reference_outer_optimizer_on_the_mean():
     cases.outer_step_is_the_reference_outer_optimizer_on_the_mean(gather, dist.get_rank(), dist.get_world_size())
 
 
+def test_sparseloco_steps_along_the_mean_of_what_each_rank_sent():
+    cases.sparseloco_steps_along_the_mean_of_what_each_rank_sent(gather, dist.get_rank(), dist.get_world_size())
+
+
 def test_one_inner_step_is_data_parallel_sgd():
     cases.one_inner_step_is_data_parallel_sgd(gather, dist.get_rank(), dist.get_world_size())
 

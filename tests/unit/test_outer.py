@@ -95,6 +95,26 @@ def test_the_default_outer_optimizer_is_nesterov_momentum():
     assert (group["lr"], group["momentum"], group["nesterov"]) == (0.7, 0.9, True)
 
 
+def sparseloco(net, **options):
+    options.setdefault("inner_steps", 2)
+    return hc.SparseLoCo(torch.optim.SGD(net.parameters(), lr=0.1), net.named_parameters(), min_numel=0, **options)
+
+
+def test_sparseloco_is_diloco_with_chunked_top_k_and_plain_sgd_at_the_outer_lr():
+    outer = sparseloco(small_net(), outer_lr=0.8, density=0.1, chunk=64, bits=2, feedback_decay=0.9)
+    assert isinstance(outer, hc.DiLoCo) and isinstance(outer.compression, hc.compressors.ChunkedTopK)
+    config = outer.compression.config
+    assert (config.density, config.chunk, config.bits, config.feedback_decay) == (0.1, 64, 2, 0.9)
+    group = outer.state_dict()["outer_optimizer"]["param_groups"][0]
+    assert (group["lr"], group["momentum"]) == (0.8, 0)
+    # The outer learning rate is agreed across ranks and recorded in checkpoints.
+    assert outer.describe()["config"]["outer_optimizer"] == "SGD(lr=0.8)"
+    with pytest.raises(ValueError, match="SparseLoCo: outer_lr must"):
+        sparseloco(small_net(), outer_lr=0)
+    with pytest.raises(ValueError, match="ChunkedTopK: bits must be one of"):
+        sparseloco(small_net(), bits=3)
+
+
 def test_a_nonfinite_period_goes_back_to_its_start_and_leaves_no_trace():
     net = small_net()
     outer = diloco(net, compression=hc.TopK(density=0.05))
