@@ -184,6 +184,10 @@ class StockCompression(HorovodCompressor):
 
     _stock_bridges = None  # {calling optimizer, or None outside one: its bridge}
 
+    # Never traced: under compiled autograd Horovod's gradient hooks run inside the traced
+    # backward, and dynamo would trace every compressor's Python (each step's rounds, the
+    # driver, the optimizer found on the call stack) into hundreds of frames and recompiles.
+    @torch.compiler.disable
     def compress(self, tensor):
         optimizer = _calling_optimizer(self)
         if self._stock_bridges is None:
@@ -203,6 +207,7 @@ class StockCompression(HorovodCompressor):
             bridge = self._stock_bridges[key] = StockBridge(self, optimizer)
         return bridge.compress(tensor)
 
+    @torch.compiler.disable
     def decompress(self, tensor, ctx):
         if ctx is None:  # Horovod's sparse all-gather path: nothing was compressed
             return tensor

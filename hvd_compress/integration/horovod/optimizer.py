@@ -83,7 +83,9 @@ class _CompressedDistributedOptimizer(torch.optim.Optimizer):
                 self._start(p)
             self._binding.driver.poll()
 
-        return hook
+        # Never traced: under compiled autograd the hook runs inside the traced backward
+        # (StockCompression.compress says why).
+        return torch.compiler.disable(hook)
 
     def _start(self, p):
         if not self._started and self._scheduler is not None:
