@@ -53,8 +53,9 @@ SECTION = "Bytes per rank as ranks grow"
 WORLDS = [2, 4, 8, 32]
 PROJECTED = [64, 128, 256]
 UNCOMPRESSED = "uncompressed"
-# The per-step methods of "Time to quality", BF16 and SignSGD, and the two-hop quantized
-# all-reduce where the registry has it: (label, registry name or None for uncompressed, settings).
+# The per-step methods of "Time to quality", BF16 and SignSGD, the two-hop quantized all-reduce
+# and SparseLoCo's chunked top-k where the registry has them: (label, registry name or None for
+# uncompressed, settings).
 METHODS: List[Tuple[str, Optional[str], Dict[str, Any]]] = [
     (UNCOMPRESSED, None, {}),
     ("FP16", "fp16", {}),
@@ -69,6 +70,7 @@ METHODS: List[Tuple[str, Optional[str], Dict[str, Any]]] = [
     ("SignSGD", "signsgd", {}),
     ("Two-hop 8 bits", "qallreduce", {"bits": 8}),
     ("Two-hop 4 bits", "qallreduce", {"bits": 4}),
+    ("Chunked Top-K 2%, 2 bits", "chunkedtopk", {"density": 0.02}),
 ]
 
 
