@@ -75,8 +75,6 @@ from benchmarks.report import (
 )
 from benchmarks.workloads import charlm, wordlm
 from hvd_compress.comm.rounds import Collective
-from hvd_compress.compressors.base import GradientCompression
-from hvd_compress.registry import public_class
 
 RESULT_PREFIX = "CLAIMS_RESULT "
 SECTION = "L-GreCo protocol on the word LM"
@@ -157,68 +155,6 @@ ABLATIONS = {
 }
 
 
-class DenseWhere(GradientCompression):
-    """Sends every gradient whole before ``start_step``, and those of ``dense_names`` always;
-    the rest through ``inner``: the protocol's uncompressed warm-up for compressors that have
-    none, and ScaleCom with its embeddings left dense."""
-
-    def __init__(self, inner, start_step=0, dense_names=()):
-        self.inner, self.start_step, self.dense_names = inner, start_step, frozenset(dense_names)
-        self.parameters, self.traffic = inner.parameters, inner.traffic
-        self.needs_parameter_names = inner.needs_parameter_names
-        self.step = 0
-
-    @property
-    def wrapped(self):
-        return self.inner
-
-    @property
-    def rank(self):
-        return self.inner.rank
-
-    @property
-    def size(self):
-        return self.inner.size
-
-    def _dense(self, name):
-        return self.step < self.start_step or name in self.dense_names
-
-    def bind_world(self, rank, size):
-        self.inner.bind_world(rank, size)
-
-    def use_process_set(self, process_set):
-        self.inner.use_process_set(process_set)
-
-    def _begin_exchange(self, name, grad):
-        return self.inner.begin_uncompressed(name, grad) if self._dense(name) else self.inner.begin(name, grad)
-
-    def _end_step(self, comm_seconds):
-        self.inner.end_step(comm_seconds)
-        self.step += 1
-
-    def setting(self, name):
-        return self.inner.setting(name)
-
-    def next_payload_bytes(self, name, shape):
-        return 4 * math.prod(shape) if self._dense(name) else self.inner.next_payload_bytes(name, shape)
-
-    def fixed_payload(self, shape):
-        # A shape the inner compressor never compresses is sent whole before the switch and
-        # after alike; any other changes payload at ``start_step`` (or is one of the names).
-        return self.inner.fixed_payload(shape) and not self.dense_names
-
-    def describe(self):
-        return {
-            "compressor": "DenseWhere",
-            "start_step": self.start_step,
-            "dense_names": sorted(self.dense_names),
-            "inner": self.inner.describe(),
-        }
-
-
-DenseWhere = public_class(DenseWhere)  # what hvd.DistributedOptimizer(compression=) takes
-
-
 def schedule(steps):
     """(learning-rate warm-up, L-GreCo's period, the step of its first decision)."""
     warmup = charlm.warmup_steps(steps)
@@ -272,11 +208,11 @@ def build_compression(spec, model, named, steps, tokens_per_rank, world):
             inner = hc.TopK(named)
             for name, k in ks.items():
                 inner.set_setting(name, k)
-            return DenseWhere(inner, start_step=epoch)
-        return DenseWhere(inner, dense_names=EMBEDDINGS if extra.get("dense_embeddings") else ())
+            return hc.DenseWarmup(inner, warmup_steps=epoch)
+        return hc.DenseWarmup(inner, dense=EMBEDDINGS if extra.get("dense_embeddings") else ())
     inner = hc.COMPRESSORS[spec["compressor"]].build(named, **settings)
     if "lgreco" not in extra:
-        return DenseWhere(inner, start_step=warmup)
+        return hc.DenseWarmup(inner, warmup_steps=warmup)
     options = dict(
         {"start_step": warmup, "warmup_steps": period, "decide_every": period, "apply_delay": min(5, period - 1)},
         **extra["lgreco"],

@@ -32,6 +32,7 @@ from hvd_compress.compressors import (
 )
 from hvd_compress.control.gravac import GraVAC
 from hvd_compress.control.lgreco import LGreCo
+from hvd_compress.control.warmup import DenseWarmup
 from hvd_compress.control.wrapping import register_controllable
 from hvd_compress.optional import horovod_available
 
@@ -139,10 +140,11 @@ def public_class(core: type) -> type:
     )
 
 
-# hvd_compress.<ClassName>: every registered class.
+# hvd_compress.<ClassName>: every registered class, and the dense warm-up around any of them.
 PUBLIC: Dict[str, type] = {
     m.core.__name__: public_class(m.core) for m in [*COMPRESSORS.values(), *CONTROLLERS.values()]
 }
+PUBLIC["DenseWarmup"] = public_class(DenseWarmup)
 
 
 def controllable() -> List[str]:

@@ -1,7 +1,8 @@
-"""What controllers that wrap a compressor (L-GreCo, GraVAC) share: they own its settings, and
-the integration layer sees one ``GradientCompression`` with the wrapped compressor's names and
-traffic. Controllers use the compressor only through the controller protocol of
-``compressors/base.py``."""
+"""What wrappers of a compressor share: the integration layer sees one ``GradientCompression``
+with the wrapped compressor's names and traffic. Controllers (L-GreCo, GraVAC) also own its
+settings, and use the compressor only through the controller protocol of
+``compressors/base.py``; the dense warm-up (``warmup.py``) only chooses which gradients it
+compresses."""
 
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
@@ -18,15 +19,16 @@ def register_controllable(class_names: Sequence[str]) -> None:
     _REGISTERED_CONTROLLABLE[:] = class_names
 
 
-class Controller(GradientCompression):
-    config: MethodConfig  # the controller's own; set by the subclass's constructor
+class Wrapper(GradientCompression):
+    """A ``GradientCompression`` around one compressor: its names, traffic, world and settings
+    are the compressor's; subclasses decide how each gradient goes through it."""
+
+    config: MethodConfig  # the wrapper's own; set by the subclass's constructor
 
     def __init__(self, compressor: Compressor):
-        if not isinstance(compressor, Compressor) or not compressor.controllable:
+        if not isinstance(compressor, Compressor):
             raise ValueError(
-                f"{type(self).__name__}: compressor must be one of "
-                f"{', '.join(_REGISTERED_CONTROLLABLE)} (a compressor with controllable "
-                f"per-parameter settings), got {type(compressor).__name__}"
+                f"{type(self).__name__}: compressor must be an hvd_compress compressor, got {type(compressor).__name__}"
             )
         self.inner = compressor
         self.parameters = compressor.parameters
@@ -123,3 +125,16 @@ class Controller(GradientCompression):
     def __setstate__(self, state):
         self.__dict__.update(state)
         self.traffic = self.inner.traffic  # one Traffic, shared with the wrapped compressor
+
+
+class Controller(Wrapper):
+    """A wrapper that owns the wrapped compressor's per-parameter settings (L-GreCo, GraVAC)."""
+
+    def __init__(self, compressor: Compressor):
+        if not isinstance(compressor, Compressor) or not compressor.controllable:
+            raise ValueError(
+                f"{type(self).__name__}: compressor must be one of "
+                f"{', '.join(_REGISTERED_CONTROLLABLE)} (a compressor with controllable "
+                f"per-parameter settings), got {type(compressor).__name__}"
+            )
+        super().__init__(compressor)

@@ -489,3 +489,35 @@ def test_compiled_autograd_trains_as_the_eager_one():
     eager = trained_weights("stock", compile_model=False)
     for (name, a), b in zip(compiled.named_parameters(), eager.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_a_dense_warmup_sends_the_uncompressed_average_then_compresses(path):
+    """``DenseWarmup(TopK)`` on both Horovod paths: the first two steps' gradients are the
+    uncompressed average, the later ones Top-K's where it compresses, and the ranks stay
+    identical throughout."""
+    torch.manual_seed(0)
+    model = DigitsCNN()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    topk = hc.COMPRESSORS["topk"].build(model.named_parameters() if path == "stock" else None, small=True)
+    warm_up = hc.DenseWarmup(topk, warmup_steps=2)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.0)
+    if path == "stock":
+        opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), compression=warm_up)
+    else:
+        opt = hc.DistributedOptimizer(sgd, model.named_parameters(), warm_up)
+    uncompressed = gradients_after("none", path, steps=4)
+    for step, (x, y) in enumerate(rank_batches(4, seed=4)):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.synchronize()
+        for name, p in model.named_parameters():
+            rows = gathered(p.grad, f"warmup.{path}.{step}.{name}")
+            assert all(torch.equal(rows[0], row) for row in rows), (step, name)
+            same = torch.allclose(p.grad, uncompressed[step][name], rtol=0, atol=1e-6)
+            compressed = step >= 2 and topk.compresses(p.shape, topk.setting(name))
+            assert same != compressed, (step, name)
+        with opt.skip_synchronize():
+            opt.step()
+    assert warm_up.steps == 4
+    assert any(topk.compresses(p.shape, topk.setting(name)) for name, p in model.named_parameters())

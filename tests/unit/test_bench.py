@@ -576,23 +576,6 @@ def test_uniform_bytes_at_interpolates_in_log_bytes_and_never_extrapolates():
     assert uniform_bytes_at([(1.0, 5.0), (2.0, 5.0)], 5.0) == 1.0
 
 
-def test_claims_dense_warm_up_rides_horovod_only_with_shapes_its_compressor_never_compresses():
-    """The stock path asks ``fixed_payload``: a bias is sent whole before and after the warm-up;
-    a matrix changes payload when compression starts; with names kept dense, nothing is fixed."""
-    import torch
-    import hvd_compress as hc
-    from benchmarks.claims import DenseWhere
-
-    named = list(torch.nn.Linear(64, 64).named_parameters())
-
-    def inner():
-        return hc.COMPRESSORS["powersgd"].build(named, rank=2)
-
-    warm_up = DenseWhere(inner(), start_step=5)
-    assert warm_up.fixed_payload((64,)) and not warm_up.fixed_payload((64, 64))
-    assert not DenseWhere(inner(), dense_names=["weight"]).fixed_payload((64,))
-
-
 def test_claims_at_gpu_scale_asks_every_candidate_at_once_and_runs_lgreco_where_no_anchor_holds(tmp_path, monkeypatch):
     """The GPU scale's driver with torchrun jobs faked, 4 side by side: every candidate setting
     is asked for before any finishes; where none lies within 1% of uncompressed, L-GreCo still
