@@ -40,7 +40,7 @@ from hvd_compress.compressors.base import Compressor
 from hvd_compress.control.gravac import GraVACConfig, GraVACPolicy
 from hvd_compress.control.lgreco import Accordion
 from hvd_compress.comm.transports import DecisionTimeout
-from hvd_compress.integration.torch.diloco import DiLoCo, SparseLoCo
+from hvd_compress.integration.torch.diloco import DiLoCo, SparseLoCo, StreamingDiLoCo
 from hvd_compress.optional import horovod_available, import_horovod
 from hvd_compress.registry import COMPRESSORS, CONTROLLERS, PUBLIC
 from hvd_compress import metrics
@@ -72,6 +72,7 @@ __all__ = sorted(
         "GraVACPolicy",
         "ScaledFusion",
         "SparseLoCo",
+        "StreamingDiLoCo",
         "metrics",
         *PUBLIC,
         *(HOROVOD_ONLY if horovod_available() else []),

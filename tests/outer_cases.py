@@ -257,6 +257,90 @@ def resume_mid_period_is_exact(gather, rank):
     assert_identical(gather, net, "resumed")
 
 
+def streaming(net, fragments=2, delay=1, mixing=0.5, inner_steps=4):
+    return hc.StreamingDiLoCo(
+        torch.optim.SGD(net.parameters(), lr=0.05),
+        net.named_parameters(),
+        hc.TopK(density=0.05),
+        inner_steps=inner_steps,
+        fragments=fragments,
+        delay=delay,
+        mixing=mixing,
+    )
+
+
+def streaming_with_one_fragment_is_diloco_bit_for_bit(gather, rank):
+    """One fragment, no delay, no mixing: the same weights as DiLoCo's, bit for bit."""
+    nets = [model(0), model(0)]
+    plain = hc.DiLoCo(
+        torch.optim.SGD(nets[0].parameters(), lr=0.05), nets[0].named_parameters(), hc.TopK(density=0.05), inner_steps=H
+    )
+    stream = streaming(nets[1], fragments=1, delay=0, mixing=0.0, inner_steps=H)
+    for x, y in batches(rank, 3 * H):
+        inner_step(nets[0], plain, x, y)
+        inner_step(nets[1], stream, x, y)
+    for (name, p), q in zip(nets[0].named_parameters(), nets[1].parameters()):
+        assert torch.equal(p, q), name
+    assert stream.outer_steps == plain.outer_steps == 3
+
+
+def streaming_fragments_exchange_in_turn_and_keep_the_anchors_identical(gather, rank):
+    """Two fragments, H = 4, delay 1, mixing 0.5: fragment 0 starts its exchange at step 2 of
+    each period and fragment 1 at step 4, each applied one step later; every exchange carries
+    its fragment's gradients alone, and the anchors agree on every rank after each."""
+    net = model(0)
+    outer = streaming(net)
+    first, second = outer.fragment_names
+    assert first + second == [name for name, _ in net.named_parameters()] and first and second
+    exchanged = []
+    for step, (x, y) in enumerate(batches(rank, 12), 1):
+        before = outer.compression.traffic.steps
+        inner_step(net, outer, x, y)
+        if outer.compression.traffic.steps > before:
+            exchanged.append(step)
+        if step in (3, 5, 7, 9, 11):  # just after an outer step; nothing in flight
+            for name, anchor in outer.state_dict()["anchors"].items():
+                rows = gather(anchor, f"streaming.anchor.{step}.{name}")
+                assert all(torch.equal(rows[0], row) for row in rows), (step, name)
+    # An exchange ends (and counts) when its result applies: one step after it started.
+    assert exchanged == [3, 5, 7, 9, 11] and outer.outer_steps == 5
+    assert outer.compression.traffic.steps == 5
+
+
+def streaming_resume_with_an_exchange_in_flight_is_exact(gather, rank):
+    """A checkpoint taken while fragment 1's exchange is in flight (after step 4 of the period,
+    applied at step 1 of the next), loaded into fresh objects built from other weights,
+    continues bit for bit as the uninterrupted run."""
+    steps, cut = 12, 8
+
+    def build(seed):
+        net = model(seed)
+        return net, streaming(net)
+
+    net, outer = build(0)
+    for x, y in batches(rank, steps):
+        inner_step(net, outer, x, y)
+    expected = weights(net)
+
+    net, outer = build(0)
+    data = batches(rank, steps)
+    for _ in range(cut):
+        inner_step(net, outer, *next(data))
+    buffer = io.BytesIO()
+    torch.save({"model": net.state_dict(), "outer": outer.state_dict()}, buffer)
+    buffer.seek(0)
+    checkpoint = torch.load(buffer, weights_only=True)
+    assert checkpoint["outer"]["pending"]["fragment"] == 1
+
+    net, outer = build(100 + rank)
+    net.load_state_dict(checkpoint["model"])
+    outer.load_state_dict(checkpoint["outer"])
+    for x, y in data:
+        inner_step(net, outer, x, y)
+    for name, p in net.named_parameters():
+        assert torch.equal(p, expected[name]), name
+
+
 def ranks_that_disagree_all_fail(rank):
     net = model(0)
     outer = hc.DiLoCo(torch.optim.SGD(net.parameters(), lr=0.05), net.named_parameters(), inner_steps=2 + rank)

@@ -35,6 +35,18 @@ def test_sparseloco_steps_along_the_mean_of_what_each_rank_sent():
     cases.sparseloco_steps_along_the_mean_of_what_each_rank_sent(gather, dist.get_rank(), dist.get_world_size())
 
 
+def test_streaming_with_one_fragment_is_diloco_bit_for_bit():
+    cases.streaming_with_one_fragment_is_diloco_bit_for_bit(gather, dist.get_rank())
+
+
+def test_streaming_fragments_exchange_in_turn_and_keep_the_anchors_identical():
+    cases.streaming_fragments_exchange_in_turn_and_keep_the_anchors_identical(gather, dist.get_rank())
+
+
+def test_streaming_resume_with_an_exchange_in_flight_is_exact():
+    cases.streaming_resume_with_an_exchange_in_flight_is_exact(gather, dist.get_rank())
+
+
 def test_one_inner_step_is_data_parallel_sgd():
     cases.one_inner_step_is_data_parallel_sgd(gather, dist.get_rank(), dist.get_world_size())
 

@@ -115,6 +115,33 @@ def test_sparseloco_is_diloco_with_chunked_top_k_and_plain_sgd_at_the_outer_lr()
         sparseloco(small_net(), bits=3)
 
 
+def test_streaming_refuses_bad_fragments_delay_and_mixing_by_name():
+    def build(**options):
+        net = small_net()
+        return hc.StreamingDiLoCo(torch.optim.SGD(net.parameters(), lr=0.1), net.named_parameters(), **options)
+
+    with pytest.raises(ValueError, match=r"fragments must lie in \[1, 4\]"):
+        build(inner_steps=4, fragments=5)
+    with pytest.raises(ValueError, match=r"delay must lie in \[0, 1\]"):
+        build(inner_steps=4, fragments=2, delay=2)
+    with pytest.raises(ValueError, match="mixing must be below 1"):
+        build(inner_steps=4, mixing=1.0)
+    outer = build(inner_steps=4, fragments=2, delay=1, mixing=0.25)
+    config = outer.describe()["config"]
+    assert (config["fragments"], config["delay"], config["mixing"]) == (2, 1, 0.25)
+
+
+def test_streaming_fragments_are_consecutive_and_about_equal():
+    from hvd_compress.integration.torch.diloco import _fragments
+
+    sizes = {"a": 10, "b": 10, "c": 40, "d": 20, "e": 20}
+    named = {name: torch.zeros(n) for name, n in sizes.items()}
+    assert _fragments(named, 1) == [list(sizes)]
+    assert _fragments(named, 2) == [["a", "b", "c"], ["d", "e"]]
+    assert _fragments(named, 5) == [["a"], ["b"], ["c"], ["d"], ["e"]]
+    assert [len(group) for group in _fragments(named, 3)] == [3, 1, 1]
+
+
 def test_a_nonfinite_period_goes_back_to_its_start_and_leaves_no_trace():
     net = small_net()
     outer = diloco(net, compression=hc.TopK(density=0.05))
