@@ -131,10 +131,10 @@ def steps_to_target(results):
 
 def advise_name(spec: Dict[str, Any]) -> Optional[Tuple[str, str]]:
     """A time-to-quality point as advise and the evidence name it, (method, setting): ("none", ""),
-    ("topk", "density=0.1"), ("lgreco/topk", "density=0.1"); None for DiLoCo and SparseLoCo, which
-    advise does not name."""
+    ("topk", "density=0.1"), ("lgreco/topk", "density=0.1"); None for the local methods (DiLoCo and its
+    variants), which advise does not name."""
     controller = (spec["controller"] or {}).get("kind")
-    if controller in ("diloco", "sparseloco"):
+    if controller in ("diloco", "sparseloco", "streaming"):
         return None
     method = spec["compressor"] or "none"
     if controller in ("lgreco", "gravac"):

@@ -104,6 +104,8 @@ DECIDING = (
     "QuantizedAllReduce bits 8",
     "QuantizedAllReduce bits 4",
 )
+# Local methods: an outer step every inner_steps steps on the pseudo-gradients.
+LOCAL_KINDS = ("diloco", "sparseloco", "streaming")
 QUICK_FAMILIES = ("FP16", "L-GreCo (PowerSGD)", "DiLoCo H=10 (QSGD)")  # each kind of state, branched
 # Compressed points, in the order their seed 0 runs: the settings "Quality against bytes" found
 # closest to uncompressed first (the low-rank anchor, rank 8, and ACP-SGD at twice it), then
@@ -130,6 +132,13 @@ METHODS = [
     # 0.95, outer SGD at learning rate 1), at the same two periods.
     ("SparseLoCo H=50", "chunkedtopk", {"density": 0.02}, {"kind": "sparseloco", "inner_steps": 50}),
     ("SparseLoCo H=10", "chunkedtopk", {"density": 0.02}, {"kind": "sparseloco", "inner_steps": 10}),
+    # Streaming DiLoCo at the paper's overlap and mixing (tau 5, alpha 0.5), two fragments.
+    (
+        "Streaming DiLoCo H=50 F=2 (QSGD)",
+        "qsgd",
+        {"bits": 4},
+        {"kind": "streaming", "inner_steps": 50, "fragments": 2, "delay": 5, "mixing": 0.5},
+    ),
     # The two-hop quantized all-reduce, added after the points above had run.
     ("QuantizedAllReduce", "qallreduce", {"bits": 8}, None),
     ("QuantizedAllReduce", "qallreduce", {"bits": 4}, None),
@@ -178,13 +187,17 @@ def build_training(spec: Dict[str, Any], schedule_steps: int) -> Training:
     inner = torch.optim.AdamW(model.parameters(), lr=PEAK_LR, weight_decay=0.01)
     stateful = {"model": model}
     outer = spec["controller"] or {}
-    if outer.get("kind") in ("diloco", "sparseloco"):
+    if outer.get("kind") in LOCAL_KINDS:
         # Local AdamW steps, then an outer step on the codec's average of the pseudo-gradients:
         # Nesterov SGD (DiLoCo; "outer_lr" and "outer_momentum" where given, else 0.7 and 0.9),
         # or SparseLoCo's plain SGD on its chunked top-k ("outer_lr", "feedback_decay").
         if outer["kind"] == "sparseloco":
             options = {key: outer[key] for key in ("outer_lr", "feedback_decay") if key in outer}
             optimizer = hc.SparseLoCo(inner, named, inner_steps=outer["inner_steps"], **spec["settings"], **options)
+        elif outer["kind"] == "streaming":
+            codec = hc.COMPRESSORS[spec["compressor"]].build(**spec["settings"])
+            options = {key: outer[key] for key in ("inner_steps", "fragments", "delay", "mixing")}
+            optimizer = hc.StreamingDiLoCo(inner, named, codec, **options)
         else:
             codec = hc.COMPRESSORS[spec["compressor"]].build(**spec["settings"])
             lr, momentum = outer.get("outer_lr", 0.7), outer.get("outer_momentum", 0.9)
