@@ -29,7 +29,10 @@ def world(make, w):
 
 
 def test_powersgd_recovers_exact_low_rank_matrix():
-    u, v = torch.randn(64, 3), torch.randn(128, 3)
+    # Fixed factors: unseeded, they followed the tests before this one, and 1 draw in 300 is
+    # conditioned so that float32's orthogonalisation misses 1e-4 (1.8e-4).
+    g = torch.Generator().manual_seed(0)
+    u, v = torch.randn(64, 3, generator=g), torch.randn(128, 3, generator=g)
     m = u @ v.t()
     sim = world(lambda: hc.PowerSGD(rank=3), 1)
     out = sim.step([{"w": m}])[0]["w"]
