@@ -467,7 +467,8 @@ class StreamingDiLoCo(DiLoCo):
       With alpha > 0, or tau > 0, the ranks' local weights differ after an outer step (the
       anchors never do).
 
-    F = 1, tau = 0 and alpha = 0 is DiLoCo, bit for bit. ``state_dict`` while an exchange is in
+    ``outer_steps`` counts each fragment's outer step (F a period). F = 1, tau = 0 and alpha = 0
+    is DiLoCo, bit for bit. ``state_dict`` while an exchange is in
     flight waits for it on this rank alone (every rank started it, and each completes it at its
     next step), and keeps its result for the step it applies at, so a resumed run applies the
     same result at the same step.
