@@ -77,8 +77,9 @@ def check_by_timing(
     """Times uncompressed, then the candidate the advice would pick as things stand, until the
     best timed one beats every projection not yet timed by ``PROJECTION_MARGIN``, or ``most``
     are timed and the one the advice would pick is among them: a projection is about 20%
-    optimistic, so a pick left untimed (2026-11-28, r = 3: ACP-SGD rank 16 projected 0.61x
-    uncompressed's time, timed before at 0.74x, against FP16's timed 0.64x) would rest on it. A
+    optimistic, so a pick left untimed (at r = 3 on the character LM, ACP-SGD rank 16 was
+    projected at 0.61x uncompressed's time and timed at 0.74x, against FP16's timed 0.64x) would
+    rest on it. A
     timed candidate's ``timed_step_ms`` is set, and its ``speedup`` and ``to_target`` are
     recomputed from timed steps, against uncompressed's timed step."""
     baseline = next(c for c in candidates if c.method == "none")

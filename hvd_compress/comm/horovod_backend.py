@@ -25,7 +25,7 @@ class HorovodBackend:
         hvd, payload = self.hvd, round_.payload.contiguous()
         # A name never carries two sizes (settings change payloads; ACP-SGD's P and Q fuse into
         # buckets of other sizes), so Horovod's response cache never invalidates one of ours
-        # (DEVELOPERS.md: suspected in issue 31's Gloo timeouts, not proven).
+        # (DEVELOPERS.md: suspected in two-container Gloo timeouts, not proven).
         op_name = f"{op_name}.{str(payload.dtype)[6:]}x{payload.numel()}"
         if round_.collective is Collective.ALLREDUCE and divides_first(payload.dtype):
             # hvd.Average divides after the sum (its postscale), which overflows float16 where

@@ -50,8 +50,8 @@ class StockBridge:
       overlaps with backward (and Horovod fuses its all-reduces all the same), and Horovod
       all-reduces a 4-byte placeholder. Horovod's own all-reduce of a parameter therefore
       never changes shape between steps, so its response cache never takes the invalidation
-      path that only compressed jobs took (suspected, not proven, in the Gloo receive
-      timeouts of issue 31; DEVELOPERS.md).
+      path that only compressed jobs took (suspected, not proven, in two-container Gloo
+      receive timeouts; DEVELOPERS.md).
       At the first ``decompress`` of a step every gradient has been submitted (Horovod submits
       missing ones first), so the driver finishes all remaining rounds in name order: no rank
       can wait on a collective another rank has not submitted, whatever order Horovod uses.
