@@ -185,8 +185,8 @@ class StockCompression(HorovodCompressor):
     _stock_bridges = None  # {calling optimizer, or None outside one: its bridge}
 
     # Never traced: under compiled autograd Horovod's gradient hooks run inside the traced
-    # backward, and dynamo would trace every compressor's Python (each step's rounds, the
-    # driver, the optimizer found on the call stack) into hundreds of frames and recompiles.
+    # backward, and dynamo would trace the compressor's Python (each step's rounds, the driver,
+    # the optimizer found on the call stack), recompiling ``compress`` up to its limit.
     @torch.compiler.disable
     def compress(self, tensor):
         optimizer = _calling_optimizer(self)
