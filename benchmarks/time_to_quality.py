@@ -2,13 +2,14 @@
 (steps to target), the half of issue 33 that needs no network.
 
     python -m benchmarks time_to_quality [--np 4] [--max-minutes 600] [--job-timeout 3600]
-        [--out docs/] [--quick] [--report-only]
+        [--out docs/] [--quick] [--report-only] [--family "SparseLoCo H=10" ...]
 
 The workload is the character LM of "Quality against bytes" (``quality.LM``, AdamW, peak
 learning rate 2e-3, 4 ranks of 16 sequences of 32 bytes a step), trained through the stock
 ``hvd.DistributedOptimizer`` with the compressors that benchmark builds (``quality.point``,
-``quality.build_compression``), or through ``hvd_compress.DiLoCo`` over the local AdamW (as
-``benchmarks.outer``). One ``mpirun -np W`` job per (method, seed).
+``quality.build_compression``), or through ``hvd_compress.DiLoCo`` (or SparseLoCo, Streaming
+DiLoCo) over the local AdamW (as ``benchmarks.outer``). ``--family`` runs the points of the
+families named alone (after the uncompressed seeds), in the usual order. One ``mpirun -np W`` job per (method, seed).
 
 Schedule: warmup-stable-decay (Hägele et al. 2024). One run per seed holds the learning rate at
 its peak after a fixed warm-up; at 80% of each length of ``LENGTHS`` a cool-down (1 - sqrt, 20%
@@ -433,7 +434,7 @@ def run(args) -> Dict[str, Any]:
             run_point(spec, [n for n in plan["lengths"] if n <= plan["longest"]], None, args, results, path, progress)
     goal = target_of(results, plan["base_seeds"], plan["knee_gain"])
     if goal is not None:
-        others = pending(method_points(plan))
+        others = [spec for spec in pending(method_points(plan)) if not args.family or spec["family"] in args.family]
         progress.add(len(others))
         for spec in others:
             if time.monotonic() < deadline:
@@ -736,6 +737,12 @@ def parse_args(argv):
     parser.add_argument("--quick", action="store_true", help="2 ranks, a tiny LM, a few steps: a smoke test")
     parser.add_argument("--progress", type=Path, help="append a line per length of the running job here")
     parser.add_argument("--report-only", action="store_true", help="rewrite the section and picture from the JSON")
+    parser.add_argument(
+        "--family",
+        action="append",
+        choices=list(dict.fromkeys(method[0] for method in METHODS)),
+        help="run only this method family's points (repeatable; the uncompressed seeds run first regardless)",
+    )
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:

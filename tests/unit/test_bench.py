@@ -1032,3 +1032,18 @@ def test_scaling_quick_counts_bytes_at_two_worlds_and_writes_its_section(tmp_pat
     text = (tmp_path / "benchmarks.md").read_text()
     assert "## Bytes per rank as ranks grow" in text and "python -m benchmarks scaling --quick" in text
     assert (tmp_path / "benchmarks" / "scaling.png").stat().st_size > 0
+
+
+def test_time_to_quality_runs_only_the_families_asked_for_by_name(tmp_path, monkeypatch):
+    from benchmarks import time_to_quality as ttq
+
+    with pytest.raises(SystemExit):
+        ttq.parse_args(["--family", "no such family"])
+    args = ttq.parse_args(["--family", "SparseLoCo H=10", "--out", str(tmp_path)])
+    ran = []
+    monkeypatch.setattr(ttq, "target_of", lambda *_: {"target": 1.0, "cap": 8000})
+    monkeypatch.setattr(ttq, "write_report", lambda *_: None)
+    monkeypatch.setattr(ttq, "run_point", lambda spec, *rest: ran.append(spec["key"]))
+    ttq.run(args)
+    base = [spec["key"] for spec in ttq.base_points(args.plan)]
+    assert ran == base + [f"charlm/SparseLoCo H=10 density 0.02/seed {seed}" for seed in range(ttq.OTHER_SEEDS)]
