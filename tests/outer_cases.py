@@ -220,6 +220,14 @@ def gradscaler_overflow_on_one_rank_keeps_the_periods_in_step(gather, rank):
     assert_identical(gather, net, "gradscaler")
 
 
+def through_bytes(checkpoint):
+    """``checkpoint`` through torch.save and torch.load(weights_only=True), as a user would."""
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
 def resume_mid_period_is_exact(gather, rank):
     """A checkpoint taken mid-period (model, inner AdamW, DiLoCo with Top-K's error feedback and
     Nesterov momentum), loaded into fresh objects built from other weights, continues bit for
@@ -241,10 +249,7 @@ def resume_mid_period_is_exact(gather, rank):
     for _ in range(cut):
         inner_step(net, outer, *next(data))
     assert outer.step_in_period == cut % H != 0
-    buffer = io.BytesIO()
-    torch.save({"model": net.state_dict(), "inner": inner.state_dict(), "outer": outer.state_dict()}, buffer)
-    buffer.seek(0)
-    checkpoint = torch.load(buffer, weights_only=True)
+    checkpoint = through_bytes({"model": net.state_dict(), "inner": inner.state_dict(), "outer": outer.state_dict()})
 
     net, inner, outer = build(100 + rank)  # other weights everywhere: all of it must come back
     net.load_state_dict(checkpoint["model"])
@@ -326,10 +331,7 @@ def streaming_resume_with_an_exchange_in_flight_is_exact(gather, rank):
     data = batches(rank, steps)
     for _ in range(cut):
         inner_step(net, outer, *next(data))
-    buffer = io.BytesIO()
-    torch.save({"model": net.state_dict(), "outer": outer.state_dict()}, buffer)
-    buffer.seek(0)
-    checkpoint = torch.load(buffer, weights_only=True)
+    checkpoint = through_bytes({"model": net.state_dict(), "outer": outer.state_dict()})
     assert checkpoint["outer"]["pending"]["fragment"] == 1
 
     net, outer = build(100 + rank)

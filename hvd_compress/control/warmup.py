@@ -84,10 +84,13 @@ class DenseWarmup(Wrapper):
         return dict(self.inner.metrics(), dense_warmup=float(self.steps < self.config.warmup_steps))
 
     def state_dict(self) -> Dict[str, Any]:
-        return {**checkpoint_header("DenseWarmup", self.config), "steps": self.steps, "inner": self.inner.state_dict()}
+        return self._state(self.inner.state_dict())
 
     def elastic_state_dict(self) -> Dict[str, Any]:
-        return dict(self.state_dict(), inner=self.inner.elastic_state_dict())
+        return self._state(self.inner.elastic_state_dict())
+
+    def _state(self, inner: Dict[str, Any]) -> Dict[str, Any]:
+        return {**checkpoint_header("DenseWarmup", self.config), "steps": self.steps, "inner": inner}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Checked before anything changes: a mismatch raises ``ValueError`` naming it."""
