@@ -23,6 +23,21 @@ def lgreco_topk(**options):
     return hc.LGreCo(hc.TopK(density=0.01), transport="local", **options)
 
 
+def local_method(kind):
+    """A constructor of ``kind`` (SparseLoCo, StreamingDiLoCo) over a small model, H = 4."""
+
+    def make(**options):
+        net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+        return kind(torch.optim.SGD(net.parameters(), lr=0.1), net.named_parameters(), inner_steps=4, **options)
+
+    make.__name__ = kind.__name__
+    return make
+
+
+def dense_warmup(**options):
+    return hc.DenseWarmup(**dict(dict(compressor=hc.TopK()), **options))
+
+
 # (constructor, parameter, bad values, what the message names)
 TABLE = [
     (hc.PowerSGD, "rank", NUMBERS + [0, -1, 2.5], "rank"),
@@ -39,6 +54,18 @@ TABLE = [
     (hc.ScaleCom, "beta", NUMBERS + [0, -1, 1.5], "beta"),
     (hc.ScaleCom, "chunks", NUMBERS + [0, -1, 2.5], "chunks"),
     (hc.ScaleCom, "warmup_steps", NUMBERS + [-1, 0.5], "warmup_steps"),
+    (hc.ChunkedTopK, "density", NUMBERS + [0, -0.1, 1.5], "density"),
+    (hc.ChunkedTopK, "chunk", NUMBERS + [0, 2.5, 1 << 16], "chunk"),
+    (hc.ChunkedTopK, "bits", NUMBERS + [0, 3, 16, 2.0], "bits"),
+    (hc.ChunkedTopK, "feedback_decay", NUMBERS + [-0.1, 1.5], "feedback_decay"),
+    (local_method(hc.SparseLoCo), "outer_lr", NUMBERS + [0, -1], "outer_lr"),
+    (local_method(hc.SparseLoCo), "feedback_decay", NUMBERS + [-0.1, 1.5], "feedback_decay"),
+    (local_method(hc.StreamingDiLoCo), "fragments", NUMBERS + [0, 5, 2.5], "fragments"),
+    (local_method(hc.StreamingDiLoCo), "delay", NUMBERS + [-1, 2, 0.5], "delay"),
+    (local_method(hc.StreamingDiLoCo), "mixing", NUMBERS + [-0.1, 1, 1.5], "mixing"),
+    (dense_warmup, "warmup_steps", NUMBERS + [-1, 2.5], "warmup_steps"),
+    (dense_warmup, "dense", ["fc.weight", [3], [NONE]], "dense"),
+    (dense_warmup, "compressor", [NONE, "topk", hc.LGreCo(hc.TopK(), transport="local")], "compressor"),
     (hc.QSGD, "bits", NUMBERS + [0, 1, 9, 4.0], "bits"),
     (hc.QSGD, "bucket_size", NUMBERS + [0, -1, 2.5], "bucket_size"),
     (hc.QSGD, "seed", [BOOL, NONE, NAN, 0.5], "seed"),
