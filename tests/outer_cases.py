@@ -312,6 +312,35 @@ def streaming_fragments_exchange_in_turn_and_keep_the_anchors_identical(gather, 
     assert outer.compression.traffic.steps == 5
 
 
+def streaming_nonfinite_fragment_on_one_rank_skips_its_step_everywhere(gather, rank, size):
+    """An Inf in the last rank's first-fragment weights before that fragment's exchange (H = 4,
+    two fragments, no delay, no mixing): every rank skips that fragment's outer step and takes
+    its weights back to its anchors, the other fragment's step runs, the weights stay finite
+    and the anchors identical on every rank."""
+    net = model(0)
+    outer = streaming(net, delay=0, mixing=0.0)
+    first = outer.fragment_names[0]
+    data = batches(rank, 8)
+    inner_step(net, outer, *next(data))
+    if rank == size - 1:
+        with torch.no_grad():
+            dict(net.named_parameters())[first[0]][0, 0] = float("inf")
+    inner_step(net, outer, *next(data))  # step 2: the first fragment's exchange
+    assert (outer.outer_steps, outer.skipped_outer_steps) == (0, 1)
+    anchors = outer.state_dict()["anchors"]
+    for name, p in net.named_parameters():
+        if name in first:
+            assert torch.equal(p, anchors[name]), name
+    for x, y in data:
+        inner_step(net, outer, x, y)
+    assert (outer.outer_steps, outer.skipped_outer_steps) == (3, 1)
+    assert all(torch.isfinite(p).all() for p in net.parameters())
+    # Between their outer steps fragments train locally: the anchors are what every rank shares.
+    for name, anchor in outer.state_dict()["anchors"].items():
+        rows = gather(anchor, f"streaming.skip.{name}")
+        assert torch.isfinite(anchor).all() and all(torch.equal(rows[0], row) for row in rows), name
+
+
 def streaming_resume_with_an_exchange_in_flight_is_exact(gather, rank):
     """A checkpoint taken while fragment 1's exchange is in flight (after step 4 of the period,
     applied at step 1 of the next), loaded into fresh objects built from other weights,

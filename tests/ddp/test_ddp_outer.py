@@ -43,6 +43,12 @@ def test_streaming_fragments_exchange_in_turn_and_keep_the_anchors_identical():
     cases.streaming_fragments_exchange_in_turn_and_keep_the_anchors_identical(gather, dist.get_rank())
 
 
+def test_streaming_nonfinite_fragment_on_one_rank_skips_its_step_everywhere():
+    cases.streaming_nonfinite_fragment_on_one_rank_skips_its_step_everywhere(
+        gather, dist.get_rank(), dist.get_world_size()
+    )
+
+
 def test_streaming_resume_with_an_exchange_in_flight_is_exact():
     cases.streaming_resume_with_an_exchange_in_flight_is_exact(gather, dist.get_rank())
 
