@@ -195,6 +195,27 @@ def fitted_rate(probes: List[Dict[str, Any]], ratio: float) -> Tuple[Optional[fl
     return min(FASTEST_RATE_GBIT, max(SLOWEST_RATE_GBIT, c / (wanted - alpha))), alpha, c
 
 
+def next_probe(entry: Dict[str, Any], ratio: float) -> Optional[float]:
+    """The rate to probe next for ``ratio``, or None once ``entry`` is settled: then it holds
+    ``rate_gbit`` (None where r is out of reach) and ``at_rate``, the probe priced. The secant
+    runs through the probe nearest the wanted r and the next nearest at a distinct rate, until one
+    lands within ``RATIO_TOLERANCE`` or ``MAX_PROBES`` have run."""
+    nearest = secant_pair(entry["probes"], ratio)
+    rate, alpha, c = fitted_rate(nearest, ratio)
+    entry.update(alpha_s=alpha, c_s_gbit=c)
+    more = len(entry["probes"]) < MAX_PROBES
+    if abs(ratio_of(nearest[0]) / ratio - 1) <= RATIO_TOLERANCE or (rate is not None and not more):
+        entry.update(rate_gbit=nearest[0]["rate_gbit"], at_rate=nearest[0])
+        return None
+    if c <= 0 and more:
+        # A slower link cannot make the all-reduce faster: load, not the link, set this pair.
+        # A tenth of the slower rate, where the wire outweighs the noise.
+        return max(SLOWEST_RATE_GBIT, min(p["rate_gbit"] for p in nearest) / 10)
+    if rate is None:
+        entry["rate_gbit"] = None
+    return rate
+
+
 def secant_pair(probes: List[Dict[str, Any]], ratio: float) -> List[Dict[str, Any]]:
     """The probe whose r is nearest ``ratio``, and the next nearest at a rate at least
     ``DISTINCT_RATES`` away from its. A step's compute varies by up to a quarter between probe
@@ -290,16 +311,8 @@ def run(args) -> Dict[str, Any]:
             entry["probes"].append(probed(rate))
             save_record(path, results)
         while "rate_gbit" not in entry:
-            # The secant through the probe nearest the wanted r and the next nearest at a distinct rate,
-            # until one lands within RATIO_TOLERANCE.
-            nearest = secant_pair(entry["probes"], ratio)
-            rate, alpha, c = fitted_rate(nearest, ratio)
-            entry.update(alpha_s=alpha, c_s_gbit=c)
-            if rate is None:
-                entry["rate_gbit"] = None
-            elif abs(ratio_of(nearest[0]) / ratio - 1) <= RATIO_TOLERANCE or len(entry["probes"]) >= MAX_PROBES:
-                entry.update(rate_gbit=nearest[0]["rate_gbit"], at_rate=nearest[0])
-            else:
+            rate = next_probe(entry, ratio)
+            if rate is not None:
                 entry["probes"].append(probed(rate))
             save_record(path, results)
         if entry["rate_gbit"] is None:

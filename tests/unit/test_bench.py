@@ -799,6 +799,21 @@ def test_time_to_target_fits_the_rate_for_a_ratio_and_waits_out_late_schedules()
     pair = ttt.secant_pair(seen, 3.0)
     assert [p["rate_gbit"] for p in pair] == [0.136357, 0.05]
     assert ttt.fitted_rate(pair, 3.0)[0] is not None
+    # A CI run under load: the all-reduce at 1 Gbit/s took longer than at 0.05, so the fit's
+    # bandwidth term came out negative. That is noise, not a latency floor: probe a slower rate.
+    loaded = [
+        {"rate_gbit": rate, "allreduce_s": allreduce, "compute_s": 0.01}
+        for rate, allreduce in ((0.05, 0.02), (1.0, 0.025))
+    ]
+    entry = {"probes": loaded}
+    assert ttt.next_probe(entry, 3.0) == pytest.approx(0.005) and "rate_gbit" not in entry and entry["c_s_gbit"] < 0
+    # Out of reach only once the probes have run out.
+    entry = {"probes": loaded + [dict(loaded[0], rate_gbit=0.001 * (k + 1)) for k in range(ttt.MAX_PROBES - 2)]}
+    assert ttt.next_probe(entry, 3.0) is None and entry["rate_gbit"] is None
+    # Within the tolerance: the nearest probe is priced.
+    entry = {"probes": probes + [{"rate_gbit": 10 / 28, "allreduce_s": 0.030, "compute_s": 0.010}]}
+    assert ttt.next_probe(entry, 3.0) is None and entry["rate_gbit"] == pytest.approx(10 / 28)
+    assert entry["at_rate"] is entry["probes"][-1]
     plain = {"controller": None}
     assert ttt.untimed_steps(plain, 8000, 20) == 20
     assert ttt.untimed_steps({"controller": {"kind": "lgreco"}}, 8000, 20) == 810
