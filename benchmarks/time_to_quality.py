@@ -10,6 +10,7 @@ learning rate 2e-3, 4 ranks of 16 sequences of 32 bytes a step), trained through
 ``quality.build_compression``), or through ``hvd_compress.DiLoCo`` (or SparseLoCo, Streaming
 DiLoCo) over the local AdamW (as ``benchmarks.outer``). ``--family`` runs the points of the
 families named alone (after the uncompressed seeds), in the usual order. One ``mpirun -np W`` job per (method, seed).
+Last, ``OUTER_SWEEP``: DiLoCo's outer learning rate and momentum around the paper's, one seed each.
 
 Schedule: warmup-stable-decay (Hägele et al. 2024). One run per seed holds the learning rate at
 its peak after a fixed warm-up; at 80% of each length of ``LENGTHS`` a cool-down (1 - sqrt, 20%
@@ -143,6 +144,18 @@ METHODS = [
     # The two-hop quantized all-reduce, added after the points above had run.
     ("QuantizedAllReduce", "qallreduce", {"bits": 8}, None),
     ("QuantizedAllReduce", "qallreduce", {"bits": 4}, None),
+]
+# DiLoCo's outer step around the paper's settings (Nesterov SGD at learning rate 0.7, momentum
+# 0.9; DiLoCo, section 3), one seed each at both periods: the small sweep that chooses them.
+OUTER_SWEEP = [
+    (
+        f"DiLoCo H={period} outer {lr}/{momentum} (QSGD)",
+        "qsgd",
+        {"bits": 4},
+        {"kind": "diloco", "inner_steps": period, "outer_lr": lr, "outer_momentum": momentum},
+    )
+    for period in (10, 50)
+    for lr, momentum in ((0.5, 0.9), (1.0, 0.9), (0.7, 0.8))
 ]
 
 
@@ -375,12 +388,21 @@ def base_points(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 def method_points(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Every compressed point: the points of ``DECIDING`` first, with as many seeds as
-    uncompressed; then every other method seed by seed (seed 0 of every method first)."""
+    uncompressed; then every other method seed by seed (seed 0 of every method first); then the
+    outer sweep at seed 0."""
     methods = [m for m in METHODS if m[0] in QUICK_FAMILIES] if plan["quick"] else METHODS
     deciding = [m for m in methods if spec_for(*m, 0)["label"] in DECIDING]
-    return [spec_for(*method, seed) for seed in range(plan["base_seeds"]) for method in deciding] + [
-        spec_for(*method, seed) for seed in range(plan["other_seeds"]) for method in methods if method not in deciding
-    ]
+    sweep = [] if plan["quick"] else OUTER_SWEEP
+    return (
+        [spec_for(*method, seed) for seed in range(plan["base_seeds"]) for method in deciding]
+        + [
+            spec_for(*method, seed)
+            for seed in range(plan["other_seeds"])
+            for method in methods
+            if method not in deciding
+        ]
+        + [spec_for(*method, 0) for method in sweep]
+    )
 
 
 def run_point(spec, lengths, target, args, results, path, progress) -> None:
@@ -535,7 +557,11 @@ def budget(plan: Dict[str, Any], cap: Optional[int]) -> List[str]:
     """What the plan costs in steps, and what was left out to fit it."""
     base = job_steps([n for n in plan["lengths"] if n <= plan["longest"]])
     capped = job_steps([n for n in plan["lengths"] if n <= (cap or plan["longest"])])
-    jobs = plan["base_seeds"] * (1 + len(DECIDING)) + (len(METHODS) - len(DECIDING)) * plan["other_seeds"]
+    jobs = (
+        plan["base_seeds"] * (1 + len(DECIDING))
+        + (len(METHODS) - len(DECIDING)) * plan["other_seeds"]
+        + len(OUTER_SWEEP)
+    )
     # Every job to the cap, at 55 ms a step, or 110 ms with a CPU codec: the bound, before jobs
     # stop at the target.
     hours = [jobs * capped * step_s / 3600 for step_s in (0.055, 0.110)]
@@ -740,7 +766,7 @@ def parse_args(argv):
     parser.add_argument(
         "--family",
         action="append",
-        choices=list(dict.fromkeys(method[0] for method in METHODS)),
+        choices=list(dict.fromkeys(method[0] for method in METHODS + OUTER_SWEEP)),
         help="run only this method family's points (repeatable; the uncompressed seeds run first regardless)",
     )
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)

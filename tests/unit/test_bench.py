@@ -760,10 +760,14 @@ def test_time_to_quality_schedule_target_and_scores():
     assert scored["median"] == pytest.approx(2000) and scored["reached"] == 2
     assert scored["trimmed_mean"] == pytest.approx(2000) and scored["best_missed_loss"] == 1.95
     assert ttq.score([record, missed, missed], 1.9)["median"] is None  # most seeds missed: not reached
-    # 5 seeds for each point a target rests on, first; then 3 a compressed point, seed 0 of every method first.
+    # 5 seeds for each point a target rests on, first; then 3 a compressed point, seed 0 of every
+    # method first; then the outer sweep, one seed each.
     points = ttq.method_points(ttq.parse_args([]).plan)
     deciding, others = 5 * len(ttq.DECIDING), len(ttq.METHODS) - len(ttq.DECIDING)
-    assert len(points) == deciding + 3 * others
+    assert len(points) == deciding + 3 * others + len(ttq.OUTER_SWEEP)
+    sweep = points[-len(ttq.OUTER_SWEEP) :]
+    assert all(p["seed"] == 0 and p["controller"]["kind"] == "diloco" for p in sweep)
+    assert {(p["controller"]["inner_steps"], p["controller"]["outer_lr"]) for p in sweep} >= {(10, 1.0), (50, 0.5)}
     assert {p["label"] for p in points[:deciding]} == set(ttq.DECIDING)
     assert [p["key"] for p in points[deciding - 6 : deciding]] == [
         "charlm/FP16/seed 4",
