@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+from hvd_compress.advise.local import LOCAL_KINDS
 from hvd_compress.advise.projection import setting_label
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,14 +132,21 @@ def steps_to_target(results):
 
 def advise_name(spec: Dict[str, Any]) -> Optional[Tuple[str, str]]:
     """A time-to-quality point as advise and the evidence name it, (method, setting): ("none", ""),
-    ("topk", "density=0.1"), ("lgreco/topk", "density=0.1"); None for the local methods (DiLoCo and its
-    variants), which advise does not name."""
-    controller = (spec["controller"] or {}).get("kind")
-    if controller in ("diloco", "sparseloco", "streaming"):
-        return None
+    ("topk", "density=0.1"), ("lgreco/topk", "density=0.1"); a local method's with its schedule
+    first (``hvd_compress.advise.local``): ("diloco/qsgd", "H=50,bits=4"), with "outer=lr/momentum"
+    where the point sets its outer step, ("streaming/qsgd", "H=50,F=2,delay=5,mixing=0.5,bits=4")."""
+    controller = spec["controller"] or {}
+    kind = controller.get("kind")
     method = spec["compressor"] or "none"
-    if controller in ("lgreco", "gravac"):
-        method = f"{controller}/{method}"
+    if kind in LOCAL_KINDS:
+        schedule = {"H": controller["inner_steps"]}
+        if kind == "streaming":
+            schedule.update(F=controller["fragments"], delay=controller["delay"], mixing=controller["mixing"])
+        if "outer_lr" in controller:
+            schedule["outer"] = f"{controller['outer_lr']}/{controller.get('outer_momentum', 0.9)}"
+        return f"{kind}/{method}", setting_label({**schedule, **spec["settings"]})
+    if kind in ("lgreco", "gravac"):
+        method = f"{kind}/{method}"
     return method, setting_label(spec["settings"])
 
 

@@ -48,6 +48,7 @@ import horovod.torch as hvd
 import torch
 
 import hvd_compress as hc
+from hvd_compress.advise.local import LOCAL_KINDS  # an outer step every inner_steps steps
 from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
 from benchmarks.report import (
@@ -106,8 +107,6 @@ DECIDING = (
     "QuantizedAllReduce bits 8",
     "QuantizedAllReduce bits 4",
 )
-# Local methods: an outer step every inner_steps steps on the pseudo-gradients.
-LOCAL_KINDS = ("diloco", "sparseloco", "streaming")
 QUICK_FAMILIES = ("FP16", "L-GreCo (PowerSGD)", "DiLoCo H=10 (QSGD)")  # each kind of state, branched
 # Compressed points, in the order their seed 0 runs: the settings "Quality against bytes" found
 # closest to uncompressed first (the low-rank anchor, rank 8, and ACP-SGD at twice it), then

@@ -44,6 +44,16 @@ What it does, on every rank together:
    from its timed step: the projection leaves out the host work of riding Horovod's hooks,
    Horovod's cycles and ranks that share cores, and on the emulated cluster of "Time to target"
    it had put FP16 10% ahead of uncompressed where training measured it 12% behind.
+7. **Across sites**: the local methods (DiLoCo, SparseLoCo, Streaming DiLoCo) at each period
+   and codec this project measured to target (``local.py``). One exchange of the codec on this
+   model's gradients (a pseudo-gradient has a gradient's shape) is measured as a step's, priced
+   on the links all exposed (Streaming DiLoCo: a fragment's ``1/F`` of the bytes, less what
+   ``delay`` inner steps hide), and spread over the ``H`` steps of a period; the table shows its
+   bytes, codec and communication per step-equivalent. They get a line of their own, not the
+   per-step advice (whose timed check runs stock ``hvd.DistributedOptimizer``): the local
+   setting with the shortest projected time to target on ``PICK_SEEDS`` seeds, and whether the
+   best per-step method reaches the target sooner (then train with that), or that none reached
+   it.
 
 It prints one table (method, setting, bytes one rank sends per step, codec and communication
 time, projected step, timed step where timed, speed-up over uncompressed, the steps-to-target
@@ -66,11 +76,12 @@ projection. GraVAC is not projected: its factor follows the compression gain it 
 training's windows, which one gradient cannot show; its evidence is in ``docs/benchmarks.md``.
 
 The package: ``advice.py`` (``advise()``, ``Advice``, the printed table), ``measure.py`` (compute,
-codec and links on the launched ranks), ``projection.py`` (``Link``, ``Candidate``, the messages
-and step-time model), ``evidence.py`` (this project's measured quality and steps to target, and
-the one line of advice), ``ranks.py`` (the launched ranks, on ``comm/``'s backends and
-transports), ``cli.py`` (``python -m hvd_compress.advise``). Each method's rounds are answered
-locally by ``comm/simulated.py`` and clocks read by ``comm/timing.py``, as everywhere else.
+codec and links on the launched ranks), ``projection.py`` (``Link``, ``Candidate``, the messages and
+step-time model), ``evidence.py`` (this project's measured quality and steps to target, and the one
+line of advice), ``local.py`` (the local methods' candidates and their line), ``ranks.py`` (the
+launched ranks, on ``comm/``'s backends and transports), ``cli.py`` (``python -m
+hvd_compress.advise``). Each method's rounds are answered locally by ``comm/simulated.py`` and
+clocks read by ``comm/timing.py``, as everywhere else.
 """
 
 from hvd_compress.advise.advice import Advice, advise, format_advice

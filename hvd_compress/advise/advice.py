@@ -17,6 +17,7 @@ from hvd_compress.advise.evidence import (
     steps_for,
     steps_seeds,
 )
+from hvd_compress.advise.local import LOCAL_KINDS, local_advice, local_points, project_local
 from hvd_compress.advise.measure import (
     decided_settings,
     gradients_of,
@@ -47,6 +48,7 @@ class Advice:
     candidates: List[Candidate]
     recommendation: str
     steps_workload: str = ""  # where the steps-to-target factors shown were measured
+    across_sites: str = ""  # the local methods' line (``local.local_advice``), where any was measured
 
 
 def settings_of(method: str) -> List[Dict[str, Any]]:
@@ -104,12 +106,12 @@ def advise(
     ranks; 0: projections alone)."""
     device = next(model.parameters()).device
     ranks = ranks or launched_ranks(device)
-    methods = list(methods or [*COMPRESSORS, *PROJECTED_CONTROLLERS])
-    unknown = sorted(set(methods) - set(COMPRESSORS) - set(PROJECTED_CONTROLLERS))
+    methods = list(methods or [*COMPRESSORS, *PROJECTED_CONTROLLERS, *LOCAL_KINDS])
+    unknown = sorted(set(methods) - set(COMPRESSORS) - set(PROJECTED_CONTROLLERS) - set(LOCAL_KINDS))
     if unknown:
         raise ValueError(
-            f"methods: {unknown} are not registered compressors or projected controllers; known: "
-            f"{sorted(COMPRESSORS)} and {list(PROJECTED_CONTROLLERS)}"
+            f"methods: {unknown} are not registered compressors, projected controllers or local methods; known: "
+            f"{sorted(COMPRESSORS)}, {list(PROJECTED_CONTROLLERS)} and {list(LOCAL_KINDS)}"
         )
     if "none" not in methods:
         methods.insert(0, "none")
@@ -142,13 +144,24 @@ def advise(
         ranks.barrier()
         mine = measure_codec(method, setting, grads, named, ranks.rank, ranks.size, codec_steps, layer_settings)
         candidates.append(slowest_codec(every_rank(ranks, mine)))
+    local = {}  # a local candidate -> its point: one exchange of its codec, measured as a step's
+    for point in local_points(evidence, [m for m in methods if m in LOCAL_KINDS]):
+        ranks.barrier()
+        mine = measure_codec(point.compressor, point.options, grads, named, ranks.rank, ranks.size, codec_steps)
+        candidate = slowest_codec(every_rank(ranks, mine))
+        candidate.method, candidate.setting = point.method, point.setting
+        local[id(candidate)] = point
+        candidates.append(candidate)
     largest = {}
     for candidate in candidates:
         for collective, (_, per_message) in [*candidate.messages.items(), *candidate.serial_messages.items()]:
             largest[collective] = max(largest.get(collective, 0.0), per_message)
     links = measure_links(ranks, largest, device, repeats)
     for candidate in candidates:
-        project(candidate, links, forward_s + backward_s, backward_s)
+        if id(candidate) in local:
+            project_local(candidate, local[id(candidate)], links, forward_s + backward_s)
+        else:
+            project(candidate, links, forward_s + backward_s, backward_s)
         candidate.evidence, candidate.quality_ok = evidence_for(candidate.method, candidate.setting, evidence)
     baseline = next(c for c in candidates if c.method == "none")
     for candidate in candidates:
@@ -156,6 +169,9 @@ def advise(
         candidate.steps_seeds = steps_seeds(candidate.method, candidate.setting, evidence)
         candidate.set_speedup(baseline.step_ms / candidate.step_ms)
     baseline.quality_ok = True
+    # The advice and its timed check are per-step methods' (stock hvd.DistributedOptimizer
+    # times them); the local methods get their own line.
+    per_step = [c for c in candidates if c.period == 1]
     hvd = getattr(ranks, "horovod", None)
     if timed_steps and loss_of is not None and hvd is not None:
 
@@ -164,7 +180,7 @@ def advise(
             mine = time_steps(model, loss_of, candidate, timed_steps, hvd)
             return slowest_median(every_rank(ranks, mine))
 
-        check_by_timing(candidates, time_one, PICK_SEEDS)
+        check_by_timing(per_step, time_one, PICK_SEEDS)
     return Advice(
         ranks.size,
         sum(g.numel() for g in grads.values()),
@@ -172,10 +188,11 @@ def advise(
         1e3 * backward_s,
         links,
         candidates,
-        recommend(candidates),
+        recommend(per_step),
         steps_workload=evidence.get("steps_to_target", {}).get("workload", "")
         if any(c.steps_factor is not None for c in candidates if c.method != "none")
         else "",
+        across_sites=local_advice(candidates),
     )
 
 
@@ -227,7 +244,11 @@ def format_advice(advice: Advice) -> str:
             f"* sends more bytes per step than uncompressed at {advice.world_size} ranks: an "
             f"all-gather's bytes grow with the ranks, uncompressed's all-reduce's do not"
         )
+    if any(c.period > 1 for c in advice.candidates):
+        lines.append("local methods (setting H=...): bytes, codec and communication per step, their exchange's over H")
     if advice.steps_workload:
         lines.append(f"steps and time to target (relative to uncompressed) measured on: {advice.steps_workload}")
     lines.append(f"advice: {advice.recommendation}")
+    if advice.across_sites:
+        lines.append(f"advice {advice.across_sites}")
     return "\n".join(lines)

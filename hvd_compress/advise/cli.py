@@ -23,8 +23,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--compute-ms", type=float, help="forward + backward ms of one step (without loss_of)")
     parser.add_argument(
         "--methods",
-        help="comma-separated registry names, and lgreco for L-GreCo over each "
-        "named compressor it wraps (default: every one)",
+        help="comma-separated registry names, lgreco for L-GreCo over each named compressor it wraps, "
+        "and diloco, sparseloco, streaming for the local methods measured to target (default: every one)",
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", type=Path, help="also write the advice as JSON (rank 0)")

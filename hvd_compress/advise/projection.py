@@ -67,6 +67,9 @@ class Candidate:
     # A real training step's time where advise timed one (``check.py``); speedup and to_target
     # then come from it.
     timed_step_ms: Optional[float] = None
+    # Steps per exchange: 1 for a per-step method, H for a local one (``local.py``), whose bytes,
+    # codec and communication are then per step-equivalent.
+    period: int = 1
 
     def set_speedup(self, speedup: float) -> None:
         """Its speed-up over uncompressed a step, and with it its time to target (where its

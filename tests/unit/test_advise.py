@@ -15,7 +15,7 @@ from benchmarks import evidence as evidence_script
 from benchmarks.report import LOOPBACK_ONLY
 from benchmarks.testbed import run_bounded
 from hvd_compress import advise as adv
-from hvd_compress.advise import advice as advice_module, evidence as quality, measure, projection
+from hvd_compress.advise import advice as advice_module, evidence as quality, local, measure, projection
 from hvd_compress.comm.rounds import Collective
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -310,12 +310,30 @@ def test_steps_to_target_is_read_from_the_time_to_quality_results():
         + [entry("PowerSGD rank 8", "powersgd", {"rank": 8}, seed, [2.1, 1.7, 1.65]) for seed in range(3)]
         + [
             entry("L-GreCo", "topk", {"density": 0.1}, 0, [2.0, 1.6, 1.5], {"kind": "lgreco"}),
-            entry("DiLoCo", "qsgd", {"bits": 4}, 0, [2.0, 1.6, 1.5], {"kind": "diloco"}),
+            entry("DiLoCo", "qsgd", {"bits": 4}, 0, [2.0, 1.6, 1.5], {"kind": "diloco", "inner_steps": 50}),
+            entry(
+                "DiLoCo tuned",
+                "qsgd",
+                {"bits": 4},
+                0,
+                [2.0, 1.6, 1.5],
+                {"kind": "diloco", "inner_steps": 10, "outer_lr": 1.0, "outer_momentum": 0.8},
+            ),
+            entry(
+                "Streaming",
+                "qsgd",
+                {"bits": 4},
+                0,
+                [2.0, 1.7, 1.7],
+                {"kind": "streaming", "inner_steps": 50, "fragments": 2, "delay": 5, "mixing": 0.5},
+            ),
         ]
     )
     results = {"points": points, "np": 4, "plan": {"base_seeds": 5, "knee_gain": 0.1}}  # knee 2,000: 1.6
     steps = evidence_script.steps_to_target(results)
-    assert set(steps["methods"]) == {"none", "powersgd", "lgreco/topk"}  # DiLoCo is not projected
+    assert set(steps["methods"]) == {"none", "powersgd", "lgreco/topk", "diloco/qsgd", "streaming/qsgd"}
+    assert set(steps["methods"]["diloco/qsgd"]) == {"H=50,bits=4", "H=10,outer=1.0/0.8,bits=4"}
+    assert steps["methods"]["streaming/qsgd"]["H=50,F=2,delay=5,mixing=0.5,bits=4"]["factor"] is None
     assert steps["methods"]["none"][""]["factor"] == 1.0
     assert steps["methods"]["powersgd"]["rank=8"] == {"factor": None, "seeds": 3, "reached": 0}
     assert steps["methods"]["lgreco/topk"]["density=0.1"]["factor"] == 1.0
@@ -402,6 +420,89 @@ def test_lgreco_candidate_runs_the_settings_rank_0_decided_from_the_models_gradi
     }
     assert {c.setting for c in projected} == measured & {"density=0.1", "density=0.01", "density=0.001"}
     assert all(c.layer_settings and c.step_ms > 0 for c in projected)
+
+
+LOCAL = {
+    "steps_to_target": {
+        "workload": "LM, loss 1.4",
+        "methods": {
+            "none": {"": {"factor": 1.0, "seeds": 5, "reached": 5}},
+            "fp16": {"": {"factor": 1.0, "seeds": 5, "reached": 5}},
+            "diloco/qsgd": {
+                "H=50,bits=4": {"factor": 1.6, "seeds": 3, "reached": 3},
+                "H=10,outer=1.0/0.8,bits=4": {"factor": None, "seeds": 1, "reached": 0},
+            },
+            "streaming/qsgd": {"H=50,F=2,delay=5,mixing=0.5,bits=4": {"factor": 1.7, "seeds": 3, "reached": 3}},
+        },
+    }
+}
+
+
+def test_local_methods_are_read_from_the_evidence_with_their_schedule():
+    points = {p.setting: p for p in local.local_points(LOCAL)}
+    assert set(points) == {"H=50,bits=4", "H=10,outer=1.0/0.8,bits=4", "H=50,F=2,delay=5,mixing=0.5,bits=4"}
+    diloco = points["H=10,outer=1.0/0.8,bits=4"]
+    assert (diloco.method, diloco.compressor, diloco.options, diloco.period) == ("diloco/qsgd", "qsgd", {"bits": 4}, 10)
+    streaming = points["H=50,F=2,delay=5,mixing=0.5,bits=4"]
+    assert (streaming.period, streaming.fragments, streaming.delay, streaming.options) == (50, 2, 5, {"bits": 4})
+    assert [p.method for p in local.local_points(LOCAL, ["streaming"])] == ["streaming/qsgd"]
+
+
+def test_a_local_exchange_is_spread_over_its_period_and_streaming_hides_it_behind_inner_steps():
+    links = {"allreduce": adv.Link(1e-3, 1e8)}  # 1 ms + 10 ms a MB
+    point = local.LocalPoint("diloco/qsgd", "H=50,bits=4", "qsgd", {"bits": 4}, period=50)
+    c = candidate("diloco/qsgd", "H=50,bits=4", 50.0, {"allreduce": (2, 5e6)})
+    c.wire_bytes = 10e6
+    local.project_local(c, point, links, compute_s=0.1)
+    # Exchange: 2 x (1 + 50) ms, all exposed, with 50 ms of codec, over 50 steps.
+    assert c.period == 50 and c.wire_bytes == pytest.approx(0.2e6) and c.codec_ms == pytest.approx(1.0)
+    assert c.communication_ms == pytest.approx(102 / 50) and c.step_ms == pytest.approx(100 + 102 / 50 + 1)
+    streamed = local.LocalPoint("streaming/qsgd", "", "qsgd", {}, period=50, fragments=2, delay=1)
+    s = candidate("streaming/qsgd", "", 0.0, {"allreduce": (2, 5e6)})
+    local.project_local(s, streamed, links, compute_s=0.01)
+    # A fragment's exchange: 2 x (1 + 25) ms, 10 ms of it behind an inner step; two a period.
+    assert s.communication_ms == pytest.approx(2 * 52 / 50) and s.step_ms == pytest.approx(10 + 2 * 42 / 50)
+    local.project_local(s := candidate("streaming/qsgd", "", 0.0, {"allreduce": (2, 5e6)}), streamed, links, 1.0)
+    assert s.step_ms == pytest.approx(1000)  # a slow step hides the whole exchange
+
+
+def test_local_advice_names_the_soonest_local_setting_or_the_per_step_method_that_beats_it():
+    def made(method, setting, to_target, seeds=3, period=50):
+        c = candidate(method, setting, 0.0, {})
+        c.to_target, c.steps_seeds, c.period, c.wire_bytes, c.steps_evidence = to_target, seeds, period, 2e5, "seen"
+        return c
+
+    fp16 = made("fp16", "", 0.7, seeds=5, period=1)
+    diloco = made("diloco/qsgd", "H=50,bits=4", 0.9)
+    thin = made("diloco/qsgd", "H=10,bits=4", 0.1, seeds=1)
+    line = local.local_advice([fp16, diloco, thin])
+    assert line.startswith(
+        "across sites: diloco/qsgd H=50,bits=4 is projected to reach uncompressed's quality in 0.90x"
+    )
+    assert line.endswith("the per-step fp16 is sooner here (0.70x): train with it")
+    fp16.to_target = 1.2
+    assert local.local_advice([fp16, diloco]).endswith("sooner than the best per-step method, fp16 (1.20x)")
+    diloco.to_target = math.inf
+    assert "no local setting measured here reached" in local.local_advice([fp16, diloco, thin])
+    assert local.local_advice([fp16]) == ""
+
+
+def test_advise_projects_the_local_methods_the_evidence_measured_apart_from_the_per_step_advice(monkeypatch):
+    monkeypatch.setattr(advice_module, "shipped_evidence", lambda: LOCAL)
+    model, loss_of = small_model()
+    advice = adv.advise(
+        model, loss_of, methods=["fp16", "diloco", "streaming"], ranks=OneRank(), codec_steps=1, compute_steps=1
+    )
+    by_name = {(c.method, c.setting): c for c in advice.candidates}
+    diloco = by_name["diloco/qsgd", "H=50,bits=4"]
+    assert diloco.period == 50 and diloco.steps_factor == 1.6 and diloco.step_ms > 0
+    assert by_name["diloco/qsgd", "H=10,outer=1.0/0.8,bits=4"].period == 10
+    assert by_name["streaming/qsgd", "H=50,F=2,delay=5,mixing=0.5,bits=4"].period == 50
+    assert "diloco" not in advice.recommendation and advice.across_sites.startswith("across sites: ")
+    text = adv.format_advice(advice)
+    assert text.splitlines()[-1] == f"advice {advice.across_sites}" and "per step, their exchange's over H" in text
+    without = adv.advise(model, loss_of, methods=["fp16"], ranks=OneRank(), codec_steps=1, compute_steps=1)
+    assert all(c.period == 1 for c in without.candidates) and without.across_sites == ""
 
 
 def test_advise_refuses_bad_input_naming_it():
