@@ -261,6 +261,41 @@ def test_elastic_state_commits_restores_and_syncs_the_outer_state():
     assert not outer._binding.stale() and (outer.outer_steps, outer.step_in_period) == (2, 0)
 
 
+def test_streaming_elastic_state_commits_and_restores_an_exchange_in_flight():
+    """StreamingDiLoCo under hvd.elastic.TorchState (DiLoCo's handler): a commit while a
+    fragment's exchange is in flight saves it (finished, waiting to apply); after a restore the
+    run continues bit for bit as the one that was never interrupted."""
+    from hvd_compress.integration.horovod.elastic import DiLoCoStateHandler
+
+    def streaming(net):
+        inner = torch.optim.SGD(net.parameters(), lr=0.1)
+        codec = hc.TopK(density=0.05)
+        return inner, hc.StreamingDiLoCo(inner, net.named_parameters(), codec, inner_steps=4, fragments=2, delay=1)
+
+    reference = small_net()
+    _, uninterrupted = streaming(reference)
+    train(reference, uninterrupted, 2)
+    train(reference, uninterrupted, 4, seed=2)
+
+    net = small_net()
+    inner, outer = streaming(net)
+    state = hvd.elastic.TorchState(net, inner, outer=outer, epoch=0)
+    assert isinstance(state._handlers["outer"], DiLoCoStateHandler)
+    train(net, outer, 2)  # fragment 0's exchange starts at step 2 and applies at step 3
+    state.commit()
+    committed = checkpoint_of(outer)
+    assert committed["pending"]["fragment"] == 0 and committed["step_in_period"] == 2
+    train(net, outer, 3, seed=1)
+    state.restore()
+    restored = outer.state_dict()
+    assert restored["step_in_period"] == 2 and restored["pending"]["apply_at"] == committed["pending"]["apply_at"]
+    assert all(torch.equal(restored["pending"]["results"][k], v) for k, v in committed["pending"]["results"].items())
+    train(net, outer, 4, seed=2)
+    for (name, p), q in zip(net.named_parameters(), reference.parameters()):
+        assert torch.equal(p, q), name
+    assert outer.outer_steps == uninterrupted.outer_steps == 2
+
+
 def test_gradscaler_steps_it_and_an_overflow_step_counts_in_the_period():
     """GradScaler skips the inner step of an overflow, but the call counts in the period (the
     ranks whose gradients were finite count theirs), and the other steps are unscaled."""
