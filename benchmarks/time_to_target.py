@@ -243,7 +243,15 @@ def untimed_steps(spec: Dict[str, Any], schedule_steps: int, warmup: int) -> int
 # the methods "Time to target" found soonest at r = 3: ACP-SGD rank 16 in its first pass, L-GreCo
 # over Top-K 10% since. Their steps to target are the stock path's: the same compressor on the
 # same gradients (not bit for bit: the wrapper fuses payloads itself, so a sum may round otherwise).
-WRAPPED, QUICK_WRAPPED, WRAPPER = ("ACP-SGD rank 16", "L-GreCo (Top-K) density 0.1"), ("FP16",), " (drop-in wrapper)"
+# The two-hop quantized all-reduce too: stock Horovod fuses no all-to-all, so its first hop goes
+# one message per gradient there, where the wrapper fuses it.
+WRAPPED = (
+    "ACP-SGD rank 16",
+    "L-GreCo (Top-K) density 0.1",
+    "QuantizedAllReduce bits 8",
+    "QuantizedAllReduce bits 4",
+)
+QUICK_WRAPPED, WRAPPER = ("FP16",), " (drop-in wrapper)"
 
 
 def priced_methods(steps: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:

@@ -6,8 +6,11 @@ import torch
 
 from hvd_compress.comm.rounds import Collective, Round
 
-# Collectives whose payloads concatenate: element-wise sums, and per-rank byte strings.
-_FUSABLE = (Collective.ALLREDUCE, Collective.ALLGATHER)
+# Collectives whose payloads concatenate: element-wise sums, per-rank byte strings, and
+# per-destination rows.
+_FUSABLE = (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.ALLTOALL)
+# Collectives whose fused payload and result hold a row per rank: members side by side in each.
+_BY_RANK = (Collective.ALLGATHER, Collective.ALLTOALL)
 
 
 class RoundDriver:
@@ -96,7 +99,10 @@ class RoundDriver:
             else:
                 self._submit(name, round_, index)
         for (collective, dtype), members in groups.items():
-            fused = torch.cat([round_.payload.reshape(-1) for _, round_ in members])
+            if collective is Collective.ALLTOALL:  # (W, c) each: row j of every member goes to rank j
+                fused = torch.cat([round_.payload for _, round_ in members], dim=1)
+            else:
+                fused = torch.cat([round_.payload.reshape(-1) for _, round_ in members])
             key = f"\0{label}.round{index}.{collective.value}.{str(dtype)[6:]}"
             self.traffic.add_payload(fused, collective)
             handle = self.backend.start(f"hvd_compress.{key[1:]}", Round(fused, collective, None))
@@ -160,8 +166,9 @@ class _FusedRounds:
         self.names, self.rounds, self.label = names, rounds, label
 
     def split(self, result):
-        sizes = [r.payload.numel() for r in self.rounds]
-        if self.rounds[0].collective is Collective.ALLGATHER:  # rows: one per rank
+        collective = self.rounds[0].collective
+        sizes = [r.payload.shape[1] if collective is Collective.ALLTOALL else r.payload.numel() for r in self.rounds]
+        if collective in _BY_RANK:  # rows: one per rank
             pieces = [piece.contiguous() for piece in result.split(sizes, dim=1)]
         else:
             pieces = [piece.view(r.payload.shape) for piece, r in zip(result.split(sizes), self.rounds)]

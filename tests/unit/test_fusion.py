@@ -68,18 +68,47 @@ class LoopbackBackend:
         return handle
 
 
+class MirrorBackend:
+    """Rank 0 of two ranks that sent the same payloads: an all-gather returns two rows of it,
+    an all-to-all row 0 from each, an all-reduce twice it."""
+
+    size = 2
+
+    def start(self, op_name, round_):
+        payload = round_.payload
+        if round_.collective is Collective.ALLGATHER:
+            return torch.stack([payload, payload])
+        if round_.collective is Collective.ALLTOALL:
+            return torch.stack([payload[0], payload[0]])
+        return payload * 2
+
+    def done(self, handle):
+        return True
+
+    def wait(self, handle):
+        return handle
+
+
 @pytest.mark.parametrize(
     "make",
-    [lambda: hc.ACPSGD(rank=4, min_numel=0), lambda: hc.TopK(min_numel=0), lambda: hc.PowerSGD(rank=2, min_numel=0)],
+    [
+        lambda: hc.ACPSGD(rank=4, min_numel=0),
+        lambda: hc.TopK(min_numel=0),
+        lambda: hc.PowerSGD(rank=2, min_numel=0),
+        lambda: hc.QuantizedAllReduce(bits=4, min_numel=0),  # all-to-all, then all-gather
+        lambda: hc.BF16(),
+    ],
 )
 @pytest.mark.parametrize("threshold", [1, 1 << 12, 1 << 40])
-def test_fused_execution_equals_unfused(make, threshold):
+@pytest.mark.parametrize("backend", [LoopbackBackend, MirrorBackend])
+def test_fused_execution_equals_unfused(make, threshold, backend):
     g = torch.Generator().manual_seed(0)
     grads = {name: torch.randn(shape, generator=g) for name, shape in SHAPES.items()}
     results = []
     for fused in [False, True]:
         compressor = make()
-        driver = RoundDriver(LoopbackBackend(), Traffic())
+        compressor.bind_world(0, backend.size)
+        driver = RoundDriver(backend(), Traffic())
         if fused:
             scheduler = FusionScheduler(compressor, SHAPES, ScaledFusion(threshold, scaled=False))
             driver.use_plan(scheduler.plan())
