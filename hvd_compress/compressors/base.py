@@ -73,7 +73,6 @@ is made) to ``Compressor.__init__``, and implements ``_check_setting``, ``_begin
 where Horovod is installed, by ``registry.public_class``.
 """
 
-import copy
 import functools
 import gc
 import logging
@@ -89,16 +88,13 @@ from hvd_compress.compressors.config import CompressorConfig, check_checkpoint, 
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import error_tables as error_maths
 from hvd_compress.maths.compiled import Compilable, CompileFailed, graphs, timed_warm_up
-from hvd_compress.maths.finite import extremes, largest_magnitude, nonfinite_marker, verdict
+from hvd_compress.compressors.rollback import StepGuard
+from hvd_compress.maths.finite import nonfinite_marker
 
 logger = logging.getLogger(__name__)
 
 # Horovod's all-reduce sums these dtypes; anything else (bf16) travels as float32.
 _ALLREDUCE_DTYPES = (torch.float16, torch.float32, torch.float64)
-# What a result bound (``_result_bounded_by``) is multiplied by, for the rounding of the products
-# and sums it bounds; and the result dtypes that hold every float32 up to half float32's largest.
-_BOUND_MARGIN = 2.0
-_WIDE_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 Shape = Tuple[int, ...]
 NamedParameters = Optional[Iterable[Tuple[str, torch.Tensor]]]
@@ -419,13 +415,7 @@ class Compressor(GradientCompression):
         self.traffic = Traffic()
         # Per-step scratch, emptied by end_step.
         self.last_step_finite = True
-        self._step_extremes: List[torch.Tensor] = []  # this step's aggregated gradients' min and max
-        # Results checked through what they were made from (_result_bounded_by): (tensor, growth)
-        # by name until the result is seen, then this step's (largest magnitude, growth, result).
-        self._result_bounds: Dict[Optional[str], Tuple[torch.Tensor, float]] = {}
-        self._step_bounds: List[Tuple[torch.Tensor, float, torch.Tensor]] = []
-        self._rejected = False  # reject_step was called this step
-        self._undo: Dict[str, Any] = {}
+        self._guard = StepGuard()  # the non-finite rule (compressors.rollback)
         self._step_scale: Optional[float] = None
         # The compiled path: asked for, and not given up (use_compiled, a failed compile).
         self.compiles = config.compiled and bool(self.compiled_kernels)
@@ -709,55 +699,30 @@ class Compressor(GradientCompression):
 
     def _remember_state(self, name):
         """Called first thing for every gradient of a step."""
-        if name not in self._undo:  # the state as it was before this step
-            self._undo[name] = copy.copy(self.state.get(name))
+        self._guard.remember(name, self.state)
         if self.feedback is not None:
             self.feedback.loss_scale = self.loss_scale()
 
     def reject_step(self) -> None:
-        self._rejected = True
+        self._guard.reject()
 
     def _watch_finite(self, name, gradient):
-        """Aggregated gradients are identical on every rank, and a non-finite entry on any rank
-        reaches them, so every rank reaches the same verdict without communicating. Their
-        extremes are kept and checked together at ``end_step``: one pass per gradient, or one
-        over the small tensor it was made from where its continuation said so
-        (``_result_bounded_by``)."""
-        bound = self._result_bounds.pop(name, None)
-        if bound is not None and gradient.dtype in _WIDE_DTYPES:
-            aggregate, growth = bound
-            self._step_bounds.append((largest_magnitude(aggregate), _BOUND_MARGIN * growth, gradient))
-        else:
-            self._step_extremes.extend(extremes(gradient))
+        """Every aggregated gradient returned, for the step's verdict (``StepGuard.watch``)."""
+        self._guard.watch(name, gradient)
 
     def _result_bounded_by(self, name: Optional[str], aggregate: torch.Tensor, growth: float) -> None:
-        """Said by a final continuation whose result's entries are at most ``growth`` times the
-        largest magnitude of ``aggregate`` (a factor, or the gathered values or norms: identical on
-        every rank, and non-finite wherever the result's input was, as ``payload_carries_input``
-        says): the step's finiteness check then reads ``aggregate``, not the result, a pass over
-        the gradient's memory saved, and fails the step where ``growth`` times it (doubled, for
-        rounding) could overflow float32. Only then, a worst case rarely reached, are the step's
-        results read themselves, and they decide. A float16 result is always read itself: its
-        cast can overflow where the float32 value did not."""
-        self._result_bounds[name] = (aggregate, growth)
+        """Said by a final continuation: ``name``'s result is at most ``growth`` times the largest
+        magnitude of ``aggregate`` (``StepGuard.bound_by``)."""
+        self._guard.bound_by(name, aggregate, growth)
 
     def _end_step(self, comm_seconds: Optional[float]) -> None:
         """Keeps the step's state updates if every aggregated gradient was finite; otherwise
         puts the state back as it was before the step (one host synchronisation per step)."""
-        found, self._step_extremes = self._step_extremes, []
-        bounds, self._step_bounds = self._step_bounds, []
-        self._result_bounds.clear()
-        rejected, self._rejected = self._rejected, False
-        self.last_step_finite = not rejected and _all_finite(found, bounds)
+        self.last_step_finite = self._guard.finish(self.state)
         if self.last_step_finite:
             if self.feedback is not None:
                 self.feedback.commit()
         else:
-            for name, before in self._undo.items():
-                if before is None:
-                    self.state.pop(name, None)
-                else:
-                    self.state[name] = before
             if self.feedback is not None:
                 self.feedback.rollback()
             self.skipped_steps += 1
@@ -768,7 +733,6 @@ class Compressor(GradientCompression):
                 self.skipped_steps,
             )
         self._step_scale = None
-        self._undo.clear()
         self.traffic.end_step()
 
     def tunable(self, shape: Sequence[int]) -> bool:
@@ -927,8 +891,7 @@ class Compressor(GradientCompression):
                 f"{cls}.load_state_dict: the checkpoint's per-parameter state does not fit {cls}: {error}"
             ) from None
         # Checked: now change everything, a step cut off midway (elastic restore) included.
-        self._undo, self._step_extremes, self._step_scale, self._rejected = {}, [], None, False
-        self._result_bounds, self._step_bounds = {}, []
+        self._guard, self._step_scale = StepGuard(), None
         self._overrides = dict(state_dict["settings"])
         self.state = state
         self._shapes = dict(shapes)
@@ -994,15 +957,6 @@ class Compressor(GradientCompression):
 
 # The float32 marker of a compressed gradient's input (see the module docstring).
 MARKER_BYTES = 4
-
-
-def _all_finite(found, bounds):
-    """Whether a step's results were finite, from the ``extremes`` ``found`` of those read and the
-    ``bounds`` (largest magnitude, growth, result) of those checked through what they were made
-    from; where a bound fails, from those results read."""
-    if verdict(found, [(magnitude, growth) for magnitude, growth, _ in bounds]):
-        return True
-    return bool(bounds) and verdict(found + [e for _, _, result in bounds for e in extremes(result)], [])
 
 
 def _marking_non_finite_input(round_, grad):
