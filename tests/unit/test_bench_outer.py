@@ -22,5 +22,5 @@ def test_outer_quick_runs_its_points_resumes_and_writes_its_section(tmp_path, be
         # Only outer steps send: at most 1/H of a float32 all-reduce on every step.
         assert 0 < record["wire_bytes"] <= record["dense_wire_bytes"] / entry["spec"]["inner_steps"]
     text = page(tmp_path, SECTION).read_text()
-    assert text.startswith(f"# {SECTION}\n") and text.count(f"# {SECTION}") == 1 and "](outer.png)" in text
+    assert text.startswith(f"# {SECTION}\n") and text.count(f"# {SECTION}") == 1
     benchmark_runs.resumes(options, path)
