@@ -11,6 +11,6 @@ setup(
     install_requires=["torch>=2.1", "numpy"],
     # The benchmarks (benchmarks/, run from a checkout) also need matplotlib.
     extras_require={"test": ["pytest", "mpi4py", "scikit-learn", "tensorboard"], "tensorboard": ["tensorboard"]},
-    # advise's quality evidence, from docs/benchmarks.md (python -m benchmarks evidence).
+    # advise's quality evidence, from docs/benchmarks/ (python -m benchmarks evidence).
     package_data={"hvd_compress": ["data/*.json"]},
 )

@@ -16,7 +16,7 @@ BENCHMARKS = {
     "convergence": "final accuracy / perplexity, compression ratio and wall time of each method, 4 ranks",
     "ddp": "PyTorch DDP on an emulated cluster: no hook, torch's powerSGD_hook, ours through hvd_compress.ddp",
     "elastic": "a worker SIGKILLed and a new one joining under horovodrun elastic; error feedback kept or reset",
-    "evidence": "the quality tables of docs/benchmarks.md as the data file hvd_compress.advise prints from",
+    "evidence": "the quality tables of docs/benchmarks/ as the data file hvd_compress.advise prints from",
     "endtoend": "step time of every method on an emulated cluster: compute, compression, exposed communication",
     "fsdp": "FSDP2 / HSDP on an emulated cluster of 2 nodes x 2 ranks: plain HSDP against hvd_compress.fsdp",
     "fusion": "ACP-SGD step time against the fusion buffer size, on an emulated cluster",

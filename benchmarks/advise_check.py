@@ -12,7 +12,7 @@ broadcast, which the probes did not time, as an all-gather) and the messages tha
 two thirds of compute (as advise does when given ``--compute-ms``). It compares the projected
 step with the measured median, and the fastest projected method with the fastest measured.
 
-Writes the "advise against end to end" section of ``<out>/benchmarks.md``.
+Writes the "advise against end to end" page, ``<out>/benchmarks/advise-against-end-to-end.md``.
 """
 
 import argparse
@@ -103,10 +103,11 @@ def check(measured):
 
 def markdown(rows, choices, command, measured):
     lines = [
-        f"Command: `{command}` (from the end-to-end run above: {measured['np']} ranks, low-rank "
-        f"methods at rank {measured['rank']}). A check of advise's projection model fed with "
-        "that run's measurements, not a run of advise on the testbed (that is the section "
-        "\"advise live on the emulated cluster\"); how, in `benchmarks/advise_check.py`.",
+        f"Command: `{command}` (from the [end-to-end run](end-to-end.md): {measured['np']} ranks, "
+        f"low-rank methods at rank {measured['rank']}). A check of advise's projection model fed with "
+        "that run's measurements, not a run of advise on the testbed (that is "
+        "[advise live on the emulated cluster](advise-live-on-the-emulated-cluster.md)); how, in "
+        "`benchmarks/advise_check.py`.",
         "",
         f"Per rate: each method's projected step within {100 * WITHIN_STEP:.0f}% of the measured "
         f"median, and the method projected fastest within {100 * WITHIN_CHOICE:.0f}% of the "
@@ -144,7 +145,7 @@ def main(argv=None):
     measured = json.loads(args.source.read_text())
     rows, choices = check(measured)
     command = " ".join(["python -m benchmarks advise_check"] + [shlex.quote(a) for a in sys.argv[1:]])
-    write_section(args.out / "benchmarks.md", SECTION, markdown(rows, choices, command, measured))
+    write_section(args.out, SECTION, markdown(rows, choices, command, measured))
     for choice in choices:
         say(
             f"{choice['rate']} Gbit/s {choice['model']}: projected fastest {choice['chosen']}, measured "

@@ -31,7 +31,7 @@ PowerSGD, ACP-SGD, ScaleCom; ``REGISTERED`` in ``benchmarks/advise_check.py``):
 A rate an end-to-end file did not measure gets no verdict against it. ``--repeat``: the JSON of
 another run of the same points, whose recommendations and projections are shown beside these
 (advise's own spread from run to run). Writes the
-"advise live on the emulated cluster" section of ``<out>/benchmarks.md``.
+"advise live on the emulated cluster" page of ``<out>/benchmarks/``.
 
 ``--reproject``: no run. The stored points' measurements (compute, codec times, probe times)
 are projected again with the current model of :mod:`hvd_compress.advise` (links refitted to
@@ -564,7 +564,7 @@ def main(argv=None):
     text = markdown(results, sources, repeat)
     if before is not None:
         text = reprojected_note(before, results, sources) + text
-    write_section(args.out / "benchmarks.md", SECTION, text)
+    write_section(args.out, SECTION, text)
     for source in sources:
         for line in per_rate(results["points"], source["file"]):
             say(f"against {source['file']}: {line}")

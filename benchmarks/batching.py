@@ -311,7 +311,7 @@ def main(argv=None):
     out = args.out / "benchmarks"
     path = out / f"batching{SUFFIX[args.device]}.json"
     if args.report_only:
-        write_section(args.out / "benchmarks.md", SECTION[args.device], markdown(json.loads(path.read_text())))
+        write_section(args.out, SECTION[args.device], markdown(json.loads(path.read_text())))
         return
     results = {
         "command": command_line("batching"),
@@ -330,7 +330,7 @@ def main(argv=None):
     }
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1) + "\n")
-    write_section(args.out / "benchmarks.md", SECTION[args.device], markdown(results))
+    write_section(args.out, SECTION[args.device], markdown(results))
     for name, row in results["sets"].items():
         logger.info("%s: per layer %.2f ms, batched %.2f ms", name, row["per_layer_ms"], row["batched_ms"])
 

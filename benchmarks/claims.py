@@ -35,8 +35,8 @@ section): a word LM of 6 blocks, d_model 256, context 128, 8,192 tokens, every p
 Gloo (NCCL takes one GPU per rank), ``--parallel`` jobs at a time; no character-LM rows.
 
 Resumes point by point from ``<out>/benchmarks/claims.json`` (rewritten after every point, with
-the section of ``<out>/benchmarks.md``), so it can run in pieces; ``--max-minutes`` starts no new
-point after that long. ``--report-only`` rewrites the section and the picture from the JSON.
+its page in ``<out>/benchmarks/``), so it can run in pieces; ``--max-minutes`` starts no new
+point after that long. ``--report-only`` rewrites the page and the picture from the JSON.
 ``--stage curve`` runs only the character-LM curves and L-GreCo over them.
 ``--quick``: a tiny model and a few steps, every stage once with one seed: a smoke test.
 """
@@ -1005,7 +1005,7 @@ def write_report(results, out):
     figure = out / "benchmarks" / f"{scale['name']}.png"
     if any(e["spec"]["workload"] == "wordlm" for e in results["points"].values()):
         draw_figure(results, figure)
-    write_section(out / "benchmarks.md", scale["section"], markdown(results, figure.relative_to(out)))
+    write_section(out, scale["section"], markdown(results, figure.relative_to(figure.parent)))
 
 
 def parse_args(argv):
@@ -1021,7 +1021,7 @@ def parse_args(argv):
     )
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="a tiny model, a few steps, one seed")
-    parser.add_argument("--report-only", action="store_true", help="rewrite the section and picture from the JSON")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the page and picture from the JSON")
     parser.add_argument(
         "--scale",
         choices=sorted(SCALES),

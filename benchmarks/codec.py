@@ -16,7 +16,7 @@ every method alike; the floor's rates are measured in every round and the best i
 Besides the per-step table the run measures Top-K selection alone (``topk_indices`` against
 ``torch.topk`` on the same magnitudes) and one memory pass over each shape set (``clone`` and
 ``sum`` of every gradient), the yardstick for QSGD. Writes ``codec.json`` (raw numbers) and
-PNGs under ``<out>/benchmarks/`` and the "## Codec cost" section of ``<out>/benchmarks.md``.
+PNGs under ``<out>/benchmarks/`` and the "Codec cost" page beside them (``codec-cost.md``).
 
 Floor (issue 36): each codec's step against the least its algorithm must cost on this machine,
 ``max(bytes / bandwidth, flops / GEMM throughput)``, both measured in the same run, in a fresh
@@ -1261,8 +1261,8 @@ def write_report(results, out):
     # other paths on a GPU (one chunk; torch.topk), so the CPU's counts overstate them there.
     counted = [out / "benchmarks" / f"codec-operators{suffix}.json" for suffix in dict.fromkeys([SUFFIX[device], ""])]
     operators = next((json.loads(path.read_text()) for path in counted if path.exists()), None)
-    figures = [path.relative_to(out) for path in draw_figures(results, out / "benchmarks")]
-    write_section(out / "benchmarks.md", SECTION[device], markdown(results, figures, operators))
+    figures = [path.relative_to(out / "benchmarks") for path in draw_figures(results, out / "benchmarks")]
+    write_section(out, SECTION[device], markdown(results, figures, operators))
 
 
 def command_line():
@@ -1332,7 +1332,7 @@ def main(argv=None):
         else:
             results = run_operators(args)
             counted.write_text(json.dumps(results, indent=1) + "\n")
-        write_section(args.out / "benchmarks.md", OPERATORS_SECTION[args.device], operators_markdown(results))
+        write_section(args.out, OPERATORS_SECTION[args.device], operators_markdown(results))
         return
     path = out / f"codec{SUFFIX[args.device]}.json"
     if args.report_only:

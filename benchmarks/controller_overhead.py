@@ -37,8 +37,8 @@ with ``begin_measured`` less the same step with ``begin``, at that setting. A de
 measures apart (``measured_energies`` of every tunable layer). The fastest of 5 interleaved
 steps; the target is a measurement no dearer than the codec (ratio <= 1.0x).
 
-Results resume point by point from ``<out>/benchmarks/controller_overhead.json``; the section
-"Controller overhead" of ``<out>/benchmarks.md`` is rewritten after each. ``--quick``: the tiny
+Results resume point by point from ``<out>/benchmarks/controller_overhead.json``; the page
+"Controller overhead" (``<out>/benchmarks/controller-overhead.md``) is rewritten after each. ``--quick``: the tiny
 shape set and 20 ms steps, a smoke test.
 
 ``--decision-cost`` (default shapes: bert-base) times only the step that makes L-GreCo's first
@@ -446,14 +446,14 @@ def cost_markdown(results):
 def run_decision_cost(args):
     path = args.out / "benchmarks" / "decision_cost.json"
     if args.report_only:
-        write_section(args.out / "benchmarks.md", COST_SECTION, cost_markdown(json.loads(path.read_text())))
+        write_section(args.out, COST_SECTION, cost_markdown(json.loads(path.read_text())))
         return None
     results = {"command": command_line(args), "machine": machine(), "rounds": args.rounds, "points": {}}
     for shapes in args.shapes:
         results["points"][shapes] = measure_decision_cost(random_gradients(shape_set(shapes)), args.rounds)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1) + "\n")
-    write_section(args.out / "benchmarks.md", COST_SECTION, cost_markdown(results))
+    write_section(args.out, COST_SECTION, cost_markdown(results))
     return results
 
 

@@ -18,7 +18,7 @@ the final metric; the bytes the compressor handed to collectives, counted by its
 gradients; the seconds spent training; the optimizer steps, counted as they are taken.
 
 Writes ``<out>/benchmarks/convergence.json`` (every number), ``<out>/benchmarks/convergence.png``
-and the "## Convergence" section of ``<out>/benchmarks.md``. ``--quick``: 2 ranks, a few steps
+and the "Convergence" page, ``<out>/benchmarks/convergence.md``. ``--quick``: 2 ranks, a few steps
 of a tiny model, every method in one job per workload: a smoke test, not a measurement.
 """
 
@@ -481,7 +481,7 @@ def main(argv=None):
     (out / "convergence.json").write_text(json.dumps(results, indent=1) + "\n")
     figure = out / "convergence.png"
     draw_figure(results, figure)
-    write_section(args.out / "benchmarks.md", SECTION, markdown(results, figure.relative_to(args.out)))
+    write_section(args.out, SECTION, markdown(results, figure.relative_to(out)))
     print(
         f"{results['minutes']:.1f} min; other processes used "
         f"{results['machine']['others_cpu_percent']:.1f}% of the CPUs"

@@ -34,8 +34,8 @@ Quality: the digits CNN, 4 ranks under ``torchrun --standalone`` (no shaping nee
 momentum and cosine decay as in the quality benchmark (6 epochs of each rank's shard per rank),
 every method above, final test accuracy. Target: each within 1 point of DDP without a hook.
 
-Results resume job by job from ``<out>/benchmarks/ddp.json``; the "PyTorch DDP" section of
-``<out>/benchmarks.md`` is rewritten after each. ``--quick``: 2 ranks, the CNN, 2 + 2 steps,
+Results resume job by job from ``<out>/benchmarks/ddp.json``; the "PyTorch DDP" page,
+``<out>/benchmarks/pytorch-ddp.md``, is rewritten after each. ``--quick``: 2 ranks, the CNN, 2 + 2 steps,
 1 digits epoch, no network shaping (plain ``torchrun``): a smoke test.
 """
 

@@ -20,8 +20,8 @@ the run fails). The character LM (``benchmarks.workloads.charlm``) trains with A
 PowerSGD at the registry's small setting (rank 2) on the stock optimizer, once undisturbed and
 once disturbed under each error-feedback policy (``feedback_on_world_change``: "keep",
 "reset"), per seed. Results resume run by run from
-``<out>/benchmarks/elastic.json``; writes the "Elastic training" section of
-``<out>/benchmarks.md``. The fault-injection tests (``tests/test_elastic.py``) use the same
+``<out>/benchmarks/elastic.json``; writes the "Elastic training" page,
+``<out>/benchmarks/elastic-training.md``. The fault-injection tests (``tests/test_elastic.py``) use the same
 driver on the digits CNN.
 """
 
@@ -387,7 +387,7 @@ def benchmark(args):
             f"{result['steps_lost']}, {result['wall_seconds']:.0f} s"
         )
         save_record(path, results)
-    write_section(args.out / "benchmarks.md", SECTION, markdown(results, args.seeds))
+    write_section(args.out, SECTION, markdown(results, args.seeds))
     return results
 
 

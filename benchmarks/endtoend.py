@@ -40,8 +40,8 @@ Methods (the rank of the low-rank methods is ``--rank``):
 
 A probe job per rate times Horovod's all-reduce and all-gather of 4 KiB to 16 MiB; the
 projection (``python -m benchmarks projection``) fits its alpha-beta model to it.
-Writes ``<out>/benchmarks/endtoend.json``, ``endtoend.png`` and the "End to end" section of
-``<out>/benchmarks.md``. Each job is bounded (``--job-timeout``); the namespaces are removed
+Writes ``<out>/benchmarks/endtoend.json``, ``endtoend.png`` and the "End to end" page
+beside them. Each job is bounded (``--job-timeout``); the namespaces are removed
 at the end, also on errors and Ctrl-C. Finished jobs are kept in
 ``<out>/benchmarks/endtoend.progress.json`` until the sweep is complete: rerunning the same
 command after a cut-off resumes with the first missing job.
@@ -589,7 +589,7 @@ def main(argv=None):
     (out / "endtoend.json").write_text(json.dumps(results, indent=1) + "\n")
     progress.unlink()
     draw_figure(results, out / "endtoend.png")
-    write_section(args.out / "benchmarks.md", SECTION, markdown(results, "benchmarks/endtoend.png"))
+    write_section(args.out, SECTION, markdown(results, "endtoend.png"))
     for row in results["targets"]:
         print(f"{'met' if row['met'] else 'NOT met'}: {row['target']} = {row['value']:.2f} ({row['limit']})")
 

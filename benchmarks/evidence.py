@@ -1,11 +1,12 @@
-"""The evidence that ``hvd_compress.advise`` prints: the "Quality against bytes" tables of
-``docs/benchmarks.md``, and the steps each method needs to reach the uncompressed run's quality
+"""The evidence that ``hvd_compress.advise`` prints: the tables of the "Quality against bytes" page
+(``docs/benchmarks/quality-against-bytes.md``), and the steps each method needs to reach the uncompressed run's quality
 (``docs/benchmarks/time_to_quality.json``), read into the package's data file.
 
-    python -m benchmarks evidence [--from docs/benchmarks.md] [--steps docs/benchmarks/time_to_quality.json]
+    python -m benchmarks evidence [--from docs/benchmarks/quality-against-bytes.md]
+        [--steps docs/benchmarks/time_to_quality.json]
         [--to hvd_compress/data/quality_evidence.json]
 
-Rerun it after ``python -m benchmarks quality`` rewrites that section, or after
+Rerun it after ``python -m benchmarks quality`` rewrites that page, or after
 ``python -m benchmarks time_to_quality`` adds points. Each row becomes a record under the
 registry's name of its method (``powersgd``; a controller as ``lgreco/acpsgd``) and its setting
 as advise names it (``rank=8``, ``density=0.01``, ``bits=4``; ``""`` for none). Rows whose
@@ -28,7 +29,6 @@ from hvd_compress.advise.local import LOCAL_KINDS
 from hvd_compress.advise.projection import setting_label
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = "## Quality against bytes"
 METHODS = {
     "uncompressed": "none",
     "FP16": "fp16",
@@ -58,11 +58,9 @@ def setting_key(setting):
     return "" if setting.strip() in ("-", "") else "=".join(setting.split(None, 1))
 
 
-def parse(markdown):
-    """{"source", "workloads": {name: metric}, "methods": {method: {setting: [record]}}}."""
-    start = markdown.index(SECTION)
-    end = markdown.find("\n## ", start + len(SECTION))
-    section = markdown[start : end if end != -1 else None]
+def parse(page):
+    """{"source", "workloads": {name: metric}, "methods": {method: {setting: [record]}}} from the
+    text of the "Quality against bytes" page."""
     evidence = {
         "source": "docs/benchmarks.md, 'Quality against bytes' (python -m benchmarks quality; "
         "4 ranks, stock hvd.DistributedOptimizer)",
@@ -70,7 +68,7 @@ def parse(markdown):
         "methods": {},
     }
     workload = None
-    for line in section.splitlines():
+    for line in page.splitlines():
         heading = re.fullmatch(r"\*\*(.+)\*\*", line.strip())
         if heading:
             workload = heading.group(1)
@@ -93,7 +91,7 @@ def parse(markdown):
                 "seeds": int(cells[7]),
             }
         )
-    header = re.findall(r"\| method \| setting \| ([^|]+) \|", section)
+    header = re.findall(r"\| method \| setting \| ([^|]+) \|", page)
     for name, metric in zip(evidence["workloads"], header):
         evidence["workloads"][name] = metric.strip()
     return evidence
@@ -150,10 +148,10 @@ def advise_name(spec: Dict[str, Any]) -> Optional[Tuple[str, str]]:
     return method, setting_label(spec["settings"])
 
 
-def gather(markdown: Path, steps: Path):
-    """The whole data file: the quality tables of ``markdown``, and the steps to target of the
+def gather(page: Path, steps: Path):
+    """The whole data file: the quality tables of the ``page``, and the steps to target of the
     time-to-quality results at ``steps`` (where they exist and set a target)."""
-    evidence = parse(markdown.read_text())
+    evidence = parse(page.read_text())
     measured = steps_to_target(json.loads(steps.read_text())) if steps.exists() else None
     if measured is not None:
         evidence["steps_to_target"] = measured
@@ -162,7 +160,9 @@ def gather(markdown: Path, steps: Path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks evidence", description=__doc__.splitlines()[0])
-    parser.add_argument("--from", dest="source", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    parser.add_argument(
+        "--from", dest="source", type=Path, default=ROOT / "docs" / "benchmarks" / "quality-against-bytes.md"
+    )
     parser.add_argument("--steps", type=Path, default=ROOT / "docs" / "benchmarks" / "time_to_quality.json")
     parser.add_argument("--to", type=Path, default=ROOT / "hvd_compress" / "data" / "quality_evidence.json")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

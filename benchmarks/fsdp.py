@@ -40,7 +40,7 @@ nodes, its mean final perplexity within the seeds' spread of plain HSDP's (the l
 two methods' max - min over seeds).
 
 Results resume job by job from ``<out>/benchmarks/fsdp.json``; the "FSDP2 / HSDP on the emulated
-cluster" section of ``<out>/benchmarks.md`` is rewritten after each. ``--quick``: the CNN, 2 + 2
+cluster" page in ``<out>/benchmarks/`` is rewritten after each. ``--quick``: the CNN, 2 + 2
 steps, 10 quality steps with one seed, no network shaping (plain ``torchrun``): a smoke test.
 """
 

@@ -10,7 +10,7 @@ source builds ``hvd.DistributedOptimizer``. Each (method, path) is one ``mpirun`
 ``benchmarks.horovod_inject`` loaded into every rank; "horovod" is Horovod's optimizer alone,
 the baseline. A test passes when it passes on every rank. Results go to
 ``docs/benchmarks/horovod_suite.json`` (resumed: a rerun skips jobs already there) and a table
-in ``docs/benchmarks.md``; the explanations of failures are kept in ``EXPLAINED``.
+in ``docs/benchmarks/horovods-own-optimizer-tests.md``; the explanations of failures are kept in ``EXPLAINED``.
 """
 
 import argparse
@@ -209,7 +209,7 @@ def main():
         f"\"horovod\" is Horovod's own optimizer. `python -m benchmarks horovod_suite`.\n\n"
         f"{NOTES}\n{table(results, names)}\n\n{explained}\n"
     )
-    report.write_section(docs / "benchmarks.md", "Horovod's own optimizer tests", body)
+    report.write_section(docs, "Horovod's own optimizer tests", body)
 
 
 if __name__ == "__main__":

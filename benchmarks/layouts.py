@@ -223,7 +223,7 @@ def main(argv=None):
     out, device = args.out / "benchmarks", torch.device(args.device).type
     path = out / f"layouts{SUFFIX[device]}.json"
     if args.report_only:
-        write_section(args.out / "benchmarks.md", SECTION[device], markdown(json.loads(path.read_text())))
+        write_section(args.out, SECTION[device], markdown(json.loads(path.read_text())))
         return
     torch.set_num_threads(args.threads)
     shapes, repeats = (QUICK_SHAPES, 1) if args.quick else (SHAPES, args.repeats)
@@ -241,7 +241,7 @@ def main(argv=None):
         results["machine"]["gpu"] = gpu_description()
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1) + "\n")
-    write_section(args.out / "benchmarks.md", SECTION[device], markdown(results))
+    write_section(args.out, SECTION[device], markdown(results))
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ taken over 5 steps, ``--rounds`` times in turn for each variant; the 25th percen
 compared. The exporter's cost is per layer (two clock reads and a wrapped continuation) plus
 one write per written step; it does not grow with the gradients' size.
 
-Writes ``<out>/benchmarks/metrics_overhead.json`` and the "Metrics overhead" section of
-``<out>/benchmarks.md``.
+Writes ``<out>/benchmarks/metrics_overhead.json`` and the "Metrics overhead" page,
+``<out>/benchmarks/metrics-overhead.md``.
 """
 
 import argparse
@@ -94,7 +94,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics_overhead.json").write_text(json.dumps(result, indent=1) + "\n")
     command = " ".join(["python -m benchmarks metrics_overhead"] + [shlex.quote(a) for a in sys.argv[1:]])
-    write_section(args.out / "benchmarks.md", SECTION, markdown(result, command))
+    write_section(args.out, SECTION, markdown(result, command))
     say(", ".join(f"{variant}: {ms:.3f} ms" for variant, ms in result["ms"].items()))
 
 

@@ -10,9 +10,10 @@ on pseudo-gradients averaged through a compressor: uncompressed, FP16, QSGD 4 bi
 1% with error feedback. Bytes are those the compressor handed to collectives over the whole
 run, per rank, on the ring model, as in ``quality``; only outer steps send anything.
 
-The section of ``docs/benchmarks.md`` sets each point against the per-step points of
-``docs/benchmarks/quality.json`` (same workload, world size and steps, seed 0): which per-step
-points it dominates (fewer or equal bytes and lower perplexity) and which dominate it.
+Its page (``docs/benchmarks/diloco-local-steps-and-compressed-pseudo-gradients.md``) sets each
+point against the per-step points of ``docs/benchmarks/quality.json`` (same workload, world
+size and steps, seed 0): which per-step points it dominates (fewer or equal bytes and lower
+perplexity) and which dominate it.
 
 Resumes point by point from ``<out>/benchmarks/outer.json``; ``--max-minutes`` stops starting
 new points after that long. ``--quick``: 2 ranks, the tiny LM, a few steps, two points.
@@ -196,11 +197,11 @@ def write_report(results, out):
     if reference and rows:
         figure = out / "benchmarks" / "outer.png"
         draw_figure(reference, rows, figure)
-        lines += ["", f"![DiLoCo against per-step methods]({figure.relative_to(out)})"]
+        lines += ["", f"![DiLoCo against per-step methods]({figure.name})"]
     if results.get("note"):
         lines += ["", f"How it ran: {results['note']}."]
     lines += ["", f"Machine: {describe_machine(results['machine'])}", ""]
-    write_section(out / "benchmarks.md", SECTION, "\n".join(lines))
+    write_section(out, SECTION, "\n".join(lines))
 
 
 def draw_figure(reference, rows, path):

@@ -27,8 +27,8 @@ out, fits to the others and compares its projection with what was measured there
 compression are the testbed's (ranks sharing CPU cores, the same
 batch per rank at every W), not a GPU's: the projection says where the network decides.
 
-Writes ``<out>/benchmarks/projection.json``, ``projection.png`` and the "Projection" section of
-``<out>/benchmarks.md``.
+Writes ``<out>/benchmarks/projection.json``, ``projection.png`` and the "Projection" page,
+``<out>/benchmarks/projection.md``.
 """
 
 import argparse
@@ -202,7 +202,7 @@ def project(measured):
 
 def markdown(result, command, figure):
     lines = [
-        f"Command: `{command}` (from the end-to-end run above; seconds)",
+        f"Command: `{command}` (from the [end-to-end run](end-to-end.md); seconds)",
         "",
         f"Fit over the probe jobs at every testbed rate ({result['world']} ranks): alpha = "
         f"{result['alpha_us']:.0f} us per message, links deliver {100 * result['efficiency']:.0f}% "
@@ -291,7 +291,7 @@ def main(argv=None):
     (out / "projection.json").write_text(json.dumps(result, indent=1) + "\n")
     draw_figure(result, out / "projection.png")
     command = " ".join(["python -m benchmarks projection"] + [shlex.quote(a) for a in sys.argv[1:]])
-    write_section(args.out / "benchmarks.md", SECTION, markdown(result, command, "benchmarks/projection.png"))
+    write_section(args.out, SECTION, markdown(result, command, "projection.png"))
     print(f"alpha {result['alpha_us']:.0f} us, efficiency {result['efficiency']:.2f}")
 
 

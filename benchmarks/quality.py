@@ -26,7 +26,7 @@ at several epsilons. Then, on the character LM, the points the claims rest on, a
   of 4.5k tokens for language, 400x for embedding lookups): within 2% of uncompressed.
 
 Resumes point by point: ``<out>/benchmarks/quality.json`` is rewritten after every point, with
-the section of ``<out>/benchmarks.md``, so a run cut off loses one point. ``--max-minutes``
+its page (``<out>/benchmarks/quality-against-bytes.md``), so a run cut off loses one point. ``--max-minutes``
 stops starting new points after that long (run the rest later with the same command).
 ``--quick``: 2 ranks, a tiny LM, a few steps, one point per method: a smoke test.
 """
@@ -588,7 +588,7 @@ def write_report(results, out):
     figure = out / "benchmarks" / "quality.png"
     if results["points"]:
         draw_figure(results, figure)
-    write_section(out / "benchmarks.md", SECTION, markdown(results, figure.relative_to(out)))
+    write_section(out, SECTION, markdown(results, figure.relative_to(figure.parent)))
 
 
 def command_line(benchmark: str = "quality") -> str:

@@ -18,8 +18,8 @@ the bytes grow linearly in W. ``a`` and ``b`` are fitted by least squares to the
 fit's largest error is reported, and the fit is extended to W = 256. A method stops paying in
 bytes at the smallest W where its formula exceeds uncompressed's, ``8n (W-1)/W``.
 
-Writes ``<out>/benchmarks/scaling.json``, ``scaling.png`` and the section "Bytes per rank as
-ranks grow" of ``<out>/benchmarks.md``; each W's job is saved as it ends and a rerun skips those
+Writes ``<out>/benchmarks/scaling.json``, ``scaling.png`` and the page "Bytes per rank as
+ranks grow" beside them; each W's job is saved as it ends and a rerun skips those
 done. ``--quick``: W = 2 and 3, one step each, the registry's small methods.
 """
 
@@ -236,7 +236,7 @@ def markdown(results: Dict[str, Any], figure: Optional[Path] = None) -> str:
             cells += ["-", "-"]
         lines.append("| " + " | ".join(cells) + " |")
     if figure is not None:
-        lines += ["", f"![Bytes per rank against W]({figure.parent.name}/{figure.name})"]
+        lines += ["", f"![Bytes per rank against W]({figure.name})"]
     checked = [w for w in worlds if all(m.get("identical_ranks") for m in results["jobs"][str(w)]["methods"].values())]
     if checked:
         lines += [
@@ -276,7 +276,7 @@ def write_report(results: Dict[str, Any], out: Path) -> None:
     figure = out / "benchmarks" / "scaling.png"
     if summary(results):
         draw_figure(results, figure)
-    write_section(out / "benchmarks.md", SECTION, markdown(results, figure if figure.exists() else None))
+    write_section(out, SECTION, markdown(results, figure if figure.exists() else None))
 
 
 def run(args: Any) -> Dict[str, Any]:
@@ -319,7 +319,7 @@ def parse_args(argv: Optional[List[str]] = None) -> Any:
         help="the world sizes to measure, comma-separated",
     )
     parser.add_argument("--steps", type=int, default=4, help="steps per method (even: ACP-SGD alternates P and Q)")
-    parser.add_argument("--report-only", action="store_true", help="rewrite the section and figure from the JSON")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the page and figure from the JSON")
     add_job_options(parser, 1800, "W = 2 and 3, one step, the first methods at their small settings")
     args = parser.parse_args(argv)
     if args.quick and args.np == WORLDS:

@@ -29,7 +29,7 @@ target: the first length at or under the target, interpolated in log(length) fro
 before it. A method's score is the median over its seeds (a miss counts as infinitely slow).
 
 Resumes point by point: each job's record goes into ``<out>/benchmarks/time_to_quality.json``
-(and the section of ``<out>/benchmarks.md`` is rewritten) as soon as it ends; a rerun skips the
+(and its page, ``<out>/benchmarks/time-to-quality.md``, is rewritten) as soon as it ends; a rerun skips the
 points already there. ``--quick``: 2 ranks, the convergence benchmark's tiny LM, a few steps.
 """
 
@@ -487,7 +487,8 @@ def steps_text(value: Optional[float]) -> str:
 
 
 def markdown(results: Dict[str, Any], figure: Path, out: Path = DOCS) -> str:
-    """The section: ``figure`` relative to ``out`` (docs/), where the GPU codec table is read too."""
+    """The page: ``figure`` relative to it (in ``out``/benchmarks), and ``out`` (docs/), where the GPU codec
+    table is read too."""
     plan = results["plan"]
     goal = target_of(results, plan["base_seeds"], plan["knee_gain"])
     job_minutes = sum(e["record"].get("job_seconds", 0.0) for e in results["points"].values()) / 60
@@ -748,7 +749,7 @@ def write_report(results: Dict[str, Any], out: Path) -> None:
     figure = out / "benchmarks" / "time_to_quality.png"
     if results["points"]:
         draw_figure(results, figure)
-    write_section(out / "benchmarks.md", SECTION, markdown(results, figure.relative_to(out), out))
+    write_section(out, SECTION, markdown(results, figure.relative_to(figure.parent), out))
 
 
 def parse_args(argv):
@@ -761,7 +762,7 @@ def parse_args(argv):
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="2 ranks, a tiny LM, a few steps: a smoke test")
     parser.add_argument("--progress", type=Path, help="append a line per length of the running job here")
-    parser.add_argument("--report-only", action="store_true", help="rewrite the section and picture from the JSON")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the page and picture from the JSON")
     parser.add_argument(
         "--family",
         action="append",

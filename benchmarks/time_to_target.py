@@ -46,7 +46,7 @@ against that length x the method's mean step, and their final loss against the o
 without the network (issue 33: the decomposition within 10% of the direct runs).
 
 Resumes job by job from ``<out>/benchmarks/time_to_target.json``; writes the "Time to target"
-section of ``<out>/benchmarks.md``. ``--quick``: 2 ranks, the tiny LM, r = 3 only, a few steps,
+page, ``<out>/benchmarks/time-to-target.md``. ``--quick``: 2 ranks, the tiny LM, r = 3 only, a few steps,
 from a ``time_to_quality --quick`` JSON: a smoke test.
 """
 
@@ -810,8 +810,8 @@ def write_report(results: Dict[str, Any], steps: Dict[str, Any], out: Path) -> N
     text = markdown(results, steps)
     if any(entry.get("methods") for entry in results["settings"].values()):
         draw_figure(results, steps, figure)
-        text += f"\n![time to target]({figure.relative_to(out)})\n"
-    write_section(out / "benchmarks.md", SECTION, text)
+        text += f"\n![time to target]({figure.name})\n"
+    write_section(out, SECTION, text)
 
 
 def parse_args(argv):
@@ -833,7 +833,7 @@ def parse_args(argv):
     )
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="2 ranks, the tiny LM, r = 3, a few steps")
-    parser.add_argument("--report-only", action="store_true", help="rewrite the section from the JSON")
+    parser.add_argument("--report-only", action="store_true", help="rewrite the page from the JSON")
     parser.add_argument(
         "--advise-model",
         default="examples.models:charlm_ttq",

@@ -3,9 +3,9 @@
 # torch, no Horovod: neither the CUDA tier nor the codec benchmark needs it), in at most 9.5 minutes:
 # the CUDA tier (tests/unit/test_cuda.py: the checkpoint fixes and the per-layer waits), then
 # `python -m benchmarks codec --device cuda` against torch's powerSGD_hook, with each codec's
-# floor. The section lands in a copy of docs/benchmarks.md under $OUT/docs; copy it and
-# $OUT/docs/benchmarks/ back by hand. Each stage has its own limit, and a failed stage does not
-# stop the next. The default stages' limits add up to 570 s (the codec table, last, took 2.1 min on
+# floor. Each benchmark's page lands in a copy of docs/benchmarks/ under $OUT/docs, the list of
+# pages in a copy of docs/benchmarks.md; copy them, the JSON and the figures back by hand. Each
+# stage has its own limit, and a failed stage does not stop the next. The default stages' limits add up to 570 s (the codec table, last, took 2.1 min on
 # an H200), under the device's 600 s a command: a stuck stage cannot cut the codec table off.
 # OPERATORS, off by default, adds up to OPERATORS_SECONDS (150): lower another stage's to fit.
 # Settings: TIER_SECONDS, CODEC_SECONDS, LOCATE (method ids whose waits to place line by line),
@@ -18,8 +18,9 @@
 # M Q on a GPU until it is known).
 set -u
 export PYTHONUNBUFFERED=1
-mkdir -p $OUT/docs
+mkdir -p $OUT/docs/benchmarks
 cp docs/benchmarks.md $OUT/docs/
+cp docs/benchmarks/*.md $OUT/docs/benchmarks/
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     python3 -c "import torch, os, sys; print('torch', torch.__version__, 'python', sys.version.split()[0], 'cores', os.cpu_count())"
@@ -41,12 +42,12 @@ fi
 if [ "${BATCHING_SECONDS:-50}" != 0 ]; then
     timeout ${BATCHING_SECONDS:-50} python3 -m benchmarks batching --device cuda --out $OUT/docs > $OUT/batching.log 2>&1
     echo "batching exit $?" >> $OUT/batching.log
-    grep -A8 "## Same-shape batching on a GPU" $OUT/docs/benchmarks.md | tail -5
+    head -9 $OUT/docs/benchmarks/same-shape-batching-on-a-gpu.md | tail -5
 fi
 if [ "${LAYOUTS_SECONDS:-50}" != 0 ]; then  # whether cuBLAS, too, runs P = M Q faster transposed
     timeout ${LAYOUTS_SECONDS:-50} python3 -m benchmarks layouts --device cuda --ranks 1,2,3,4,6,8,16,32 --out $OUT/docs > $OUT/layouts.log 2>&1
     echo "layouts exit $?" >> $OUT/layouts.log
-    grep -A14 "its transposed form" $OUT/docs/benchmarks.md | tail -12
+    grep -A14 "its transposed form" $OUT/docs/benchmarks/low-rank-products-by-layout-on-a-gpu.md | tail -12
 fi
 [ -n "${SKIP_CODEC:-}" ] && exit 0
 start=$(date +%s)

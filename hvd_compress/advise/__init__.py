@@ -59,7 +59,8 @@ It prints one table (method, setting, bytes one rank sends per step, codec and c
 time, projected step, timed step where timed, speed-up over uncompressed, the steps-to-target
 factor and projected time to target where measured, and the quality this project measured for
 that setting:
-``hvd_compress/data/quality_evidence.json``, from ``docs/benchmarks.md``) and one line of
+``hvd_compress/data/quality_evidence.json``, from ``docs/benchmarks/quality-against-bytes.md``
+and ``docs/benchmarks/time_to_quality.json``) and one line of
 advice. Where any compressed setting has a steps-to-target factor on at least ``PICK_SEEDS``
 seeds, the advice is the setting (or uncompressed) with the shortest projected time to target,
 among those, if it beats uncompressed by ``WORTH_IT``; a setting projected sooner on fewer seeds
@@ -73,7 +74,8 @@ per-layer setting is measured and projected as a compressor's (``lgreco/topk den
 over ``TopK(density=0.1)``). Its later decisions, from later gradients and residuals, and the
 decisions' own cost (rank 0, in the background, every ``decide_every`` steps) are not in the
 projection. GraVAC is not projected: its factor follows the compression gain it measures over
-training's windows, which one gradient cannot show; its evidence is in ``docs/benchmarks.md``.
+training's windows, which one gradient cannot show; its evidence is in
+``docs/benchmarks/quality-against-bytes.md``.
 
 The package: ``advice.py`` (``advise()``, ``Advice``, the printed table), ``measure.py`` (compute,
 codec and links on the launched ranks), ``projection.py`` (``Link``, ``Candidate``, the messages and

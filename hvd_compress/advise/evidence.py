@@ -1,5 +1,6 @@
 """What this project measured of each setting's quality and steps to target
-(``data/quality_evidence.json``, from ``docs/benchmarks.md``), and the one line of advice it
+(``data/quality_evidence.json``, from ``docs/benchmarks/quality-against-bytes.md`` and
+``docs/benchmarks/time_to_quality.json``), and the one line of advice it
 rests on (the package docstring's rule)."""
 
 import json

@@ -20,15 +20,14 @@ class ACPSGD(LowRankCompressor):
     BERT; both reuse and error feedback are needed for accuracy (its Fig. 7). Compare it with
     PowerSGD at equal bytes, i.e. at twice PowerSGD's rank: ACP-SGD rank 2r sends what
     PowerSGD rank r sends. How the two compared at equal bytes on a character LM: docs/choosing.md
-    and docs/benchmarks.md "Quality against bytes"
-    (``python -m benchmarks quality``).
+    and docs/benchmarks/quality-against-bytes.md (``python -m benchmarks quality``).
 
     Same-shape layers of one fusion bucket (a transformer block's q, k, v and output
     projections) take each half-step together: one batched QR, projection and residual per
     (shape, rank), where the integrations begin a bucket's gradients together (``begin_many``;
     stock Horovod's optimizer hands them over one at a time). Fewer operators to launch, which
     is what a GPU pays per layer; on a CPU the whole step ran as fast as one layer at a time
-    (docs/benchmarks.md "Same-shape batching").
+    (docs/benchmarks/same-shape-batching.md).
     """
 
     batches_layers = True

@@ -165,7 +165,7 @@ class GradientCompression:
         from then on a result may be made in its gradient's memory, which its exchange has
         finished reading by then, as Horovod's all-reduce and torch's DDP hooks do. A fresh
         gradient-sized result per layer costs a CPU its first-touch page faults, more than its
-        writes ("Codec cost" in docs/benchmarks.md), and a GPU a second gradient at the step's
+        writes (docs/benchmarks/codec-cost.md), and a GPU a second gradient at the step's
         peak. Not said (``hvd.allreduce(tensor, compression=...)``, tests), results are new
         tensors and gradients stay as they were."""
         raise NotImplementedError

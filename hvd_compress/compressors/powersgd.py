@@ -13,8 +13,8 @@ class PowerSGD(LowRankCompressor):
       * ``rank``: 1-4 is enough for CNNs on image classification; transformers usually want
         8-32. Raise it if accuracy lags uncompressed training; the bytes grow linearly. The
         default rank 4 is too low for a small transformer; what each rank cost and kept on a
-        character LM is in docs/choosing.md and docs/benchmarks.md
-        "Quality against bytes" (``python -m benchmarks quality``).
+        character LM is in docs/choosing.md and
+        docs/benchmarks/quality-against-bytes.md (``python -m benchmarks quality``).
       * ``start_step``: dense steps before compression starts (torch's ``start_powerSGD_iter``).
         A few hundred to a thousand steps helps when the learning rate is warming up.
       * ``min_compression_rate``: matrices that would not shrink by this factor are sent

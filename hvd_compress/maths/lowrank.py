@@ -68,8 +68,8 @@ def project_left(matrix, p_hat):
 # Where the CPU's BLAS (MKL) ran P = M Q faster as (Q^T M^T)^T, its transposed form, at one torch
 # thread: 1.7-3.5x at ranks 2-3 on every matrix measured; 0.96-2.1x at ranks 4-6 (at most 4% slower,
 # on BERT's 2.4 M-entry feed-forward matrices); at rank 8 1.2-1.6x on matrices of up to 2^18 entries
-# and 0.7-0.9x on larger ones; 0.5-1.0x at rank 1, slower at 16 and 32. docs/benchmarks.md
-# "Low-rank products by layout" (``python -m benchmarks layouts``).
+# and 0.7-0.9x on larger ones; 0.5-1.0x at rank 1, slower at 16 and 32. docs/benchmarks/
+# low-rank-products-by-layout.md (``python -m benchmarks layouts``).
 _TRANSPOSED_RANKS = range(2, 7)
 _TRANSPOSED_SMALL_RANKS, _SMALL_NUMEL = range(2, 9), 1 << 18
 

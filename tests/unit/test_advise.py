@@ -1,6 +1,6 @@
 """``hvd_compress.advise``: the projection's parts, one process with a stand-in for the ranks,
 and (slow) a 2-rank ``mpirun`` run that prints the table; the shipped quality evidence is the
-one docs/benchmarks.md holds."""
+one docs/benchmarks/ holds."""
 
 import json
 import os
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from benchmarks import evidence as evidence_script
-from benchmarks.report import LOOPBACK_ONLY
+from benchmarks.report import LOOPBACK_ONLY, page
 from benchmarks.testbed import run_bounded
 from hvd_compress import advise as adv
 from hvd_compress.advise import advice as advice_module, evidence as quality, local, measure, projection
@@ -21,11 +21,11 @@ from hvd_compress.comm.rounds import Collective
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_shipped_evidence_is_what_docs_benchmarks_md_holds():
+def test_the_shipped_evidence_is_what_docs_benchmarks_holds():
     """Rerun ``python -m benchmarks evidence`` after the quality or time-to-quality benchmark
     adds results."""
     parsed = evidence_script.gather(
-        ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "benchmarks" / "time_to_quality.json"
+        page(ROOT / "docs", "Quality against bytes"), ROOT / "docs" / "benchmarks" / "time_to_quality.json"
     )
     assert json.loads(quality.EVIDENCE.read_text()) == json.loads(json.dumps(parsed))
     assert parsed["workloads"] == {"Digits CNN": "test accuracy", "Character LM": "validation perplexity"}
@@ -566,8 +566,8 @@ def test_advise_check_compares_the_model_with_a_measured_run(tmp_path, monkeypat
     source.write_text(json.dumps(measured))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     assert bench.main(["advise_check", "--from", str(source), "--out", str(tmp_path)]) == 0
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert "## advise against end to end" in text and "| 1 | cnn | S-SGD |" in text
+    text = page(tmp_path, "advise against end to end").read_text()
+    assert text.startswith("# advise against end to end\n") and "| 1 | cnn | S-SGD |" in text
 
 
 def test_the_table_marks_methods_that_send_more_than_uncompressed_at_these_ranks():

@@ -1,5 +1,5 @@
 """Smoke test of the benchmark harness: it runs end to end on tiny shapes and writes its
-outputs (no timing assertions: timings belong in docs/benchmarks.md, not in tests)."""
+outputs (no timing assertions: timings belong in docs/benchmarks/, not in tests)."""
 
 import argparse
 import collections
@@ -13,6 +13,7 @@ import pytest
 from benchmarks import __main__ as bench
 import hvd_compress as hc
 from benchmarks.codec import HOOK, draws_ms, floor_ms, floor_model, measure_in_fresh_process
+from benchmarks.report import page, write_section
 from benchmarks.shapes import parameter_count, shape_set
 
 
@@ -22,7 +23,7 @@ def test_shape_sets_match_the_published_parameter_counts():
 
 
 def test_codec_quick_writes_json_figures_and_its_section(tmp_path, monkeypatch):
-    (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\n## Other\n\nkept\n")
+    write_section(tmp_path, "Other", "kept\n")
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     assert bench.main(["codec", "--quick", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "benchmarks" / "codec.json").read_text())
@@ -35,18 +36,19 @@ def test_codec_quick_writes_json_figures_and_its_section(tmp_path, monkeypatch):
     assert len(shares["largest"]) == 3 and sum(s for _, s in shares["largest"]) + shares["rest"] == pytest.approx(1)
     for png in ["codec_cost.png", "topk_selection.png"]:
         assert (tmp_path / "benchmarks" / png).stat().st_size > 0
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert "## Other\n\nkept\n" in text and text.count("## Codec cost") == 1
+    text = page(tmp_path, "Codec cost").read_text()
+    assert page(tmp_path, "Other").read_text() == "# Other\n\nkept\n"
+    assert text.startswith("# Codec cost\n") and text.count("# Codec cost") == 1 and "](codec_cost.png)" in text
     assert "python -m benchmarks codec --quick" in text and "| x floor |" in text and "| largest operators |" in text
-    # A second run replaces the section instead of appending another.
+    # A second run rewrites the page instead of appending to it.
     assert bench.main(["codec", "--quick", "--out", str(tmp_path)]) == 0
-    assert (tmp_path / "benchmarks.md").read_text().count("## Codec cost") == 1
+    assert page(tmp_path, "Codec cost").read_text().count("# Codec cost") == 1
     # How the codecs ran is said only where the run recorded it: older runs (a fresh result per layer) did not.
-    assert "run as the integrations run it" in (tmp_path / "benchmarks.md").read_text()
+    assert "run as the integrations run it" in page(tmp_path, "Codec cost").read_text()
     results["options"].pop("results_in_gradients")
     (tmp_path / "benchmarks" / "codec.json").write_text(json.dumps(results))
     assert bench.main(["codec", "--report-only", "--out", str(tmp_path)]) == 0
-    assert "run as the integrations run it" not in (tmp_path / "benchmarks.md").read_text()
+    assert "run as the integrations run it" not in page(tmp_path, "Codec cost").read_text()
 
 
 @pytest.mark.slow
@@ -59,7 +61,7 @@ def test_codec_quick_compiled_times_both_paths_in_one_process(tmp_path, monkeypa
     assert entry["methods"]["QSGD compiled"]["compile_seconds_each_round"][0] > 0
     assert set(entry["interleaved"]) == {"QSGD", "QSGD compiled", "TopK", "TopK compiled"}
     assert entry["interleaved"]["QSGD compiled"]["compile_seconds"] > 0
-    assert "| shape set | method | eager | compiled | compiled / eager |" in (tmp_path / "benchmarks.md").read_text()
+    assert "| shape set | method | eager | compiled | compiled / eager |" in page(tmp_path, "Codec cost").read_text()
 
 
 def test_codec_floor_counts_each_methods_least_bytes_and_flops():
@@ -107,7 +109,7 @@ def test_codec_floor_counts_each_methods_least_bytes_and_flops():
 
 
 def test_codec_operators_counts_every_compressor_alone(tmp_path, monkeypatch):
-    """``--operators`` runs only the operator counts (no timings) and writes its own section."""
+    """``--operators`` runs only the operator counts (no timings) and writes its own page."""
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     assert bench.main(["codec", "--operators", "--quick", "--out", str(tmp_path)]) == 0
     entry = json.loads((tmp_path / "benchmarks" / "codec-operators.json").read_text())["operators"]["tiny"]
@@ -115,7 +117,7 @@ def test_codec_operators_counts_every_compressor_alone(tmp_path, monkeypatch):
     assert all(counts["all"] >= counts["not_views"] > 0 for counts in entry["per_step"].values())
     assert entry["error_rows"]["PowerSGD"]["layers"] > 0
     assert not (tmp_path / "benchmarks" / "codec.json").exists()
-    assert "## Codec operators per step" in (tmp_path / "benchmarks.md").read_text()
+    assert page(tmp_path, "Codec operators per step").read_text().startswith("# Codec operators per step\n")
 
 
 def test_the_gpu_section_sets_each_step_against_its_operators(tmp_path, monkeypatch):
@@ -128,16 +130,16 @@ def test_the_gpu_section_sets_each_step_against_its_operators(tmp_path, monkeypa
     results["options"]["device"], results["machine"]["gpu"] = "cuda", "a GPU"
     (tmp_path / "benchmarks" / "codec-cuda.json").write_text(json.dumps(results))
     assert bench.main(["codec", "--device", "cuda", "--report-only", "--out", str(tmp_path)]) == 0
-    text = (tmp_path / "benchmarks.md").read_text()
-    section = text[text.index("## Codec cost on a GPU") :]
+    section = page(tmp_path, "Codec cost on a GPU").read_text()
+    assert section.startswith("# Codec cost on a GPU\n")
     assert "Time per operator" in section and "| tiny | QSGD |" in section
     assert "--out" not in section and (tmp_path / "benchmarks" / "codec_cost-cuda.png").exists()
 
 
 def test_batching_quick_writes_its_section_and_counts_operators_per_shape(tmp_path):
     assert bench.main(["batching", "--quick", "--out", str(tmp_path)]) == 0
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert "## Same-shape batching\n" in text and "python -m benchmarks batching --quick" in text
+    text = page(tmp_path, "Same-shape batching").read_text()
+    assert text.startswith("# Same-shape batching\n") and "python -m benchmarks batching --quick" in text
     row = json.loads((tmp_path / "benchmarks" / "batching.json").read_text())["sets"]["tiny"]
     # QR, P = M Q and the residual: per layer one at a time, per shape batched; the decompression
     # per layer either way (each result goes to its own gradient).
@@ -150,13 +152,16 @@ def test_batching_quick_writes_its_section_and_counts_operators_per_shape(tmp_pa
     path = tmp_path / "benchmarks" / "batching.json"
     path.write_text(json.dumps(dict(json.loads(path.read_text()), notes=["A note kept in the JSON."])))
     assert bench.main(["batching", "--report-only", "--out", str(tmp_path)]) == 0
-    assert "A note kept in the JSON." in (tmp_path / "benchmarks.md").read_text()
+    assert "A note kept in the JSON." in page(tmp_path, "Same-shape batching").read_text()
 
 
 def test_layouts_quick_times_every_form_at_every_rank_and_rewrites_its_section(tmp_path):
     assert bench.main(["layouts", "--quick", "--ranks", "1,2,4", "--out", str(tmp_path)]) == 0
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert "## Low-rank products by layout" in text and "python -m benchmarks layouts --quick --ranks 1,2,4" in text
+    text = page(tmp_path, "Low-rank products by layout").read_text()
+    assert (
+        text.startswith("# Low-rank products by layout\n")
+        and "python -m benchmarks layouts --quick --ranks 1,2,4" in text
+    )
     path = tmp_path / "benchmarks" / "layouts.json"
     shape = json.loads(path.read_text())["shapes"]["small"]
     assert [row["rank"] for row in shape["projection"]] == [1, 2, 4]
@@ -170,7 +175,7 @@ def test_layouts_quick_times_every_form_at_every_rank_and_rewrites_its_section(t
     results = json.loads(path.read_text())
     path.write_text(json.dumps(dict(results, notes=["A note kept in the JSON."])))
     assert bench.main(["layouts", "--report-only", "--out", str(tmp_path)]) == 0
-    assert "A note kept in the JSON." in (tmp_path / "benchmarks.md").read_text()
+    assert "A note kept in the JSON." in page(tmp_path, "Low-rank products by layout").read_text()
 
 
 def test_controller_overhead_quick_measures_every_controller_and_resumes(tmp_path, monkeypatch):
@@ -188,8 +193,8 @@ def test_controller_overhead_quick_measures_every_controller_and_resumes(tmp_pat
         "short, apply_delay 1",
         "short, auto",
     }
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert "## Controller overhead" in text and "python -m benchmarks controller_overhead --quick" in text
+    text = page(tmp_path, "Controller overhead").read_text()
+    assert text.startswith("# Controller overhead\n") and "python -m benchmarks controller_overhead --quick" in text
     before = path.read_text()
     assert bench.main(["controller_overhead", "--quick", "--out", str(tmp_path)]) == 0
     assert json.loads(path.read_text())["points"] == json.loads(before)["points"]  # nothing re-ran
@@ -204,17 +209,103 @@ def test_decision_cost_quick_times_both_decisions_in_turn_and_rewrites_its_secti
     for kind in ("lgreco", "exact"):
         assert len(point[kind]) == 1 and point[kind][0]["seconds"] > 0 and point[kind][0]["cpu_seconds"] > 0
     assert point["same_settings_every_round"] is True and point["layers_decided"] > 0
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert "## L-GreCo decision cost" in text and "controller_overhead --decision-cost" in text
+    text = page(tmp_path, "L-GreCo decision cost").read_text()
+    assert text.startswith("# L-GreCo decision cost\n") and "controller_overhead --decision-cost" in text
     results = json.loads(path.read_text())
     path.write_text(json.dumps(dict(results, notes=["A note kept in the JSON."])))
     assert bench.main(["controller_overhead", "--decision-cost", "--report-only", "--out", str(tmp_path)]) == 0
-    assert "A note kept in the JSON." in (tmp_path / "benchmarks.md").read_text()
+    assert "A note kept in the JSON." in page(tmp_path, "L-GreCo decision cost").read_text()
 
 
 def test_unknown_benchmark_prints_usage(capsys):
     assert bench.main(["nope"]) == 2
     assert "codec" in capsys.readouterr().err
+
+
+def test_a_rerun_rewrites_only_its_page_keeps_its_notes_and_the_summary_lists_every_page(tmp_path):
+    from benchmarks.report import notes_lines, resumed_section
+
+    def markdown(results):
+        lines = ["Command: `python -m benchmarks codec`", "", f"Runs: {results['runs']}."]
+        return "\n".join(lines + notes_lines(results)) + "\n"
+
+    summary = tmp_path / "benchmarks.md"
+    summary.write_text("# Benchmarks\n\nWritten by hand, above the list.\n")
+    results, save = resumed_section(tmp_path, "codec", "Codec cost", markdown)
+    results["runs"] = 1
+    save()
+    write_section(
+        tmp_path, "Projection", "`python -m benchmarks projection`\n\n| target | met |\n|---|---|\n| a | yes |\n"
+    )
+    write_section(tmp_path, "Other", "Target: b: NOT met; c: met.\n")
+    summary.write_text(summary.read_text() + "\nWritten by hand, below the list.\n")
+    others = {heading: page(tmp_path, heading).read_text() for heading in ("Projection", "Other")}
+    # A note is written into the JSON record, where a rerun finds it.
+    record = tmp_path / "benchmarks" / "codec.json"
+    record.write_text(json.dumps(dict(json.loads(record.read_text()), notes=["Note: written by hand."])))
+    results, save = resumed_section(tmp_path, "codec", "Codec cost", markdown)
+    results["runs"] = 2
+    save()
+    text = page(tmp_path, "Codec cost").read_text()
+    assert text == "# Codec cost\n\nCommand: `python -m benchmarks codec`\n\nRuns: 2.\n\nNote: written by hand.\n"
+    assert {heading: page(tmp_path, heading).read_text() for heading in others} == others
+    assert sorted(path.name for path in (tmp_path / "benchmarks").glob("*.md")) == [
+        "codec-cost.md",
+        "other.md",
+        "projection.md",
+    ]
+    text = summary.read_text()
+    assert text.startswith("# Benchmarks\n\nWritten by hand, above the list.\n\n<!--")
+    assert text.endswith("-->\n\nWritten by hand, below the list.\n")
+    rows = [line for line in text.splitlines() if line.startswith("| [")]
+    assert rows == [
+        f"| [Codec cost](benchmarks/codec-cost.md) | {bench.BENCHMARKS['codec']} | — | `python -m benchmarks codec` |",
+        "| [Other](benchmarks/other.md) |  | 1 of 2 |  |",
+        f"| [Projection](benchmarks/projection.md) | {bench.BENCHMARKS['projection']} | 1 of 1 "
+        "| `python -m benchmarks projection` |",
+    ]
+
+
+def test_the_summary_lists_every_page_of_the_docs_as_the_pages_state_them(tmp_path):
+    """docs/benchmarks.md as ``write_index`` writes it from the pages: a page renamed, added or
+    rewritten by hand shows here until the list is rewritten."""
+    from benchmarks.report import DOCS, write_index
+
+    (tmp_path / "benchmarks").mkdir()
+    for path in (DOCS / "benchmarks").glob("*.md"):
+        (tmp_path / "benchmarks" / path.name).write_text(path.read_text())
+    (tmp_path / "benchmarks.md").write_text((DOCS / "benchmarks.md").read_text())
+    write_index(tmp_path)
+    text = (DOCS / "benchmarks.md").read_text()
+    assert (tmp_path / "benchmarks.md").read_text() == text
+    for path in (DOCS / "benchmarks").glob("*.md"):
+        title = path.read_text().splitlines()[0].removeprefix("# ")
+        assert text.count(f"| [{title}](benchmarks/{path.name}) |") == 1, path
+
+
+def test_verdicts_count_met_columns_before_target_columns_and_target_lines():
+    from benchmarks.report import verdicts
+
+    page_text = "\n".join(
+        [
+            "| shape | x floor | target |",
+            "|---|---|---|",
+            "| a | 3.0x | missed |",
+            "",
+            "| target | value | met |",
+            "|---|---|---|",
+            "| a / floor | 3.0 | no |",
+            "| a / hook | 0.4 | yes |",
+            "| b | 0.4 | **NO** |",
+            "| c | - | - |",
+            "",
+            "Targets: d 1.1 s met, e 1.2 s NOT met; f: missed (1.6x).",
+            "Said in passing: g met.",
+        ]
+    )
+    assert verdicts(page_text) == {True: 2, False: 4}
+    assert verdicts("| shape | target |\n|---|---|\n| a | met |\n| b | missed |\n") == {True: 1, False: 1}
+    assert not verdicts("No target here.\n")
 
 
 def test_benchmarks_are_outside_the_installed_package():
@@ -237,7 +328,8 @@ def test_full_runs_measure_each_method_in_a_fresh_process():
 def test_convergence_quick_trains_every_method_under_mpirun_and_writes_its_section(tmp_path, monkeypatch):
     from benchmarks.convergence import METHODS
 
-    (tmp_path / "benchmarks.md").write_text("# Benchmarks\n\n## Convergence\n\nstale\n\n## Other\n\nkept\n")
+    write_section(tmp_path, "Convergence", "stale\n")
+    write_section(tmp_path, "Other", "kept\n")
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     # A hang fails in two minutes, not the default five per job.
     assert bench.main(["convergence", "--quick", "--job-timeout", "120", "--out", str(tmp_path)]) == 0
@@ -252,10 +344,11 @@ def test_convergence_quick_trains_every_method_under_mpirun_and_writes_its_secti
     assert 0 <= results["workloads"]["digits"]["methods"]["uncompressed"]["metric"] <= 1
     assert results["workloads"]["charlm"]["methods"]["uncompressed"]["metric"] > 1  # a perplexity
     assert (tmp_path / "benchmarks" / "convergence.png").stat().st_size > 0
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert text.count("## Convergence") == 1 and "stale" not in text and "## Other\n\nkept\n" in text
+    text = page(tmp_path, "Convergence").read_text()
+    assert text.startswith("# Convergence\n") and text.count("# Convergence") == 1 and "stale" not in text
+    assert page(tmp_path, "Other").read_text() == "# Other\n\nkept\n"
     assert "python -m benchmarks convergence --quick" in text
-    assert "](benchmarks/convergence.png)" in text
+    assert "](convergence.png)" in text
 
 
 @pytest.mark.slow
@@ -271,8 +364,12 @@ def test_quality_quick_runs_a_point_per_method_resumes_and_writes_its_section(tm
     families = {entry["spec"]["family"] for entry in points.values()}
     assert {"uncompressed", "FP16", "PowerSGD", "L-GreCo (Top-K)", "GraVAC (Top-K)", "ScaleCom"} <= families
     assert all(0 < entry["record"]["wire_bytes"] <= entry["record"]["dense_wire_bytes"] for entry in points.values())
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert text.count("## Quality against bytes") == 1 and "| claim | met | numbers |" in text
+    text = page(tmp_path, "Quality against bytes").read_text()
+    assert (
+        text.startswith("# Quality against bytes\n")
+        and text.count("# Quality against bytes") == 1
+        and "| claim | met | numbers |" in text
+    )
     assert (tmp_path / "benchmarks" / "quality.png").stat().st_size > 0
     benchmark_runs.resumes(options, path)
 
@@ -331,8 +428,10 @@ def test_endtoend_on_the_testbed_then_its_projection(tmp_path, monkeypatch):
     )
     projection = json.loads((tmp_path / "benchmarks" / "projection.json").read_text())
     assert projection["alpha_us"] >= 0 and 0 < projection["efficiency"] <= 1.5
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert text.count("## End to end") == 1 and text.count("## Projection") == 1
+    text = page(tmp_path, "End to end").read_text()
+    assert text.startswith("# End to end\n") and text.count("# End to end") == 1 and "](endtoend.png)" in text
+    text = page(tmp_path, "Projection").read_text()
+    assert text.startswith("# Projection\n") and text.count("# Projection") == 1 and "](projection.png)" in text
     for png in ["endtoend.png", "projection.png"]:
         assert (tmp_path / "benchmarks" / png).stat().st_size > 0
 
@@ -356,8 +455,8 @@ def test_ddp_quick_times_and_trains_its_methods_under_torchrun(tmp_path, monkeyp
     assert set(failed) <= {HOOK, HOOK_ONE_BUCKET}, f"timing jobs failed: {failed}"
     assert all(entry["step_ms"]["median"] > 0 for method, entry in timing.items() if method not in failed)
     assert all(0 <= accuracy <= 1 for accuracy in results["digits"].values())
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert "## PyTorch DDP" in text and "python -m benchmarks ddp --quick" in text and "Targets:" in text
+    text = page(tmp_path, "PyTorch DDP").read_text()
+    assert text.startswith("# PyTorch DDP\n") and "python -m benchmarks ddp --quick" in text and "Targets:" in text
 
 
 def test_repeated_timing_jobs_pool_their_steps_and_keep_a_failure_apart():
@@ -464,7 +563,8 @@ def test_horovod_suite_injects_each_compressor_on_both_paths_and_resumes(tmp_pat
             "test_optimizer_exact_gradient": "failed",
             "test_optimizer_runs": "passed",
         }, results[job]
-    assert "| `test_optimizer_runs` | passed | passed | passed |" in (tmp_path / "benchmarks.md").read_text()
+    text = page(tmp_path, "Horovod's own optimizer tests").read_text()
+    assert "| `test_optimizer_runs` | passed | passed | passed |" in text
     assert bench.main(args) == 0  # resumed: nothing to run again
 
 
@@ -482,8 +582,8 @@ def test_fsdp_quick_times_and_trains_hsdp_with_and_without_a_controller_and_resu
     assert not failed, f"timing jobs failed: {failed}"
     assert all(entry["step_ms"]["median"] > 0 for entry in results["timing"]["cnn"].values())
     assert all(perplexity["0"] > 1 for perplexity in results["quality"].values())
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert "## FSDP2 / HSDP on the emulated cluster" in text and "python -m benchmarks fsdp --quick" in text
+    text = page(tmp_path, "FSDP2 / HSDP on the emulated cluster").read_text()
+    assert text.startswith("# FSDP2 / HSDP on the emulated cluster\n") and "python -m benchmarks fsdp --quick" in text
     before = path.read_text()
     assert bench.main(argv) == 0  # resumes: nothing left to run
     assert json.loads(path.read_text())["timing"] == json.loads(before)["timing"]
@@ -542,8 +642,8 @@ def test_claims_protocol_searches_anchors_then_plans_lgreco_and_resumes(tmp_path
     assert ran.index("wordlm/L-GreCo (PowerSGD) rank 4/seed 2") < ran.index("wordlm/Top-K density 0.3/seed 0")
     assert ran.index("wordlm/L-GreCo (Top-K) density 0.1/seed 2") < ran.index("wordlm/ScaleCom (paper's regime)/seed 0")
     assert set(collections.Counter(key.split("/seed")[0] for key in ran).values()) == {3}  # every point, 3 seeds
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert "## L-GreCo protocol on the word LM" in text and "Partial" not in text
+    text = page(tmp_path, "L-GreCo protocol on the word LM").read_text()
+    assert text.startswith("# L-GreCo protocol on the word LM\n") and "Partial" not in text
     assert "| Word LM: L-GreCo over PowerSGD rank 4: equal quality at >= 1.5x fewer bytes per step | yes |" in text
     # The anchor-free verdict: at equal quality the uniform curve sends twice L-GreCo's bytes.
     verdict = (
@@ -614,8 +714,8 @@ def test_claims_at_gpu_scale_asks_every_candidate_at_once_and_runs_lgreco_where_
         "L-GreCo (Top-K) density 0.1",
     } <= labels
     assert not any(key.startswith("charlm") for key in ran) and len(slots) == 4
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert "## L-GreCo protocol on the word LM at larger scale (GPU)" in text
+    text = page(tmp_path, "L-GreCo protocol on the word LM at larger scale (GPU)").read_text()
+    assert text.startswith("# L-GreCo protocol on the word LM at larger scale (GPU)\n")
     assert "| Word LM: L-GreCo over PowerSGD | NO | no uniform setting within 1% of uncompressed |" in text
     assert "L-GreCo over PowerSGD rank 16: equal quality at >= 1.5x fewer bytes per step (that setting" in text
     assert json.loads((tmp_path / "benchmarks" / "claims_gpu.json").read_text())["scale"] == "gpu"
@@ -709,8 +809,8 @@ def test_advise_live_compares_each_point_with_endtoend_writes_its_section_and_re
     )
     assert "met" not in points["10/cnn"]["comparisons"][stored]
     assert [m["met"] for m in points["10/cnn"]["comparisons"][again]["methods"]] == [False] * 5
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert "## advise live on the emulated cluster" in text and "THE TABLE" in text
+    text = page(tmp_path, "advise live on the emulated cluster").read_text()
+    assert text.startswith("# advise live on the emulated cluster\n") and "THE TABLE" in text
     assert "| 1 | cnn | 4 of 5 | **NO** | acpsgd rank=16 | no | ACP-SGD | 1.00 | yes |" in text
     assert "1 Gbit/s: steps within 20% NOT met, recommendation within 10% met; 10 Gbit/s: not measured" in text
     assert "| 1 | cnn | PowerSGD | rank=4 | 375.0 | 300.0 | 1.25 | 600.0 | 0.62 |" in text
@@ -720,7 +820,7 @@ def test_advise_live_compares_each_point_with_endtoend_writes_its_section_and_re
     repeat.write_text((tmp_path / "benchmarks" / "advise_live.json").read_text())
     advise_live.main(options + ["--repeat", str(repeat)])
     assert len(ran) == 2
-    text = (tmp_path / "benchmarks.md").read_text()
+    text = page(tmp_path, "advise live on the emulated cluster").read_text()
     assert (
         "| 1 | cnn | acpsgd rank=16 / acpsgd rank=16 | 720 / 720, 520 / 520, 375 / 375, 240 / 240, 280 / 280 |" in text
     )
@@ -904,8 +1004,8 @@ def test_time_to_target_quick_prices_steps_on_the_testbed_and_resumes(tmp_path, 
     assert ttt.recorded({"length": 8, "train_s": 1.0, "loss": 2.0}, "runs") == [
         {"length": 8, "train_s": 1.0, "loss": 2.0}
     ]
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert "## Time to target" in text and "| FP16 |" in text and "measured there r =" in text
+    text = page(tmp_path, "Time to target").read_text()
+    assert text.startswith("# Time to target\n") and "| FP16 |" in text and "measured there r =" in text
     assert f"| FP16{ttt.WRAPPER} | 8 (1) |" in text
     assert "End to end on the same cluster" in text and "the decomposition agrees with the end-to-end runs" in text
     assert (tmp_path / "benchmarks" / "time_to_target.png").stat().st_size > 0
@@ -946,8 +1046,12 @@ def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(t
             [record] = mpirun_job("benchmarks.time_to_quality", job, 2, 600, ttq.RESULT_PREFIX, "branch", expected=1)
             losses.append(record["points"][-1]["loss"])
         assert losses[0] == losses[1], spec["label"]
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert text.count("## Time to quality") == 1 and "| method | seeds | reached |" in text
+    text = page(tmp_path, "Time to quality").read_text()
+    assert (
+        text.startswith("# Time to quality\n")
+        and text.count("# Time to quality") == 1
+        and "| method | seeds | reached |" in text
+    )
     assert (tmp_path / "benchmarks" / "time_to_quality.png").stat().st_size > 0
     benchmark_runs.resumes(options, path)
 
@@ -1048,8 +1152,8 @@ def test_scaling_quick_counts_bytes_at_two_worlds_and_writes_its_section(tmp_pat
         assert dense > 0 and all(
             0 < m["bytes_per_step"][0] < dense for label, m in job["methods"].items() if label != "uncompressed"
         )
-    text = (tmp_path / "benchmarks.md").read_text()
-    assert "## Bytes per rank as ranks grow" in text and "python -m benchmarks scaling --quick" in text
+    text = page(tmp_path, "Bytes per rank as ranks grow").read_text()
+    assert text.startswith("# Bytes per rank as ranks grow\n") and "python -m benchmarks scaling --quick" in text
     assert (tmp_path / "benchmarks" / "scaling.png").stat().st_size > 0
 
 

@@ -1,5 +1,5 @@
 """The DiLoCo benchmark's harness (``python -m benchmarks outer --quick``): it runs its points
-through real mpirun jobs, resumes, and writes its section. Never a quality number."""
+through real mpirun jobs, resumes, and writes its page. Never a quality number."""
 
 import json
 
@@ -9,6 +9,7 @@ import pytest
 @pytest.mark.slow
 def test_outer_quick_runs_its_points_resumes_and_writes_its_section(tmp_path, benchmark_runs):
     from benchmarks.outer import SECTION, points
+    from benchmarks.report import page
 
     options = ["outer", "--quick", "--job-timeout", "300", "--out", str(tmp_path)]
     benchmark_runs.run(options)
@@ -20,5 +21,6 @@ def test_outer_quick_runs_its_points_resumes_and_writes_its_section(tmp_path, be
         assert record["outer_steps"] == record["steps"] // entry["spec"]["inner_steps"]
         # Only outer steps send: at most 1/H of a float32 all-reduce on every step.
         assert 0 < record["wire_bytes"] <= record["dense_wire_bytes"] / entry["spec"]["inner_steps"]
-    assert (tmp_path / "benchmarks.md").read_text().count(f"## {SECTION}") == 1
+    text = page(tmp_path, SECTION).read_text()
+    assert text.startswith(f"# {SECTION}\n") and text.count(f"# {SECTION}") == 1
     benchmark_runs.resumes(options, path)

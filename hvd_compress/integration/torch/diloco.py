@@ -395,7 +395,7 @@ class SparseLoCo(DiLoCo):
       (2): the paper's 1-3% of each chunk in 2 bits, about 85x fewer bytes than float32 per
       outer step at 2% (``ChunkedTopK``), on top of DiLoCo's ``inner_steps``-fold fewer steps.
     * ``feedback_decay`` (beta, default 0.95) and ``outer_lr`` (default 1.0): the paper's
-      settings, as we read them; the outer-step section of docs/benchmarks.md says what they
+      settings, as we read them; docs/benchmarks/diloco-local-steps-and-compressed-pseudo-gradients.md says what they
       give on this project's workloads.
     * ``min_numel`` (default 1024): smaller pseudo-gradients, and every 1-D one, are averaged
       dense.
