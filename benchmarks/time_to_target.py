@@ -810,7 +810,7 @@ def write_report(results: Dict[str, Any], steps: Dict[str, Any], out: Path) -> N
     text = markdown(results, steps)
     if any(entry.get("methods") for entry in results["settings"].values()):
         draw_figure(results, steps, figure)
-        text += f"\n![time to target]({figure.name})\n"
+        text += f"\n\n![time to target]({figure.name})\n"
     write_section(out, SECTION, text)
 
 
