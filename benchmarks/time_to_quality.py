@@ -49,6 +49,7 @@ import torch
 
 import hvd_compress as hc
 from hvd_compress.advise.local import LOCAL_KINDS  # an outer step every inner_steps steps
+from hvd_compress.comm.rounds import Collective
 from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
 from benchmarks.report import (
@@ -692,23 +693,37 @@ def codec_share(out: Path) -> List[str]:
     ]
 
 
+def dense_bytes_per_step(results: Dict[str, Any]) -> float:
+    """What one rank sends per step uncompressed: a float32 ring all-reduce of the LM's
+    gradients (``Traffic``'s ring model, as the records' ``wire_bytes_per_step``)."""
+    lm = QUICK_LM if results["plan"]["quick"] else quality.LM
+    numel = sum(p.numel() for p in charlm.CharTransformer(**lm["model"]).parameters())
+    return Collective.ALLREDUCE.wire_bytes(4 * numel, results["np"])
+
+
 def steps_table(results: Dict[str, Any], target: float) -> List[str]:
     """One row per method; *x uncompressed*: its median steps to target over uncompressed's, the
-    factor a projected step time is multiplied by to give a time to target."""
+    factor a projected step time is multiplied by to give a time to target; *x fewer bytes*:
+    uncompressed's bytes per step over the method's (a local method's per step-equivalent: its
+    exchanges' over every step), median over its seeds."""
     base = score(records_of(results, UNCOMPRESSED), target)["median"]
+    dense = dense_bytes_per_step(results)
     lines = [
-        "| method | seeds | reached | median steps to target | x uncompressed | mean without fastest and "
-        "slowest | spread | steps per seed | best loss of misses |",
-        "|---" * 9 + "|",
+        "| method | seeds | reached | median steps to target | x uncompressed | x fewer bytes | mean without "
+        "fastest and slowest | spread | steps per seed | best loss of misses |",
+        "|---" * 10 + "|",
     ]
     for label in labels_in_order(results):
-        s = score(records_of(results, label), target)
+        records = records_of(results, label)
+        s = score(records, target)
         factor = "-" if s["median"] is None or not base else f"{s['median'] / base:.2f}"
+        sent = [r["wire_bytes_per_step"] for r in records if r.get("wire_bytes_per_step")]
+        fewer = f"{dense / statistics.median(sent):,.1f}" if sent else "1"
         per_seed = ", ".join(steps_text(v) for v in s["steps"])
         spread = "-" if s["spread"] is None else f"{s['spread']:,.0f}"
         missed = "-" if s["best_missed_loss"] is None else f"{s['best_missed_loss']:.4f}"
         lines.append(
-            f"| {label} | {s['seeds']} | {s['reached']} | {steps_text(s['median'])} | {factor} | "
+            f"| {label} | {s['seeds']} | {s['reached']} | {steps_text(s['median'])} | {factor} | {fewer} | "
             f"{steps_text(s['trimmed_mean'])} | {spread} | {per_seed} | {missed} |"
         )
     return lines + [""]
