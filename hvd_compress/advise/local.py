@@ -111,7 +111,8 @@ def local_advice(candidates: Sequence[Candidate]) -> str:
     )
     if per_step:
         rival = min(per_step, key=lambda c: c.to_target)
+        name = "uncompressed per-step training" if rival.method == "none" else f"the per-step {describe(rival)}"
         if rival.to_target * WORTH_IT <= best.to_target:
-            return line + f"; the per-step {describe(rival)} is sooner here ({rival.to_target:.2f}x): train with it"
-        return line + f"; sooner than the best per-step method, {describe(rival)} ({rival.to_target:.2f}x)"
+            return line + f"; {name} is sooner here ({rival.to_target:.2f}x): train with it"
+        return line + f"; sooner than {name} ({rival.to_target:.2f}x), the soonest per-step"
     return line

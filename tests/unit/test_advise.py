@@ -481,7 +481,11 @@ def test_local_advice_names_the_soonest_local_setting_or_the_per_step_method_tha
     )
     assert line.endswith("the per-step fp16 is sooner here (0.70x): train with it")
     fp16.to_target = 1.2
-    assert local.local_advice([fp16, diloco]).endswith("sooner than the best per-step method, fp16 (1.20x)")
+    assert local.local_advice([fp16, diloco]).endswith("sooner than the per-step fp16 (1.20x), the soonest per-step")
+    dense = made("none", "", 0.5, seeds=5, period=1)
+    assert local.local_advice([dense, diloco]).endswith(
+        "; uncompressed per-step training is sooner here (0.50x): train with it"
+    )
     diloco.to_target = math.inf
     assert "no local setting measured here reached" in local.local_advice([fp16, diloco, thin])
     assert local.local_advice([fp16]) == ""
