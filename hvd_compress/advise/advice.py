@@ -144,24 +144,27 @@ def advise(
         ranks.barrier()
         mine = measure_codec(method, setting, grads, named, ranks.rank, ranks.size, codec_steps, layer_settings)
         candidates.append(slowest_codec(every_rank(ranks, mine)))
-    local = {}  # a local candidate -> its point: one exchange of its codec, measured as a step's
+    # The advice and its timed check are per-step methods' (stock hvd.DistributedOptimizer
+    # times them); the local methods get their own line.
+    per_step = list(candidates)
+    local = []  # (candidate, its point): one exchange of its codec, measured as a step's
     for point in local_points(evidence, [m for m in methods if m in LOCAL_KINDS]):
         ranks.barrier()
         mine = measure_codec(point.compressor, point.options, grads, named, ranks.rank, ranks.size, codec_steps)
         candidate = slowest_codec(every_rank(ranks, mine))
         candidate.method, candidate.setting = point.method, point.setting
-        local[id(candidate)] = point
+        local.append((candidate, point))
         candidates.append(candidate)
     largest = {}
     for candidate in candidates:
         for collective, (_, per_message) in [*candidate.messages.items(), *candidate.serial_messages.items()]:
             largest[collective] = max(largest.get(collective, 0.0), per_message)
     links = measure_links(ranks, largest, device, repeats)
+    for candidate in per_step:
+        project(candidate, links, forward_s + backward_s, backward_s)
+    for candidate, point in local:
+        project_local(candidate, point, links, forward_s + backward_s)
     for candidate in candidates:
-        if id(candidate) in local:
-            project_local(candidate, local[id(candidate)], links, forward_s + backward_s)
-        else:
-            project(candidate, links, forward_s + backward_s, backward_s)
         candidate.evidence, candidate.quality_ok = evidence_for(candidate.method, candidate.setting, evidence)
     baseline = next(c for c in candidates if c.method == "none")
     for candidate in candidates:
@@ -169,9 +172,6 @@ def advise(
         candidate.steps_seeds = steps_seeds(candidate.method, candidate.setting, evidence)
         candidate.set_speedup(baseline.step_ms / candidate.step_ms)
     baseline.quality_ok = True
-    # The advice and its timed check are per-step methods' (stock hvd.DistributedOptimizer
-    # times them); the local methods get their own line.
-    per_step = [c for c in candidates if c.period == 1]
     hvd = getattr(ranks, "horovod", None)
     if timed_steps and loss_of is not None and hvd is not None:
 
