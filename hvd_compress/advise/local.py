@@ -101,7 +101,7 @@ def local_advice(candidates: Sequence[Candidate]) -> str:
     if not reached:
         return (
             f"across sites: no local setting measured here reached uncompressed's quality on {PICK_SEEDS} seeds "
-            f"or more ({len(measured)} measured so), so none is advised"
+            f"or more ({len(measured)} measured on that many), so none is advised"
         )
     best = min(reached, key=lambda c: c.to_target)
     per_step = [c for c in candidates if c.period == 1 and c.to_target is not None and c.steps_seeds >= PICK_SEEDS]

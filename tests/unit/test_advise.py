@@ -523,7 +523,9 @@ def test_advise_refuses_bad_input_naming_it():
 
 @pytest.mark.slow
 def test_advise_on_two_ranks_prints_its_table(tmp_path):
-    """``python -m hvd_compress.advise`` under ``mpirun -np 2`` on the small character LM."""
+    """``python -m hvd_compress.advise`` under ``mpirun -np 2`` on the small character LM, with
+    per-step methods and a local one (Streaming DiLoCo, from the evidence), which gets its own
+    rows and its own line of advice."""
     out = tmp_path / "advice.json"
     command = [
         "mpirun",
@@ -541,7 +543,7 @@ def test_advise_on_two_ranks_prints_its_table(tmp_path):
         "--model",
         "examples.models:charlm_small",
         "--methods",
-        "powersgd,topk",
+        "powersgd,topk,streaming",
         "--json",
         str(out),
     ]
@@ -550,9 +552,11 @@ def test_advise_on_two_ranks_prints_its_table(tmp_path):
     lines = stdout.splitlines()
     assert any(line.startswith("method") and "speed-up" in line and "quality evidence" in line for line in lines)
     assert sum(line.startswith(("none ", "powersgd ", "topk ")) for line in lines) == 7
-    assert lines[-1].startswith("advice: ")
+    streaming = [line for line in lines if line.startswith("streaming/qsgd ")]
+    assert len(streaming) == len(local.local_points(quality.shipped_evidence(), ["streaming"])) >= 1
+    assert lines[-2].startswith("advice: ") and lines[-1].startswith("advice across sites: ")
     advice = json.loads(out.read_text())
-    assert advice["world_size"] == 2 and len(advice["candidates"]) == 7
+    assert advice["world_size"] == 2 and len(advice["candidates"]) == 7 + len(streaming)
     # Real steps timed: uncompressed always, and at least the setting the advice would pick.
     timed = [c for c in advice["candidates"] if c["timed_step_ms"] is not None]
     assert any(c["method"] == "none" for c in timed) and len(timed) >= 2 and all(c["timed_step_ms"] > 0 for c in timed)
