@@ -3,7 +3,8 @@ quality (from ``time_to_quality``) times its mean step time on an emulated clust
 link settings of issue 33, chosen by r, the ratio of communication to compute.
 
     python -m benchmarks time_to_target [--ratios 3,0.3] [--np 4] [--warmup 20] [--steps 100]
-        [--job-timeout 900] [--max-other-cpu 0.05] [--direct [RUNS]] [--out docs/] [--quick] [--report-only]
+        [--methods "FP16;DiLoCo H=50 (QSGD) bits 4"] [--job-timeout 900] [--max-other-cpu 0.05]
+        [--direct [RUNS]] [--out docs/] [--quick] [--report-only]
 
 r is the ring bound of the uncompressed all-reduce, 2(W-1)/W x M / B, over a step's compute,
 with B the all-reduce bandwidth measured at the gradient's own size M: so r is the measured time
@@ -276,6 +277,18 @@ def priced_methods(steps: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
     return methods
 
 
+def chosen_methods(methods: Dict[str, Dict[str, Any]], labels: Optional[List[str]]) -> Dict[str, Dict[str, Any]]:
+    """``methods`` narrowed to ``labels`` (``--methods``), uncompressed always kept: it is the
+    reference every row is set against. Raises SystemExit naming ``--methods`` and the known
+    labels for one that is not a priced method."""
+    if labels is None:
+        return methods
+    unknown = [label for label in labels if label not in methods]
+    if unknown:
+        raise SystemExit(f"time_to_target: --methods {unknown} are not priced methods; known: {sorted(methods)}")
+    return {label: m for label, m in methods.items() if label == ttq.UNCOMPRESSED or label in labels}
+
+
 def stock_label(methods: Dict[str, Dict[str, Any]], label: str) -> str:
     """The label whose time-to-quality points ``label`` stands on: itself, or the wrapped method."""
     return methods[label].get("stock", label)
@@ -286,17 +299,15 @@ def run(args) -> Dict[str, Any]:
 
     path = args.out / "benchmarks" / "time_to_target.json"
     results = resumed(path)
-    results.update(
-        machine=machine(),
-        np=args.np,
-        steps=args.steps,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        command=quality.command_line("time_to_target"),
-    )
+    # The first run's timing parameters describe the page; a setting timed otherwise keeps its own.
+    timing = dict(np=args.np, steps=args.steps, warmup=args.warmup, repeats=args.repeats)
+    command = quality.command_line("time_to_target")
+    for key, value in dict(timing, command=command).items():
+        results.setdefault(key, value)
+    results["machine"] = machine()
     results.setdefault("settings", {})
     steps = json.loads(args.ttq.read_text())
-    methods = priced_methods(steps)
+    methods = chosen_methods(priced_methods(steps), args.methods)
     progress = Progress(0, "time_to_target")
 
     def job(cluster, spec, what):
@@ -315,6 +326,8 @@ def run(args) -> Dict[str, Any]:
 
     for ratio in args.ratios:
         entry = results["settings"].setdefault(f"{ratio:g}", {"ratio_wanted": ratio, "probes": [], "methods": {}})
+        if any(results[key] != value for key, value in timing.items()):
+            entry["timing"] = dict(timing, command=command)
         for rate in PROBE_RATES_GBIT[len(entry["probes"]) :]:
             entry["probes"].append(probed(rate))
             save_record(path, results)
@@ -705,6 +718,13 @@ def markdown(results: Dict[str, Any], steps: Dict[str, Any]) -> str:
         if "at_rate" not in entry:
             lines += [f"{title}: not measured yet.", ""]
             continue
+        if "timing" in entry:
+            t = entry["timing"]
+            lines += [
+                f"{title} was timed otherwise: `{t['command']}` ({t['np']} ranks, {t['warmup']} untimed "
+                f"steps, {t['steps']} timed, {t['repeats']} job(s) per method).",
+                "",
+            ]
         lines += [
             f"{title}: tbf rate {entry['rate_gbit']:.3g} Gbit/s (fit T = {1e3 * entry['alpha_s']:.1f} ms + "
             f"{1e3 * entry['c_s_gbit']:.2f} ms Gbit/s / R), measured there r = {ratio_of(entry['at_rate']):.2f}. "
@@ -817,6 +837,12 @@ def write_report(results: Dict[str, Any], steps: Dict[str, Any], out: Path) -> N
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks time_to_target", description=__doc__.splitlines()[0])
     parser.add_argument("--ratios", type=lambda text: [float(v) for v in text.split(",")], default=[3.0, 0.3])
+    parser.add_argument(
+        "--methods",
+        type=lambda text: [v.strip() for v in text.split(";") if v.strip()],
+        help="time only these labels of the time-to-quality results, ';'-separated (uncompressed "
+        "always runs)",
+    )
     parser.add_argument("--np", type=int, default=4, help="ranks per job")
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps before the timed ones")
     parser.add_argument("--steps", type=int, default=100, help="timed steps (a multiple of DiLoCo's H)")
