@@ -11,7 +11,7 @@ from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.compressors.base import Compressor, NamedParameters
 from hvd_compress.compressors.config import CompressorConfig, configured, option
 from hvd_compress.compressors.feedback import ErrorFeedback
-from hvd_compress.maths import binned, quantize
+from hvd_compress.maths import binned, packing
 
 # Chunk positions travel as int16: a chunk holds at most this many entries.
 MAX_CHUNK = 1 << 15
@@ -92,7 +92,7 @@ class ChunkedTopK(Compressor):
         chunks, _, k = self._layout(math.prod(shape))
         count = chunks * k
         bits = self.config.bits
-        return 4 * chunks * binned.bins_for_bits(bits) + quantize.packed_size(count, bits) + _position_bytes(count)
+        return 4 * chunks * binned.bins_for_bits(bits) + packing.packed_size(count, bits) + _position_bytes(count)
 
     def _begin(self, name, grad):
         n, bits = grad.numel(), self.config.bits
@@ -111,13 +111,13 @@ class ChunkedTopK(Compressor):
         payload = torch.cat(
             [
                 means.view(-1).view(torch.uint8),
-                quantize.pack_fields(codes.view(-1), bits),
+                packing.pack_fields(codes.view(-1), bits),
                 positions.to(torch.int16).view(-1).view(torch.uint8),
                 torch.zeros(_position_bytes(count) - 2 * count, dtype=torch.uint8, device=x.device),
             ]
         )
         means_end = 4 * means.numel()
-        codes_end = means_end + quantize.packed_size(count, bits)
+        codes_end = means_end + packing.packed_size(count, bits)
 
         def after_gather(gathered):
             all_means = gathered[:, :means_end].view(torch.float32)
@@ -125,7 +125,7 @@ class ChunkedTopK(Compressor):
             self._result_bounded_by(name, all_means, gathered.shape[0])
             total = torch.zeros(chunks, width, device=gathered.device)
             for row, row_means in zip(gathered, all_means):
-                row_codes = quantize.unpack_fields(row[means_end:codes_end], bits, count).view(chunks, k)
+                row_codes = packing.unpack_fields(row[means_end:codes_end], bits, count).view(chunks, k)
                 row_positions = row[codes_end:].view(torch.int16)[:count].to(torch.int64).view(chunks, k)
                 total.scatter_add_(1, row_positions, binned.decode(row_codes, row_means.view(chunks, -1), bits))
             if gathered.shape[0] > 1:  # dividing by one would only cost a pass

@@ -13,7 +13,7 @@ from hvd_compress.compressors.base import Compressor, NamedParameters, check_can
 from hvd_compress.compressors.config import CompressorConfig, check_checkpoint, configured, option
 from hvd_compress.compressors.feedback import ErrorFeedback
 from hvd_compress.maths import absmax
-from hvd_compress.maths.quantize import levels_for_bits
+from hvd_compress.maths.packing import levels_for_bits
 
 logger = logging.getLogger(__name__)
 

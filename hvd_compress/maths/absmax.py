@@ -16,7 +16,7 @@ from typing import Tuple
 
 import torch
 
-from hvd_compress.maths.quantize import levels_for_bits, pack_codes, unpack_codes
+from hvd_compress.maths.packing import levels_for_bits, pack_codes, unpack_codes
 
 # Bits whose codes pack whole into bytes (8 / bits codes a byte), so that each row of packed
 # codes is a byte range of its own.
@@ -71,7 +71,7 @@ def dequantize_rows(codes: torch.Tensor, scales: torch.Tensor, block_size: int) 
 
 def pack_rows(codes: torch.Tensor, scales: torch.Tensor, bits: int) -> torch.Tensor:
     """One uint8 row of ``row_bytes`` per row of ``codes`` (rows, length; length a multiple of
-    ``ROW_MULTIPLE``): its codes packed (``quantize.pack_codes``), then its scales' bytes."""
+    ``ROW_MULTIPLE``): its codes packed (``packing.pack_codes``), then its scales' bytes."""
     rows, length = codes.shape
     code_bytes = length * bits // 8
     payload = torch.empty(rows, code_bytes + 4 * scales.shape[1], dtype=torch.uint8, device=codes.device)

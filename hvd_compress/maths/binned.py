@@ -16,7 +16,7 @@ from typing import Tuple
 
 import torch
 
-# Bits whose codes pack whole into bytes (``quantize.pack_fields``).
+# Bits whose codes pack whole into bytes (``packing.pack_fields``).
 BITS = (1, 2, 4, 8)
 
 

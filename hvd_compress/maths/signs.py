@@ -1,14 +1,14 @@
 """Sign bits: one bit per entry, packed 8 per byte, and the majority vote over ranks.
 
 The convention: bit 1 means ``x >= 0`` (+1, so sign(0) = +1 and one bit is enough), bit 0 means
-``x < 0`` (-1); NaN gets bit 0. Packing is QSGD's (``quantize.pack_codes``) at one bit: with
+``x < 0`` (-1); NaN gets bit 0. Packing is QSGD's (``packing.pack_codes``) at one bit: with
 one bit there are no magnitude levels (s = 0), so a 0/1 code is stored as it is, 8 per byte,
 least significant first, in 64-bit words (the count rounded up to a multiple of 64 bits).
 """
 
 import torch
 
-from hvd_compress.maths import quantize
+from hvd_compress.maths import packing
 
 # Magnitudes summed in float32 before the sums go to float64 (``mean_magnitude``).
 _BLOCK = 1 << 12
@@ -21,17 +21,17 @@ def nonnegative(x: torch.Tensor) -> torch.Tensor:
 
 def pack_signs(bits: torch.Tensor) -> torch.Tensor:
     """Packs the bool (or 0/1 uint8) ``bits``: ``packed_size(bits.numel())`` uint8 bytes."""
-    return quantize.pack_codes(bits.reshape(-1).view(torch.uint8), 1)
+    return packing.pack_codes(bits.reshape(-1).view(torch.uint8), 1)
 
 
 def unpack_signs(packed: torch.Tensor, count: int) -> torch.Tensor:
     """The first ``count`` bits of ``pack_signs``'s output, as 0/1 uint8."""
-    return quantize.unpack_codes(packed, 1, count).view(torch.uint8)
+    return packing.unpack_codes(packed, 1, count).view(torch.uint8)
 
 
 def packed_size(count: int) -> int:
     """Bytes that ``count`` sign bits occupy once packed: a multiple of 8."""
-    return quantize.packed_size(count, 1)
+    return packing.packed_size(count, 1)
 
 
 def scaled_signs(bits: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
