@@ -132,7 +132,7 @@ def test_streaming_refuses_bad_fragments_delay_and_mixing_by_name():
 
 
 def test_streaming_fragments_are_consecutive_and_about_equal():
-    from hvd_compress.integration.torch.diloco import _fragments
+    from hvd_compress.integration.torch.diloco.streaming import _fragments
 
     sizes = {"a": 10, "b": 10, "c": 40, "d": 20, "e": 20}
     named = {name: torch.zeros(n) for name, n in sizes.items()}

@@ -1,2 +1,2 @@
 """torch.distributed alone: DDP's comm hook (``ddp.py``), FSDP2/HSDP's replicate exchange
-(``fsdp.py``) and DiLoCo's outer loop (``diloco.py``, under Horovod too)."""
+(``fsdp.py``) and DiLoCo with the methods built on it (``diloco/``, under Horovod too)."""
