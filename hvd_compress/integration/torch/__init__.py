@@ -1,2 +1,3 @@
-"""torch.distributed alone: DDP's comm hook (``ddp.py``), FSDP2/HSDP's replicate exchange
-(``fsdp.py``) and DiLoCo with the methods built on it (``diloco/``, under Horovod too)."""
+"""torch.distributed alone: DDP's comm hook (``ddp.py``), FSDP2's compressed exchange (``fsdp/``:
+HSDP's replicate all-reduce, pure FSDP's reduce-scatter) and DiLoCo with the methods built on it
+(``diloco/``, under Horovod too)."""
