@@ -7,7 +7,7 @@ time against one batched call per distinct matrix shape.
 Three measurements, each timing the median of ``--repeats`` calls between two device
 synchronisations, after one untimed call:
 
-1. Every gradient ACP-SGD compresses at ``--rank`` (``LowRankCompressor.compresses``), a P step's
+1. Every gradient ACP-SGD compresses at ``--rank`` (``LowRankTuning.compresses``), a P step's
    low-rank work (orthogonalise Q, ``P = M Q``, the residual ``M -= P Q^T``, the decompression
    ``P Q^T``), one group per shape over the whole model: per layer (``maths.lowrank``'s
    ``orthogonalize``, ``project_right``, ``addmm_``, as ``ACPSGD._rounds`` does), batched
@@ -57,7 +57,7 @@ SUFFIX = {"cpu": "", "cuda": "-cuda"}
 def compressed_shapes(shapes, rank):
     """{(n, m, r): layers} of the gradients ACP-SGD at ``rank`` compresses."""
     compressor = hc.COMPRESSORS["acpsgd"].build(rank=rank)
-    return Counter(factor_shapes(shape, rank) for _, shape in shapes if compressor.compresses(shape, rank))
+    return Counter(factor_shapes(shape, rank) for _, shape in shapes if compressor.tuning.compresses(shape, rank))
 
 
 def bucket_groups(shapes, rank):
@@ -71,7 +71,7 @@ def bucket_groups(shapes, rank):
         counts = Counter(
             factor_shapes(backward[name], rank)
             for name in bucket.members
-            if compressor.compresses(backward[name], rank)
+            if compressor.tuning.compresses(backward[name], rank)
         )
         groups.update((n, m, r, layers) for (n, m, r), layers in counts.items() if layers > 1)
     return sorted(groups)

@@ -280,7 +280,7 @@ def time_ours(make, grads, cycles, device):
 
     timed = {"cycles": time_cycles(timed_step, cycles)}
     if made[0].config.compiled:
-        timed["compile_seconds"] = made[0].compile_seconds
+        timed["compile_seconds"] = made[0].compiled_path.seconds
     if torch.device(device).type == "cpu":
         refresh()
         timed["operators"] = where_time_goes(step)
@@ -294,7 +294,7 @@ def time_interleaved(makers, grads, cycles, device):
     made, runs = [], {}
     for label, make in makers.items():
         runs[label] = as_integrations_run(prepared(make, grads, made), grads)
-    compile_seconds = dict(zip(makers, (compressor.compile_seconds for compressor in made)))
+    compile_seconds = dict(zip(makers, (compressor.compiled_path.seconds for compressor in made)))
     for refresh, step in runs.values():
         for _ in range(WARMUP_STEPS):
             refresh()
@@ -454,11 +454,11 @@ def floor_model(label: str, compressor: Compressor, shapes: list) -> dict:
     moved = flops = words = compressed = 0
     for name, shape in shapes:
         numel, setting = math.prod(shape), compressor.setting(name)
-        if not compressor.compresses(shape, setting):
+        if not compressor.tuning.compresses(shape, setting):
             moved += 8 * numel
             continue
         compressed += numel
-        moved += per_entry * numel + 2 * compressor.payload_bytes(shape, setting)
+        moved += per_entry * numel + 2 * compressor.tuning.payload_bytes(shape, setting)
         if label in LOWRANK_FLOPS:
             n, m, r = factor_shapes(shape, setting)
             flops += (LOWRANK_FLOPS[label] + RESIDUAL_FLOPS * with_feedback) * n * m * r
@@ -634,16 +634,16 @@ def error_row_operators(make, grads):
     for name, grad in grads.items():
         options = [
             o
-            for o in compressor.candidates(grad.shape, compressor.config.default)
-            if compressor.compresses(grad.shape, o)
+            for o in compressor.tuning.candidates(grad.shape, compressor.config.default)
+            if compressor.tuning.compresses(grad.shape, o)
         ]
         if options:
             layers[name] = (grad, options)
     with OperatorCount() as one_at_a_time:
         for gradient, options in layers.values():
-            compressor.errors(gradient, options)
+            compressor.tuning.errors(gradient, options)
     with OperatorCount() as batched:
-        compressor.errors_of_layers(layers)
+        compressor.tuning.errors_of_layers(layers)
     return {
         "layers": len(layers),
         "distinct_shapes": len({tuple(g.shape) for g, _ in layers.values()}),

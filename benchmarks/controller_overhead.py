@@ -29,7 +29,7 @@ rank 4, ACP-SGD rank 4, Top-K 1% and QSGD 4 bits:
   summed): the same formula with ``decide_every`` accumulations.
 
 And for GraVAC over Top-K 1%: the per-step cost of its multi-level gain measurement (the
-energies at theta_min and the candidate of every tunable layer, ``Compressor.begin_measured``),
+energies at theta_min and the candidate of every tunable layer, ``Tuning.begin_measured``),
 next to Top-K 1%'s own codec (compress + error feedback + decompress of every gradient, as
 "Codec cost" does, in a world of one) timed in the same run on the same gradients. A step that
 sends theta_min or the candidate measures within its compression: the cost is the codec step
@@ -150,7 +150,7 @@ def first_decision(method, grads, decide_every, apply_delay, step_seconds, max_s
 def accumulation_seconds(method, grads):
     """Median seconds per step of rank 0's accumulation of the tunable gradients."""
     inner = wrapped(method)
-    tunable = {n: g for n, g in grads.items() if inner.tunable(tuple(g.shape))}
+    tunable = {n: g for n, g in grads.items() if inner.tuning.tunable(tuple(g.shape))}
     sums, times = StagedSums(), []
     for _ in range(REPEATS + 1):  # the first allocates the sums
         started = time.perf_counter()
@@ -168,14 +168,16 @@ def gravac_seconds(grads):
     policy = hc.GraVAC(hc.TopK(density=0.01)).policy
     factors = {"theta_min": policy.theta_min, "candidate": policy.candidate}
     reference = hc.TopK(density=0.01)
-    tunable = {n: g for n, g in grads.items() if reference.tunable(tuple(g.shape))}
-    levels = {n: [reference.setting_for_factor(g.shape, cf) for cf in factors.values()] for n, g in tunable.items()}
+    tunable = {n: g for n, g in grads.items() if reference.tuning.tunable(tuple(g.shape))}
+    levels = {
+        n: [reference.tuning.setting_for_factor(g.shape, cf) for cf in factors.values()] for n, g in tunable.items()
+    }
 
     def codec_step(compressor, measure):
         def step():
             for n, g in grads.items():
                 if measure and n in tunable:
-                    run_alone(compressor.begin_measured(n, g, levels[n], memos.setdefault(n, {}))[0])
+                    run_alone(compressor.tuning.begin_measured(n, g, levels[n], memos.setdefault(n, {}))[0])
                 else:
                     exchange_alone(compressor, n, g)
             compressor.end_step()
@@ -192,7 +194,7 @@ def gravac_seconds(grads):
         steps[f"{label} measured"] = codec_step(at_factor, True)
     apart = hc.TopK(density=0.01)
     steps["dense measurement"] = lambda: [
-        apart.measured_energies(n, g, levels[n], memos.setdefault(n, {})) for n, g in tunable.items()
+        apart.tuning.measured_energies(n, g, levels[n], memos.setdefault(n, {})) for n, g in tunable.items()
     ]
     times = {label: [] for label in steps}
     for repeat in range(GRAVAC_REPEATS + 1):  # the first allocates buffers and residuals

@@ -121,9 +121,9 @@ class Exporter(StepObserver):
     def _sample_error(self, name, grad):
         core = self.compression.wrapped or self.compression
         setting = core.setting(name)
-        if not (core.controllable and core.compresses(grad.shape, setting)):
+        if not (core.controllable and core.tuning.compresses(grad.shape, setting)):
             return
-        (error,) = core.errors(grad.detach(), [setting])
+        (error,) = core.tuning.errors(grad.detach(), [setting])
         sums = self._error = self._error or [0.0, 0.0]
         sums[0] += float(error) ** 2
         sums[1] += float(grad.detach().double().norm()) ** 2

@@ -9,8 +9,8 @@ import hvd_compress as hc
 def sends_whole(compressor: Any, shape: Tuple[int, ...]) -> Any:
     """A setting at which ``compressor`` sends a tunable gradient of ``shape`` uncompressed
     (the one that would compress it 1x), or None where every setting compresses it."""
-    setting = compressor.setting_for_factor(shape, 1.0)
-    return None if compressor.compresses(shape, setting) else setting
+    setting = compressor.tuning.setting_for_factor(shape, 1.0)
+    return None if compressor.tuning.compresses(shape, setting) else setting
 
 
 def dense_switchable(shape: Tuple[int, ...]) -> List[str]:

@@ -37,8 +37,8 @@ class ACPSGD(LowRankCompressor):
 
     def next_payload_bytes(self, name, shape):
         setting = self.setting(name)
-        if not self.compresses(shape, setting):
-            return self.payload_bytes(shape, setting)
+        if not self.tuning.compresses(shape, setting):
+            return self.tuning.payload_bytes(shape, setting)
         return factor_bytes(shape, setting, self.phase(name).lower())
 
     def _rounds(self, name, grad, st, matrix, r):
@@ -67,13 +67,13 @@ class ACPSGD(LowRankCompressor):
         """A P step's end, from the ranks' mean P and this step's orthogonalised Q: the state
         both half-steps reuse, the result's bound, and the result."""
         st.p, st.q = p_mean, q_hat
-        self._result_bounded_by(name, p_mean, lowrank.orthonormal_product_growth(r))
+        self.guard.bound_by(name, p_mean, lowrank.orthonormal_product_growth(r))
         return self._decompressed(p_mean, q_hat, grad)
 
     def _after_q(self, name, grad, st, r, q_mean_t, p_hat):
         """A Q step's end, from the ranks' mean Q^T and this step's orthogonalised P."""
         st.p, st.q = p_hat, q_mean_t.t()
-        self._result_bounded_by(name, q_mean_t, lowrank.orthonormal_product_growth(r))
+        self.guard.bound_by(name, q_mean_t, lowrank.orthonormal_product_growth(r))
         return self._decompressed(p_hat, st.q, grad)
 
     def _batch_key(self, st):

@@ -12,6 +12,7 @@ from hvd_compress.comm.rounds import Collective, Round
 from hvd_compress.comm.twohop import chunk_length, padded_chunks, two_hop
 from hvd_compress.compressors.base import Compressor, NamedParameters
 from hvd_compress.compressors.config import CompressorConfig, configured
+from hvd_compress.compressors.tuning import Tuning
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,24 +22,32 @@ class CastConfig(CompressorConfig):
     min_numel: int = 0
 
 
+class CastTuning(Tuning):
+    """A cast compresses every gradient with an entry, whatever its shape."""
+
+    def tunable(self, shape):
+        return math.prod(shape) >= max(self.compressor.config.min_numel, 1)
+
+
+class UncompressedTuning(Tuning):
+    """Nothing is compressed."""
+
+    def tunable(self, shape):
+        return False
+
+
 class _Settingless(Compressor):
     """No per-parameter setting and no state; applies to every gradient with an entry, whatever
     its shape (an empty one travels as it is)."""
 
     payload_carries_input = True  # a cast keeps infinities and NaN, and every entry travels
+    tuning_class = CastTuning
 
     def __init__(
         self, named_parameters: NamedParameters = None, *, config: Optional[CastConfig] = None, **options: Any
     ):
         """``options``: ``CastConfig``'s fields (``min_numel``); or pass ``config``."""
         super().__init__(named_parameters, configured(CastConfig, type(self).__name__, config, options))
-
-    def _check_setting(self, name, value, numel):
-        if value is not None:
-            raise self._error(name, f"{type(self).__name__} has no per-parameter setting")
-
-    def tunable(self, shape):
-        return math.prod(shape) >= max(self.config.min_numel, 1)
 
 
 class FP16(_Settingless):
@@ -59,7 +68,7 @@ class FP16(_Settingless):
         return Round(
             grad.to(torch.float16, memory_format=torch.contiguous_format),
             Collective.ALLREDUCE,
-            lambda mean: self._typed_result(grad, mean),
+            lambda mean: self.results.typed(grad, mean),
             last=True,
         )
 
@@ -91,7 +100,7 @@ class BF16(_Settingless):
         chunks = padded_chunks(flat, w, chunk_length(n, w)).view(torch.int16)
 
         def after_gather(rows):
-            return self._typed_result(grad, rows.view(torch.bfloat16).reshape(-1)[:n])
+            return self.results.typed(grad, rows.view(torch.bfloat16).reshape(-1)[:n])
 
         return two_hop(
             chunks,
@@ -106,6 +115,4 @@ class NoCompression(_Settingless):
 
     needs_parameter_names = False
     shareable = True
-
-    def tunable(self, shape):
-        return False
+    tuning_class = UncompressedTuning

@@ -79,10 +79,6 @@ class ChunkedTopK(Compressor):
         self.feedback = ErrorFeedback(decay=config.feedback_decay)
         super().__init__(named_parameters, config)
 
-    def _check_setting(self, name, value, numel):
-        if value is not None:
-            raise self._error(name, "ChunkedTopK has no per-parameter setting (density is per chunk)")
-
     def _layout(self, n):
         """(chunks, entries per chunk, values sent per chunk) for a gradient of ``n`` entries."""
         width = min(self.config.chunk, n)
@@ -122,7 +118,7 @@ class ChunkedTopK(Compressor):
         def after_gather(gathered):
             all_means = gathered[:, :means_end].view(torch.float32)
             # An entry sums at most one value from each rank before the mean divides it.
-            self._result_bounded_by(name, all_means, gathered.shape[0])
+            self.guard.bound_by(name, all_means, gathered.shape[0])
             total = torch.zeros(chunks, width, device=gathered.device)
             for row, row_means in zip(gathered, all_means):
                 row_codes = packing.unpack_fields(row[means_end:codes_end], bits, count).view(chunks, k)
@@ -130,7 +126,7 @@ class ChunkedTopK(Compressor):
                 total.scatter_add_(1, row_positions, binned.decode(row_codes, row_means.view(chunks, -1), bits))
             if gathered.shape[0] > 1:  # dividing by one would only cost a pass
                 total.div_(gathered.shape[0])
-            return self._typed_result(grad, total.view(-1)[:n])
+            return self.results.typed(grad, total.view(-1)[:n])
 
         return Round(payload, Collective.ALLGATHER, after_gather)
 

@@ -171,3 +171,10 @@ def check_checkpoint(owner: str, state_dict: Dict[str, Any], keys: Iterable[str]
             raise ValueError(
                 f"{owner}.load_state_dict: {key} is {theirs.get(key)!r} in the checkpoint but {mine.get(key)!r} here"
             )
+
+
+def parameter_error(owner: Any, name: Optional[str], message: str) -> ValueError:
+    """The ``ValueError`` to raise about ``owner``'s (a compressor's) parameter ``name`` (None:
+    about the compressor as a whole), naming its class."""
+    where = f"parameter {name!r}: " if name is not None else ""
+    return ValueError(f"{type(owner).__name__}: {where}{message}")

@@ -6,10 +6,10 @@ from typing import Any, Optional
 import torch
 
 from hvd_compress import arguments
-from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate, check_positive_int, dense_round
+from hvd_compress.compressors.base import Compressor, NamedParameters, dense_round
 from hvd_compress.compressors.config import CompressorConfig, configured, option
 from hvd_compress.compressors.feedback import ErrorFeedback
-from hvd_compress.maths import error_tables as error_maths
+from hvd_compress.compressors.tuning import LowRankTuning
 from hvd_compress.maths import lowrank
 
 
@@ -37,6 +37,8 @@ class LowRankCompressor(Compressor):
     controllable = True
     # Every round's payload is a product with M: an Inf or NaN of M reaches it (base's docstring).
     payload_carries_input = True
+    tuning_class = LowRankTuning
+    state_type = LowRankState
 
     def __init__(
         self,
@@ -51,58 +53,6 @@ class LowRankCompressor(Compressor):
         config = configured(LowRankConfig, type(self).__name__, config, options, default=rank)
         self.feedback = ErrorFeedback(enabled=config.error_feedback)
         super().__init__(named_parameters, config)
-
-    def _check_setting(self, name, value, numel):
-        check_positive_int(self, name, "rank", value)
-
-    def _worth_compressing(self, shape, setting):
-        n, m, r = lowrank.factor_shapes(shape, setting)
-        return lowrank.worth_compressing(n, m, r, self.config.min_compression_rate)
-
-    def _new_state_from(self, values):
-        return LowRankState(**values)
-
-    # ----- the controller protocol --------------------------------------------------------
-    def check_value(self, value, label):
-        check_candidate(
-            self, value, label, isinstance(value, int) and not isinstance(value, bool) and value >= 1, "a positive rank"
-        )
-
-    def candidates(self, shape, default, values=None):
-        """``values``, or the L-GreCo paper's range [D/2, 2D] around the default rank D."""
-        if values is not None:
-            return sorted(set(values) | {default})
-        return list(range(max(1, default // 2), 2 * default + 1))
-
-    def errors(self, gradient, settings):
-        return error_maths.lowrank_errors(gradient.reshape(lowrank.matrix_shape(gradient.shape)), settings)
-
-    def errors_of_layers(self, layers):
-        """Layers of one matrix shape and one candidate list share a batched call: a decision's
-        svdvals (a device wait on a GPU) and operators grow with distinct shapes, not layers."""
-        groups = {}
-        for name, (gradient, settings) in layers.items():
-            matrix = gradient.reshape(lowrank.matrix_shape(gradient.shape))
-            groups.setdefault((tuple(matrix.shape), tuple(settings)), []).append((name, matrix))
-        rows = {}
-        for (_, settings), members in groups.items():
-            stacked = torch.stack([matrix for _, matrix in members])
-            batch = error_maths.lowrank_errors_of_batch(stacked, list(settings))
-            rows.update(zip((name for name, _ in members), batch.unbind(0)))
-        return rows
-
-    def setting_for_factor(self, shape, factor):
-        return lowrank.rank_for_factor(shape, factor)
-
-    def kept_energies(self, name, x, settings, memo):
-        """Multi-level: one warm-started power step at the first (largest) rank, whose
-        projection's singular values give every smaller rank's kept energy."""
-        matrix = x.reshape(lowrank.matrix_shape(x.shape))
-        top = lowrank.effective_rank(settings[0], *matrix.shape)
-        energies, memo["q"] = error_maths.lowrank_kept_energies(
-            matrix, memo.get("q"), [min(top, s) for s in settings], self.config.seed, name
-        )
-        return energies
 
     # ----- the exchange -------------------------------------------------------------------
     def _prepare(self, name, grad):
@@ -135,7 +85,7 @@ class LowRankCompressor(Compressor):
 
     def _decompressed(self, p, q, grad):
         """P Q^T shaped and typed as ``grad``, in its memory where ``_result_memory`` allows."""
-        into = self._result_memory(grad)
+        into = self.results.memory(grad)
         if into is None:
             return (p @ q.t()).view(grad.shape).to(grad.dtype)
         return torch.mm(p, q.t(), out=into.view(p.shape[0], q.shape[0])).view(grad.shape)
@@ -169,7 +119,7 @@ class LowRankCompressor(Compressor):
         for name, grad in items:
             st = self.state.get(name)
             setting = self.setting(name)
-            if st is None or st.step + 1 <= self.config.start_step or not self.compresses(grad.shape, setting):
+            if st is None or st.step + 1 <= self.config.start_step or not self.tuning.compresses(grad.shape, setting):
                 continue
             key = (*lowrank.factor_shapes(tuple(grad.shape), setting), grad.device, self._batch_key(st))
             groups.setdefault(key, []).append(name)

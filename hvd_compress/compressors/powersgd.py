@@ -40,7 +40,7 @@ class PowerSGD(LowRankCompressor):
 
             def after_q(q_mean_t):
                 st.q = q_mean_t.t()  # column-major, as the next P = M Q wants it
-                self._result_bounded_by(name, q_mean_t, lowrank.orthonormal_product_growth(r))
+                self.guard.bound_by(name, q_mean_t, lowrank.orthonormal_product_growth(r))
                 return self._decompressed(p_hat, st.q, grad)
 
             # Q travels as Q^T (r x m), the layout P^T M made it in: no copy.

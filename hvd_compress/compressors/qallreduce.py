@@ -9,9 +9,11 @@ import torch
 
 from hvd_compress import arguments
 from hvd_compress.comm.twohop import chunk_length, padded_chunks, two_hop
-from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate
-from hvd_compress.compressors.config import CompressorConfig, check_checkpoint, configured, option
+from hvd_compress.compressors.base import Compressor, NamedParameters
+from hvd_compress.compressors.checkpoint import Checkpoint
+from hvd_compress.compressors.config import CompressorConfig, check_checkpoint, configured, option, parameter_error
 from hvd_compress.compressors.feedback import ErrorFeedback
+from hvd_compress.compressors.tuning import QuantizedTuning
 from hvd_compress.maths import absmax
 from hvd_compress.maths.packing import levels_for_bits
 
@@ -26,6 +28,71 @@ class QuantizedAllReduceConfig(CompressorConfig):
 
     default: int = 8
     block_size: int = option(256, arguments.integer, low=1)
+
+
+class QuantizedAllReduceTuning(QuantizedTuning):
+    """Bits among (2, 4, 8); errors and energies are the first hop's, on this world's chunks."""
+
+    bits = BITS
+    setting_rule = f"one of {list(BITS)}"
+    value_rule = f"{list(BITS)}"
+
+    def setting_for_factor(self, shape, factor):
+        return min(BITS, key=lambda bits: abs(bits - 32 / factor))
+
+    def _chunks_of(self, x):
+        flat = x.reshape(-1).float()
+        return padded_chunks(flat, self.compressor.size, self.compressor.chunk_entries(flat.numel()))
+
+    def errors(self, gradient, settings):
+        """The first hop's quantisation error at each bits, on this world's chunks."""
+        return absmax.errors_and_energies(self._chunks_of(gradient), settings, self.compressor.config.block_size)[0]
+
+    def kept_energies(self, name, x, settings, memo):
+        return absmax.errors_and_energies(self._chunks_of(x), settings, self.compressor.config.block_size)[1]
+
+
+class OwnerCheckpoint(Checkpoint):
+    """``Checkpoint`` with the owner's residuals (e_s) under "owner_residuals": kept only on the
+    rank and W they were taken on (the same chunks), else they start from zero."""
+
+    def state_dict(self) -> Dict[str, Any]:
+        """``Checkpoint.state_dict`` and "owner_residuals": {name: e_s}, this rank's chunk."""
+        return dict(super().state_dict(), owner_residuals=self.compressor.owned.state_dict())
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """``Checkpoint.load_state_dict``, and the owner's residuals where the checkpoint was
+        taken on this rank of this W (elsewhere they start from zero). Raises ``ValueError``
+        naming the parameter whose owner residual does not fit its chunk, before any change."""
+        c = self.compressor
+        check_checkpoint(type(c).__name__, state_dict, ("owner_residuals", "shapes", "rank", "world_size"), c.config)
+        owned, shapes = state_dict["owner_residuals"], state_dict["shapes"]
+        for name, residual in owned.items():
+            if name not in shapes or residual.numel() != c.chunk_entries(
+                math.prod(shapes[name]), state_dict["world_size"]
+            ):
+                raise parameter_error(c, name, "the checkpoint's owner residual does not fit its chunk")
+        super().load_state_dict(state_dict)
+        if c._bound and (state_dict["rank"], state_dict["world_size"]) != (c.rank, c.size):
+            owned = {}
+        c.owned.load_state_dict(owned)
+
+    def world_change_state(self, state_dict, *, own=None, rank=None, size=None) -> Dict[str, Any]:
+        """As ``Checkpoint.world_change_state``; ``own``'s owner residuals are kept only where it
+        was taken on ``rank`` of ``size`` (the same chunks), else they start from zero."""
+        changed = super().world_change_state(state_dict, own=own, rank=rank, size=size)
+        same = own is not None and rank is not None and (own["rank"], own["world_size"]) == (rank, size)
+        return dict(changed, owner_residuals=own["owner_residuals"] if same else {})
+
+    def restart_from(self, state_dict: Dict[str, Any], forget=()) -> None:
+        forget = set(forget)
+        kept = {name: value for name, value in state_dict["owner_residuals"].items() if name not in forget}
+        super().restart_from(dict(state_dict, owner_residuals=kept), forget)
+
+    def check_world(self, expected):
+        super().check_world(expected)
+        if tuple(expected) != (self.compressor.rank, self.compressor.size):
+            self.compressor.owned.load_state_dict({})
 
 
 class QuantizedAllReduce(Compressor):
@@ -84,6 +151,8 @@ class QuantizedAllReduce(Compressor):
 
     setting_name = "bits"
     controllable = True
+    tuning_class = QuantizedAllReduceTuning
+    checkpoint_class = OwnerCheckpoint
     payload_carries_input = True
 
     def __init__(
@@ -101,10 +170,6 @@ class QuantizedAllReduce(Compressor):
         )
         self.feedback = ErrorFeedback()  # e_w, the worker's residual
         self.owned = ErrorFeedback()  # e_s, the owner's residual of its chunk
-
-    def _check_setting(self, name, value, numel):
-        if isinstance(value, bool) or not isinstance(value, int) or value not in BITS:
-            raise self._error(name, f"bits must be one of {list(BITS)}, got {value!r}")
 
     def chunk_entries(self, numel: int, size: Optional[int] = None) -> int:
         """Entries of each chunk of a gradient of ``numel`` entries among ``size`` ranks (this
@@ -138,9 +203,9 @@ class QuantizedAllReduce(Compressor):
         def finish(rows):
             gathered_codes, gathered_scales = absmax.unpack_rows(rows, bits, c, block)
             # No entry decodes above s times its block's scale.
-            self._result_bounded_by(name, gathered_scales, levels_for_bits(bits))
+            self.guard.bound_by(name, gathered_scales, levels_for_bits(bits))
             values = absmax.dequantize_rows(gathered_codes, gathered_scales, block)
-            return self._typed_result(grad, values.reshape(-1)[:n])
+            return self.results.typed(grad, values.reshape(-1)[:n])
 
         return two_hop(
             absmax.pack_rows(codes, scales, bits),
@@ -216,7 +281,7 @@ class QuantizedAllReduce(Compressor):
         else:
             self.owned.rollback()
 
-    # ----- world changes and checkpoints --------------------------------------------------
+    # ----- world changes ----------------------------------------------------------------------
     def bind_world(self, rank: int, size: int) -> None:
         """As ``Compressor.bind_world``; a new rank or W moves chunk ownership, so the owner's
         residuals are dropped."""
@@ -232,78 +297,3 @@ class QuantizedAllReduce(Compressor):
             )
             self.owned.load_state_dict({})
         super().bind_world(rank, size)
-
-    def _check_world(self, expected):
-        super()._check_world(expected)
-        if tuple(expected) != (self.rank, self.size):
-            self.owned.load_state_dict({})
-
-    def state_dict(self) -> Dict[str, Any]:
-        """``Compressor.state_dict`` and "owner_residuals": {name: e_s}, this rank's chunk."""
-        return dict(super().state_dict(), owner_residuals=self.owned.state_dict())
-
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """``Compressor.load_state_dict``, and the owner's residuals where the checkpoint was
-        taken on this rank of this W (elsewhere they start from zero). Raises ``ValueError``
-        naming the parameter whose owner residual does not fit its chunk, before any change."""
-        cls = type(self).__name__
-        check_checkpoint(cls, state_dict, ("owner_residuals", "shapes", "rank", "world_size"), self.config)
-        owned, shapes = state_dict["owner_residuals"], state_dict["shapes"]
-        for name, residual in owned.items():
-            if name not in shapes or residual.numel() != self.chunk_entries(
-                math.prod(shapes[name]), state_dict["world_size"]
-            ):
-                raise self._error(name, "the checkpoint's owner residual does not fit its chunk")
-        super().load_state_dict(state_dict)
-        if self._bound and (state_dict["rank"], state_dict["world_size"]) != (self.rank, self.size):
-            owned = {}
-        self.owned.load_state_dict(owned)
-
-    def world_change_state(
-        self,
-        state_dict: Dict[str, Any],
-        *,
-        own: Optional[Dict[str, Any]] = None,
-        rank: Optional[int] = None,
-        size: Optional[int] = None,
-    ) -> Dict[str, Any]:
-        """As ``Compressor.world_change_state``; ``own``'s owner residuals are kept only where it
-        was taken on ``rank`` of ``size`` (the same chunks), else they start from zero."""
-        changed = super().world_change_state(state_dict, own=own, rank=rank, size=size)
-        same = own is not None and rank is not None and (own["rank"], own["world_size"]) == (rank, size)
-        return dict(changed, owner_residuals=own["owner_residuals"] if same else {})
-
-    def restart_from(self, state_dict: Dict[str, Any], forget=()) -> None:
-        forget = set(forget)
-        kept = {name: value for name, value in state_dict["owner_residuals"].items() if name not in forget}
-        super().restart_from(dict(state_dict, owner_residuals=kept), forget)
-
-    # ----- the controller protocol ----------------------------------------------------------
-    def check_value(self, value, label):
-        check_candidate(
-            self,
-            value,
-            label,
-            isinstance(value, int) and not isinstance(value, bool) and value in BITS,
-            f"bits in {list(BITS)}",
-        )
-
-    def candidates(self, shape, default, values=None):
-        """``values``, or the L-GreCo paper's [D/2, 2D] around the default D, among (2, 4, 8)."""
-        if values is not None:
-            return sorted(set(values) | {default})
-        return [bits for bits in BITS if default // 2 <= bits <= 2 * default]
-
-    def _chunks_of(self, x):
-        flat = x.reshape(-1).float()
-        return padded_chunks(flat, self.size, self.chunk_entries(flat.numel()))
-
-    def errors(self, gradient, settings):
-        """The first hop's quantisation error at each bits, on this world's chunks."""
-        return absmax.errors_and_energies(self._chunks_of(gradient), settings, self.config.block_size)[0]
-
-    def setting_for_factor(self, shape, factor):
-        return min(BITS, key=lambda bits: abs(bits - 32 / factor))
-
-    def kept_energies(self, name, x, settings, memo):
-        return absmax.errors_and_energies(self._chunks_of(x), settings, self.config.block_size)[1]

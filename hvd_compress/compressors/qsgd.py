@@ -9,8 +9,9 @@ import torch
 
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate
+from hvd_compress.compressors.base import Compressor, NamedParameters
 from hvd_compress.compressors.config import CompressorConfig, configured, option
+from hvd_compress.compressors.tuning import QuantizedTuning
 from hvd_compress.maths import error_tables as error_maths
 from hvd_compress.maths import quantize
 
@@ -31,6 +32,24 @@ class QSGDState:
     step: int = 0
 
 
+class QSGDTuning(QuantizedTuning):
+    """QSGD's bits, ``MIN_BITS`` to ``MAX_BITS``: errors and energies in closed form over its
+    buckets (``maths.error_tables``)."""
+
+    bits = range(MIN_BITS, MAX_BITS + 1)
+    setting_rule = f"an integer in [{MIN_BITS}, {MAX_BITS}]"
+    value_rule = f"[{MIN_BITS}, {MAX_BITS}]"
+
+    def setting_for_factor(self, shape, factor):
+        return min(MAX_BITS, max(MIN_BITS, round(32 / factor)))
+
+    def errors(self, gradient, settings):
+        return error_maths.qsgd_errors(gradient.flatten(), settings, self.compressor.config.bucket_size)
+
+    def kept_energies(self, name, x, settings, memo):
+        return error_maths.qsgd_kept_energies(x.reshape(-1), settings, self.compressor.config.bucket_size)
+
+
 class QSGD(Compressor):
     """QSGD (Alistarh et al., 2017) with ``bits`` per entry (sign included, s = 2^(bits-1) - 1
     levels) and one float32 norm per bucket of ``bucket_size`` entries. Stochastic rounding
@@ -49,6 +68,8 @@ class QSGD(Compressor):
 
     setting_name = "bits"
     controllable = True
+    tuning_class = QSGDTuning
+    state_type = QSGDState
     compiled_kernels = quantize.COMPILED_KERNELS
     # A bucket holding an Inf or NaN travels a non-finite norm (quantize.bucket_norms), and every
     # entry of that bucket decodes non-finite on every rank.
@@ -66,43 +87,10 @@ class QSGD(Compressor):
         fields; or pass ``config``, a ``QSGDConfig``."""
         super().__init__(named_parameters, configured(QSGDConfig, type(self).__name__, config, options, default=bits))
 
-    def _check_setting(self, name, value, numel):
-        if isinstance(value, bool) or not isinstance(value, int) or not MIN_BITS <= value <= MAX_BITS:
-            raise self._error(name, f"bits must be an integer in [{MIN_BITS}, {MAX_BITS}], got {value!r}")
-
     def _compressed_bytes(self, shape, setting):
         numel = math.prod(shape)
         buckets = -(-numel // self.config.bucket_size)
         return quantize.packed_size(numel, setting) + 4 * (buckets + buckets % 2)
-
-    def _new_state_from(self, values):
-        return QSGDState(**values)
-
-    # ----- the controller protocol ----------------------------------------------------------
-    def check_value(self, value, label):
-        check_candidate(
-            self,
-            value,
-            label,
-            isinstance(value, int) and not isinstance(value, bool) and MIN_BITS <= value <= MAX_BITS,
-            f"bits in [{MIN_BITS}, {MAX_BITS}]",
-        )
-
-    def candidates(self, shape, default, values=None):
-        """``values``, or the L-GreCo paper's [D/2, 2D] around the default D, within the bits
-        QSGD supports."""
-        if values is not None:
-            return sorted(set(values) | {default})
-        return list(range(max(MIN_BITS, default // 2), min(MAX_BITS, 2 * default) + 1))
-
-    def errors(self, gradient, settings):
-        return error_maths.qsgd_errors(gradient.flatten(), settings, self.config.bucket_size)
-
-    def setting_for_factor(self, shape, factor):
-        return min(MAX_BITS, max(MIN_BITS, round(32 / factor)))
-
-    def kept_energies(self, name, x, settings, memo):
-        return error_maths.qsgd_kept_energies(x.reshape(-1), settings, self.config.bucket_size)
 
     def _rounding_key(self, name):
         """Rounding noise differs per rank (so it averages out) and is reproducible from
@@ -158,16 +146,14 @@ class QSGD(Compressor):
         bits = self.setting(name)
         payload, codes, norms = self._payload(n, bits, grad.device)
         x, key = grad.reshape(-1).float(), self._rounding_key(name)
-        self._compiled_or_eager(lambda compiled: self._encode(x, bits, key, codes, norms, compiled))
+        self.compiled_path.run(lambda compiled: self._encode(x, bits, key, codes, norms, compiled))
 
         def after_gather(rows):
             # No entry decodes above its bucket's norm, and the mean adds one per rank, then divides.
             code_bytes, buckets = codes.numel(), norms.numel()
-            self._result_bounded_by(
-                name, rows[:, code_bytes : code_bytes + 4 * buckets].view(torch.float32), rows.shape[0]
-            )
-            out = self._result_memory(grad)
-            mean = self._compiled_or_eager(lambda compiled: self._decode_mean(rows, n, bits, out, compiled))
+            self.guard.bound_by(name, rows[:, code_bytes : code_bytes + 4 * buckets].view(torch.float32), rows.shape[0])
+            out = self.results.memory(grad)
+            mean = self.compiled_path.run(lambda compiled: self._decode_mean(rows, n, bits, out, compiled))
             return mean.view(shape).to(dtype)
 
         return Round(payload, Collective.ALLGATHER, after_gather)

@@ -49,6 +49,8 @@ class ScaleCom(KSparse):
     gradient it has selected from, per thread, between steps.
     """
 
+    state_type = ScaleComState
+
     def __init__(
         self,
         named_parameters: NamedParameters = None,
@@ -62,9 +64,6 @@ class ScaleCom(KSparse):
         config = configured(ScaleComConfig, type(self).__name__, config, options, density=density)
         self.feedback = ErrorFeedback()  # low-pass filtered, below
         super().__init__(named_parameters, config)
-
-    def _new_state_from(self, values):
-        return ScaleComState(**values)
 
     def leader(self, step: int) -> int:
         """The rank whose indices everyone uses at (1-based) step ``step``."""
@@ -98,7 +97,7 @@ class ScaleCom(KSparse):
                     acc.add_(previous, alpha=(1 - self.config.beta) * self.loss_scale())
 
             def after_values(mean_values):
-                out = self._zeroed_result(grad)
+                out = self.results.zeroed(grad)
                 out[chosen] = mean_values
                 return out.view(shape).to(dtype)
 

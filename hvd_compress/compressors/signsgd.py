@@ -57,10 +57,6 @@ class SignSGD(Compressor):
         self.feedback = ErrorFeedback()
         super().__init__(named_parameters, config)
 
-    def _check_setting(self, name, value, numel):
-        if value is not None:
-            raise self._error(name, "SignSGD has no per-parameter setting (one bit per entry)")
-
     def _compressed_bytes(self, shape, setting):
         return signs.packed_size(math.prod(shape)) + SCALE_BYTES
 

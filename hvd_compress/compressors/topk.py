@@ -8,9 +8,10 @@ import torch
 
 from hvd_compress import arguments
 from hvd_compress.comm.rounds import Collective, Round
-from hvd_compress.compressors.base import Compressor, NamedParameters, check_candidate, check_positive_int
+from hvd_compress.compressors.base import Compressor, NamedParameters
 from hvd_compress.compressors.config import CompressorConfig, configured, option
 from hvd_compress.compressors.feedback import ErrorFeedback
+from hvd_compress.compressors.tuning import SparseTuning, check_positive_int, nested_ks
 from hvd_compress.maths import error_tables as error_maths
 from hvd_compress.maths import sparsify
 from hvd_compress.maths.sparsify import topk_indices
@@ -33,10 +34,7 @@ class KSparse(Compressor):
     setting is k, or None for ``density`` of the gradient's entries."""
 
     setting_name = "k"
-
-    def _check_setting(self, name, value, numel):
-        if value is not None:  # None: k follows ``density``
-            check_positive_int(self, name, "k", value, upper=numel)
+    tuning_class = SparseTuning
 
     def k_for(self, setting: Optional[int], numel: int) -> int:
         """k at ``setting``; None means ``density`` of the gradient."""
@@ -45,45 +43,12 @@ class KSparse(Compressor):
     def _compressed_bytes(self, shape, setting):
         return 8 * self.k_for(setting, math.prod(shape))
 
-    # ----- the controller protocol: user-facing values are densities, settings are k -------
-    def check_value(self, value, label):
-        check_candidate(
-            self,
-            value,
-            label,
-            isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1,
-            "a density in (0, 1]",
-        )
 
-    def setting_for_value(self, shape, value):
-        numel = math.prod(shape)
-        return max(1, min(numel, math.ceil(value * numel)))
+class TopKTuning(SparseTuning):
+    """Top-K's energies come from its own selection (``TopK._compress``)."""
 
-    def resolve(self, shape, setting):
-        return self.k_for(setting, math.prod(shape))
-
-    def candidates(self, shape, default, values=None):
-        """k for ``values`` (densities), or for the L-GreCo paper's [D/10, 10D] in steps of
-        D/10 around the default density D; the default's k among them."""
-        numel = math.prod(shape)
-        density = self.config.density if default is None else default / numel
-        densities = values if values is not None else [density * i / 10 for i in range(1, 101)]
-        return sorted({self.setting_for_value(shape, d) for d in densities} | {self.resolve(shape, default)})
-
-    def errors(self, gradient, settings):
-        return error_maths.topk_errors(gradient.flatten(), settings)
-
-    def setting_for_factor(self, shape, factor):
-        return max(1, math.ceil(math.prod(shape) / factor))
-
-    def kept_energies(self, name, x, settings, memo):
-        return error_maths.topk_kept_energies(x.reshape(-1), nested_ks(settings))
-
-
-def nested_ks(settings):
-    """GraVAC's k's, each within the first (theta_min's): multi-level, the candidate selects
-    from theta_min's selection."""
-    return [min(settings[0], k) for k in settings]
+    def compress_measured(self, name, grad, settings, memo):
+        return self.compressor._compress(name, grad, nested_ks(settings))
 
 
 class TopK(KSparse):
@@ -106,6 +71,7 @@ class TopK(KSparse):
     """
 
     controllable = True
+    tuning_class = TopKTuning
     compiled_kernels = sparsify.COMPILED_KERNELS
     # An Inf or NaN magnitude ranks above every finite one (torch.topk, and the sampled
     # threshold's candidates, which keep NaN), so a non-finite input is always among the k sent.
@@ -131,9 +97,6 @@ class TopK(KSparse):
     def _warm_up(self, numel, setting, device):
         sparsify.warm_up(numel, device)
 
-    def _begin_measured(self, name, grad, settings, memo):
-        return self._compress(name, grad, nested_ks(settings))
-
     def _compress(self, name, grad, nested):
         """(the round, GraVAC's energies at the k's ``nested``, or None without them). The
         energies come from this compression's own work: x is the accumulator it selects from,
@@ -146,7 +109,7 @@ class TopK(KSparse):
         # Gradient plus residual, built in the residual's buffer; zeroing what is sent leaves
         # the next residual there.
         acc = self.feedback.compensated(name, grad.reshape(-1))
-        indices = self._compiled_or_eager(lambda compiled: topk_indices(acc, k, compiled))
+        indices = self.compiled_path.run(lambda compiled: topk_indices(acc, k, compiled))
         values = acc.index_select(0, indices)
         energies = None
         if nested is not None:
@@ -164,8 +127,8 @@ class TopK(KSparse):
 
         def after_gather(rows):
             # An entry sums at most one value from each rank before the mean divides it.
-            self._result_bounded_by(name, rows[:, : 4 * k].view(torch.float32), rows.shape[0])
-            total = self._zeroed_result(grad)
+            self.guard.bound_by(name, rows[:, : 4 * k].view(torch.float32), rows.shape[0])
+            total = self.results.zeroed(grad)
             for row in rows:
                 total.index_add_(0, row[4 * k :].view(torch.int32).long(), row[: 4 * k].view(torch.float32))
             if rows.shape[0] > 1:  # dividing by one would only cost a pass

@@ -234,18 +234,20 @@ class GraVAC(Controller):
     # ----- the exchange ------------------------------------------------------------------------
     def _begin_exchange(self, name, grad):
         shape = tuple(grad.shape)
-        if not self.inner.tunable(shape):
+        if not self.inner.tuning.tunable(shape):
             return self.inner.begin(name, grad)
         if name not in self._shapes:
             self._shapes[name] = shape
             self._apply_factor(name)
         # The candidate compresses further than theta_min: nested settings, multi-level gains.
-        settings = [self.inner.setting_for_factor(shape, cf) for cf in (self.policy.theta_min, self.policy.candidate)]
+        settings = [
+            self.inner.tuning.setting_for_factor(shape, cf) for cf in (self.policy.theta_min, self.policy.candidate)
+        ]
         # Warm starts are updated in a copy, kept only if the step turns out finite.
         memo = self._step_memos[name] = dict(self._memos.get(name, {}))
         # The energies come from the compression's own work where the compressor can (they
         # then cost no second pass over the gradient), and on dense steps are measured apart.
-        round_, energies = self.inner.begin_measured(name, grad, settings, memo, uncompressed=self.cf == DENSE)
+        round_, energies = self.inner.tuning.begin_measured(name, grad, settings, memo, uncompressed=self.cf == DENSE)
         # float32, on the gradient's device, made there without waiting for it: the stats
         # travel appended to the payload, and reach the host once per step (end_step).
         stats = torch.cat([energies, energies.new_full((1,), self._last_seconds)]).float()
@@ -302,7 +304,7 @@ class GraVAC(Controller):
 
     def _apply_factor(self, name):
         if self.cf != DENSE:
-            self.inner.set_setting(name, self.inner.setting_for_factor(self._shapes[name], self.cf))
+            self.inner.set_setting(name, self.inner.tuning.setting_for_factor(self._shapes[name], self.cf))
 
     def state_dict(self):
         """The policy, the wrapped compressor's checkpoint, the bounded history, warm starts and

@@ -129,10 +129,10 @@ class LGreCoConfig(MethodConfig):
         """Raises ``ValueError`` naming the value unless every candidate and Accordion's values
         are valid settings of ``compressor`` (the wrapped one, known only to the controller)."""
         for value in self.candidates or []:
-            compressor.check_value(value, f"{owner}: every candidate")
+            compressor.tuning.check_value(value, f"{owner}: every candidate")
         if self.accordion is not None:
-            compressor.check_value(self.accordion.critical, f"{owner}: accordion.critical")
-            compressor.check_value(self.accordion.normal, f"{owner}: accordion.normal")
+            compressor.tuning.check_value(self.accordion.critical, f"{owner}: accordion.critical")
+            compressor.tuning.check_value(self.accordion.normal, f"{owner}: accordion.normal")
 
 
 class LGreCo(Controller):
@@ -229,8 +229,8 @@ class LGreCo(Controller):
         (``setting/<name>``, resolved: Top-K's k, ranks, bits)."""
         numbers = dict(super().metrics(), lgreco_version=self.version, lgreco_step=self.step)
         for name, shape in self._shapes.items():
-            if self.inner.tunable(shape):
-                setting = self.inner.resolve(shape, self.inner.setting(name))
+            if self.inner.tuning.tunable(shape):
+                setting = self.inner.tuning.resolve(shape, self.inner.setting(name))
                 if isinstance(setting, (int, float)):
                     numbers[f"setting/{name}"] = setting
         return numbers
@@ -291,7 +291,7 @@ class LGreCo(Controller):
             return [self.inner.begin_uncompressed(name, grad) for name, grad in items]
         if self.rank == 0 and self._accumulating():
             for name, grad in items:
-                if self.inner.tunable(self._shapes[name]):
+                if self.inner.tuning.tunable(self._shapes[name]):
                     self._accumulate(name, grad)
         rounds = self.inner.begin_many(items)
         if self.config.objective == "time":
@@ -415,7 +415,7 @@ class LGreCo(Controller):
             before = self._previous_norms.get(name)
             critical = before is None or abs(norm - before) >= self.config.accordion.threshold * before
             value = self.config.accordion.critical if critical else self.config.accordion.normal
-            defaults[name] = self.inner.setting_for_value(shapes[name], value)
+            defaults[name] = self.inner.tuning.setting_for_value(shapes[name], value)
             self._previous_norms[name] = norm
         return defaults
 
@@ -424,25 +424,27 @@ class LGreCo(Controller):
         notes = []
         defaults = self._defaults(sums)
         names = sorted(
-            name for name in sums if self.config.dense_candidates or self.inner.compresses(shapes[name], defaults[name])
+            name
+            for name in sums
+            if self.config.dense_candidates or self.inner.tuning.compresses(shapes[name], defaults[name])
         )
         weights = self._time_weights(names, shapes, samples, notes) if self.config.objective == "time" else None
         candidates = {}
         for name in names:
-            options = self.inner.candidates(shapes[name], defaults[name], self.config.candidates)
+            options = self.inner.tuning.candidates(shapes[name], defaults[name], self.config.candidates)
             if not self.config.dense_candidates:
-                options = [o for o in options if self.inner.compresses(shapes[name], o)]
+                options = [o for o in options if self.inner.tuning.compresses(shapes[name], o)]
             candidates[name] = options
         # All layers at once: the compressor batches layers of one shape (low-rank's svdvals).
-        computed = self.inner.errors_of_layers({name: (sums[name], candidates[name]) for name in names})
+        computed = self.inner.tuning.errors_of_layers({name: (sums[name], candidates[name]) for name in names})
         # One device-to-host transfer for the whole table and the window's norms.
         read = read_rows({**computed, **norms})
         rows = []
         for name in names:
             shape, options = shapes[name], candidates[name]
-            errors = [0.0 if not self.inner.compresses(shape, o) else e for o, e in zip(options, read[name])]
-            sizes = [self.inner.payload_bytes(shape, o) for o in options]
-            rows.append((options, sizes, errors, options.index(self.inner.resolve(shape, defaults[name]))))
+            errors = [0.0 if not self.inner.tuning.compresses(shape, o) else e for o, e in zip(options, read[name])]
+            sizes = [self.inner.tuning.payload_bytes(shape, o) for o in options]
+            rows.append((options, sizes, errors, options.index(self.inner.tuning.resolve(shape, defaults[name]))))
         width = max((len(options) for options in candidates.values()), default=0)
         size_table = np.full((len(names), width), np.inf)
         error_table = np.full((len(names), width), np.inf)

@@ -106,14 +106,7 @@ class Wrapper(GradientCompression):
         }
 
     # ----- world changes: the wrapped compressor's state is nested under "inner" -------------
-    def world_change_state(
-        self,
-        state_dict: Dict[str, Any],
-        *,
-        own: Optional[Dict[str, Any]] = None,
-        rank: Optional[int] = None,
-        size: Optional[int] = None,
-    ) -> Dict[str, Any]:
+    def world_change_state(self, state_dict, *, own=None, rank=None, size=None) -> Dict[str, Any]:
         inner = self.inner.world_change_state(
             state_dict["inner"], own=None if own is None else own["inner"], rank=rank, size=size
         )

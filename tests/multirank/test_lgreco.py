@@ -72,7 +72,9 @@ def test_start_step_sends_whole_gradients_first_and_decides_one_warm_up_later(pa
         if step == 5:
             # Plus, on the stock path, Horovod's 4-byte placeholder for each gradient our driver
             # carries: every gradient some setting compresses (integration/horovod/compression.py).
-            driven = 0 if path == "wrapper" else sum(lgreco.inner.tunable(tuple(p.shape)) for p in model.parameters())
+            driven = (
+                0 if path == "wrapper" else sum(lgreco.inner.tuning.tunable(tuple(p.shape)) for p in model.parameters())
+            )
             placeholders = step * driven * Collective.ALLREDUCE.wire_bytes(4, hvd.size())
             assert lgreco.traffic.wire_bytes == lgreco.traffic.dense_wire_bytes + placeholders
     assert lgreco.traffic.wire_bytes < lgreco.traffic.dense_wire_bytes
@@ -90,8 +92,8 @@ def test_auto_delay_postpones_a_slow_decision_alike_on_every_rank():
     past_the_first_exchange = threading.Event()
     if hvd.rank() == 0:
         # Held by the step count, not a sleep: on a loaded machine 10 steps can outlast any sleep.
-        errors = lgreco.inner.errors_of_layers  # the decision's one call for its error rows
-        lgreco.inner.errors_of_layers = lambda *args: (past_the_first_exchange.wait(60), errors(*args))[1]
+        errors = lgreco.inner.tuning.errors_of_layers  # the decision's one call for its error rows
+        lgreco.inner.tuning.errors_of_layers = lambda *args: (past_the_first_exchange.wait(60), errors(*args))[1]
     for step, (x, y) in enumerate(rank_batches(3000, seed=6), start=1):
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()

@@ -515,9 +515,9 @@ def test_a_dense_warmup_sends_the_uncompressed_average_then_compresses(path):
             rows = gathered(p.grad, f"warmup.{path}.{step}.{name}")
             assert all(torch.equal(rows[0], row) for row in rows), (step, name)
             same = torch.allclose(p.grad, uncompressed[step][name], rtol=0, atol=1e-6)
-            compressed = step >= 2 and topk.compresses(p.shape, topk.setting(name))
+            compressed = step >= 2 and topk.tuning.compresses(p.shape, topk.setting(name))
             assert same != compressed, (step, name)
         with opt.skip_synchronize():
             opt.step()
     assert warm_up.steps == 4
-    assert any(topk.compresses(p.shape, topk.setting(name)) for name, p in model.named_parameters())
+    assert any(topk.tuning.compresses(p.shape, topk.setting(name)) for name, p in model.named_parameters())

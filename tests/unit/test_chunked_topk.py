@@ -60,7 +60,7 @@ def test_payload_bytes_match_the_formula_and_the_traffic():
         n = math.prod(shape)
         chunks, k = math.ceil(n / 256), math.ceil(0.05 * 256)
         assert round_.collective is Collective.ALLGATHER
-        assert round_.payload.numel() == compressor.payload_bytes(shape, None)
+        assert round_.payload.numel() == compressor.tuning.payload_bytes(shape, None)
         means, codes, positions = 4 * chunks * 2, 8 * math.ceil(chunks * k / 32), 8 * math.ceil(2 * chunks * k / 8)
         assert round_.payload.numel() == means + codes + positions
         assert round_.payload.numel() % 4 == 0  # gathered rows keep the float32 means readable

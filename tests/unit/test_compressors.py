@@ -306,7 +306,7 @@ def test_payload_bytes_count_what_is_sent(make):
     for step in range(2):
         sim.step([grads(step), grads(step + 10)])
     compressor = sim.compressors[0]
-    predicted = sum(compressor.payload_bytes(shape, compressor.setting(name)) for name, shape in SHAPES.items())
+    predicted = sum(compressor.tuning.payload_bytes(shape, compressor.setting(name)) for name, shape in SHAPES.items())
     assert compressor.traffic.payload_bytes == 2 * predicted
 
 

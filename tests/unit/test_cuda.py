@@ -10,7 +10,7 @@ its reason, where torch sees no CUDA device (CI's machines). On a GPU machine:
   (torch's own sync debug mode counts the waits; a failure names each one's line and thread).
 * A checkpoint written on the GPU, loaded with ``map_location="cpu"``, resumes on the GPU.
 * An Inf on one rank drops the step on every rank: the finiteness check on the device, through
-  the results' bounds (``Compressor._result_bounded_by``) as through their extremes."""
+  the results' bounds (``StepGuard.bound_by``) as through their extremes."""
 
 import io
 import sys

@@ -266,7 +266,7 @@ def test_measuring_begin_gives_the_gains_of_a_separate_measurement(inner, shape,
     ``kept_energies`` on gradient plus residual, measured apart: to float32 rounding where the
     selection itself is used, to the histogram's accuracy where the separate measurement used it."""
     compressor = inner()
-    settings = [compressor.setting_for_factor(shape, factor) for factor in (4, 8)]
+    settings = [compressor.tuning.setting_for_factor(shape, factor) for factor in (4, 8)]
     compressor.set_setting("w", settings[sent])
     world = SimulatedWorld([compressor])
     if with_residual:
@@ -277,9 +277,9 @@ def test_measuring_begin_gives_the_gains_of_a_separate_measurement(inner, shape,
         x += compressor.residual("w").view(shape)
     memo, separate_memo = {}, {}
     expected = torch.cat(
-        [x.double().square().sum().reshape(1), compressor.kept_energies("w", x, settings, separate_memo)]
+        [x.double().square().sum().reshape(1), compressor.tuning.kept_energies("w", x, settings, separate_memo)]
     )
-    _, energies = compressor.begin_measured("w", grad, settings, memo)
+    _, energies = compressor.tuning.begin_measured("w", grad, settings, memo)
     assert energies.dtype == torch.float64 and energies.shape == (3,)
     histogram = isinstance(compressor, hc.TopK) and x.numel() >= 1 << 16
     torch.testing.assert_close(energies, expected, rtol=1e-2 if histogram else 1e-6, atol=0)

@@ -95,7 +95,7 @@ def test_accordion_picks_the_critical_default_first():
     run(lgreco, 6)
     decision = lgreco.decisions[0]
     # Everything is critical at the first decision: the budget is that of rank 8 everywhere.
-    uniform8 = sum(lgreco.inner.payload_bytes(SHAPES[n], 8) for n in "abc")
+    uniform8 = sum(lgreco.inner.tuning.payload_bytes(SHAPES[n], 8) for n in "abc")
     assert decision.uniform_bytes == uniform8
 
 
@@ -150,7 +150,9 @@ def test_accumulate_steps_averages_only_the_last_steps_before_a_decision():
 
 def decision_budget(inner, tables):
     """The uniform default's total error on ``tables`` (name -> the tensor the table is built on)."""
-    return sum(inner.errors(x, [inner.resolve(tuple(x.shape), inner.config.default)])[0] for x in tables.values())
+    return sum(
+        inner.tuning.errors(x, [inner.tuning.resolve(tuple(x.shape), inner.config.default)])[0] for x in tables.values()
+    )
 
 
 @pytest.mark.parametrize("error_source", ["sent", "raw"])
@@ -228,13 +230,13 @@ def test_auto_delay_postpones_instead_of_waiting_for_a_slow_decision():
     The next delay follows from the measured time."""
     lgreco = make(hc.PowerSGD(rank=4, min_numel=0), apply_delay="auto", decide_every=80)
     released, held_until_released = threading.Event(), []
-    errors = lgreco.inner.errors_of_layers  # the decision's one call for its error rows
+    errors = lgreco.inner.tuning.errors_of_layers  # the decision's one call for its error rows
 
     def held(*args):
         held_until_released.append(released.wait(20))
         return errors(*args)
 
-    lgreco.inner.errors_of_layers = held
+    lgreco.inner.tuning.errors_of_layers = held
     sim, submitted = SimulatedWorld([lgreco]), None
     for step in range(5000):
         sim.step([layered_gradients(step, DECAY)])
@@ -381,7 +383,7 @@ def test_a_run_ending_while_a_decision_computes_exits_cleanly(tmp_path):
         "from hvd_compress.comm.simulated import SimulatedWorld\n"
         "lgreco = hc.LGreCo(hc.PowerSGD(rank=4, min_numel=0), warmup_steps=1, decide_every=100,\n"
         "                   transport='local')\n"
-        "errors = lgreco.inner.errors_of_layers\n"
+        "errors = lgreco.inner.tuning.errors_of_layers\n"
         "started, exiting = threading.Event(), threading.Event()\n"
         "def busy(*args):\n"
         "    started.set()\n"
@@ -389,7 +391,7 @@ def test_a_run_ending_while_a_decision_computes_exits_cleanly(tmp_path):
         "    while not exiting.is_set():\n"
         "        x = torch.tanh(x @ x)\n"
         "    return errors(*args)\n"
-        "lgreco.inner.errors_of_layers = busy\n"
+        "lgreco.inner.tuning.errors_of_layers = busy\n"
         "SimulatedWorld([lgreco]).step([{'w': torch.randn(64, 64)}])\n"
         "assert started.wait(60)\n"
         "assert lgreco.service.running()\n"
@@ -423,7 +425,7 @@ def test_candidates_are_compressed_settings_unless_dense_ones_are_asked_for(dens
         assert {"small", "tiny"} <= set(decision.settings)
     else:
         assert "tiny" not in decision.settings and "small" in decision.settings
-        assert all(lgreco.inner.compresses(shapes[name], setting) for name, setting in decision.settings.items())
+        assert all(lgreco.inner.tuning.compresses(shapes[name], setting) for name, setting in decision.settings.items())
     assert decision.total_error <= decision.budget * (1 + 1e-9)
 
 

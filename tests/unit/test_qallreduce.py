@@ -112,7 +112,7 @@ def test_bytes_match_traffic():
     n = math.prod(shape)
     c = compressor.chunk_entries(n)
     row = c * bits // 8 + 4 * -(-c // block)
-    assert compressor.payload_bytes(shape, bits) == (size + 1) * row
+    assert compressor.tuning.payload_bytes(shape, bits) == (size + 1) * row
     dense, payload, wire = compressor.traffic.last_step
     assert payload == (size + 1) * row
     assert wire == 2 * (size - 1) * row
@@ -240,14 +240,14 @@ def test_bad_options_name_the_parameter(options, parameter):
 
 def test_controllers_set_bits_per_layer():
     compressor = hc.QuantizedAllReduce(bits=4)
-    assert compressor.candidates((64, 64), 4) == [2, 4, 8]
-    assert compressor.candidates((64, 64), 8) == [4, 8]
-    assert compressor.setting_for_factor((64, 64), 4) == 8
-    assert compressor.setting_for_factor((64, 64), 16) == 2
+    assert compressor.tuning.candidates((64, 64), 4) == [2, 4, 8]
+    assert compressor.tuning.candidates((64, 64), 8) == [4, 8]
+    assert compressor.tuning.setting_for_factor((64, 64), 4) == 8
+    assert compressor.tuning.setting_for_factor((64, 64), 16) == 2
     x = torch.randn(64, 64)
-    errors = compressor.errors(x, [2, 4, 8])
+    errors = compressor.tuning.errors(x, [2, 4, 8])
     assert errors.dtype == torch.float64 and errors[0] > errors[1] > errors[2] > 0
-    assert compressor.kept_energies("w", x, [8, 4], {}).shape == (2,)
+    assert compressor.tuning.kept_energies("w", x, [8, 4], {}).shape == (2,)
     compressor.set_setting("w", 2)
     with pytest.raises(ValueError, match="bits"):
         compressor.set_setting("w", 5)

@@ -40,13 +40,13 @@ def test_payload_is_one_bit_per_entry_plus_the_scale():
         # bits in 64-bit words, the scale, and the 4-byte marker of the input's finiteness
         own = round_.payload.numel() - MARKER_BYTES
         assert own == 8 * math.ceil(numel / 64) + 8
-        assert round_.payload.numel() == compressor.payload_bytes(shape, None)
+        assert round_.payload.numel() == compressor.tuning.payload_bytes(shape, None)
         assert own % 8 == 0  # what the compressor gets back of each row stays 8-byte aligned
     sim = world(2)
     for step in range(2):
         sim.step([grads(step), grads(step + 10)])
     first = sim.compressors[0]
-    predicted = sum(first.payload_bytes(shape, first.setting(name)) for name, shape in SHAPES.items())
+    predicted = sum(first.tuning.payload_bytes(shape, first.setting(name)) for name, shape in SHAPES.items())
     assert first.traffic.payload_bytes == 2 * predicted
 
 
