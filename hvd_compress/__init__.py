@@ -7,7 +7,7 @@ Layers, from the bottom up (each imports only the ones below it):
   compressors/   per-parameter state and settings; each builds rounds from a gradient; one frozen
                  configuration object per method (``compressors/config.py``)
   control/       adaptive controllers (L-GreCo, GraVAC) and the rank-0 decision service; they use
-                 compressors only through the controller protocol of ``compressors/base.py``
+                 compressors only through the controller protocol of ``compressors/tuning.py``
   integration/   by engine: horovod/ (the stock optimizer's Compression API, our
                  DistributedOptimizer, the elastic state handlers) and torch/ (DDP's comm hook,
                  HSDP's replicate exchange, DiLoCo's outer loop: local steps, compressed
@@ -38,7 +38,7 @@ or with the wrapper, which overlaps multi-round compressors with backward::
 from hvd_compress.comm.fusion import ScaledFusion
 from hvd_compress.compressors.base import Compressor
 from hvd_compress.control.gravac import GraVACConfig, GraVACPolicy
-from hvd_compress.control.lgreco import Accordion
+from hvd_compress.control.lgreco_config import Accordion
 from hvd_compress.comm.transports import DecisionTimeout
 from hvd_compress.integration.torch.diloco import DiLoCo, SparseLoCo, StreamingDiLoCo
 from hvd_compress.optional import horovod_available, import_horovod

@@ -84,7 +84,7 @@ class LowRankCompressor(Compressor):
             matrix.addmm_(p, q.t(), alpha=-1)
 
     def _decompressed(self, p, q, grad):
-        """P Q^T shaped and typed as ``grad``, in its memory where ``_result_memory`` allows."""
+        """P Q^T shaped and typed as ``grad``, in its memory where ``ResultMemory.memory`` allows."""
         into = self.results.memory(grad)
         if into is None:
             return (p @ q.t()).view(grad.shape).to(grad.dtype)

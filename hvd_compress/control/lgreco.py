@@ -1,29 +1,30 @@
 """L-GreCo (Markov et al., MLSys 2024): per-layer compression settings chosen by dynamic
-programming under an error budget, decided on rank 0 and applied by every rank at one step."""
+programming under an error budget, decided on rank 0 and applied by every rank at one step.
+Its configuration is in ``lgreco_config``, the decision itself in ``decision``."""
 
 import logging
 import math
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Optional, Union
+from dataclasses import asdict, replace
+from typing import Any, Optional
 
-import numpy as np
-import torch
-
-from hvd_compress import arguments
 from hvd_compress.compressors.base import Compressor
-from hvd_compress.compressors.config import MethodConfig, check_checkpoint, checkpoint_header, configured, option
+from hvd_compress.compressors.config import check_checkpoint, checkpoint_header, configured
 from hvd_compress.compressors.feedback import StagedSums
+from hvd_compress.control.decision import (
+    NORM_KEY,
+    Decision,
+    bucket_of,
+    decide,
+    format_decision,
+)
+from hvd_compress.control.lgreco_config import LGreCoConfig
 from hvd_compress.control.service import DecisionService, Postponed
-from hvd_compress.control.solver import solve
 from hvd_compress.control.wrapping import Controller
 
 logger = logging.getLogger(__name__)
 
-OBJECTIVES = ("size", "time", "accordion")
-ERROR_SOURCES = ("sent", "raw")
-REFERENCE_ACCUMULATE_STEPS = 10  # the authors' code averages the last 10 steps before a decision
 # The time objective's model is fitted to the last this many steps: a fixed window, so state
 # and checkpoints stay bounded however long training runs.
 TIME_SAMPLES = 512
@@ -33,106 +34,6 @@ DECISIONS_KEPT = 64
 FIRST_DELAY = 10
 DELAY_MARGIN = 1.5
 STEP_TIME_SMOOTHING = 0.1  # weight of the newest step in rank 0's running step time
-# Keys of the window's mean norms among the accumulated sums ("<name>\0gradient_norm"): kept
-# with the sums, they stage, roll back, clear and checkpoint with them.
-NORM_KEY = "\0"
-
-
-@dataclass
-class Decision:
-    version: int
-    decided_at: int  # the step whose accumulated gradients were analysed
-    effective_step: int  # the first step that runs with these settings
-    settings: dict  # parameter name -> setting of the wrapped compressor
-    total_bytes: int
-    uniform_bytes: int
-    total_error: float
-    budget: float
-    objective: str
-    seconds: float = 0.0
-    step_seconds: float = 0.0  # rank 0's running step time when the decision was submitted
-    notes: list = field(default_factory=list)
-    # What the solver saw, per layer it decided: "options", "bytes" and "errors" (its rows of
-    # the tables), "chosen" and "default" (indices into them), and the window's mean per-step
-    # "gradient_norm" and "residual_norm" (unscaled; the residual before each step's compression).
-    layers: dict = field(default_factory=dict)
-
-
-@dataclass
-class Accordion:
-    """Accordion's critical-regime rule (Agarwal et al., 2021): a layer whose accumulated
-    gradient norm changed by at least ``threshold`` (relative) since the last decision is in a
-    critical regime and gets the ``critical`` default (less compression); others get ``normal``.
-    L-GreCo then distributes that error budget over layers (the paper's best, Table 4)."""
-
-    critical: object
-    normal: object
-    threshold: float = 0.5
-
-
-@dataclass(frozen=True, kw_only=True)
-class LGreCoConfig(MethodConfig):
-    """L-GreCo's configuration (see its tuning guide). ``decide_every`` is in steps once made
-    ("epoch" becomes ``steps_per_epoch``, which need not agree: ``decide_every`` does);
-    candidates and Accordion's values are checked against the wrapped compressor by
-    ``check_for``, ``transport`` and ``timeout`` by the decision service."""
-
-    candidates: Optional[tuple] = None
-    dense_candidates: bool = option(False, arguments.flag)
-    decide_every: Union[int, str] = 1000
-    steps_per_epoch: Optional[int] = option(None, agreed=False)
-    warmup_steps: int = option(1000, arguments.integer, low=0)
-    start_step: int = option(0, arguments.integer, low=0)
-    apply_delay: Union[int, str] = "auto"
-    accumulate_steps: Optional[int] = REFERENCE_ACCUMULATE_STEPS
-    error_source: str = option("sent", arguments.choice, options=ERROR_SOURCES)
-    objective: str = option("size", arguments.choice, options=OBJECTIVES)
-    accordion: Optional[Accordion] = None
-    time_buckets: int = option(4, arguments.integer, low=1)
-    discretization: int = option(10000, arguments.integer, low=1)
-    transport: str = option("auto", agreed=False)
-    timeout: float = option(60.0, agreed=False)
-
-    def check(self, owner):
-        """The fields whose check takes another field or a word besides a number: decide_every
-        ("epoch": steps_per_epoch), apply_delay ("auto"), accumulate_steps (None), accordion and
-        candidates."""
-        if self.decide_every == "epoch":
-            self._keep(
-                "decide_every",
-                arguments.integer(owner, "steps_per_epoch (with decide_every='epoch')", self.steps_per_epoch, low=1),
-            )
-        arguments.integer(owner, "decide_every", self.decide_every, low=1)
-        if self.accumulate_steps is not None:
-            arguments.integer(owner, "accumulate_steps (or None)", self.accumulate_steps, low=1)
-        if self.apply_delay != "auto":
-            arguments.integer(owner, 'apply_delay (or "auto")', self.apply_delay, low=1)
-            if self.apply_delay >= self.decide_every:
-                raise ValueError(
-                    f"{owner}: apply_delay ({self.apply_delay}) must be smaller than decide_every ({self.decide_every})"
-                )
-        if (self.objective == "accordion") != (self.accordion is not None):
-            raise ValueError(f"{owner}: objective='accordion' and accordion=Accordion(...) go together")
-        if self.accordion is not None and not isinstance(self.accordion, Accordion):
-            raise ValueError(f"{owner}: accordion must be an Accordion(critical, normal), got {self.accordion!r}")
-        candidates = self.candidates
-        if candidates is not None and (isinstance(candidates, (str, bytes)) or not hasattr(candidates, "__iter__")):
-            raise ValueError(f"{owner}: candidates must be a list of settings, got {candidates!r}")
-        if candidates is not None:
-            self._keep("candidates", tuple(candidates))
-        if self.candidates == ():
-            raise ValueError(f"{owner}: candidates must not be empty (None: the paper's range)")
-        if self.accordion is not None:
-            arguments.real(owner, "accordion.threshold", self.accordion.threshold, low=0, low_open=True)
-
-    def check_for(self, compressor: Compressor, owner: str) -> None:
-        """Raises ``ValueError`` naming the value unless every candidate and Accordion's values
-        are valid settings of ``compressor`` (the wrapped one, known only to the controller)."""
-        for value in self.candidates or []:
-            compressor.tuning.check_value(value, f"{owner}: every candidate")
-        if self.accordion is not None:
-            compressor.tuning.check_value(self.accordion.critical, f"{owner}: accordion.critical")
-            compressor.tuning.check_value(self.accordion.normal, f"{owner}: accordion.normal")
 
 
 class LGreCo(Controller):
@@ -402,116 +303,18 @@ class LGreCo(Controller):
         if self.rank == 0:
             logger.info("%s", format_decision(decision, self.inner))
 
-    # ----- the decision (rank 0, background thread) -----------------------------------------
-    def _defaults(self, sums):
-        """Each layer's default setting, whose total error is the budget: the wrapped
-        compressor's uniform default, or Accordion's choice (densities become k for TopK)."""
-        if self.config.objective != "accordion":
-            return {name: self.inner.config.default for name in sums}
-        shapes = self._shapes
-        defaults = {}
-        for name, gradient in sums.items():
-            norm = gradient.norm().item()
-            before = self._previous_norms.get(name)
-            critical = before is None or abs(norm - before) >= self.config.accordion.threshold * before
-            value = self.config.accordion.critical if critical else self.config.accordion.normal
-            defaults[name] = self.inner.tuning.setting_for_value(shapes[name], value)
-            self._previous_norms[name] = norm
-        return defaults
-
+    # ----- the decision (rank 0, background thread: ``decision.decide``) ---------------------
     def _decide(self, sums, norms, shapes, samples, version, decided_at, effective_step, step_seconds):
-        start = time.perf_counter()
-        notes = []
-        defaults = self._defaults(sums)
-        names = sorted(
-            name
-            for name in sums
-            if self.config.dense_candidates or self.inner.tuning.compresses(shapes[name], defaults[name])
-        )
-        weights = self._time_weights(names, shapes, samples, notes) if self.config.objective == "time" else None
-        candidates = {}
-        for name in names:
-            options = self.inner.tuning.candidates(shapes[name], defaults[name], self.config.candidates)
-            if not self.config.dense_candidates:
-                options = [o for o in options if self.inner.tuning.compresses(shapes[name], o)]
-            candidates[name] = options
-        # All layers at once: the compressor batches layers of one shape (low-rank's svdvals).
-        computed = self.inner.tuning.errors_of_layers({name: (sums[name], candidates[name]) for name in names})
-        # One device-to-host transfer for the whole table and the window's norms.
-        read = read_rows({**computed, **norms})
-        rows = []
-        for name in names:
-            shape, options = shapes[name], candidates[name]
-            errors = [0.0 if not self.inner.tuning.compresses(shape, o) else e for o, e in zip(options, read[name])]
-            sizes = [self.inner.tuning.payload_bytes(shape, o) for o in options]
-            rows.append((options, sizes, errors, options.index(self.inner.tuning.resolve(shape, defaults[name]))))
-        width = max((len(options) for options in candidates.values()), default=0)
-        size_table = np.full((len(names), width), np.inf)
-        error_table = np.full((len(names), width), np.inf)
-        for i, (options, sizes, errors, _) in enumerate(rows):
-            size_table[i, : len(options)] = sizes
-            error_table[i, : len(options)] = errors
-        defaults_at = [row[3] for row in rows]
-        budget = float(sum(error_table[i, d] for i, d in enumerate(defaults_at)))
-        uniform_bytes = int(sum(size_table[i, d] for i, d in enumerate(defaults_at)))
-        cost = size_table if weights is None else size_table * weights[:, None]
-        # The uniform default meets the budget exactly; the solver, which rounds errors up to
-        # stay feasible, can miss it by up to one step per layer. Keep whichever costs less.
-        uniform = np.array(defaults_at)
-        choice, total_error = uniform, budget
-        try:
-            solved, _, solved_error = solve(cost, error_table, budget, self.config.discretization)
-            if cost[np.arange(len(names)), solved].sum() < cost[np.arange(len(names)), uniform].sum():
-                choice, total_error = solved, solved_error
-        except ValueError as error:
-            notes.append(f"kept the defaults: {error}")
-        settings = {name: options[c] for name, (options, _, _, _), c in zip(names, rows, choice)}
-        total_bytes = int(sum(size_table[i, c] for i, c in enumerate(choice)))
-        layers = {}
-        for name, (options, sizes, errors, default_at), chosen in zip(names, rows, choice):
-            layers[name] = {
-                "options": list(options),
-                "bytes": [int(b) for b in sizes],
-                "errors": [float(e) for e in errors],
-                "chosen": int(chosen),
-                "default": int(default_at),
-            }
-            for kind in ("gradient_norm", "residual_norm"):
-                layers[name][kind] = read.get(name + NORM_KEY + kind, [0.0])[0]
-        return Decision(
-            version,
-            decided_at,
-            effective_step,
-            settings,
-            total_bytes,
-            uniform_bytes,
-            float(total_error),
-            budget,
-            self.config.objective,
-            time.perf_counter() - start,
-            step_seconds,
-            notes,
-            layers,
-        )
-
-    # ----- the time objective -------------------------------------------------------------
-    def _bucket_of(self, name, shapes):
-        """Layers split into ``time_buckets`` consecutive groups in the order gradients arrive."""
-        order = list(shapes)
-        return min(self.config.time_buckets - 1, order.index(name) * self.config.time_buckets // len(order))
+        pending = (version, decided_at, effective_step)
+        norms_before = self._previous_norms  # Accordion's, updated by the decision
+        return decide(self.inner, self.config, norms_before, sums, norms, shapes, samples, pending, step_seconds)
 
     def _count_bucket_bytes(self, name, payload):
+        """The time objective: this step's bytes, per bucket of layers (``decision.bucket_of``)."""
         if self._step_bucket_bytes is None:
             self._step_bucket_bytes = [0] * self.config.time_buckets
-        bucket = self._bucket_of(name, self._shapes)
+        bucket = bucket_of(name, self._shapes, self.config.time_buckets)
         self._step_bucket_bytes[bucket] += payload.numel() * payload.element_size()
-
-    def _time_weights(self, names, shapes, samples, notes):
-        coefficients = fit_bucket_seconds_per_byte(samples, self.config.time_buckets)
-        if coefficients is None:
-            notes.append(f"time model not identifiable from {len(samples)} samples; optimised size instead")
-            return None
-        return np.array([coefficients[self._bucket_of(name, shapes)] for name in names])
 
     # ----- checkpointing ----------------------------------------------------------------------
     def state_dict(self):
@@ -586,50 +389,9 @@ class LGreCo(Controller):
         self._time_samples = deque(((tuple(b), s) for b, s in state_dict["time_samples"]), maxlen=TIME_SAMPLES)
 
 
-def read_rows(rows):
-    """{key: 1-D tensor} as {key: list of floats}, in one device-to-host transfer."""
-    if not rows:
-        return {}
-    device = next(iter(rows.values())).device
-    flat = torch.cat([row.reshape(-1).to(device, torch.float64) for row in rows.values()]).tolist()
-    read, start = {}, 0
-    for key, row in rows.items():
-        read[key], start = flat[start : start + row.numel()], start + row.numel()
-    return read
-
-
 def next_delay(decision):
     """apply_delay="auto": steps from the next decision's submission to its exchange, 1.5x the
     steps this one took to compute (the same on every rank: it follows from the agreed decision)."""
     if decision.step_seconds == 0:
         return FIRST_DELAY
     return max(1, math.ceil(DELAY_MARGIN * decision.seconds / decision.step_seconds))
-
-
-def fit_bucket_seconds_per_byte(samples, buckets):
-    """Least squares fit of seconds = a + sum_b t_b * bytes_b over measured steps: the paper's
-    per-bucket time coefficients. None while the samples cannot identify every t_b > 0."""
-    if len(samples) < buckets + 2:
-        return None
-    x = np.array([[1.0] + list(b) for b, _ in samples])
-    y = np.array([s for _, s in samples])
-    if np.linalg.matrix_rank(x) < buckets + 1:
-        return None
-    coefficients = np.linalg.lstsq(x, y, rcond=None)[0][1:]
-    if not np.all(coefficients > 0):
-        return None
-    return coefficients
-
-
-def format_decision(decision, inner):
-    label = inner.setting_name
-    lines = [
-        f"L-GreCo decision {decision.version} ({decision.objective}; gradients up to step "
-        f"{decision.decided_at}, effective from step {decision.effective_step}, computed in "
-        f"{decision.seconds:.2f} s): {decision.total_bytes} bytes/step vs "
-        f"{decision.uniform_bytes} uniform ({decision.uniform_bytes / max(decision.total_bytes, 1):.2f}x "
-        f"fewer); error {decision.total_error:.4g} of budget {decision.budget:.4g}"
-    ]
-    lines += [f"  {note}" for note in decision.notes]
-    lines += [f"  {name}: {label} {value}" for name, value in sorted(decision.settings.items())]
-    return "\n".join(lines)

@@ -1,7 +1,7 @@
 """What wrappers of a compressor share: the integration layer sees one ``GradientCompression``
 with the wrapped compressor's names and traffic. Controllers (L-GreCo, GraVAC) also own its
 settings, and use the compressor only through the controller protocol of
-``compressors/base.py``; the dense warm-up (``warmup.py``) only chooses which gradients it
+``compressors/tuning.py``; the dense warm-up (``warmup.py``) only chooses which gradients it
 compresses."""
 
 from typing import Any, Dict, Iterable, List, Optional, Sequence

@@ -9,7 +9,7 @@ import torch
 
 import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
-from hvd_compress.control.lgreco import fit_bucket_seconds_per_byte
+from hvd_compress.control.decision import fit_bucket_seconds_per_byte
 
 SHAPES = {"a": (96, 96), "b": (64, 256), "c": (128, 32), "bias": (32,)}
 
