@@ -840,8 +840,7 @@ def parse_args(argv):
     parser.add_argument(
         "--methods",
         type=lambda text: [v.strip() for v in text.split(";") if v.strip()],
-        help="time only these labels of the time-to-quality results, ';'-separated (uncompressed "
-        "always runs)",
+        help="time only these labels of the time-to-quality results, ';'-separated (uncompressed always runs)",
     )
     parser.add_argument("--np", type=int, default=4, help="ranks per job")
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps before the timed ones")
