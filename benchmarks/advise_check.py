@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.endtoend import WORKLOADS
-from benchmarks.report import DOCS, say, write_section
+from benchmarks.harness.jobs import say
+from benchmarks.harness.render import DOCS, write_section
 from hvd_compress import advise
 from hvd_compress.advise.measure import measure_codec
 from hvd_compress.advise.projection import fit_link, project

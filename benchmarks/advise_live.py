@@ -54,7 +54,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from benchmarks.advise_check import REGISTERED, WITHIN_CHOICE, WITHIN_STEP
-from benchmarks.report import DOCS, OthersShare, checkout_pythonpath, describe_machine, machine, say, write_section
+from benchmarks.harness.jobs import checkout_pythonpath, say
+from benchmarks.harness.machine import OthersShare, describe_machine, machine
+from benchmarks.harness.render import DOCS, write_section
 from benchmarks.testbed import emulated_cluster, run_bounded
 from hvd_compress import advise
 from hvd_compress.advise.advice import SETTINGS

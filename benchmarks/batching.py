@@ -36,7 +36,9 @@ import torch
 
 import hvd_compress as hc
 from benchmarks.codec import WARMUP_STEPS, OperatorCount, as_integrations_run, gradients, median_seconds, seconds_of
-from benchmarks.report import DOCS, command_line, describe_machine, machine, notes_lines, write_section
+from benchmarks.harness.jobs import command_line
+from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.render import DOCS, notes_lines, write_section
 from benchmarks.shapes import shape_set
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.maths.lowrank import (

@@ -60,19 +60,9 @@ import hvd_compress as hc
 import hvd_compress.ddp
 from benchmarks.convergence import StepCounter
 from benchmarks.quality import LM as CHAR_LM, scalecom_flops
-from benchmarks.report import (
-    DOCS,
-    describe_machine,
-    machine,
-    mpirun_job,
-    panels,
-    root_cause,
-    run_points,
-    save_figure,
-    torchrun_job,
-    train_one_point,
-    write_section,
-)
+from benchmarks.harness.jobs import mpirun_job, root_cause, run_points, torchrun_job, train_one_point
+from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.render import DOCS, panels, save_figure, write_section
 from benchmarks.workloads import charlm, wordlm
 from hvd_compress.comm.rounds import Collective
 

@@ -84,18 +84,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hvd_compress as hc
-from benchmarks.report import (
-    DOCS,
-    OthersShare,
-    describe_machine,
-    gpu_description,
-    gpu_lines,
-    machine,
-    method_bars,
-    notes_lines,
-    panels,
-    write_section,
-)
+from benchmarks.harness.machine import OthersShare, describe_machine, gpu_description, machine
+from benchmarks.harness.render import DOCS, gpu_lines, method_bars, notes_lines, panels, write_section
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.comm.simulated import run_alone

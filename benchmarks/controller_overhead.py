@@ -63,7 +63,8 @@ from pathlib import Path
 import torch
 
 import hvd_compress as hc
-from benchmarks.report import DOCS, describe_machine, machine, notes_lines, resumed_section, write_section
+from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.render import DOCS, notes_lines, resumed_section, write_section
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import SimulatedWorld, exchange_alone, run_alone
 from hvd_compress.compressors.feedback import StagedSums

@@ -31,19 +31,9 @@ import types
 import torch
 
 import hvd_compress as hc
-from benchmarks.report import (
-    OthersShare,
-    add_job_options,
-    command_line,
-    describe_machine,
-    machine,
-    method_bars,
-    mpirun_job,
-    names_from,
-    panels,
-    save_figure,
-    write_section,
-)
+from benchmarks.harness.jobs import add_job_options, command_line, mpirun_job, names_from
+from benchmarks.harness.machine import OthersShare, describe_machine, machine
+from benchmarks.harness.render import method_bars, panels, save_figure, write_section
 from benchmarks.workloads import charlm, digits
 from hvd_compress.comm.rounds import Collective
 

@@ -51,28 +51,23 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
-from benchmarks.report import (
-    CodecClock,
+from benchmarks.harness.jobs import (
     add_cluster_worker_options,
     add_job_options,
     checkout_pythonpath,
     cluster_job,
     command_line,
-    describe_machine,
     init_cluster_worker,
-    jobs_of,
     names_from,
-    machine,
-    notes_lines,
-    pooled,
-    resumed_section,
     root_cause,
     run_or_work,
-    summarise,
     torchrun_job,
     undisturbed,
     worker_argv,
 )
+from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.render import notes_lines, resumed_section
+from benchmarks.harness.stats import CodecClock, jobs_of, pooled, summarise
 
 RESULT_PREFIX = "DDP_RESULT "
 SECTION = "PyTorch DDP"

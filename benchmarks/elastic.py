@@ -41,16 +41,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import (
-    DOCS,
-    Progress,
-    checkout_pythonpath,
-    describe_machine,
-    machine,
-    resumed,
-    save_record,
-    write_section,
-)
+from benchmarks.harness.jobs import Progress, checkout_pythonpath
+from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.render import DOCS, resumed, save_record, write_section
 
 RESULT_FILE = "result.json"
 PROGRESS_FILE = "progress.jsonl"

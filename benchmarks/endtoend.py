@@ -59,21 +59,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import (
-    DOCS,
-    Progress,
-    checkout_pythonpath,
-    cluster_job,
-    describe_machine,
-    machine,
-    notes_lines,
-    panels,
-    save_figure,
-    summarise,
-    timed_step,
-    undisturbed,
-    write_section,
-)
+from benchmarks.harness.jobs import Progress, checkout_pythonpath, cluster_job, undisturbed
+from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.render import DOCS, notes_lines, panels, save_figure, write_section
+from benchmarks.harness.stats import summarise, timed_step
 from hvd_compress.comm.simulated import exchange_alone
 
 RESULT_PREFIX = "ENDTOEND_RESULT "

@@ -56,27 +56,22 @@ import time
 import torch
 import torch.distributed as dist
 
-from benchmarks.report import (
-    CodecClock,
+from benchmarks.harness.jobs import (
     add_cluster_worker_options,
     add_job_options,
     checkout_pythonpath,
     cluster_job,
     command_line,
-    describe_machine,
     init_cluster_worker,
-    jobs_of,
-    machine,
     names_from,
-    notes_lines,
-    pooled,
-    resumed_section,
     root_cause,
     run_or_work,
-    summarise,
     torchrun_job,
     worker_argv,
 )
+from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.render import notes_lines, resumed_section
+from benchmarks.harness.stats import CodecClock, jobs_of, pooled, summarise
 
 RESULT_PREFIX = "FSDP_RESULT "
 SECTION = "FSDP2 / HSDP on the emulated cluster"

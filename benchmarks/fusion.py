@@ -48,17 +48,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.report import (
-    DOCS,
-    checkout_pythonpath,
-    cluster_job,
-    describe_machine,
-    machine,
-    save_figure,
-    summarise,
-    timed_step,
-    undisturbed,
-)
+from benchmarks.harness.jobs import checkout_pythonpath, cluster_job, undisturbed
+from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.render import DOCS, save_figure
+from benchmarks.harness.stats import summarise, timed_step
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.compressors.acpsgd import ACPSGD
 from benchmarks.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import hvd_compress as hc
 
-from benchmarks import report
+from benchmarks.harness.jobs import LOOPBACK_ONLY, checkout_pythonpath
+from benchmarks.harness.render import DOCS, write_section
 from benchmarks.testbed import run_bounded
 
 VERSION = "0.28.1"
@@ -114,7 +115,7 @@ def run_job(tests_dir, names, method, path, timeout):
             "--allow-run-as-root",
             "-np",
             "2",
-            *report.LOOPBACK_ONLY,
+            *LOOPBACK_ONLY,
             "-x",
             "PYTHONPATH",
             "-x",
@@ -146,7 +147,7 @@ def run_job(tests_dir, names, method, path, timeout):
             HVD_COMPRESS_SUITE_METHOD=method,
             HVD_COMPRESS_SUITE_PATH=path,
             HVD_COMPRESS_SUITE_OUT=out,
-            PYTHONPATH=os.pathsep.join([report.checkout_pythonpath(), str(tests_dir), str(tests_dir / "utils")]),
+            PYTHONPATH=os.pathsep.join([checkout_pythonpath(), str(tests_dir), str(tests_dir / "utils")]),
         )
         cwd = os.getcwd()
         os.chdir(parallel)
@@ -182,7 +183,7 @@ def main():
     parser.add_argument("--methods", default=",".join(["horovod", *sorted(hc.COMPRESSORS)]))
     parser.add_argument("--paths", default=",".join(PATHS))
     parser.add_argument("--timeout", type=float, default=900, help="seconds per mpirun job")
-    parser.add_argument("--out", default=str(report.DOCS), help="docs folder to write into")
+    parser.add_argument("--out", default=str(DOCS), help="docs folder to write into")
     args = parser.parse_args()
     tests_dir = horovod_tests(args.tests)
     names = optimizer_tests(tests_dir / "parallel" / "test_torch.py")
@@ -209,7 +210,7 @@ def main():
         f"\"horovod\" is Horovod's own optimizer. `python -m benchmarks horovod_suite`.\n\n"
         f"{NOTES}\n{table(results, names)}\n\n{explained}\n"
     )
-    report.write_section(docs, "Horovod's own optimizer tests", body)
+    write_section(docs, "Horovod's own optimizer tests", body)
 
 
 if __name__ == "__main__":

@@ -31,16 +31,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.codec import median_seconds
-from benchmarks.report import (
-    DOCS,
-    command_line,
-    describe_machine,
-    gpu_description,
-    gpu_lines,
-    machine,
-    notes_lines,
-    write_section,
-)
+from benchmarks.harness.jobs import command_line
+from benchmarks.harness.machine import describe_machine, gpu_description, machine
+from benchmarks.harness.render import DOCS, gpu_lines, notes_lines, write_section
 from hvd_compress.maths.lowrank import project_right
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,9 @@ from pathlib import Path
 import torch
 
 import hvd_compress as hc
-from benchmarks.report import DOCS, describe_machine, machine, say, write_section
+from benchmarks.harness.jobs import say
+from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.render import DOCS, write_section
 from hvd_compress.comm.simulated import SimulatedWorld
 
 SECTION = "Metrics overhead"

@@ -29,19 +29,9 @@ import horovod.torch as hvd
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM
 from benchmarks.quality import LM, LM_STEPS
-from benchmarks.report import (
-    add_job_options,
-    describe_machine,
-    machine,
-    mpirun_job,
-    panels,
-    resumed,
-    run_points,
-    save_figure,
-    save_record,
-    train_one_point,
-    write_section,
-)
+from benchmarks.harness.jobs import add_job_options, mpirun_job, run_points, train_one_point
+from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.render import panels, resumed, save_figure, save_record, write_section
 from benchmarks.workloads import charlm
 from hvd_compress.comm.rounds import Collective
 

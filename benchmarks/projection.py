@@ -39,7 +39,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.endtoend import WRAPPED
-from benchmarks.report import DOCS, panels, save_figure, write_section
+from benchmarks.harness.render import DOCS, panels, save_figure, write_section
 from hvd_compress.comm.rounds import Collective
 
 SECTION = "Projection"

@@ -40,23 +40,18 @@ import torch
 
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM, StepCounter
-from benchmarks.report import (
+from benchmarks.harness.jobs import (
     RUN_LIMITS,
     Progress,
     add_job_options,
-    describe_machine,
-    machine,
     mpirun_job,
     names_from,
-    panels,
-    resumed,
     run_points,
-    save_figure,
-    save_record,
     train_one_point,
-    write_section,
 )
-from benchmarks.report import command_line as report_command_line
+from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.render import panels, resumed, save_figure, save_record, write_section
+from benchmarks.harness.jobs import command_line as report_command_line
 from benchmarks.workloads import charlm, digits
 from hvd_compress.comm.rounds import Collective
 

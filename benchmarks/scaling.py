@@ -34,18 +34,9 @@ import torch
 import hvd_compress as hc
 from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
-from benchmarks.report import (
-    add_job_options,
-    command_line,
-    describe_machine,
-    machine,
-    mpirun_job,
-    panels,
-    resumed_section,
-    save_figure,
-    say,
-    write_section,
-)
+from benchmarks.harness.jobs import add_job_options, command_line, mpirun_job, say
+from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.render import panels, resumed_section, save_figure, write_section
 from benchmarks.workloads import charlm
 
 RESULT_PREFIX = "SCALING_RESULT "

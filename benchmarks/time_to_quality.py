@@ -52,18 +52,9 @@ from hvd_compress.advise.local import LOCAL_KINDS  # an outer step every inner_s
 from hvd_compress.comm.rounds import Collective
 from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
-from benchmarks.report import (
-    DOCS,
-    Progress,
-    describe_machine,
-    machine,
-    method_bars,
-    mpirun_job,
-    panels,
-    run_points,
-    train_one_point,
-    write_section,
-)
+from benchmarks.harness.jobs import Progress, mpirun_job, run_points, train_one_point
+from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.render import DOCS, method_bars, panels, write_section
 from benchmarks.workloads import charlm
 
 RESULT_PREFIX = "TTQ_RESULT "

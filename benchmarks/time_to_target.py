@@ -25,7 +25,7 @@ a tenth of the run), then ``--steps`` steps, each timed on rank 0 from ``zero_gr
 belongs in the step time (``--steps`` is a multiple of every H run). ``--repeats`` jobs per
 method, one round of every method before the next: its step time is the median of the jobs'
 means (the means of one method's jobs differed by up to a third). A job during which other
-processes took more than ``--max-other-cpu`` of the cores runs again (``report.undisturbed``).
+processes took more than ``--max-other-cpu`` of the cores runs again (``jobs.undisturbed``).
 
 Time to target: median steps to target (``time_to_quality.score``) x mean step time; methods
 whose median run did not reach the target are listed without one.
@@ -67,20 +67,16 @@ import torch
 from benchmarks import quality
 from benchmarks import time_to_quality as ttq
 from benchmarks.evidence import advise_name
-from benchmarks.report import (
+from benchmarks.harness.jobs import Progress, checkout_pythonpath, cluster_job, undisturbed
+from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.render import (
     DOCS,
-    Progress,
-    checkout_pythonpath,
-    cluster_job,
-    describe_machine,
-    machine,
     method_bars,
     notes_lines,
     panels,
     resumed,
     save_figure,
     save_record,
-    undisturbed,
     write_section,
 )
 from benchmarks.workloads import charlm

@@ -20,7 +20,7 @@ import hvd_compress as hc
 
 # The workloads live in the repository's benchmarks/, outside the installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.report import say  # noqa: E402
+from benchmarks.harness.jobs import say  # noqa: E402
 from benchmarks.workloads import charlm  # noqa: E402
 
 RUNS = [

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import elastic
-from benchmarks.report import LOOPBACK_ONLY
+from benchmarks.harness.jobs import LOOPBACK_ONLY
 
 pytestmark = [
     pytest.mark.slow,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.report import LOOPBACK_ONLY
+from benchmarks.harness.jobs import LOCAL_MPIRUN
 from launching import run_launch
 
 HERE = Path(__file__).parent / "multirank"
@@ -98,18 +98,7 @@ def command(launcher, np, test_file):
     if launcher == "gloo":
         return ["horovodrun", "-np", str(np), "--gloo"] + pytest_args
     exported = [flag for name in ["PATH", "PYTHONPATH", *ENVIRONMENT.get(test_file, {})] for flag in ("-x", name)]
-    return [
-        "mpirun",
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-np",
-        str(np),
-        "--mca",
-        "btl",
-        "self,tcp",
-        *LOOPBACK_ONLY,
-        *exported,
-    ] + pytest_args
+    return [*LOCAL_MPIRUN, "-np", str(np), *exported] + pytest_args
 
 
 @pytest.mark.skipif(

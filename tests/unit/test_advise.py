@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from benchmarks import evidence as evidence_script
-from benchmarks.report import LOOPBACK_ONLY, page
+from benchmarks.harness.jobs import LOOPBACK_ONLY
+from benchmarks.harness.render import page
 from benchmarks.testbed import run_bounded
 from hvd_compress import advise as adv
 from hvd_compress.advise import advice as advice_module, evidence as quality, local, measure, projection

@@ -13,7 +13,7 @@ import pytest
 from benchmarks import __main__ as bench
 import hvd_compress as hc
 from benchmarks.codec import HOOK, draws_ms, floor_ms, floor_model, measure_in_fresh_process
-from benchmarks.report import page, write_section
+from benchmarks.harness.render import page, write_section
 from benchmarks.shapes import parameter_count, shape_set
 
 
@@ -223,7 +223,7 @@ def test_unknown_benchmark_prints_usage(capsys):
 
 
 def test_a_rerun_rewrites_only_its_page_keeps_its_notes_and_the_summary_lists_every_page(tmp_path):
-    from benchmarks.report import notes_lines, resumed_section
+    from benchmarks.harness.render import notes_lines, resumed_section
 
     def markdown(results):
         lines = ["Command: `python -m benchmarks codec`", "", f"Runs: {results['runs']}."]
@@ -269,7 +269,7 @@ def test_a_rerun_rewrites_only_its_page_keeps_its_notes_and_the_summary_lists_ev
 def test_the_summary_lists_every_page_of_the_docs_as_the_pages_state_them(tmp_path):
     """docs/benchmarks.md as ``write_index`` writes it from the pages: a page renamed, added or
     rewritten by hand shows here until the list is rewritten."""
-    from benchmarks.report import DOCS, write_index
+    from benchmarks.harness.render import DOCS, write_index
 
     (tmp_path / "benchmarks").mkdir()
     for path in (DOCS / "benchmarks").glob("*.md"):
@@ -284,7 +284,7 @@ def test_the_summary_lists_every_page_of_the_docs_as_the_pages_state_them(tmp_pa
 
 
 def test_verdicts_count_met_columns_before_target_columns_and_target_lines():
-    from benchmarks.report import verdicts
+    from benchmarks.harness.render import verdicts
 
     page_text = "\n".join(
         [
@@ -460,7 +460,7 @@ def test_ddp_quick_times_and_trains_its_methods_under_torchrun(tmp_path, monkeyp
 
 
 def test_repeated_timing_jobs_pool_their_steps_and_keep_a_failure_apart():
-    from benchmarks.report import jobs_of, pooled
+    from benchmarks.harness.stats import jobs_of, pooled
 
     def job(ms, codec=None):
         entry = {
@@ -1018,7 +1018,7 @@ def test_time_to_target_quick_prices_steps_on_the_testbed_and_resumes(tmp_path, 
 @pytest.mark.slow
 def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(tmp_path, benchmark_runs):
     from benchmarks import time_to_quality as ttq
-    from benchmarks.report import mpirun_job
+    from benchmarks.harness.jobs import mpirun_job
 
     options = ["time_to_quality", "--quick", "--job-timeout", "600", "--out", str(tmp_path)]
     benchmark_runs.run(options)
@@ -1061,7 +1061,7 @@ def test_the_codec_clock_times_steps_and_skips_controllers_decisions():
     import torch
 
     import hvd_compress as hc
-    from benchmarks.report import CodecClock
+    from benchmarks.harness.stats import CodecClock
     from hvd_compress.comm.simulated import SimulatedWorld
 
     lgreco = hc.LGreCo(hc.PowerSGD(rank=2), warmup_steps=1, decide_every=2, apply_delay=1, transport="local")

@@ -9,7 +9,7 @@ import pytest
 @pytest.mark.slow
 def test_outer_quick_runs_its_points_resumes_and_writes_its_section(tmp_path, benchmark_runs):
     from benchmarks.outer import SECTION, points
-    from benchmarks.report import page
+    from benchmarks.harness.render import page
 
     options = ["outer", "--quick", "--job-timeout", "300", "--out", str(tmp_path)]
     benchmark_runs.run(options)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import hvd_compress as hc
-from benchmarks.report import LOOPBACK_ONLY, Progress, say
+from benchmarks.harness.jobs import LOOPBACK_ONLY, Progress, say
 from benchmarks.testbed import run_bounded
 from hvd_compress.comm.simulated import SimulatedWorld
 from hvd_compress.metrics import JsonLines, TensorBoard, read_json_lines
@@ -285,7 +285,7 @@ def test_tensorboard_event_file_of_a_two_rank_run_holds_the_scalars(tmp_path):
 
 def test_metrics_overhead_benchmark_writes_its_page(tmp_path, monkeypatch):
     from benchmarks import __main__ as bench
-    from benchmarks.report import page
+    from benchmarks.harness.render import page
 
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     assert bench.main(["metrics_overhead", "--layers", "3", "--rounds", "2", "--out", str(tmp_path)]) == 0
