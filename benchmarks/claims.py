@@ -63,7 +63,7 @@ from benchmarks.quality import LM as CHAR_LM, scalecom_flops
 from benchmarks.harness.jobs import mpirun_job, root_cause, run_points, torchrun_job, train_one_point
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import DOCS, panels, save_figure, write_section
-from benchmarks.workloads import charlm, wordlm
+from examples.workloads import charlm, wordlm
 from hvd_compress.comm.rounds import Collective
 
 RESULT_PREFIX = "CLAIMS_RESULT "

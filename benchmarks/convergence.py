@@ -4,10 +4,10 @@ real multi-process Horovod jobs, against uncompressed training with the same see
     python -m benchmarks convergence [--np 4] [--methods all] [--digits-seeds 3]
         [--lm-steps 300] [--job-timeout 300] [--out docs/] [--quick]
 
-Workloads: the digits CNN of :mod:`benchmarks.workloads.digits` trained as the multi-rank
+Workloads: the digits CNN of :mod:`examples.workloads.digits` trained as the multi-rank
 convergence test trains it (SGD, lr 0.1, 6 epochs per rank, so about 260 steps at any W; test
 accuracy on the held-out split, mean over seeds), and the character transformer of
-:mod:`benchmarks.workloads.charlm` on the Python standard library's own source (AdamW;
+:mod:`examples.workloads.charlm` on the Python standard library's own source (AdamW;
 validation perplexity, exp of the mean cross-entropy).
 
 One ``mpirun -np W`` job per (workload, method), each bounded by ``--job-timeout`` (its whole
@@ -34,7 +34,7 @@ import hvd_compress as hc
 from benchmarks.harness.jobs import add_job_options, command_line, mpirun_job, names_from
 from benchmarks.harness.machine import OthersShare, describe_machine, machine
 from benchmarks.harness.render import method_bars, panels, save_figure, write_section
-from benchmarks.workloads import charlm, digits
+from examples.workloads import charlm, digits
 from hvd_compress.comm.rounds import Collective
 
 RESULT_PREFIX = "CONVERGENCE_RESULT "
@@ -397,7 +397,7 @@ def markdown(results, figure):
     if digits is not None:
         spec = digits["spec"]
         lines += [
-            f"**{WORKLOADS['digits']}** (`benchmarks/workloads/digits.py`): SGD with momentum, "
+            f"**{WORKLOADS['digits']}** (`examples/workloads/digits.py`): SGD with momentum, "
             f"lr 0.1 with cosine decay, batch 32 per rank, {spec['epochs']} epochs over each "
             f"rank's 1/{results['np']} of the {spec['train_images']:,} training images; test "
             f"accuracy on the {spec['test_images']} held-out images, mean of "
@@ -408,7 +408,7 @@ def markdown(results, figure):
     if lm is not None:
         spec, model = lm["spec"], lm["spec"]["lm"]["model"]
         lines += [
-            f"**{WORKLOADS['charlm']}** (`benchmarks/workloads/charlm.py`): CharTransformer "
+            f"**{WORKLOADS['charlm']}** (`examples/workloads/charlm.py`): CharTransformer "
             f"d_model {model['d_model']}, {model['layers']} layers, {model['heads']} heads, "
             f"{model['context']} bytes of context, on the first "
             f"{spec['lm']['max_chars'] / 1e6:g} MB of the Python standard library's source "

@@ -166,7 +166,7 @@ def timed_steps(module, optimizer, data, loss_of, steps):
 
 def digits_worker(args):
     """One rank of a digits job, started by torchrun."""
-    from benchmarks.workloads import digits
+    from examples.workloads import digits
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

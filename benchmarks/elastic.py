@@ -16,7 +16,7 @@ script prints a file that the driver rewrites:
 Every rank draws the batch of (step, rank, world size), the learning rate follows the step, and
 the state is committed every ``--commit-every`` steps, so the steps lost at the kill are the
 ones since the last commit. At the end every rank's parameters are compared (bit-identical or
-the run fails). The character LM (``benchmarks.workloads.charlm``) trains with AdamW and
+the run fails). The character LM (``examples.workloads.charlm``) trains with AdamW and
 PowerSGD at the registry's small setting (rank 2) on the stock optimizer, once undisturbed and
 once disturbed under each error-feedback policy (``feedback_on_world_change``: "keep",
 "reset"), per seed. Results resume run by run from
@@ -77,14 +77,14 @@ class Workload:
         self.name, self.steps, self.seed = name, steps, seed
         torch.manual_seed(seed)  # the same initial model everywhere; sync() broadcasts it anyway
         if name == "digits":
-            from benchmarks.workloads import digits
+            from examples.workloads import digits
 
             self.x, self.y, self.test_x, self.test_y = digits.load_digits_split()
             self.model = digits.DigitsCNN()
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
             self.peak_lr = 0.05
         else:
-            from benchmarks.workloads import charlm
+            from examples.workloads import charlm
 
             self.charlm = charlm
             self.train_ids, self.val_ids = charlm.load_corpus()
@@ -116,7 +116,7 @@ class Workload:
     def final(self):
         """(metric name, value): test accuracy (digits) or validation perplexity (charlm)."""
         if self.name == "digits":
-            from benchmarks.workloads import digits
+            from examples.workloads import digits
 
             return "accuracy", digits.accuracy(self.model, self.test_x, self.test_y)
         return "perplexity", self.charlm.evaluate(self.model, self.val_ids, self.model.context)

@@ -80,7 +80,7 @@ TARGETS = [("L-GreCo", "S-SGD", 2.5), ("L-GreCo", "PowerSGD", 1.2)]
 def charlm(batch_generator):
     """The fusion benchmark's character transformer: d_model 256, 24 layers, 19.1 M parameters,
     one 64-token sequence per rank and step."""
-    from benchmarks.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
+    from examples.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
 
     model = CharTransformer(d_model=256, layers=24, heads=4, context=64)
     train_ids, _ = load_corpus(max_chars=400_000)
@@ -91,7 +91,7 @@ def cnn(batch_generator):
     """SmallVGG on synthetic 32 x 32 images, 16 per rank and step."""
     from torch.nn import functional as F
 
-    from benchmarks.workloads.vgg import SmallVGG, synthetic_batches
+    from examples.workloads.vgg import SmallVGG, synthetic_batches
 
     return SmallVGG(), synthetic_batches(16, batch_generator), lambda model, x, y: F.cross_entropy(model(x), y)
 

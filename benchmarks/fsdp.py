@@ -29,7 +29,7 @@ the step that no exchange can beat: the ceiling of any compressor's speed-up her
 all-gathers cross the shaped links), plain ("FSDP") and with its reduce-scatter quantized by
 ``QuantizedAllReduce`` ("FSDP int8", "FSDP int4"; 256-entry blocks), rated against plain FSDP.
 
-Quality: the character LM of the quality benchmark (``benchmarks.workloads.charlm.fit``: d_model
+Quality: the character LM of the quality benchmark (``examples.workloads.charlm.fit``: d_model
 128, 2 layers, AdamW, warm-up and cosine decay, batch 32 per rank) under HSDP on a 2 x 2 mesh,
 4 ranks under ``torchrun --standalone`` (no shaping: it does not change the arithmetic),
 ``--quality-steps`` steps per seed; the final validation perplexity of each method and seed.
@@ -164,7 +164,7 @@ def timing_worker(args):
 
 
 def quality_worker(args):
-    from benchmarks.workloads.charlm import CharTransformer, fit, load_corpus, warmup_steps
+    from examples.workloads.charlm import CharTransformer, fit, load_corpus, warmup_steps
 
     torch.set_num_threads(1)
     init_cluster_worker(args, PORT, RANKS_PER_NODE)

@@ -15,7 +15,7 @@ scaled=False)``); and the scaled default, ``ScaledFusion(dense_threshold=N)`` wi
 HOROVOD_FUSION_THRESHOLD=0 on every rank, so Horovod's background cycle does not fuse our
 buckets again: the plan is the only fusion.
 
-Workload: the character transformer of :mod:`benchmarks.workloads.charlm`, by default
+Workload: the character transformer of :mod:`examples.workloads.charlm`, by default
 d_model 256 and 24 layers (19.1 M parameters in 294 tensors, 73 MiB of float32 gradients),
 one sequence of 64 tokens per rank and step, ACP-SGD rank 32, SGD with momentum. Why:
 
@@ -54,7 +54,7 @@ from benchmarks.harness.render import DOCS, save_figure
 from benchmarks.harness.stats import summarise, timed_step
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.compressors.acpsgd import ACPSGD
-from benchmarks.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
+from examples.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
 
 WHOLE_MODEL = 2**62
 SCALED_DEFAULTS = {"scaled 25 MiB (paper, DDP)": 25 * 2**20, "scaled 64 MiB (Horovod)": 64 * 2**20}

@@ -32,7 +32,7 @@ from benchmarks.quality import LM, LM_STEPS
 from benchmarks.harness.jobs import add_job_options, mpirun_job, run_points, train_one_point
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import panels, resumed, save_figure, save_record, write_section
-from benchmarks.workloads import charlm
+from examples.workloads import charlm
 from hvd_compress.comm.rounds import Collective
 
 RESULT_PREFIX = "OUTER_RESULT "

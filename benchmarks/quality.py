@@ -52,7 +52,7 @@ from benchmarks.harness.jobs import (
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import panels, resumed, save_figure, save_record, write_section
 from benchmarks.harness.jobs import command_line as report_command_line
-from benchmarks.workloads import charlm, digits
+from examples.workloads import charlm, digits
 from hvd_compress.comm.rounds import Collective
 
 RESULT_PREFIX = "QUALITY_RESULT "

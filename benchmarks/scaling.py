@@ -37,7 +37,7 @@ from benchmarks.convergence import QUICK_LM
 from benchmarks.harness.jobs import add_job_options, command_line, mpirun_job, say
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import panels, resumed_section, save_figure, write_section
-from benchmarks.workloads import charlm
+from examples.workloads import charlm
 
 RESULT_PREFIX = "SCALING_RESULT "
 SECTION = "Bytes per rank as ranks grow"

@@ -55,7 +55,7 @@ from benchmarks.convergence import QUICK_LM
 from benchmarks.harness.jobs import Progress, mpirun_job, run_points, train_one_point
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import DOCS, method_bars, panels, write_section
-from benchmarks.workloads import charlm
+from examples.workloads import charlm
 
 RESULT_PREFIX = "TTQ_RESULT "
 SECTION = "Time to quality"

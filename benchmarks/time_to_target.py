@@ -79,7 +79,7 @@ from benchmarks.harness.render import (
     save_record,
     write_section,
 )
-from benchmarks.workloads import charlm
+from examples.workloads import charlm
 from hvd_compress.advise.advice import PROJECTED_CONTROLLERS
 from hvd_compress.advise.evidence import factor_text, shipped_evidence, steps_for
 

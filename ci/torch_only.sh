@@ -5,7 +5,7 @@
 # and DiLoCo, tests/ddp/test_ddp_outer.py), tests/teardown at np 2 (no Gloo thread outlives
 # destroy_process_group), tests/fsdp at np 4 (FSDP2/HSDP), and the
 # no-Horovod unit tests. The tests run from a copy outside the checkout, so that the ranks
-# import the installed package and not the source tree (tests/conftest.py puts the folder
+# import the installed package and not the source tree (pytest.ini's pythonpath puts the folder
 # above tests/ first on the path). Last, the README's torchrun examples (examples/quickstart_*.py)
 # run as written there. A few minutes; docs/tests.md has the times.
 set -euo pipefail

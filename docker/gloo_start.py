@@ -16,7 +16,7 @@ from torch import nn
 
 
 def digits_cnn() -> nn.Module:
-    # benchmarks/workloads/digits.py's DigitsCNN, repeated so that this probe imports no
+    # examples/workloads/digits.py's DigitsCNN, repeated so that this probe imports no
     # hvd_compress code.
     return nn.Sequential(
         nn.Conv2d(1, 16, 3, padding=1),

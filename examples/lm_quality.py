@@ -10,18 +10,16 @@ validation perplexity and the ratio of
 float32 all-reduce bytes to bytes sent, over the whole run.
 """
 
+import logging
 import sys
-from pathlib import Path
 
 import horovod.torch as hvd
 import torch
+from workloads import charlm
 
 import hvd_compress as hc
 
-# The workloads live in the repository's benchmarks/, outside the installed package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness.jobs import say  # noqa: E402
-from benchmarks.workloads import charlm  # noqa: E402
+logger = logging.getLogger("lm_quality")
 
 RUNS = [
     (hc.PowerSGD, 4, 0),
@@ -34,6 +32,9 @@ RUNS = [
 
 
 def main():
+    # Result lines to stdout, one write each (mpirun --tag-output then tags each line whole).
+    logger.addHandler(logging.StreamHandler(sys.stdout))
+    logger.setLevel(logging.INFO)
     torch.set_num_threads(1)  # the ranks share the machine's cores
     hvd.init()
     for compressor_class, rank, start_step in RUNS:
@@ -55,7 +56,7 @@ def main():
             model_kwargs={"d_model": 128, "layers": 2, "heads": 4, "context": 64},
         )
         if hvd.rank() == 0:
-            say(
+            logger.info(
                 f"{compressor_class.__name__} rank {rank}, start_step {start_step}: "
                 f"validation perplexity {perplexity:.3f}, "
                 f"{compressors[-1].traffic.ratio:.1f}x fewer bytes"

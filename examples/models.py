@@ -7,14 +7,9 @@ benchmark's (``benchmarks/endtoend.py``), so advice and measurement are about th
     mpirun -np 4 python -m hvd_compress.advise --model examples.models:charlm
 """
 
-import sys
-from pathlib import Path
-
 import torch
 
-# The workloads live in the repository's benchmarks/, outside the installed package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.endtoend import WORKLOADS  # noqa: E402
+from benchmarks.endtoend import WORKLOADS
 
 
 def _with_loss(workload):
@@ -40,7 +35,7 @@ def cnn():
 
 def _character_lm(model_options, sequences, max_chars):
     """A character transformer on the standard library's source, ``sequences`` per rank and step."""
-    from benchmarks.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
+    from examples.workloads.charlm import CharTransformer, batches, cross_entropy, load_corpus
 
     model = CharTransformer(**model_options)
     train_ids, _ = load_corpus(max_chars=max_chars)

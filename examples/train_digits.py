@@ -9,18 +9,16 @@ controller state) there from rank 0: ``tensorboard --logdir DIR``.
 """
 
 import argparse
+import logging
 import sys
-from pathlib import Path
 
 import horovod.torch as hvd
 import torch
+from workloads import digits
 
 import hvd_compress
 
-# The workloads live in the repository's benchmarks/, outside the installed package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.harness.jobs import say  # noqa: E402
-from benchmarks.workloads import digits  # noqa: E402
+logger = logging.getLogger("train_digits")
 
 
 def main():
@@ -45,6 +43,9 @@ def main():
     parser.add_argument("--tensorboard", metavar="DIR", help="write per-step compression metrics here")
     parser.add_argument("--metrics-every", type=int, default=5, help="steps between metric writes")
     args = parser.parse_args()
+    # Result lines to stdout, one write each (mpirun --tag-output then tags each line whole).
+    logger.addHandler(logging.StreamHandler(sys.stdout))
+    logger.setLevel(logging.INFO)
 
     hvd.init()
     torch.set_num_threads(1)
@@ -86,10 +87,10 @@ def main():
 
     def log(epoch, loss, acc):
         if hvd.rank() == 0:
-            say(f"epoch {epoch + 1:2d}  loss {loss:.4f}  test accuracy {acc:.4f}")
+            logger.info(f"epoch {epoch + 1:2d}  loss {loss:.4f}  test accuracy {acc:.4f}")
 
     if hvd.rank() == 0:
-        say(
+        logger.info(
             f"{hvd.size()} ranks, compression={args.compression} {kwargs}, "
             f"adapt={args.adapt}, optimizer={args.optimizer}"
         )
@@ -98,14 +99,14 @@ def main():
         made["exporter"].close()
     if hvd.rank() == 0:
         traffic = made["compressor"].traffic.summary()
-        say(
+        logger.info(
             f"final test accuracy {acc:.4f}\n"
             f"bytes on the wire per step: {traffic['wire_bytes_per_step']} sent vs "
             f"{traffic['float32_allreduce_wire_bytes_per_step']} for an uncompressed "
             f"float32 all-reduce; compression ratio {traffic['compression_ratio']}x"
         )
         if args.tensorboard:
-            say(
+            logger.info(
                 f"metrics every {args.metrics_every} steps in {args.tensorboard} "
                 f"(tensorboard --logdir {args.tensorboard})"
             )

@@ -17,18 +17,13 @@ and (with --baseline) the float32 uncompressed run's accuracy for comparison.
 
 import argparse
 import logging
-import sys
-from pathlib import Path
 
 import horovod.torch as hvd
 import torch
 from torch import nn
+from workloads import digits
 
 import hvd_compress
-
-# The workloads live in the repository's benchmarks/, outside the installed package.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.workloads import digits  # noqa: E402
 
 logger = logging.getLogger("train_digits_amp")
 

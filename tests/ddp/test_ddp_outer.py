@@ -1,16 +1,12 @@
 """hvd_compress.DiLoCo through torch.distributed (``torchrun``, Gloo, no Horovod initialised):
 the cases of tests/outer_cases.py, shared with the Horovod launch (tests/multirank/test_outer.py)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch.distributed as dist
 
 from ddp_helpers import gathered
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import outer_cases as cases  # noqa: E402
+import outer_cases as cases
 
 
 def gather(tensor, name):

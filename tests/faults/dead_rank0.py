@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import hvd_compress as hc
-from benchmarks.workloads.digits import DigitsCNN
+from examples.workloads.digits import DigitsCNN
 
 hvd.init()
 torch.manual_seed(0)

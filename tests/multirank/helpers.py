@@ -1,15 +1,11 @@
-import sys
-from pathlib import Path
-
 import horovod.torch as hvd
 import torch
 
 import hvd_compress as hc
-from benchmarks.workloads import digits
+from examples.workloads import digits
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # sends_whole: test_exchange takes it from here.
-from dense_switch import dense_switchable, sends_whole  # noqa: E402,F401
+from dense_switch import dense_switchable, sends_whole  # noqa: F401
 
 # Every registered compressor but the baseline, at settings that compress the digits CNN's layers.
 CONFIGS = sorted(name for name in hc.COMPRESSORS if name != "none")

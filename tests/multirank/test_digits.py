@@ -11,7 +11,7 @@ import horovod.torch as hvd
 import pytest
 
 import hvd_compress as hc
-from benchmarks.workloads import digits
+from examples.workloads import digits
 
 from helpers import CONFIGS, distributed
 

@@ -7,7 +7,7 @@ from torch import nn
 
 import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
-from benchmarks.workloads.digits import DigitsCNN
+from examples.workloads.digits import DigitsCNN
 
 from helpers import (
     CONFIGS,

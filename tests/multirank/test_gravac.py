@@ -8,7 +8,7 @@ from torch import nn
 
 import hvd_compress as hc
 from hvd_compress.control.gravac import DENSE
-from benchmarks.workloads.digits import DigitsCNN
+from examples.workloads.digits import DigitsCNN
 
 from helpers import PATHS, assert_parameters_identical, assert_same_on_every_rank, rank_batches
 

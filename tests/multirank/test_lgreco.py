@@ -13,7 +13,7 @@ from torch import nn
 import hvd_compress as hc
 from hvd_compress.comm.rounds import Collective
 from hvd_compress.comm.transports import DecisionTimeout, HorovodTransport
-from benchmarks.workloads.digits import DigitsCNN
+from examples.workloads.digits import DigitsCNN
 
 from helpers import PATHS, assert_parameters_identical, assert_same_on_every_rank, rank_batches
 

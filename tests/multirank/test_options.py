@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import hvd_compress as hc
-from benchmarks.workloads.digits import DigitsCNN
+from examples.workloads.digits import DigitsCNN
 
 import overflow  # tests/overflow.py
 from helpers import CONFIGS, PATHS, assert_parameters_identical, distributed, gathered, rank_batches

@@ -1,14 +1,10 @@
 """hvd_compress.DiLoCo through Horovod (``horovodrun``/``mpirun``): the cases of
 tests/outer_cases.py, shared with the torchrun launch (tests/ddp/test_ddp_outer.py)."""
 
-import sys
-from pathlib import Path
-
 import horovod.torch as hvd
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import outer_cases as cases  # noqa: E402
+import outer_cases as cases
 
 
 def gather(tensor, name):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import hvd_compress as hc
-from benchmarks.workloads.digits import DigitsCNN
+from examples.workloads.digits import DigitsCNN
 
 from helpers import PATHS, rank_batches
 

@@ -4,7 +4,7 @@ determinism. Small runs of the default model; about 15 s of CPU."""
 import pytest
 import torch
 
-from benchmarks.workloads import charlm
+from examples.workloads import charlm
 
 
 def unchanged(model, optimizer):

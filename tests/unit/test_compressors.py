@@ -1,8 +1,6 @@
 """Compressor invariants in a simulated world of W ranks (no Horovod collectives)."""
 
 import io
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,9 +8,8 @@ import torch
 import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import degenerate  # noqa: E402  (tests/degenerate.py)
-from dense_switch import dense_switchable, sends_whole  # noqa: E402
+import degenerate  # tests/degenerate.py
+from dense_switch import dense_switchable, sends_whole
 
 SHAPES = {"conv.weight": (32, 16, 3, 3), "fc.weight": (64, 128), "fc.bias": (64,)}
 # Every compressor in the registry, at its defaults.

@@ -6,7 +6,7 @@ import pytest
 
 import hvd_compress as hc
 from hvd_compress.comm.simulated import SimulatedWorld
-from benchmarks.workloads import charlm
+from examples.workloads import charlm
 
 FAMILIES = {
     "PowerSGD rank 8 (range 4-16)": lambda: hc.PowerSGD(rank=8),

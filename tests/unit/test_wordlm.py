@@ -3,7 +3,7 @@ whose embedding and head hold most parameters."""
 
 import torch
 
-from benchmarks.workloads import charlm, wordlm
+from examples.workloads import charlm, wordlm
 
 
 def test_vocabulary_is_skewed_and_the_same_every_time():

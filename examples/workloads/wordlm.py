@@ -19,7 +19,7 @@ from collections import Counter
 
 import torch
 
-from benchmarks.workloads import charlm
+from . import charlm
 
 VOCAB = 4096
 UNKNOWN = 0
