@@ -1,39 +1,26 @@
-"""Horovod 0.28.1's own optimizer tests (``test/parallel/test_torch.py``) with our compressors
-injected, on both integration paths, under ``mpirun -np 2``.
+"""Horovod 0.28.1's own optimizer tests with our compressors injected, on both integration paths,
+under ``mpirun -np 2``: the runner is ``tests/horovod_suite/``; this writes its record and page.
 
     python -m benchmarks horovod_suite [--tests DIR] [--methods powersgd,topk] [--timeout 900]
 
-``DIR`` is Horovod's ``test/`` folder at v0.28.1 (the sdist on PyPI has none). Without
-``--tests``, the folder cached in ``~/.cache/hvd_compress/horovod-0.28.1-tests`` is used, and
-fetched from GitHub's v0.28.1 archive if absent. The tests run are those of the file whose
-source builds ``hvd.DistributedOptimizer``. Each (method, path) is one ``mpirun`` job with
-``benchmarks.horovod_inject`` loaded into every rank; "horovod" is Horovod's optimizer alone,
-the baseline. A test passes when it passes on every rank. Results go to
-``docs/benchmarks/horovod_suite.json`` (resumed: a rerun skips jobs already there) and a table
-in ``docs/benchmarks/horovods-own-optimizer-tests.md``; the explanations of failures are kept in ``EXPLAINED``.
+``DIR`` is Horovod's ``test/`` folder at v0.28.1 (``tests/horovod_suite/suite.py`` says where it
+is found without it). Results go to ``docs/benchmarks/horovod_suite.json`` (resumed: a rerun
+skips jobs already there) and a table in ``docs/benchmarks/horovods-own-optimizer-tests.md``; the
+explanations of failures are kept in ``EXPLAINED``.
 """
 
 import argparse
-import ast
-import io
 import json
-import os
-import sys
-import tarfile
-import tempfile
-import urllib.request
 from pathlib import Path
+from typing import Any, Dict, Sequence
 
 import hvd_compress as hc
 
-from benchmarks.harness.jobs import LOOPBACK_ONLY, checkout_pythonpath
+from benchmarks.harness.jobs import names_from
 from benchmarks.harness.render import DOCS, write_section
-from benchmarks.testbed import run_bounded
+from tests.horovod_suite import suite
 
-VERSION = "0.28.1"
-ARCHIVE = f"https://github.com/horovod/horovod/archive/refs/tags/v{VERSION}.tar.gz"
-CACHE = Path(os.environ.get("HVD_COMPRESS_CACHE", Path.home() / ".cache" / "hvd_compress")) / f"horovod-{VERSION}-tests"
-PATHS = ("stock", "wrapper")
+SECTION = "Horovod's own optimizer tests"
 # Why a test fails for a method, where it does: {(test, method): reason}. Filled in from runs.
 EXPLAINED = {}  # none fails today: each compressor passes every test that runs on a CPU, on both paths
 # How the table was made, written with it.
@@ -53,7 +40,7 @@ NOTES = (
     "PyTorch's `torch.optim.Muon` (newer than the tests) takes only 2-D parameters, so "
     "`test_broadcast_state`, `test_broadcast_state_options` and `test_force_allreduce`, which loop "
     "over every `torch.optim.Optimizer` subclass, failed on Horovod's own optimizer (10 passed, 3 "
-    "failed, 2 skipped); `benchmarks/horovod_inject.py` now hides it from that loop in every job, "
+    "failed, 2 skipped); `tests/horovod_suite/horovod_inject.py` now hides it from that loop in every job, "
     "the baseline included.\n\n"
     "Every compressor passes all 13 tests that run on a CPU on both paths, as Horovod's own "
     "optimizer does; none fails on a value a lossy compressor changes (these tests check state, "
@@ -67,109 +54,8 @@ NOTES = (
 )
 
 
-def horovod_tests(folder=None):
-    """Horovod's ``test/`` folder: ``folder``, else the cached one, fetched if absent."""
-    if folder is not None:
-        folder = Path(folder)
-    else:
-        folder = CACHE / "test"
-        if not folder.exists():
-            try:
-                with urllib.request.urlopen(ARCHIVE, timeout=60) as response:
-                    data = response.read()
-            except OSError as error:
-                raise RuntimeError(
-                    f"cannot fetch Horovod {VERSION}'s tests from {ARCHIVE} ({error}); "
-                    f"download that archive elsewhere and pass its test/ folder as "
-                    f"--tests"
-                ) from None
-            with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-                prefix = f"horovod-{VERSION}/test/"
-                members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
-                for member in members:
-                    member.name = member.name[len(f"horovod-{VERSION}/") :]
-                archive.extractall(CACHE, members=members, filter="data")
-    if not (folder / "parallel" / "test_torch.py").exists():
-        raise RuntimeError(f"--tests: {folder} has no parallel/test_torch.py")
-    return folder
-
-
-def optimizer_tests(test_file):
-    """Names of the tests in ``test_file`` whose source builds ``hvd.DistributedOptimizer``."""
-    source = Path(test_file).read_text()
-    return sorted(
-        node.name
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.FunctionDef)
-        and node.name.startswith("test_")
-        and "DistributedOptimizer" in ast.get_source_segment(source, node)
-    )
-
-
-def run_job(tests_dir, names, method, path, timeout):
-    """{test name: "passed" | "failed" | "skipped" | "timed out"} of one mpirun -np 2 job."""
-    parallel = tests_dir / "parallel"
-    with tempfile.TemporaryDirectory() as out:
-        argv = [
-            "mpirun",
-            "--allow-run-as-root",
-            "-np",
-            "2",
-            *LOOPBACK_ONLY,
-            "-x",
-            "PYTHONPATH",
-            "-x",
-            "HOROVOD_DYNAMIC_PROCESS_SETS",
-            "-x",
-            "OMP_NUM_THREADS",
-            "-x",
-            "HVD_COMPRESS_SUITE_METHOD",
-            "-x",
-            "HVD_COMPRESS_SUITE_PATH",
-            "-x",
-            "HVD_COMPRESS_SUITE_OUT",
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "benchmarks.horovod_inject",
-            "-p",
-            "no:cacheprovider",
-            "test_torch.py",
-            "-k",
-            " or ".join(names),
-        ]
-        env = dict(
-            os.environ,
-            OMP_NUM_THREADS="1",
-            HOROVOD_DYNAMIC_PROCESS_SETS="1",
-            HVD_COMPRESS_SUITE_METHOD=method,
-            HVD_COMPRESS_SUITE_PATH=path,
-            HVD_COMPRESS_SUITE_OUT=out,
-            PYTHONPATH=os.pathsep.join([checkout_pythonpath(), str(tests_dir), str(tests_dir / "utils")]),
-        )
-        cwd = os.getcwd()
-        os.chdir(parallel)
-        try:
-            returncode, stdout, stderr = run_bounded(argv, timeout, env)
-        finally:
-            os.chdir(cwd)
-        per_rank = [json.loads(f.read_text()) for f in sorted(Path(out).glob("outcomes.*.json"))]
-    outcomes = {}
-    for name in names:
-        seen = [next((o for node, o in rank.items() if node.endswith(f"::{name}")), None) for rank in per_rank]
-        if returncode is None or len(per_rank) < 2 or None in seen:
-            outcomes[name] = "timed out" if returncode is None else "did not run"
-        elif "failed" in seen:
-            outcomes[name] = "failed"
-        else:
-            outcomes[name] = "skipped" if "skipped" in seen else "passed"
-    tail = (stdout + stderr)[-3000:]
-    return outcomes, tail
-
-
-def table(results, names):
+def table(results: Dict[str, Any], names: Sequence[str]) -> str:
+    """One row per test, one column per job, each cell its outcome."""
     jobs = sorted(results)
     lines = ["| test | " + " | ".join(jobs) + " |", "|---|" + "---|" * len(jobs)]
     for name in names:
@@ -177,41 +63,30 @@ def table(results, names):
     return "\n".join(lines)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tests", help="Horovod's test/ folder at v0.28.1")
-    parser.add_argument("--methods", default=",".join(["horovod", *sorted(hc.COMPRESSORS)]))
-    parser.add_argument("--paths", default=",".join(PATHS))
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per mpirun job")
-    parser.add_argument("--out", default=str(DOCS), help="docs folder to write into")
-    args = parser.parse_args()
-    tests_dir = horovod_tests(args.tests)
-    names = optimizer_tests(tests_dir / "parallel" / "test_torch.py")
-    docs = Path(args.out)
-    json_path = docs / "benchmarks" / "horovod_suite.json"
-    results = json.loads(json_path.read_text()) if json_path.exists() else {}
-    for method in args.methods.split(","):
-        if method != "horovod" and method not in hc.COMPRESSORS:
-            raise SystemExit(f"--methods: {method!r} is not 'horovod' or one of {sorted(hc.COMPRESSORS)}")
-        for path in args.paths.split(",") if method != "horovod" else ["stock"]:
-            job = "horovod" if method == "horovod" else f"{method} {path}"
-            if job in results:
-                continue
-            outcomes, tail = run_job(tests_dir, names, method, path, args.timeout)
-            results[job] = {"outcomes": outcomes, "output_tail": tail}
-            print(job, {o: list(outcomes.values()).count(o) for o in set(outcomes.values())}, flush=True)
-            json_path.parent.mkdir(parents=True, exist_ok=True)
-            json_path.write_text(json.dumps(results, indent=1, sort_keys=True))
+def render(out: Path) -> None:
+    """Writes the page from ``out``/benchmarks/horovod_suite.json: the tests are those its jobs ran."""
+    results = json.loads((out / "benchmarks" / "horovod_suite.json").read_text())
+    names = sorted({name for job in results.values() for name in job["outcomes"]})
     explained = "\n".join(f"* `{test}` with {method}: {why}" for (test, method), why in sorted(EXPLAINED.items()))
     body = (
-        f"Horovod {VERSION}'s `test/parallel/test_torch.py`, the {len(names)} tests that build "
+        f"Horovod {suite.VERSION}'s `test/parallel/test_torch.py`, the {len(names)} tests that build "
         f"`hvd.DistributedOptimizer`, under `mpirun -np 2`, with each compressor injected on the "
         f"stock path (`compression=`) and the wrapper path (`hvd_compress.DistributedOptimizer`); "
         f"\"horovod\" is Horovod's own optimizer. `python -m benchmarks horovod_suite`.\n\n"
         f"{NOTES}\n{table(results, names)}\n\n{explained}\n"
     )
-    write_section(docs, "Horovod's own optimizer tests", body)
+    write_section(out, SECTION, body)
 
 
-if __name__ == "__main__":
-    main()
+def main() -> None:
+    """Runs the jobs missing from the record, then writes the page."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tests", help="Horovod's test/ folder at v0.28.1")
+    methods = ["horovod", *sorted(hc.COMPRESSORS)]
+    parser.add_argument("--methods", type=names_from(methods), default=methods)
+    parser.add_argument("--paths", type=names_from(suite.PATHS), default=list(suite.PATHS))
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per mpirun job")
+    parser.add_argument("--out", type=Path, default=DOCS, help="docs folder to write into")
+    args = parser.parse_args()
+    suite.run(args.tests, args.methods, args.paths, args.timeout, args.out / "benchmarks" / "horovod_suite.json")
+    render(args.out)

@@ -1,5 +1,5 @@
-"""A pytest plugin for ``benchmarks.horovod_suite``: loaded into each rank of Horovod's own
-test run (``pytest -p benchmarks.horovod_inject``), it makes every ``hvd.DistributedOptimizer``
+"""A pytest plugin for ``tests.horovod_suite.suite``: loaded into each rank of Horovod's own
+test run (``pytest -p tests.horovod_suite.horovod_inject``), it makes every ``hvd.DistributedOptimizer``
 the tests build use one of our compressors, and writes each test's outcome on this rank to a
 JSON file.
 
