@@ -26,6 +26,7 @@ BENCHMARKS = {
     "outer": "DiLoCo (local steps, compressed pseudo-gradients) against per-step methods, quality and bytes",
     "projection": "alpha-beta projection of the end-to-end results to 8-64 workers and 1-100 Gbit/s",
     "quality": "final quality against bytes sent, a sweep of settings per method, and the seeds' claims",
+    "report": "every page and figure here re-rendered from the stored JSON, and this list; nothing measured",
     "scaling": "bytes one rank sends per step at W = 2-32 from the traffic counters, the formula, "
     "where each stops paying",
     "solver": "the L-GreCo DP solver on a realistic instance",

@@ -25,7 +25,7 @@ import torch
 
 from benchmarks.endtoend import WORKLOADS
 from benchmarks.harness.jobs import say
-from benchmarks.harness.render import DOCS, write_section
+from benchmarks.harness.render import DOCS, stored, write_section
 from hvd_compress import advise
 from hvd_compress.advise.measure import measure_codec
 from hvd_compress.advise.projection import fit_link, project
@@ -136,6 +136,12 @@ def markdown(rows, choices, command, measured):
             f"{r['projected_ms']:.1f} | {r['projected_ms'] / r['measured_ms']:.2f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def render(out: Path) -> None:
+    """Rewrites the page from the end-to-end run's stored JSON."""
+    measured = stored(out, "endtoend")
+    write_section(out, SECTION, markdown(*check(measured), "python -m benchmarks advise_check", measured))
 
 
 def main(argv=None):

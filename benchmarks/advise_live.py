@@ -56,7 +56,7 @@ from pathlib import Path
 from benchmarks.advise_check import REGISTERED, WITHIN_CHOICE, WITHIN_STEP
 from benchmarks.harness.jobs import checkout_pythonpath, say
 from benchmarks.harness.machine import OthersShare, describe_machine, machine
-from benchmarks.harness.render import DOCS, write_section
+from benchmarks.harness.render import DOCS, stored, write_section
 from benchmarks.testbed import emulated_cluster, run_bounded
 from hvd_compress import advise
 from hvd_compress.advise.advice import SETTINGS
@@ -511,7 +511,8 @@ def command_line():
     return " ".join(["python -m benchmarks advise_live"] + [shlex.quote(a) for a in sys.argv[1:]])
 
 
-def main(argv=None):
+def options() -> argparse.ArgumentParser:
+    """The command's options, as ``main`` reads them and ``render`` reads them back from the record."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks advise_live", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--rates",
@@ -539,6 +540,31 @@ def main(argv=None):
         help="no run: project the stored points' measurements again with the current model",
     )
     parser.add_argument("--out", type=Path, default=DOCS)
+    return parser
+
+
+def render(out: Path) -> None:
+    """Rewrites the page from the stored JSON: the re-projected record where there is one, with the
+    end-to-end files and the repeat its command named, read from ``out``/benchmarks."""
+    results = stored(out, "advise_live_reprojected") or stored(out, "advise_live")
+    args = options().parse_args(shlex.split(results.get("reprojected", results["command"]))[4:])
+    sources = [dict(measured_runs(out / "benchmarks" / source.name), file=str(source)) for source in args.sources]
+    compare_all(results, sources)
+    repeat = None
+    if args.repeat:
+        stem = args.repeat.stem + ("_reprojected" if args.reproject else "")
+        repeat = {**stored(out, stem), "file": str(args.repeat)}
+        compare_all(repeat, sources)
+    text = markdown(results, sources, repeat)
+    if args.reproject:
+        before = stored(out, "advise_live")
+        compare_all(before, sources)
+        text = reprojected_note(before, results, sources) + text
+    write_section(out, SECTION, text)
+
+
+def main(argv=None):
+    parser = options()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     unknown = [model for model in args.models if model not in MODELS]
     if unknown:

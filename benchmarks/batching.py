@@ -38,7 +38,7 @@ import hvd_compress as hc
 from benchmarks.codec import WARMUP_STEPS, OperatorCount, as_integrations_run, gradients, median_seconds, seconds_of
 from benchmarks.harness.jobs import command_line
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import DOCS, notes_lines, write_section
+from benchmarks.harness.render import DOCS, notes_lines, stored, write_section
 from benchmarks.shapes import shape_set
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.maths.lowrank import (
@@ -306,6 +306,14 @@ def parse_args(argv):
     if args.rank < 1:
         parser.error(f"--rank must be a positive integer, got {args.rank}")
     return args
+
+
+def render(out: Path) -> None:
+    """Rewrites the page of each device from its stored JSON."""
+    for device, suffix in SUFFIX.items():
+        results = stored(out, f"batching{suffix}")
+        if results is not None:
+            write_section(out, SECTION[device], markdown(results))
 
 
 def main(argv=None):

@@ -62,7 +62,7 @@ from benchmarks.convergence import StepCounter
 from benchmarks.quality import LM as CHAR_LM, scalecom_flops
 from benchmarks.harness.jobs import mpirun_job, root_cause, run_points, torchrun_job, train_one_point
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import DOCS, panels, save_figure, write_section
+from benchmarks.harness.render import DOCS, panels, save_figure, stored, write_section
 from examples.workloads import charlm, wordlm
 from hvd_compress.comm.rounds import Collective
 
@@ -1029,6 +1029,14 @@ def parse_args(argv):
     parser.add_argument("--device", help="torch device of the points (default: the scale's: cpu, or cuda)")
     parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+def render(out: Path) -> None:
+    """Rewrites the page and picture of each scale from its stored JSON."""
+    for scale in SCALES.values():
+        results = stored(out, scale["name"])
+        if results is not None:
+            write_report(results, out)
 
 
 def main(argv=None):

@@ -85,7 +85,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import hvd_compress as hc
 from benchmarks.harness.machine import OthersShare, describe_machine, gpu_description, machine
-from benchmarks.harness.render import DOCS, gpu_lines, method_bars, notes_lines, panels, write_section
+from benchmarks.harness.render import DOCS, gpu_lines, method_bars, notes_lines, panels, stored, write_section
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.comm.simulated import run_alone
@@ -1307,6 +1307,17 @@ def parse_args(argv):
         except KeyError as error:
             parser.error(error.args[0])
     return args
+
+
+def render(out: Path) -> None:
+    """Rewrites the pages and figures of each device from the stored JSON."""
+    for device, suffix in SUFFIX.items():
+        operators = stored(out, f"codec-operators{suffix}")
+        if operators is not None:
+            write_section(out, OPERATORS_SECTION[device], operators_markdown(operators))
+        results = stored(out, f"codec{suffix}")
+        if results is not None:
+            write_report(results, out)
 
 
 def main(argv=None):

@@ -56,6 +56,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import statistics
 import time
 from pathlib import Path
@@ -64,7 +65,7 @@ import torch
 
 import hvd_compress as hc
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import DOCS, notes_lines, resumed_section, write_section
+from benchmarks.harness.render import DOCS, notes_lines, resumed_section, stored, write_section
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import SimulatedWorld, exchange_alone, run_alone
 from hvd_compress.compressors.feedback import StagedSums
@@ -525,6 +526,13 @@ def parse_args(argv=None):
     for shapes in args.shapes:
         shape_set(shapes)  # a KeyError naming the known sets
     return args
+
+
+def render(out: Path) -> None:
+    """Rewrites both pages from the stored JSON, the options from the command it records."""
+    results = stored(out, "controller_overhead")
+    write_section(out, SECTION, markdown(results, parse_args(shlex.split(results["command"])[4:])))
+    write_section(out, COST_SECTION, cost_markdown(stored(out, "decision_cost")))
 
 
 def main(argv=None):

@@ -27,13 +27,14 @@ import json
 import sys
 import time
 import types
+from pathlib import Path
 
 import torch
 
 import hvd_compress as hc
 from benchmarks.harness.jobs import add_job_options, command_line, mpirun_job, names_from
 from benchmarks.harness.machine import OthersShare, describe_machine, machine
-from benchmarks.harness.render import method_bars, panels, save_figure, write_section
+from benchmarks.harness.render import method_bars, panels, save_figure, stored, write_section
 from examples.workloads import charlm, digits
 from hvd_compress.comm.rounds import Collective
 
@@ -458,6 +459,13 @@ def parse_args(argv):
     if args.quick:
         args.np, args.digits_seeds, args.lm_steps = 2, 1, 8
     return args
+
+
+def render(out: Path) -> None:
+    """Rewrites the page and figure from the stored JSON."""
+    results = stored(out, "convergence")
+    draw_figure(results, out / "benchmarks" / "convergence.png")
+    write_section(out, SECTION, markdown(results, Path("convergence.png")))
 
 
 def main(argv=None):

@@ -45,6 +45,7 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -66,7 +67,7 @@ from benchmarks.harness.jobs import (
     worker_argv,
 )
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import notes_lines, resumed_section
+from benchmarks.harness.render import notes_lines, resumed_section, stored, write_section
 from benchmarks.harness.stats import CodecClock, jobs_of, pooled, summarise
 
 RESULT_PREFIX = "DDP_RESULT "
@@ -406,6 +407,11 @@ def parse_args(argv):
     if args.epochs is None:
         args.epochs = 1 if args.quick else DIGITS_EPOCHS_PER_RANK * args.np
     return args
+
+
+def render(out: Path) -> None:
+    """Rewrites the page from the stored JSON."""
+    write_section(out, SECTION, markdown(stored(out, "ddp")))
 
 
 def main(argv=None):

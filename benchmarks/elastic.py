@@ -30,6 +30,7 @@ import faulthandler
 import json
 import math
 import os
+import shlex
 import signal
 import socket
 import statistics
@@ -43,7 +44,7 @@ import torch
 
 from benchmarks.harness.jobs import Progress, checkout_pythonpath
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import DOCS, resumed, save_record, write_section
+from benchmarks.harness.render import DOCS, resumed, save_record, stored, write_section
 
 RESULT_FILE = "result.json"
 PROGRESS_FILE = "progress.jsonl"
@@ -440,6 +441,12 @@ def parse_args(argv):
     worker_options.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     worker_options.add_argument("--feedback", default="keep", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
+
+
+def render(out: Path) -> None:
+    """Rewrites the page from the stored JSON, the seeds from the command it records."""
+    results = stored(out, "elastic")
+    write_section(out, SECTION, markdown(results, parse_args(shlex.split(results["command"])[4:]).seeds))
 
 
 def main(argv=None):

@@ -61,7 +61,7 @@ import torch
 
 from benchmarks.harness.jobs import Progress, checkout_pythonpath, cluster_job, undisturbed
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import DOCS, notes_lines, panels, save_figure, write_section
+from benchmarks.harness.render import DOCS, notes_lines, panels, save_figure, stored, write_section
 from benchmarks.harness.stats import summarise, timed_step
 from hvd_compress.comm.simulated import exchange_alone
 
@@ -563,6 +563,13 @@ def parse_args(argv):
         if unknown:
             parser.error(f"{label}: unknown {', '.join(unknown)}; known: {', '.join(known)}")
     return args
+
+
+def render(out: Path) -> None:
+    """Rewrites the page and figure from the stored JSON."""
+    results = stored(out, "endtoend")
+    draw_figure(results, out / "benchmarks" / "endtoend.png")
+    write_section(out, SECTION, markdown(results, "endtoend.png"))
 
 
 def main(argv=None):

@@ -52,6 +52,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -70,7 +71,7 @@ from benchmarks.harness.jobs import (
     worker_argv,
 )
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import notes_lines, resumed_section
+from benchmarks.harness.render import notes_lines, resumed_section, stored, write_section
 from benchmarks.harness.stats import CodecClock, jobs_of, pooled, summarise
 
 RESULT_PREFIX = "FSDP_RESULT "
@@ -436,6 +437,11 @@ def parse_args(argv):
     if args.quick:
         args.models, args.warmup, args.steps, args.quality_steps, args.seeds = ["cnn"], 2, 2, 10, [0]
     return args
+
+
+def render(out: Path) -> None:
+    """Rewrites the page from the stored JSON."""
+    write_section(out, SECTION, markdown(stored(out, "fsdp")))
 
 
 def main(argv=None):

@@ -33,7 +33,7 @@ import torch
 from benchmarks.codec import median_seconds
 from benchmarks.harness.jobs import command_line
 from benchmarks.harness.machine import describe_machine, gpu_description, machine
-from benchmarks.harness.render import DOCS, gpu_lines, notes_lines, write_section
+from benchmarks.harness.render import DOCS, gpu_lines, notes_lines, stored, write_section
 from hvd_compress.maths.lowrank import project_right
 
 logger = logging.getLogger(__name__)
@@ -209,6 +209,14 @@ def parse_args(argv):
         if value < 1:
             parser.error(f"{label} must be positive integers, got {value}")
     return args
+
+
+def render(out: Path) -> None:
+    """Rewrites the page of each device from its stored JSON."""
+    for device, suffix in SUFFIX.items():
+        results = stored(out, f"layouts{suffix}")
+        if results is not None:
+            write_section(out, SECTION[device], markdown(results))
 
 
 def main(argv=None):

@@ -28,7 +28,7 @@ import torch
 import hvd_compress as hc
 from benchmarks.harness.jobs import say
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import DOCS, write_section
+from benchmarks.harness.render import DOCS, stored, write_section
 from hvd_compress.comm.simulated import SimulatedWorld
 
 SECTION = "Metrics overhead"
@@ -76,6 +76,11 @@ def markdown(result, command):
         added = ms - base
         lines.append(f"| {variant} | {ms:.3f} | {added:+.3f} | {1e3 * added / result['layers']:+.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def render(out: Path) -> None:
+    """Rewrites the page from the stored JSON."""
+    write_section(out, SECTION, markdown(stored(out, "metrics_overhead"), "python -m benchmarks metrics_overhead"))
 
 
 def main(argv=None):

@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import horovod.torch as hvd
 
@@ -31,7 +32,7 @@ from benchmarks.convergence import QUICK_LM
 from benchmarks.quality import LM, LM_STEPS
 from benchmarks.harness.jobs import add_job_options, mpirun_job, run_points, train_one_point
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import panels, resumed, save_figure, save_record, write_section
+from benchmarks.harness.render import panels, resumed, save_figure, save_record, stored, write_section
 from examples.workloads import charlm
 from hvd_compress.comm.rounds import Collective
 
@@ -251,6 +252,11 @@ def parse_args(argv):
     if args.quick:
         args.np, args.lm_steps, args.inner_steps = 2, 20, [5]
     return args
+
+
+def render(out: Path) -> None:
+    """Rewrites the page and figure from the stored JSON."""
+    write_report(stored(out, "outer"), out)
 
 
 def main(argv=None):

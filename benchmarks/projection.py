@@ -39,7 +39,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.endtoend import WRAPPED
-from benchmarks.harness.render import DOCS, panels, save_figure, write_section
+from benchmarks.harness.render import DOCS, panels, save_figure, stored, write_section
 from hvd_compress.comm.rounds import Collective
 
 SECTION = "Projection"
@@ -264,6 +264,13 @@ def draw_figure(result, path):
         axis.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=6)
     save_figure(figure, path, dpi="figure")
+
+
+def render(out: Path) -> None:
+    """Rewrites the page and figure from the stored JSON."""
+    result = stored(out, "projection")
+    draw_figure(result, out / "benchmarks" / "projection.png")
+    write_section(out, SECTION, markdown(result, "python -m benchmarks projection", "projection.png"))
 
 
 def main(argv=None):

@@ -36,7 +36,7 @@ from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
 from benchmarks.harness.jobs import add_job_options, command_line, mpirun_job, say
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import panels, resumed_section, save_figure, write_section
+from benchmarks.harness.render import panels, resumed_section, save_figure, stored, write_section
 from examples.workloads import charlm
 
 RESULT_PREFIX = "SCALING_RESULT "
@@ -316,6 +316,11 @@ def parse_args(argv: Optional[List[str]] = None) -> Any:
     if args.quick and args.np == WORLDS:
         args.np, args.steps = [2, 3], 1
     return args
+
+
+def render(out: Path) -> None:
+    """Rewrites the page and figure from the stored JSON."""
+    write_report(stored(out, "scaling"), out)
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -54,7 +54,7 @@ from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
 from benchmarks.harness.jobs import Progress, mpirun_job, run_points, train_one_point
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import DOCS, method_bars, panels, write_section
+from benchmarks.harness.render import DOCS, method_bars, panels, stored, write_section
 from examples.workloads import charlm
 
 RESULT_PREFIX = "TTQ_RESULT "
@@ -793,6 +793,11 @@ def parse_args(argv):
             "quick": False,
         }
     return args
+
+
+def render(out: Path) -> None:
+    """Rewrites the page and figure from the stored JSON."""
+    write_report(stored(out, "time_to_quality"), out)
 
 
 def main(argv=None) -> None:

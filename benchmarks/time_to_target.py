@@ -77,6 +77,7 @@ from benchmarks.harness.render import (
     resumed,
     save_figure,
     save_record,
+    stored,
     write_section,
 )
 from examples.workloads import charlm
@@ -890,6 +891,11 @@ def parse_args(argv):
     else:
         args.lm = quality.LM
     return args
+
+
+def render(out: Path) -> None:
+    """Rewrites the page and figure from the stored JSON and time_to_quality's."""
+    write_report(stored(out, "time_to_target"), stored(out, "time_to_quality"), out)
 
 
 def main(argv=None) -> None:

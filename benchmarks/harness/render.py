@@ -5,7 +5,7 @@ import collections
 import json
 import re
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 
 # Where results go unless --out says otherwise: this checkout's docs/, from any directory.
@@ -187,3 +187,10 @@ def method_bars(axis, values, reference):
         axis.axvline(values[reference], color="tab:gray", linestyle="--", linewidth=0.8)
     axis.invert_yaxis()
     return bars
+
+
+def stored(out: Path, name: str) -> Optional[Dict[str, Any]]:
+    """The JSON record ``out``/benchmarks/``name``.json, None where there is none: what a page is
+    rendered from."""
+    path = out / "benchmarks" / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None

@@ -138,8 +138,7 @@ def test_the_gpu_section_sets_each_step_against_its_operators(tmp_path, monkeypa
 
 def test_batching_quick_writes_its_section_and_counts_operators_per_shape(tmp_path):
     assert bench.main(["batching", "--quick", "--out", str(tmp_path)]) == 0
-    text = page(tmp_path, "Same-shape batching").read_text()
-    assert text.startswith("# Same-shape batching\n") and "python -m benchmarks batching --quick" in text
+    assert page(tmp_path, "Same-shape batching").read_text().startswith("# Same-shape batching\n")
     row = json.loads((tmp_path / "benchmarks" / "batching.json").read_text())["sets"]["tiny"]
     # QR, P = M Q and the residual: per layer one at a time, per shape batched; the decompression
     # per layer either way (each result goes to its own gradient).
@@ -147,6 +146,7 @@ def test_batching_quick_writes_its_section_and_counts_operators_per_shape(tmp_pa
     assert row["batched_operators"] == 3 * row["shapes"] + row["layers"]
     # No two tiny matrices share a shape: no bucket group to time; the whole step is timed both ways.
     results = json.loads((tmp_path / "benchmarks" / "batching.json").read_text())
+    assert results["command"] == "python -m benchmarks batching --quick"
     assert results["bucket_groups"] == {"tiny": []}
     assert results["whole_steps"]["tiny"]["off_ms"] > 0 and results["whole_steps"]["tiny"]["on_ms"] > 0
     path = tmp_path / "benchmarks" / "batching.json"
@@ -157,12 +157,9 @@ def test_batching_quick_writes_its_section_and_counts_operators_per_shape(tmp_pa
 
 def test_layouts_quick_times_every_form_at_every_rank_and_rewrites_its_section(tmp_path):
     assert bench.main(["layouts", "--quick", "--ranks", "1,2,4", "--out", str(tmp_path)]) == 0
-    text = page(tmp_path, "Low-rank products by layout").read_text()
-    assert (
-        text.startswith("# Low-rank products by layout\n")
-        and "python -m benchmarks layouts --quick --ranks 1,2,4" in text
-    )
+    assert page(tmp_path, "Low-rank products by layout").read_text().startswith("# Low-rank products by layout\n")
     path = tmp_path / "benchmarks" / "layouts.json"
+    assert json.loads(path.read_text())["command"] == "python -m benchmarks layouts --quick --ranks 1,2,4"
     shape = json.loads(path.read_text())["shapes"]["small"]
     assert [row["rank"] for row in shape["projection"]] == [1, 2, 4]
     assert all(
@@ -193,9 +190,9 @@ def test_controller_overhead_quick_measures_every_controller_and_resumes(tmp_pat
         "short, apply_delay 1",
         "short, auto",
     }
-    text = page(tmp_path, "Controller overhead").read_text()
-    assert text.startswith("# Controller overhead\n") and "python -m benchmarks controller_overhead --quick" in text
+    assert page(tmp_path, "Controller overhead").read_text().startswith("# Controller overhead\n")
     before = path.read_text()
+    assert json.loads(before)["command"] == "python -m benchmarks controller_overhead --quick"
     assert bench.main(["controller_overhead", "--quick", "--out", str(tmp_path)]) == 0
     assert json.loads(path.read_text())["points"] == json.loads(before)["points"]  # nothing re-ran
 
@@ -283,6 +280,28 @@ def test_the_summary_lists_every_page_of_the_docs_as_the_pages_state_them(tmp_pa
         assert text.count(f"| [{title}](benchmarks/{path.name}) |") == 1, path
 
 
+@pytest.mark.slow
+def test_report_renders_every_page_of_the_docs_from_its_json_as_stored(tmp_path, monkeypatch):
+    """``python -m benchmarks report`` into a copy of docs/: every page and figure of
+    docs/benchmarks/ is rewritten from the JSON beside it, and the pages and the summary come out as
+    stored (a figure's bytes depend on matplotlib's build, so of those only the rewriting counts)."""
+    import os
+    import shutil
+
+    from benchmarks.harness.render import DOCS
+
+    shutil.copytree(DOCS / "benchmarks", tmp_path / "benchmarks")
+    shutil.copy(DOCS / "benchmarks.md", tmp_path / "benchmarks.md")
+    written = sorted([*(tmp_path / "benchmarks").glob("*.md"), *(tmp_path / "benchmarks").glob("*.png")])
+    for path in written:
+        os.utime(path, (0, 0))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert bench.main(["report", "--out", str(tmp_path)]) == 0
+    assert [path.name for path in written if path.stat().st_mtime == 0] == []
+    for path in [tmp_path / "benchmarks.md", *(p for p in written if p.suffix == ".md")]:
+        assert path.read_text() == (DOCS / path.relative_to(tmp_path)).read_text(), path.name
+
+
 def test_verdicts_count_met_columns_before_target_columns_and_target_lines():
     from benchmarks.harness.render import verdicts
 
@@ -347,7 +366,7 @@ def test_convergence_quick_trains_every_method_under_mpirun_and_writes_its_secti
     text = page(tmp_path, "Convergence").read_text()
     assert text.startswith("# Convergence\n") and text.count("# Convergence") == 1 and "stale" not in text
     assert page(tmp_path, "Other").read_text() == "# Other\n\nkept\n"
-    assert "python -m benchmarks convergence --quick" in text
+    assert "python -m benchmarks convergence --quick" in results["command"]
     assert "](convergence.png)" in text
 
 
