@@ -15,3 +15,23 @@ def test_methods_narrow_the_timed_labels_and_keep_uncompressed():
         ttt.chosen_methods(methods, ["FP32"])
     args = ttt.parse_args(["--ratios", "30", "--methods", "FP16; GraVAC (Top-K), epsilon 0.7"])
     assert args.methods == ["FP16", "GraVAC (Top-K), epsilon 0.7"] and args.ratios == [30.0]
+
+
+def test_between_sites_the_soonest_local_method_is_set_against_uncompressed_and_per_step():
+    def method(kind=None, seeds=3):
+        return {"spec": {"controller": {"kind": kind} if kind else None}, "score": {"seeds": seeds}}
+
+    methods = {
+        ttq.UNCOMPRESSED: method(),
+        "Top-K density 0.01": method(),
+        "Streaming DiLoCo": method("streaming", seeds=1),
+        "DiLoCo H=50": method("diloco"),
+    }
+    seconds = {ttq.UNCOMPRESSED: 6000.0, "Top-K density 0.01": 600.0, "Streaming DiLoCo": 400.0, "DiLoCo H=50": 2500.0}
+    lines = ttt.between_sites_targets(seconds, methods, seconds[ttq.UNCOMPRESSED])
+    assert "(Streaming DiLoCo, 400.0 s, steps from 1 seed(s)) >= 3x sooner than uncompressed: met (15.00x)" in lines[0]
+    assert lines[1].endswith("(Top-K density 0.01, 600.0 s): met (1.50x).")
+    seconds["Streaming DiLoCo"] = 2100.0
+    lines = ttt.between_sites_targets(seconds, methods, seconds[ttq.UNCOMPRESSED])
+    assert "missed (2.86x)" in lines[0] and "missed (0.29x)" in lines[1]
+    assert "no local method" in ttt.between_sites_targets({ttq.UNCOMPRESSED: 1.0}, methods, 1.0)[0]
