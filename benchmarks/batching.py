@@ -2,7 +2,7 @@
 time against one batched call per distinct matrix shape.
 
     python -m benchmarks batching [--shapes resnet50,bert-base,transformer-xl] [--rank 4]
-        [--repeats 15] [--device cpu|cuda] [--out docs/] [--quick] [--report-only]
+        [--repeats 15] [--device cpu|cuda] [--out docs/] [--quick]
 
 Three measurements, each timing the median of ``--repeats`` calls between two device
 synchronisations, after one untimed call:
@@ -24,7 +24,6 @@ Writes ``batching[-cuda].json`` and the section "Same-shape batching" (``... on 
 """
 
 import argparse
-import json
 import logging
 import statistics
 import sys
@@ -38,7 +37,7 @@ import hvd_compress as hc
 from benchmarks.codec import WARMUP_STEPS, OperatorCount, as_integrations_run, gradients, median_seconds, seconds_of
 from benchmarks.harness.jobs import command_line
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import DOCS, notes_lines, stored, write_section
+from benchmarks.harness.render import DOCS, save_record, notes_lines, stored, write_section
 from benchmarks.shapes import shape_set
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.maths.lowrank import (
@@ -288,13 +287,8 @@ def parse_args(argv):
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="the tiny shapes, one call: a smoke test")
-    parser.add_argument(
-        "--report-only",
-        action="store_true",
-        help="rewrite the section from batching.json (its notes included), measuring nothing",
-    )
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not args.report_only and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here")
     if args.quick:
         args.shapes, args.repeats = ["tiny"], 1
@@ -318,11 +312,6 @@ def render(out: Path) -> None:
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    out = args.out / "benchmarks"
-    path = out / f"batching{SUFFIX[args.device]}.json"
-    if args.report_only:
-        write_section(args.out, SECTION[args.device], markdown(json.loads(path.read_text())))
-        return
     results = {
         "command": command_line("batching"),
         "machine": machine(),
@@ -338,9 +327,8 @@ def main(argv=None):
             for name in args.shapes
         },
     }
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1) + "\n")
-    write_section(args.out, SECTION[args.device], markdown(results))
+    save_record(args.out / "benchmarks" / f"batching{SUFFIX[args.device]}.json", results)
+    render(args.out)
     for name, row in results["sets"].items():
         logger.info("%s: per layer %.2f ms, batched %.2f ms", name, row["per_layer_ms"], row["batched_ms"])
 

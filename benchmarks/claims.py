@@ -2,7 +2,7 @@
 its paper's regime, on the word-level GPT (``workloads/wordlm``), with paired seeds.
 
     python -m benchmarks claims [--quick] [--max-minutes 360] [--job-timeout 7200] [--out docs/]
-        [--report-only] [--stage curve]
+        [--stage curve]
 
 The protocol (every point one ``mpirun -np 2`` job through the stock ``hvd.DistributedOptimizer``,
 seeds 0, 1 and 2):
@@ -36,7 +36,7 @@ Gloo (NCCL takes one GPU per rank), ``--parallel`` jobs at a time; no character-
 
 Resumes point by point from ``<out>/benchmarks/claims.json`` (rewritten after every point, with
 its page in ``<out>/benchmarks/``), so it can run in pieces; ``--max-minutes`` starts no new
-point after that long. ``--report-only`` rewrites the page and the picture from the JSON.
+point after that long.
 ``--stage curve`` runs only the character-LM curves and L-GreCo over them.
 ``--quick``: a tiny model and a few steps, every stage once with one seed: a smoke test.
 """
@@ -834,7 +834,7 @@ def markdown(results, figure):
     )
     lines = [
         f"Command: `python -m benchmarks claims{flags}` (resumable; regenerate this "
-        f"section from the JSON with `--report-only`). Jobs finished: {len(results['points'])}, "
+        f"section from the JSON with `python -m benchmarks report`). Jobs finished: {len(results['points'])}, "
         f"{minutes:.0f} min of jobs in all, "
         + (
             "run niced beside other work on the same cores."
@@ -1011,7 +1011,6 @@ def parse_args(argv):
     )
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="a tiny model, a few steps, one seed")
-    parser.add_argument("--report-only", action="store_true", help="rewrite the page and picture from the JSON")
     parser.add_argument(
         "--scale",
         choices=sorted(SCALES),
@@ -1043,7 +1042,7 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.parallel < 1:
         raise SystemExit(f"--parallel must be at least 1, got {args.parallel}")
-    run_points(args, train_one_point_of_either_backend, run, results_path(args.out, args.scale), write_report)
+    run_points(args, train_one_point_of_either_backend, run, results_path(args.out, args.scale))
 
 
 def train_one_point_of_either_backend(spec):

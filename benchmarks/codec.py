@@ -3,7 +3,7 @@ the gradient shapes of real models, side by side with PyTorch's own PowerSGD com
 
     python -m benchmarks codec [--shapes resnet50,bert-base,transformer-xl] [--rank 4]
         [--density 0.01] [--bits 4] [--repeats 3] [--rounds 3] [--device cpu|cuda] [--out docs/]
-        [--compiled] [--quick] [--report-only]
+        [--compiled] [--quick]
 
 Communication is left out: each compressor runs on one rank and every collective's result is
 the rank's own payload (what a world of one returns), so the time is encode + error feedback +
@@ -84,8 +84,18 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hvd_compress as hc
+from benchmarks.harness.jobs import command_line
 from benchmarks.harness.machine import OthersShare, describe_machine, gpu_description, machine
-from benchmarks.harness.render import DOCS, gpu_lines, method_bars, notes_lines, panels, stored, write_section
+from benchmarks.harness.render import (
+    DOCS,
+    gpu_lines,
+    method_bars,
+    notes_lines,
+    panels,
+    save_record,
+    stored,
+    write_section,
+)
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.fusion import FusionScheduler, ScaledFusion
 from hvd_compress.comm.simulated import run_alone
@@ -646,7 +656,7 @@ def run_operators(args):
     """The operator counts of ``--operators``, per shape set, in this process (counts, not times)."""
     started = time.perf_counter()
     results = {
-        "command": command_line(),
+        "command": command_line("codec"),
         "machine": machine(),
         "torch": torch.__version__,
         "options": {
@@ -688,7 +698,7 @@ def run(args):
     if args.compiled and not args.quick:  # the run's first compiled process compiles from nothing
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="hvd_compress-codec-inductor-")
     results = {
-        "command": command_line(),
+        "command": command_line("codec"),
         "machine": dict(machine(), load_average_start=os.getloadavg()[0]),
         "options": {
             "shapes": args.shapes,
@@ -1255,15 +1265,6 @@ def write_report(results, out):
     write_section(out, SECTION[device], markdown(results, figures, operators))
 
 
-def command_line():
-    """The command as a user reruns it: where its output went (``--out``) is left out."""
-    argv = sys.argv[1:]
-    if "--out" in argv:
-        at = argv.index("--out")
-        argv = argv[:at] + argv[at + 2 :]
-    return " ".join(["python -m benchmarks codec"] + argv)
-
-
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks codec", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -1289,17 +1290,11 @@ def parse_args(argv):
     parser.add_argument(
         "--operators", action="store_true", help="only count aten operators per step (on --device), not time anything"
     )
-    parser.add_argument(
-        "--report-only",
-        action="store_true",
-        help="rewrite the --device's section and figures (with --operators, its operators section) "
-        "from its JSON, measuring nothing",
-    )
     args = parser.parse_args(argv)
     for option, value in [("--repeats", args.repeats), ("--rounds", args.rounds)]:
         if value < 1:
             parser.error(f"{option} must be a positive integer, got {value}")
-    if args.device == "cuda" and not torch.cuda.is_available() and not args.report_only:
+    if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch sees no CUDA device here")
     for name in args.shapes:
         try:
@@ -1323,25 +1318,15 @@ def render(out: Path) -> None:
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     out = args.out / "benchmarks"
-    out.mkdir(parents=True, exist_ok=True)
     if args.operators:
         if args.quick:
             args.shapes = ["tiny"]
-        counted = out / f"codec-operators{SUFFIX[args.device]}.json"
-        if args.report_only:
-            results = json.loads(counted.read_text())
-        else:
-            results = run_operators(args)
-            counted.write_text(json.dumps(results, indent=1) + "\n")
-        write_section(args.out, OPERATORS_SECTION[args.device], operators_markdown(results))
-        return
-    path = out / f"codec{SUFFIX[args.device]}.json"
-    if args.report_only:
-        write_report(json.loads(path.read_text()), args.out)
+        save_record(out / f"codec-operators{SUFFIX[args.device]}.json", run_operators(args))
+        render(args.out)
         return
     results = run(args)
-    path.write_text(json.dumps(results, indent=1) + "\n")
-    write_report(results, args.out)
+    save_record(out / f"codec{SUFFIX[args.device]}.json", results)
+    render(args.out)
     print(f"other processes used {_percent(results['machine']['others_cpu_percent'])} of the CPUs")
     for row in results["targets"]:
         print(f"{'met' if row['met'] else 'NOT met'}: {row['target']} = {row['value']:.3g} ({row['limit']})")

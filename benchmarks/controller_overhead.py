@@ -4,7 +4,7 @@ gradient shapes of real models, and whether any rank stalls waiting for a decisi
     python -m benchmarks controller_overhead [--shapes resnet50,bert-base,transformer-xl]
         [--step-ms 300] [--decide-every 1000] [--out docs/] [--quick]
     python -m benchmarks controller_overhead --decision-cost [--shapes bert-base] [--rounds 3]
-        [--out docs/] [--quick] [--report-only]
+        [--out docs/] [--quick]
 
 One process, one torch thread, the local transport (a world of one). Gradients are synthetic
 and seeded: each matrix a rank-16 signal with power-law singular values plus noise, so that the
@@ -46,7 +46,7 @@ decision, at L-GreCo's defaults over PowerSGD rank 4 on seeded normal gradients,
 same decision with the exact SVD's error rows, the two in turn for ``--rounds`` rounds: wall
 and CPU seconds of the decision thread, and the load average, of each. The target is a decision
 at most ``DECISION_COST_TARGET`` of the exact one's time. Writes ``decision_cost.json`` and the
-section "L-GreCo decision cost"; ``--report-only`` rewrites the section from the JSON.
+section "L-GreCo decision cost".
 """
 
 import argparse
@@ -65,7 +65,7 @@ import torch
 
 import hvd_compress as hc
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import DOCS, notes_lines, resumed_section, stored, write_section
+from benchmarks.harness.render import DOCS, notes_lines, resumed_section, save_record, stored, write_section
 from benchmarks.shapes import DESCRIPTIONS, parameter_count, shape_set
 from hvd_compress.comm.simulated import SimulatedWorld, exchange_alone, run_alone
 from hvd_compress.compressors.feedback import StagedSums
@@ -448,17 +448,11 @@ def cost_markdown(results):
 
 
 def run_decision_cost(args):
-    path = args.out / "benchmarks" / "decision_cost.json"
-    if args.report_only:
-        write_section(args.out, COST_SECTION, cost_markdown(json.loads(path.read_text())))
-        return None
     results = {"command": command_line(args), "machine": machine(), "rounds": args.rounds, "points": {}}
     for shapes in args.shapes:
         results["points"][shapes] = measure_decision_cost(random_gradients(shape_set(shapes)), args.rounds)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1) + "\n")
-    write_section(args.out, COST_SECTION, cost_markdown(results))
-    return results
+    save_record(args.out / "benchmarks" / "decision_cost.json", results)
+    render(args.out)
 
 
 def run(args):
@@ -507,14 +501,7 @@ def parse_args(argv=None):
         "--decision-cost", action="store_true", help="only the first decision's cost against the exact SVD's, in turn"
     )
     parser.add_argument("--rounds", type=int, default=3, help="--decision-cost: rounds of the two in turn")
-    parser.add_argument(
-        "--report-only",
-        action="store_true",
-        help="--decision-cost: rewrite its section from decision_cost.json, measuring nothing",
-    )
     args = parser.parse_args(argv)
-    if args.report_only and not args.decision_cost:
-        parser.error("--report-only goes with --decision-cost")
     if args.rounds < 1:
         parser.error(f"--rounds must be positive, got {args.rounds}")
     default = "bert-base" if args.decision_cost else "resnet50,bert-base,transformer-xl"
@@ -529,10 +516,13 @@ def parse_args(argv=None):
 
 
 def render(out: Path) -> None:
-    """Rewrites both pages from the stored JSON, the options from the command it records."""
+    """Rewrites each page that has stored JSON, the options from the command it records."""
     results = stored(out, "controller_overhead")
-    write_section(out, SECTION, markdown(results, parse_args(shlex.split(results["command"])[4:])))
-    write_section(out, COST_SECTION, cost_markdown(stored(out, "decision_cost")))
+    if results is not None:
+        write_section(out, SECTION, markdown(results, parse_args(shlex.split(results["command"])[4:])))
+    cost = stored(out, "decision_cost")
+    if cost is not None:
+        write_section(out, COST_SECTION, cost_markdown(cost))
 
 
 def main(argv=None):

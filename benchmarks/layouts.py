@@ -2,7 +2,7 @@
 cuBLAS) takes for the skinny products of PowerSGD and ACP-SGD, by the layout of their factors.
 
     python -m benchmarks layouts [--ranks 1,2,4,8,16,32] [--threads 1] [--repeats 15]
-        [--device cpu|cuda] [--out docs/] [--quick] [--report-only]
+        [--device cpu|cuda] [--out docs/] [--quick]
 
 For each matrix shape (``SHAPES``: the SmallVGG CNN's fc1, BERT-base's feed-forward pair, its
 attention projection and word embedding, and the character LM's four matrices) and rank r:
@@ -23,7 +23,6 @@ products by layout on a GPU", where ``project_right`` keeps ``M Q`` until this s
 """
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -33,7 +32,7 @@ import torch
 from benchmarks.codec import median_seconds
 from benchmarks.harness.jobs import command_line
 from benchmarks.harness.machine import describe_machine, gpu_description, machine
-from benchmarks.harness.render import DOCS, gpu_lines, notes_lines, stored, write_section
+from benchmarks.harness.render import DOCS, save_record, gpu_lines, notes_lines, stored, write_section
 from hvd_compress.maths.lowrank import project_right
 
 logger = logging.getLogger(__name__)
@@ -194,11 +193,6 @@ def parse_args(argv):
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the matrices live")
     parser.add_argument("--quick", action="store_true", help="one small matrix, one call: a smoke test")
-    parser.add_argument(
-        "--report-only",
-        action="store_true",
-        help="rewrite the section from layouts.json (its notes included), measuring nothing",
-    )
     args = parser.parse_args(argv)
     for label, value in [
         ("--ranks", min(args.ranks)),
@@ -221,11 +215,7 @@ def render(out: Path) -> None:
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    out, device = args.out / "benchmarks", torch.device(args.device).type
-    path = out / f"layouts{SUFFIX[device]}.json"
-    if args.report_only:
-        write_section(args.out, SECTION[device], markdown(json.loads(path.read_text())))
-        return
+    device = torch.device(args.device).type
     torch.set_num_threads(args.threads)
     shapes, repeats = (QUICK_SHAPES, 1) if args.quick else (SHAPES, args.repeats)
     results = {
@@ -240,9 +230,8 @@ def main(argv=None):
     }
     if device == "cuda":
         results["machine"]["gpu"] = gpu_description()
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1) + "\n")
-    write_section(args.out, SECTION[device], markdown(results))
+    save_record(args.out / "benchmarks" / f"layouts{SUFFIX[device]}.json", results)
+    render(args.out)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 terms of its formula fitted to them, and the W past which it sends more than uncompressed.
 
     python -m benchmarks scaling [--np 2,4,8,32] [--steps 4] [--job-timeout 1800] [--out docs/]
-        [--quick] [--report-only]
+        [--quick]
 
 One ``mpirun -np W`` job per W on this host: on every rank, the character LM of "Time to quality"
 (``quality.LM``), each method of ``METHODS`` in turn trained ``--steps`` steps from the same
@@ -36,7 +36,7 @@ from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
 from benchmarks.harness.jobs import add_job_options, command_line, mpirun_job, say
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import panels, resumed_section, save_figure, stored, write_section
+from benchmarks.harness.render import panels, resumed, save_figure, save_record, stored, write_section
 from examples.workloads import charlm
 
 RESULT_PREFIX = "SCALING_RESULT "
@@ -263,7 +263,9 @@ def draw_figure(results: Dict[str, Any], path: Path) -> None:
     save_figure(figure, path)
 
 
-def write_report(results: Dict[str, Any], out: Path) -> None:
+def render(out: Path) -> None:
+    """Rewrites the page and figure from the stored JSON."""
+    results = stored(out, "scaling")
     figure = out / "benchmarks" / "scaling.png"
     if summary(results):
         draw_figure(results, figure)
@@ -273,8 +275,8 @@ def write_report(results: Dict[str, Any], out: Path) -> None:
 def run(args: Any) -> Dict[str, Any]:
     methods = available_methods(args.quick)
     lm = QUICK_LM if args.quick else quality.LM
-    results, _ = resumed_section(args.out, "scaling", SECTION, lambda r: markdown(r))
     path = args.out / "benchmarks" / "scaling.json"
+    results = resumed(path)
     if results.get("methods") != [list(m) for m in methods] or results.get("steps") != args.steps:
         # Another method list or step count: the earlier jobs do not fit. The notes stay: the
         # counters are formulas of the payloads, so a method's bytes do not change between runs.
@@ -296,8 +298,8 @@ def run(args: Any) -> Dict[str, Any]:
         )
         results["jobs"][str(world)] = record
         results["parameters"] = next(iter(record["methods"].values()))["parameters"]
-        path.write_text(json.dumps(results, indent=1) + "\n")
-        write_report(results, args.out)
+        save_record(path, results)
+        render(args.out)
     return results
 
 
@@ -310,7 +312,6 @@ def parse_args(argv: Optional[List[str]] = None) -> Any:
         help="the world sizes to measure, comma-separated",
     )
     parser.add_argument("--steps", type=int, default=4, help="steps per method (even: ACP-SGD alternates P and Q)")
-    parser.add_argument("--report-only", action="store_true", help="rewrite the page and figure from the JSON")
     add_job_options(parser, 1800, "W = 2 and 3, one step, the first methods at their small settings")
     args = parser.parse_args(argv)
     if args.quick and args.np == WORLDS:
@@ -318,18 +319,10 @@ def parse_args(argv: Optional[List[str]] = None) -> Any:
     return args
 
 
-def render(out: Path) -> None:
-    """Rewrites the page and figure from the stored JSON."""
-    write_report(stored(out, "scaling"), out)
-
-
 def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
     if args.worker is not None:
         worker(json.loads(args.worker))
-        return
-    if args.report_only:
-        write_report(json.loads((args.out / "benchmarks" / "scaling.json").read_text()), args.out)
         return
     run(args)
 

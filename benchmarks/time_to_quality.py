@@ -2,7 +2,7 @@
 (steps to target), the half of issue 33 that needs no network.
 
     python -m benchmarks time_to_quality [--np 4] [--max-minutes 600] [--job-timeout 3600]
-        [--out docs/] [--quick] [--report-only] [--family "SparseLoCo H=10" ...]
+        [--out docs/] [--quick] [--family "SparseLoCo H=10" ...]
 
 The workload is the character LM of "Quality against bytes" (``quality.LM``, AdamW, peak
 learning rate 2e-3, 4 ranks of 16 sequences of 32 bytes a step), trained through the stock
@@ -54,7 +54,7 @@ from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
 from benchmarks.harness.jobs import Progress, mpirun_job, run_points, train_one_point
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import DOCS, method_bars, panels, stored, write_section
+from benchmarks.harness.render import DOCS, method_bars, panels, resumed, save_record, stored, write_section
 from examples.workloads import charlm
 
 RESULT_PREFIX = "TTQ_RESULT "
@@ -411,7 +411,7 @@ def run_point(spec, lengths, target, args, results, path, progress) -> None:
     )
     results["points"][spec["key"]] = {"spec": dict(spec, lengths=lengths, target=target), "record": record}
     results["command"] = quality.command_line("time_to_quality")
-    save(results, path)
+    save_record(path, results)
     write_report(results, args.out)
     last = record["points"][-1]
     progress.finished(
@@ -419,17 +419,11 @@ def run_point(spec, lengths, target, args, results, path, progress) -> None:
     )
 
 
-def save(results: Dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(results, indent=1) + "\n")
-
-
 def run(args) -> Dict[str, Any]:
     """The uncompressed seeds, then (once they set the target) every compressed point not yet in
     the JSON; starts no new point after ``--max-minutes``."""
-    out = args.out / "benchmarks"
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "time_to_quality.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
+    path = args.out / "benchmarks" / "time_to_quality.json"
+    results = resumed(path)
     results.setdefault("points", {})
     results.update(machine=machine(), np=args.np, plan=args.plan)
     deadline = time.monotonic() + 60 * args.max_minutes
@@ -768,7 +762,6 @@ def parse_args(argv):
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="2 ranks, a tiny LM, a few steps: a smoke test")
     parser.add_argument("--progress", type=Path, help="append a line per length of the running job here")
-    parser.add_argument("--report-only", action="store_true", help="rewrite the page and picture from the JSON")
     parser.add_argument(
         "--family",
         action="append",
@@ -807,7 +800,6 @@ def main(argv=None) -> None:
         lambda spec: train_one_point(train_point, spec, RESULT_PREFIX),
         run,
         args.out / "benchmarks" / "time_to_quality.json",
-        write_report,
     )
 
 

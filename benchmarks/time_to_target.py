@@ -4,7 +4,7 @@ link settings of issue 33, chosen by r, the ratio of communication to compute.
 
     python -m benchmarks time_to_target [--ratios 3,0.3] [--np 4] [--warmup 20] [--steps 100]
         [--methods "FP16;DiLoCo H=50 (QSGD) bits 4"] [--job-timeout 900] [--max-other-cpu 0.05]
-        [--direct [RUNS]] [--out docs/] [--quick] [--report-only]
+        [--direct [RUNS]] [--out docs/] [--quick]
 
 r is the ring bound of the uncompressed all-reduce, 2(W-1)/W x M / B, over a step's compute,
 with B the all-reduce bandwidth measured at the gradient's own size M: so r is the measured time
@@ -884,7 +884,6 @@ def parse_args(argv):
     )
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help="2 ranks, the tiny LM, r = 3, a few steps")
-    parser.add_argument("--report-only", action="store_true", help="rewrite the page from the JSON")
     parser.add_argument(
         "--advise-model",
         default="examples.models:charlm_ttq",
@@ -931,11 +930,6 @@ def main(argv=None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.worker is not None:
         work(json.loads(args.worker))
-    elif args.report_only:
-        path = args.out / "benchmarks" / "time_to_target.json"
-        if not path.exists():
-            raise SystemExit(f"time_to_target --report-only: no results at {path} (run without --report-only first)")
-        write_report(json.loads(path.read_text()), json.loads(args.ttq.read_text()), args.out)
     else:
         run(args)
 

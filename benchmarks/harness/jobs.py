@@ -299,22 +299,13 @@ def run_or_work(args: Any, run: Callable[[Any], Any], workers: Dict[str, Callabl
 
 
 def run_points(
-    args: Any,
-    train: Callable[[Dict[str, Any]], None],
-    run: Callable[[Any], Dict[str, Any]],
-    results: Path,
-    write_report: Optional[Callable[[Dict[str, Any], Path], None]] = None,
+    args: Any, train: Callable[[Dict[str, Any]], None], run: Callable[[Any], Dict[str, Any]], results: Path
 ) -> None:
     """The end of ``main()`` of a benchmark whose points run as jobs (claims, quality, outer,
-    time_to_quality): in a job (``--worker SPEC``), ``train`` the point it names; with
-    ``--report-only`` (where ``write_report`` is given), rewrite the section and figure from
-    ``results``, the JSON; otherwise ``run`` what is missing, and say how long it took and where
-    the points are."""
+    time_to_quality): in a job (``--worker SPEC``), ``train`` the point it names; otherwise
+    ``run`` what is missing, and say how long it took and where the points are (``results``)."""
     if args.worker is not None:
         train(json.loads(args.worker))
-        return
-    if write_report is not None and args.report_only:
-        write_report(json.loads(results.read_text()), args.out)
         return
     started = time.perf_counter()
     points = run(args)["points"]

@@ -38,7 +38,8 @@ def resumed(path: Path) -> Dict[str, Any]:
 
 
 def save_record(path: Path, results: Dict[str, Any]) -> None:
-    """Writes ``results`` to ``path`` as ``resumed`` reads it back."""
+    """Writes ``results`` to ``path`` (its folder made) as ``resumed`` reads it back."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1) + "\n")
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import __main__ as bench
+from benchmarks import batching, codec, controller_overhead, layouts
 import hvd_compress as hc
 from benchmarks.codec import HOOK, draws_ms, floor_ms, floor_model, measure_in_fresh_process
 from benchmarks.harness.render import page, write_section
@@ -47,7 +48,7 @@ def test_codec_quick_writes_json_figures_and_its_section(tmp_path, monkeypatch):
     assert "run as the integrations run it" in page(tmp_path, "Codec cost").read_text()
     results["options"].pop("results_in_gradients")
     (tmp_path / "benchmarks" / "codec.json").write_text(json.dumps(results))
-    assert bench.main(["codec", "--report-only", "--out", str(tmp_path)]) == 0
+    codec.render(tmp_path)
     assert "run as the integrations run it" not in page(tmp_path, "Codec cost").read_text()
 
 
@@ -121,7 +122,7 @@ def test_codec_operators_counts_every_compressor_alone(tmp_path, monkeypatch):
 
 
 def test_the_gpu_section_sets_each_step_against_its_operators(tmp_path, monkeypatch):
-    """``--device cuda --report-only`` rewrites the GPU's section from its JSON (here a CPU run
+    """``codec.render`` rewrites the GPU's section from its JSON (here a CPU run
     relabelled, since CI has no GPU), with the time per operator that ``--operators`` counted."""
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     assert bench.main(["codec", "--operators", "--quick", "--out", str(tmp_path)]) == 0
@@ -129,7 +130,7 @@ def test_the_gpu_section_sets_each_step_against_its_operators(tmp_path, monkeypa
     results = json.loads((tmp_path / "benchmarks" / "codec.json").read_text())
     results["options"]["device"], results["machine"]["gpu"] = "cuda", "a GPU"
     (tmp_path / "benchmarks" / "codec-cuda.json").write_text(json.dumps(results))
-    assert bench.main(["codec", "--device", "cuda", "--report-only", "--out", str(tmp_path)]) == 0
+    codec.render(tmp_path)
     section = page(tmp_path, "Codec cost on a GPU").read_text()
     assert section.startswith("# Codec cost on a GPU\n")
     assert "Time per operator" in section and "| tiny | QSGD |" in section
@@ -151,7 +152,7 @@ def test_batching_quick_writes_its_section_and_counts_operators_per_shape(tmp_pa
     assert results["whole_steps"]["tiny"]["off_ms"] > 0 and results["whole_steps"]["tiny"]["on_ms"] > 0
     path = tmp_path / "benchmarks" / "batching.json"
     path.write_text(json.dumps(dict(json.loads(path.read_text()), notes=["A note kept in the JSON."])))
-    assert bench.main(["batching", "--report-only", "--out", str(tmp_path)]) == 0
+    batching.render(tmp_path)
     assert "A note kept in the JSON." in page(tmp_path, "Same-shape batching").read_text()
 
 
@@ -171,7 +172,7 @@ def test_layouts_quick_times_every_form_at_every_rank_and_rewrites_its_section(t
     assert shape["decompression"]["mm_out_ms"] > 0
     results = json.loads(path.read_text())
     path.write_text(json.dumps(dict(results, notes=["A note kept in the JSON."])))
-    assert bench.main(["layouts", "--report-only", "--out", str(tmp_path)]) == 0
+    layouts.render(tmp_path)
     assert "A note kept in the JSON." in page(tmp_path, "Low-rank products by layout").read_text()
 
 
@@ -210,7 +211,7 @@ def test_decision_cost_quick_times_both_decisions_in_turn_and_rewrites_its_secti
     assert text.startswith("# L-GreCo decision cost\n") and "controller_overhead --decision-cost" in text
     results = json.loads(path.read_text())
     path.write_text(json.dumps(dict(results, notes=["A note kept in the JSON."])))
-    assert bench.main(["controller_overhead", "--decision-cost", "--report-only", "--out", str(tmp_path)]) == 0
+    controller_overhead.render(tmp_path)
     assert "A note kept in the JSON." in page(tmp_path, "L-GreCo decision cost").read_text()
 
 
@@ -672,7 +673,7 @@ def test_claims_protocol_searches_anchors_then_plans_lgreco_and_resumes(tmp_path
         verdict.format("PowerSGD rank 4", 1.5, "yes") in text and verdict.format("Top-K density 0.1", 2.5, "NO") in text
     )
     monkeypatch.setattr(claims, "draw_figure", draw)
-    claims.main(["--out", str(tmp_path), "--report-only"])
+    claims.render(tmp_path)
     assert (tmp_path / "benchmarks" / "claims.png").stat().st_size > 0
     monkeypatch.setattr(claims, "draw_figure", lambda *_: None)
     ran.clear()
