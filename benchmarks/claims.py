@@ -58,11 +58,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 import hvd_compress as hc
 import hvd_compress.ddp
-from benchmarks.convergence import StepCounter
 from benchmarks.quality import LM as CHAR_LM, scalecom_flops
-from benchmarks.harness.jobs import mpirun_job, root_cause, run_points, torchrun_job, train_one_point
+from benchmarks.harness.jobs import add_job_options, mpirun_job, root_cause, run_points, torchrun_job, train_one_point
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import DOCS, panels, save_figure, stored, write_section
+from benchmarks.harness.render import panels, save_figure, stored, write_section
+from benchmarks.harness.training import StepCounter, train_workload
 from examples.workloads import charlm, wordlm
 from hvd_compress.comm.rounds import Collective
 
@@ -261,39 +261,7 @@ def train_point(spec):
         return compression.traffic.wire_bytes
 
     started = time.perf_counter()
-    log_every = max(1, steps // 10)
-
-    def log(step, loss, perplexity):
-        curve.append([step, perplexity])
-
-    if spec["workload"] == "wordlm":
-        _, metric = wordlm.train(
-            make_optimizer,
-            rank,
-            size,
-            steps=steps,
-            batch_size=lm["batch_size"],
-            seed=spec["seed"],
-            model_kwargs=lm["model"],
-            max_chars=lm["max_chars"],
-            vocab=lm["vocab"],
-            log_every=log_every,
-            log=log,
-            prepare=prepare,
-        )
-    else:
-        _, metric = charlm.train(
-            make_optimizer,
-            rank,
-            size,
-            steps=steps,
-            batch_size=lm["batch_size"],
-            seed=spec["seed"],
-            model_kwargs=lm["model"],
-            max_chars=lm["max_chars"],
-            log_every=log_every,
-            log=log,
-        )
+    metric = train_workload(spec["workload"], spec, make_optimizer, rank, size, spec["seed"], curve, prepare)
     total = sent_bytes()
     record = {
         "key": spec["key"],
@@ -1000,17 +968,14 @@ def write_report(results, out):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks claims", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--max-minutes", type=float, default=360.0, help="start no new point after this long; rerun to resume"
+    add_job_options(
+        parser,
+        7200,
+        "a tiny model, a few steps, one seed",
+        job_timeout_help="seconds per mpirun job (a point takes minutes on idle cores, an hour or more niced "
+        "on busy ones)",
+        max_minutes=360.0,
     )
-    parser.add_argument(
-        "--job-timeout",
-        type=int,
-        default=7200,
-        help="seconds per mpirun job (a point takes minutes on idle cores, an hour or more niced on busy ones)",
-    )
-    parser.add_argument("--out", type=Path, default=DOCS)
-    parser.add_argument("--quick", action="store_true", help="a tiny model, a few steps, one seed")
     parser.add_argument(
         "--scale",
         choices=sorted(SCALES),
@@ -1026,7 +991,6 @@ def parse_args(argv):
     )
     parser.add_argument("--parallel", type=int, default=1, help="points run side by side")
     parser.add_argument("--device", help="torch device of the points (default: the scale's: cpu, or cuda)")
-    parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 

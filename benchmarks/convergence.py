@@ -26,7 +26,6 @@ import argparse
 import json
 import sys
 import time
-import types
 from pathlib import Path
 
 import torch
@@ -34,8 +33,9 @@ import torch
 import hvd_compress as hc
 from benchmarks.harness.jobs import add_job_options, command_line, mpirun_job, names_from
 from benchmarks.harness.machine import OthersShare, describe_machine, machine
-from benchmarks.harness.render import method_bars, panels, save_figure, stored, write_section
-from examples.workloads import charlm, digits
+from benchmarks.harness.render import method_bars, panels, save_figure, save_record, stored, write_section
+from benchmarks.harness.training import StepCounter, horovod_optimizer, train_workload
+from examples.workloads import digits
 from hvd_compress.comm.rounds import Collective
 
 RESULT_PREFIX = "CONVERGENCE_RESULT "
@@ -112,43 +112,25 @@ def build_compression(method, named, settings, steps):
     return hc.COMPRESSORS[REGISTERED[method]].build(named, **settings.get(method, {}))
 
 
-class StepCounter:
-    """Counts an optimizer's steps. Not with torch's step hooks: Horovod's optimizer subclasses
-    the wrapped optimizer's class, and the hooks run at both levels of ``step``."""
-
-    def __init__(self):
-        self.steps = 0
-
-    def wrap(self, optimizer):
-        step = optimizer.step
-
-        def counted(_, *args, **kwargs):
-            self.steps += 1
-            return step(*args, **kwargs)
-
-        # A bound method, which torch's learning-rate schedulers expect to find there.
-        optimizer.step = types.MethodType(counted, optimizer)
-        return optimizer
-
-
-def train_with(method, spec, train):
-    """Runs ``train(make_optimizer)`` for each seed of ``spec`` with ``method``; rank 0's
-    record of it: metric per seed, steps, seconds, and the bytes counted by the compressors."""
+def train_with(method, spec):
+    """Trains ``spec``'s workload once per seed with ``method``; rank 0's record of it: metric
+    per seed, steps, seconds, and the bytes counted by the compressors."""
     import horovod.torch as hvd  # in the job's ranks only: importing this module needs no Horovod
 
     compressors, counter, dense_bytes = [], StepCounter(), []
 
     def make_optimizer(model, optimizer):
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        named = list(model.named_parameters())
-        dense_bytes.append(4 * sum(p.numel() for _, p in named))
-        compression = build_compression(method, named, SETTINGS[spec["workload"]], spec["steps"])
-        extra = {} if compression is None else {"compression": compression}
+        wrapped, compression, dense = horovod_optimizer(
+            model, optimizer, lambda named: build_compression(method, named, SETTINGS[spec["workload"]], spec["steps"])
+        )
+        dense_bytes.append(dense)
         compressors.append(compression)
-        return counter.wrap(hvd.DistributedOptimizer(optimizer, named_parameters=named, **extra))
+        return counter.wrap(wrapped)
 
     started = time.perf_counter()
-    metrics = [train(make_optimizer, seed) for seed in spec["seeds"]]
+    metrics = [
+        train_workload(spec["workload"], spec, make_optimizer, hvd.rank(), hvd.size(), seed) for seed in spec["seeds"]
+    ]
     record = {
         "workload": spec["workload"],
         "method": method,
@@ -189,35 +171,13 @@ def traffic_totals(compressors):
     }
 
 
-def workload_trainer(spec):
-    """train(make_optimizer, seed) -> the final metric, for the job's workload."""
-    import horovod.torch as hvd
-
-    if spec["workload"] == "digits":
-        return lambda make_optimizer, seed: digits.train(
-            make_optimizer, hvd.rank(), hvd.size(), epochs=spec["epochs"], lr=0.1, seed=seed
-        )[1]
-    lm = spec["lm"]
-    return lambda make_optimizer, seed: charlm.train(
-        make_optimizer,
-        hvd.rank(),
-        hvd.size(),
-        steps=spec["steps"],
-        batch_size=lm["batch_size"],
-        seed=seed,
-        model_kwargs=lm["model"],
-        max_chars=lm["max_chars"],
-    )[1]
-
-
 def worker(spec):
     import horovod.torch as hvd
 
     torch.set_num_threads(1)  # W ranks share the machine's cores
     hvd.init()
-    train = workload_trainer(spec)
     for method in spec["methods"]:
-        record = train_with(method, spec, train)
+        record = train_with(method, spec)
         if hvd.rank() == 0:
             print(RESULT_PREFIX + json.dumps(record), flush=True)
 
@@ -448,13 +408,12 @@ def draw_figure(results, path):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks convergence", description=__doc__.splitlines()[0])
-    parser.add_argument("--np", type=int, default=4, help="ranks per job")
     parser.add_argument(
         "--methods", type=names_from(METHODS), default=METHODS, help=f"comma-separated, of: {', '.join(METHODS)}"
     )
     parser.add_argument("--digits-seeds", type=int, default=3, help="digits runs per method (mean)")
     parser.add_argument("--lm-steps", type=int, default=300, help="LM optimizer steps")
-    add_job_options(parser, 300, "2 ranks, a few steps of a tiny model: a smoke test")
+    add_job_options(parser, 300, "2 ranks, a few steps of a tiny model: a smoke test", np=4)
     args = parser.parse_args(argv)
     if args.quick:
         args.np, args.digits_seeds, args.lm_steps = 2, 1, 8
@@ -474,12 +433,8 @@ def main(argv=None):
         worker(json.loads(args.worker))
         return
     results = run(args)
-    out = args.out / "benchmarks"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "convergence.json").write_text(json.dumps(results, indent=1) + "\n")
-    figure = out / "convergence.png"
-    draw_figure(results, figure)
-    write_section(args.out, SECTION, markdown(results, figure.relative_to(out)))
+    save_record(args.out / "benchmarks" / "convergence.json", results)
+    render(args.out)
     print(
         f"{results['minutes']:.1f} min; other processes used "
         f"{results['machine']['others_cpu_percent']:.1f}% of the CPUs"

@@ -33,7 +33,7 @@ from benchmarks.quality import LM, LM_STEPS
 from benchmarks.harness.jobs import add_job_options, mpirun_job, run_points, train_one_point
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import panels, resumed, save_figure, save_record, stored, write_section
-from examples.workloads import charlm
+from benchmarks.harness.training import train_workload
 from hvd_compress.comm.rounds import Collective
 
 RESULT_PREFIX = "OUTER_RESULT "
@@ -58,7 +58,6 @@ def points(inner_steps, quick):
 # ----- one job: runs on every rank ----------------------------------------------------------------
 def train_point(spec):
     made, curve = {}, []
-    lm = spec["lm"]
 
     def make_optimizer(model, optimizer):
         name, settings = CODECS[spec["codec"]]
@@ -70,18 +69,7 @@ def train_point(spec):
         return made["outer"]
 
     started = time.perf_counter()
-    _, metric = charlm.train(
-        make_optimizer,
-        hvd.rank(),
-        hvd.size(),
-        steps=spec["steps"],
-        batch_size=lm["batch_size"],
-        seed=spec["seed"],
-        model_kwargs=lm["model"],
-        max_chars=lm["max_chars"],
-        log_every=max(1, spec["steps"] // 10),
-        log=lambda step, loss, perplexity: curve.append([step, perplexity]),
-    )
+    metric = train_workload("charlm", spec, make_optimizer, hvd.rank(), hvd.size(), spec["seed"], curve)
     outer = made["outer"]
     return {
         "key": spec["key"],
@@ -243,11 +231,9 @@ def draw_figure(reference, rows, path):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks outer", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--np", type=int, default=4)
     parser.add_argument("--lm-steps", type=int, default=LM_STEPS)
     parser.add_argument("--inner-steps", type=lambda s: [int(h) for h in s.split(",")], default=INNER_STEPS)
-    parser.add_argument("--max-minutes", type=float, default=600.0)
-    add_job_options(parser, 1800.0, "2 ranks, 20 LM steps, H = 5")
+    add_job_options(parser, 1800.0, "2 ranks, 20 LM steps, H = 5", np=4, max_minutes=600.0)
     args = parser.parse_args(argv)
     if args.quick:
         args.np, args.lm_steps, args.inner_steps = 2, 20, [5]

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 import hvd_compress as hc
-from benchmarks.convergence import QUICK_LM, StepCounter
+from benchmarks.convergence import QUICK_LM
 from benchmarks.harness.jobs import (
     RUN_LIMITS,
     Progress,
@@ -52,8 +52,9 @@ from benchmarks.harness.jobs import (
 )
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import panels, resumed, save_figure, save_record, stored, write_section
+from benchmarks.harness.training import StepCounter, horovod_optimizer, train_workload
 from benchmarks.harness.jobs import command_line as report_command_line
-from examples.workloads import charlm, digits
+from examples.workloads import digits
 from hvd_compress.comm.rounds import Collective
 
 RESULT_PREFIX = "QUALITY_RESULT "
@@ -193,37 +194,18 @@ def train_point(spec):
     """Trains the point on every rank; rank 0's record."""
     import horovod.torch as hvd  # in the job's ranks only: importing this module needs no Horovod
 
-    counter, made, curve = StepCounter(), {}, []
-    steps = spec["steps"]
-    lm = spec.get("lm")
+    counter, made, steps, lm = StepCounter(), {}, spec["steps"], spec.get("lm")
 
     def make_optimizer(model, optimizer):
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        named = list(model.named_parameters())
-        made["dense_bytes"] = 4 * sum(p.numel() for _, p in named)
         tokens = lm["batch_size"] * lm["model"]["context"] if lm else 0
-        made["compression"] = build_compression(spec, model, named, steps, tokens)
-        extra = {} if made["compression"] is None else {"compression": made["compression"]}
-        return counter.wrap(hvd.DistributedOptimizer(optimizer, named_parameters=named, **extra))
+        wrapped, made["compression"], made["dense_bytes"] = horovod_optimizer(
+            model, optimizer, lambda named: build_compression(spec, model, named, steps, tokens)
+        )
+        return counter.wrap(wrapped)
 
     started = time.perf_counter()
-    if spec["workload"] == "digits":
-        _, metric = digits.train(
-            make_optimizer, hvd.rank(), hvd.size(), epochs=spec["epochs"], lr=0.1, seed=spec["seed"]
-        )
-    else:
-        _, metric = charlm.train(
-            make_optimizer,
-            hvd.rank(),
-            hvd.size(),
-            steps=steps,
-            batch_size=lm["batch_size"],
-            seed=spec["seed"],
-            model_kwargs=lm["model"],
-            max_chars=lm["max_chars"],
-            log_every=max(1, steps // 10),
-            log=lambda step, loss, perplexity: curve.append([step, perplexity]),
-        )
+    curve = None if spec["workload"] == "digits" else []
+    metric = train_workload(spec["workload"], spec, make_optimizer, hvd.rank(), hvd.size(), spec["seed"], curve)
     record = {
         "key": spec["key"],
         "metric": metric,
@@ -233,10 +215,7 @@ def train_point(spec):
         "dense_wire_bytes": counter.steps * Collective.ALLREDUCE.wire_bytes(made["dense_bytes"], hvd.size()),
     }
     compression = made["compression"]
-    if compression is None:
-        record["wire_bytes"] = record["dense_wire_bytes"]
-    else:
-        record["wire_bytes"] = compression.traffic.wire_bytes
+    record["wire_bytes"] = record["dense_wire_bytes"] if compression is None else compression.traffic.wire_bytes
     if curve:
         record["curve"] = curve
     kind = (spec["controller"] or {}).get("kind")
@@ -604,7 +583,6 @@ def job_minutes(results, workload):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks quality", description=__doc__.splitlines()[0])
-    parser.add_argument("--np", type=int, default=4, help="ranks per job")
     parser.add_argument(
         "--workloads",
         type=names_from(WORKLOADS),
@@ -612,10 +590,7 @@ def parse_args(argv):
         help=f"comma-separated, of: {', '.join(WORKLOADS)}",
     )
     parser.add_argument("--lm-steps", type=int, default=LM_STEPS, help="LM optimizer steps")
-    parser.add_argument(
-        "--max-minutes", type=float, default=120.0, help="start no new point after this long; rerun to resume"
-    )
-    add_job_options(parser, 900, "2 ranks, a few steps, one point per method")
+    add_job_options(parser, 900, "2 ranks, a few steps, one point per method", np=4, max_minutes=120.0)
     args = parser.parse_args(argv)
     if args.quick:
         args.np, args.lm_steps = 2, 8

@@ -52,7 +52,7 @@ from hvd_compress.advise.local import LOCAL_KINDS  # an outer step every inner_s
 from hvd_compress.comm.rounds import Collective
 from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
-from benchmarks.harness.jobs import Progress, mpirun_job, run_points, train_one_point
+from benchmarks.harness.jobs import Progress, add_job_options, mpirun_job, run_points, train_one_point
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import DOCS, method_bars, panels, resumed, save_record, stored, write_section
 from examples.workloads import charlm
@@ -754,13 +754,7 @@ def write_report(results: Dict[str, Any], out: Path) -> None:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks time_to_quality", description=__doc__.splitlines()[0])
-    parser.add_argument("--np", type=int, default=4, help="ranks per job")
-    parser.add_argument(
-        "--max-minutes", type=float, default=720.0, help="start no new point after this long; rerun to resume"
-    )
-    parser.add_argument("--job-timeout", type=int, default=10800, help="seconds per mpirun job")
-    parser.add_argument("--out", type=Path, default=DOCS)
-    parser.add_argument("--quick", action="store_true", help="2 ranks, a tiny LM, a few steps: a smoke test")
+    add_job_options(parser, 10800, "2 ranks, a tiny LM, a few steps: a smoke test", np=4, max_minutes=720.0)
     parser.add_argument("--progress", type=Path, help="append a line per length of the running job here")
     parser.add_argument(
         "--family",
@@ -768,7 +762,6 @@ def parse_args(argv):
         choices=list(dict.fromkeys(method[0] for method in METHODS + OUTER_SWEEP)),
         help="run only this method family's points (repeatable; the uncompressed seeds run first regardless)",
     )
-    parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.np, args.lm = 2, QUICK_LM

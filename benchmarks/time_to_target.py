@@ -68,10 +68,9 @@ from benchmarks import quality
 from benchmarks import time_to_quality as ttq
 from benchmarks.evidence import advise_name
 from hvd_compress.advise.local import LOCAL_KINDS
-from benchmarks.harness.jobs import Progress, checkout_pythonpath, cluster_job, undisturbed
+from benchmarks.harness.jobs import Progress, add_job_options, checkout_pythonpath, cluster_job, undisturbed
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import (
-    DOCS,
     method_bars,
     notes_lines,
     panels,
@@ -868,11 +867,9 @@ def parse_args(argv):
         type=lambda text: [v.strip() for v in text.split(";") if v.strip()],
         help="time only these labels of the time-to-quality results, ';'-separated (uncompressed always runs)",
     )
-    parser.add_argument("--np", type=int, default=4, help="ranks per job")
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps before the timed ones")
     parser.add_argument("--steps", type=int, default=100, help="timed steps (a multiple of DiLoCo's H)")
     parser.add_argument("--repeats", type=int, default=3, help="jobs per method and setting, pooled")
-    parser.add_argument("--job-timeout", type=int, default=900)
     parser.add_argument(
         "--max-other-cpu",
         type=float,
@@ -882,8 +879,7 @@ def parse_args(argv):
     parser.add_argument(
         "--ttq", type=Path, help="the time-to-quality JSON (default: <out>/benchmarks/time_to_quality.json)"
     )
-    parser.add_argument("--out", type=Path, default=DOCS)
-    parser.add_argument("--quick", action="store_true", help="2 ranks, the tiny LM, r = 3, a few steps")
+    add_job_options(parser, 900, "2 ranks, the tiny LM, r = 3, a few steps", job_timeout_help=None, np=4)
     parser.add_argument(
         "--advise-model",
         default="examples.models:charlm_ttq",
@@ -900,7 +896,6 @@ def parse_args(argv):
         "end to end on the cluster, to check the decomposition: RUNS runs each (default 1), "
         "their median kept",
     )
-    parser.add_argument("--worker", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.direct < 0:
         parser.error(f"--direct must be a number of runs, at least 0, got {args.direct}")
