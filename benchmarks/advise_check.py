@@ -158,7 +158,3 @@ def main(argv=None):
             f"{choice['rate']} Gbit/s {choice['model']}: projected fastest {choice['chosen']}, measured "
             f"fastest {choice['fastest']} ({choice['ratio']:.2f}x)"
         )
-
-
-if __name__ == "__main__":
-    main()

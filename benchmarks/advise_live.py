@@ -596,7 +596,3 @@ def main(argv=None):
     for source in sources:
         for line in per_rate(results["points"], source["file"]):
             say(f"against {source['file']}: {line}")
-
-
-if __name__ == "__main__":
-    main()

@@ -331,7 +331,3 @@ def main(argv=None):
     render(args.out)
     for name, row in results["sets"].items():
         logger.info("%s: per layer %.2f ms, batched %.2f ms", name, row["per_layer_ms"], row["batched_ms"])
-
-
-if __name__ == "__main__":
-    main()

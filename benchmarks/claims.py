@@ -59,7 +59,15 @@ from torch.nn.parallel import DistributedDataParallel
 import hvd_compress as hc
 import hvd_compress.ddp
 from benchmarks.quality import LM as CHAR_LM, scalecom_flops
-from benchmarks.harness.jobs import add_job_options, mpirun_job, root_cause, run_points, torchrun_job, train_one_point
+from benchmarks.harness.jobs import (
+    add_job_options,
+    benchmark_argv,
+    mpirun_job,
+    root_cause,
+    run_points,
+    torchrun_job,
+    train_one_point,
+)
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import panels, save_figure, stored, write_section
 from benchmarks.harness.training import StepCounter, train_workload
@@ -487,11 +495,11 @@ def results_path(out, scale):
 def launch(job, scale, slot, timeout):
     """One point's job: ``mpirun -np 2`` (Horovod) or ``torchrun`` (DDP) on its own port."""
     if scale["backend"] == "ddp":
-        argv = [sys.executable, "-m", "benchmarks.claims", "--worker", json.dumps(job)]
+        argv = benchmark_argv("claims", "--worker", json.dumps(job))
         [record] = torchrun_job(argv, NP, timeout, RESULT_PREFIX, master_port=29611 + 10 * slot)
         record["job_seconds"] = record.pop("wall_seconds")
         return record
-    return mpirun_job("benchmarks.claims", job, NP, timeout, RESULT_PREFIX, job["key"], expected=1)[0]
+    return mpirun_job("claims", job, NP, timeout, RESULT_PREFIX, job["key"], expected=1)[0]
 
 
 def run(args):
@@ -1014,7 +1022,3 @@ def train_one_point_of_either_backend(spec):
         train_one_point_ddp(spec)
     else:
         train_one_point(train_point, spec, RESULT_PREFIX)
-
-
-if __name__ == "__main__":
-    main()

@@ -1330,7 +1330,3 @@ def main(argv=None):
     print(f"other processes used {_percent(results['machine']['others_cpu_percent'])} of the CPUs")
     for row in results["targets"]:
         print(f"{'met' if row['met'] else 'NOT met'}: {row['target']} = {row['value']:.3g} ({row['limit']})")
-
-
-if __name__ == "__main__":
-    main()

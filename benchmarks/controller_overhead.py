@@ -534,7 +534,3 @@ def main(argv=None):
         run_decision_cost(args)
     else:
         run(args)
-
-
-if __name__ == "__main__":
-    main()

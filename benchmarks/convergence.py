@@ -210,7 +210,7 @@ def job_specs(args):
 def run_job(spec, args):
     """Runs one job under mpirun; rank 0's records, or RuntimeError with the job's output."""
     return mpirun_job(
-        "benchmarks.convergence",
+        "convergence",
         spec,
         args.np,
         args.job_timeout,
@@ -439,7 +439,3 @@ def main(argv=None):
         f"{results['minutes']:.1f} min; other processes used "
         f"{results['machine']['others_cpu_percent']:.1f}% of the CPUs"
     )
-
-
-if __name__ == "__main__":
-    main()

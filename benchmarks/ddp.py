@@ -190,12 +190,10 @@ def timing_job(args, cluster, model, method):
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
     try:
         if cluster is None:  # --quick: plain torchrun on this host
-            job = torchrun_job(
-                worker_argv("benchmarks.ddp", args, "timing", **flags), args.np, args.job_timeout, RESULT_PREFIX
-            )[0]
+            job = torchrun_job(worker_argv("ddp", args, "timing", **flags), args.np, args.job_timeout, RESULT_PREFIX)[0]
         else:
             argv = worker_argv(
-                "benchmarks.ddp", args, "timing", master=cluster.address(0), interface_prefix=cluster.prefix, **flags
+                "ddp", args, "timing", master=cluster.address(0), interface_prefix=cluster.prefix, **flags
             )
             job = undisturbed(
                 lambda: cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX),
@@ -260,7 +258,7 @@ def run(args):
                 save()
     for method in [m for m in DIGITS_METHODS if m in args.methods]:
         if method not in results["digits"]:
-            argv = worker_argv("benchmarks.ddp", args, "digits", method=method, epochs=args.epochs)
+            argv = worker_argv("ddp", args, "digits", method=method, epochs=args.epochs)
             results["digits"][method] = torchrun_job(argv, args.np, args.job_timeout, RESULT_PREFIX)[0]["accuracy"]
             print(f"digits {method}: accuracy {results['digits'][method]:.4f}", flush=True)
             save()
@@ -417,7 +415,3 @@ def render(out: Path) -> None:
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     run_or_work(args, run, {"timing": timing_worker, "digits": digits_worker})
-
-
-if __name__ == "__main__":
-    main()

@@ -455,7 +455,3 @@ def main(argv=None):
         return worker(args)
     benchmark(args)
     return 0
-
-
-if __name__ == "__main__":
-    main()

@@ -59,7 +59,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness.jobs import Progress, checkout_pythonpath, cluster_job, undisturbed
+from benchmarks.harness.jobs import Progress, benchmark_argv, checkout_pythonpath, cluster_job, undisturbed
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import DOCS, notes_lines, panels, save_figure, stored, write_section
 from benchmarks.harness.stats import summarise, timed_step
@@ -279,7 +279,7 @@ def probe(args):
 
 # ----- the sweep ------------------------------------------------------------------------------
 def run_job(cluster, args, flags, env=None):
-    argv = [sys.executable, "-m", "benchmarks.endtoend", *flags]
+    argv = benchmark_argv("endtoend", *flags)
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath(), **(env or {})}
     return cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX)
 
@@ -588,7 +588,3 @@ def main(argv=None):
     write_section(args.out, SECTION, markdown(results, "endtoend.png"))
     for row in results["targets"]:
         print(f"{'met' if row['met'] else 'NOT met'}: {row['target']} = {row['value']:.2f} ({row['limit']})")
-
-
-if __name__ == "__main__":
-    main()

@@ -175,7 +175,3 @@ def main(argv=None):
         f"{count} records of {len(evidence['methods'])} methods on {len(evidence['workloads'])} "
         f"workloads, steps to target of {len((steps or {}).get('methods', {}))} methods, written to {args.to}"
     )
-
-
-if __name__ == "__main__":
-    main()

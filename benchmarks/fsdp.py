@@ -194,14 +194,14 @@ def timing_job(args, cluster, model, method):
     try:
         if cluster is None:  # --quick
             job = torchrun_job(
-                worker_argv("benchmarks.fsdp", args, "timing", **flags),
+                worker_argv("fsdp", args, "timing", **flags),
                 NODES * RANKS_PER_NODE,
                 args.job_timeout,
                 RESULT_PREFIX,
             )[0]
         else:
             argv = worker_argv(
-                "benchmarks.fsdp", args, "timing", master=cluster.address(0), interface_prefix=cluster.prefix, **flags
+                "fsdp", args, "timing", master=cluster.address(0), interface_prefix=cluster.prefix, **flags
             )
             env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
             job = cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX)
@@ -272,9 +272,7 @@ def run(args):
         for method in (m for m in args.methods if m not in TIMING_ONLY):
             runs = results["quality"].setdefault(label(method), {})
             if str(seed) not in runs:
-                argv = worker_argv(
-                    "benchmarks.fsdp", args, "quality", method=method, steps=args.quality_steps, seed=seed
-                )
+                argv = worker_argv("fsdp", args, "quality", method=method, steps=args.quality_steps, seed=seed)
                 runs[str(seed)] = round(
                     torchrun_job(argv, NODES * RANKS_PER_NODE, args.job_timeout, RESULT_PREFIX)[0]["perplexity"], 3
                 )
@@ -447,7 +445,3 @@ def render(out: Path) -> None:
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     run_or_work(args, run, {"timing": timing_worker, "quality": quality_worker})
-
-
-if __name__ == "__main__":
-    main()

@@ -232,7 +232,3 @@ def main(argv=None):
         results["machine"]["gpu"] = gpu_description()
     save_record(args.out / "benchmarks" / f"layouts{SUFFIX[device]}.json", results)
     render(args.out)
-
-
-if __name__ == "__main__":
-    main()

@@ -103,7 +103,3 @@ def main(argv=None):
     command = " ".join(["python -m benchmarks metrics_overhead"] + [shlex.quote(a) for a in sys.argv[1:]])
     write_section(args.out, SECTION, markdown(result, command))
     say(", ".join(f"{variant}: {ms:.3f} ms" for variant, ms in result["ms"].items()))
-
-
-if __name__ == "__main__":
-    main()

@@ -104,9 +104,7 @@ def run(args):
         if spec["key"] in results["points"] or time.monotonic() >= deadline:
             continue
         job = dict(spec, steps=args.lm_steps, lm=lm, seed=0)
-        [record] = mpirun_job(
-            "benchmarks.outer", job, args.np, args.job_timeout, RESULT_PREFIX, spec["key"], expected=1
-        )
+        [record] = mpirun_job("outer", job, args.np, args.job_timeout, RESULT_PREFIX, spec["key"], expected=1)
         results["points"][spec["key"]] = {"spec": spec, "record": record}
         save_record(path, results)
         write_report(results, args.out)
@@ -253,7 +251,3 @@ def main(argv=None):
         run,
         args.out / "benchmarks" / "outer.json",
     )
-
-
-if __name__ == "__main__":
-    main()

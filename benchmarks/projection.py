@@ -300,7 +300,3 @@ def main(argv=None):
     command = " ".join(["python -m benchmarks projection"] + [shlex.quote(a) for a in sys.argv[1:]])
     write_section(args.out, SECTION, markdown(result, command, "projection.png"))
     print(f"alpha {result['alpha_us']:.0f} us, efficiency {result['efficiency']:.2f}")
-
-
-if __name__ == "__main__":
-    main()

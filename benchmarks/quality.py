@@ -310,9 +310,7 @@ def claim_points(results):
 def run_point(spec, args, results, path, progress):
     specs = dict(spec, **workload_spec(spec["workload"], args))
     started = time.perf_counter()
-    [record] = mpirun_job(
-        "benchmarks.quality", specs, args.np, args.job_timeout, RESULT_PREFIX, spec["key"], expected=1
-    )
+    [record] = mpirun_job("quality", specs, args.np, args.job_timeout, RESULT_PREFIX, spec["key"], expected=1)
     results["points"][spec["key"]] = {"spec": spec, "record": record}
     results["command"] = command_line()
     results["minutes"] = results.get("minutes", 0.0) + (time.perf_counter() - started) / 60
@@ -610,7 +608,3 @@ def main(argv=None):
         run,
         args.out / "benchmarks" / "quality.json",
     )
-
-
-if __name__ == "__main__":
-    main()

@@ -294,7 +294,7 @@ def run(args: Any) -> Dict[str, Any]:
         say(f"scaling: W = {world}, {len(methods)} methods, {args.steps} steps each")
         spec = {"lm": lm, "steps": args.steps, "methods": methods}
         (record,) = mpirun_job(
-            "benchmarks.scaling", spec, world, args.job_timeout, RESULT_PREFIX, f"scaling W={world}", expected=1
+            "scaling", spec, world, args.job_timeout, RESULT_PREFIX, f"scaling W={world}", expected=1
         )
         results["jobs"][str(world)] = record
         results["parameters"] = next(iter(record["methods"].values()))["parameters"]
@@ -325,7 +325,3 @@ def main(argv: Optional[List[str]] = None) -> None:
         worker(json.loads(args.worker))
         return
     run(args)
-
-
-if __name__ == "__main__":
-    main()

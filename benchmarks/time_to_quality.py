@@ -406,9 +406,7 @@ def run_point(spec, lengths, target, args, results, path, progress) -> None:
         eval_windows=args.plan["eval_windows"],
         progress=args.progress and str(args.progress),
     )
-    [record] = mpirun_job(
-        "benchmarks.time_to_quality", job, args.np, args.job_timeout, RESULT_PREFIX, spec["key"], expected=1
-    )
+    [record] = mpirun_job("time_to_quality", job, args.np, args.job_timeout, RESULT_PREFIX, spec["key"], expected=1)
     results["points"][spec["key"]] = {"spec": dict(spec, lengths=lengths, target=target), "record": record}
     results["command"] = quality.command_line("time_to_quality")
     save_record(path, results)
@@ -794,7 +792,3 @@ def main(argv=None) -> None:
         run,
         args.out / "benchmarks" / "time_to_quality.json",
     )
-
-
-if __name__ == "__main__":
-    main()

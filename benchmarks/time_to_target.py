@@ -68,7 +68,14 @@ from benchmarks import quality
 from benchmarks import time_to_quality as ttq
 from benchmarks.evidence import advise_name
 from hvd_compress.advise.local import LOCAL_KINDS
-from benchmarks.harness.jobs import Progress, add_job_options, checkout_pythonpath, cluster_job, undisturbed
+from benchmarks.harness.jobs import (
+    Progress,
+    add_job_options,
+    benchmark_argv,
+    checkout_pythonpath,
+    cluster_job,
+    undisturbed,
+)
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import (
     method_bars,
@@ -309,7 +316,7 @@ def run(args) -> Dict[str, Any]:
     progress = Progress(0, "time_to_target")
 
     def job(cluster, spec, what):
-        argv = [sys.executable, "-m", "benchmarks.time_to_target", "--worker", json.dumps(spec)]
+        argv = benchmark_argv("time_to_target", "--worker", json.dumps(spec))
         return undisturbed(
             lambda: cluster_job(cluster, argv, job_environment(spec), args.job_timeout, RESULT_PREFIX),
             args.max_other_cpu,
@@ -927,7 +934,3 @@ def main(argv=None) -> None:
         work(json.loads(args.worker))
     else:
         run(args)
-
-
-if __name__ == "__main__":
-    main()

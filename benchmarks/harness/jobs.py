@@ -164,8 +164,8 @@ LOOPBACK_ONLY = ("--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_inclu
 LOCAL_MPIRUN = ("mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,tcp", *LOOPBACK_ONLY)
 
 
-def mpirun_job(module, spec, np, timeout, result_prefix, what, expected=None):
-    """``python -m <module> --worker <spec as JSON>`` as one ``mpirun -np <np>`` job on this host,
+def mpirun_job(benchmark, spec, np, timeout, result_prefix, what, expected=None):
+    """``python -m benchmarks <benchmark> --worker <spec as JSON>`` as one ``mpirun -np <np>`` job on this host,
     bounded by ``timeout`` seconds; rank 0's printed records, each with the job's wall seconds,
     or RuntimeError with the job's output."""
     from benchmarks.testbed import run_bounded
@@ -180,11 +180,7 @@ def mpirun_job(module, spec, np, timeout, result_prefix, what, expected=None):
         "OMP_NUM_THREADS",
         "-x",
         "PATH",
-        sys.executable,
-        "-m",
-        module,
-        "--worker",
-        json.dumps(spec),
+        *benchmark_argv(benchmark, "--worker", json.dumps(spec)),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath())
     started = time.perf_counter()
@@ -196,6 +192,12 @@ def mpirun_job(module, spec, np, timeout, result_prefix, what, expected=None):
     for record in records:
         record["job_seconds"] = wall
     return records
+
+
+def benchmark_argv(benchmark: str, *options: str) -> List[str]:
+    """The command of a job's process that runs ``benchmark`` with ``options``, through the one
+    entry point (``python -m benchmarks``)."""
+    return [sys.executable, "-m", "benchmarks", benchmark, *options]
 
 
 def checkout_pythonpath():
@@ -291,10 +293,10 @@ def init_cluster_worker(args: Any, port: int, ranks_per_node: int = 1) -> int:
     return dist.get_rank()
 
 
-def worker_argv(module: str, args: Any, kind: str, **flags: Any) -> List[str]:
-    """The command of one of ``module``'s jobs running its ``kind`` worker: ``--rank`` from
+def worker_argv(benchmark: str, args: Any, kind: str, **flags: Any) -> List[str]:
+    """The command of one of ``benchmark``'s jobs running its ``kind`` worker: ``--rank`` from
     ``args`` (the low-rank methods' rank), and ``flags`` as options."""
-    argv = [sys.executable, "-m", module, "--worker", kind, "--rank", str(args.rank)]
+    argv = benchmark_argv(benchmark, "--worker", kind, "--rank", str(args.rank))
     return argv + [item for key, value in flags.items() for item in (f"--{key.replace('_', '-')}", str(value))]
 
 

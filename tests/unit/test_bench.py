@@ -1063,7 +1063,7 @@ def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(t
                 warmup=plan["warmup"],
                 eval_windows=plan["eval_windows"],
             )
-            [record] = mpirun_job("benchmarks.time_to_quality", job, 2, 600, ttq.RESULT_PREFIX, "branch", expected=1)
+            [record] = mpirun_job("time_to_quality", job, 2, 600, ttq.RESULT_PREFIX, "branch", expected=1)
             losses.append(record["points"][-1]["loss"])
         assert losses[0] == losses[1], spec["label"]
     text = page(tmp_path, "Time to quality").read_text()
