@@ -58,7 +58,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import hvd_compress as hc
 import hvd_compress.ddp
-from benchmarks.quality import LM as CHAR_LM, scalecom_flops
+from benchmarks.quality import LM as CHAR_LM
+from benchmarks.harness.methods import paper_rates
 from benchmarks.harness.jobs import (
     add_job_options,
     benchmark_argv,
@@ -194,13 +195,7 @@ def build_compression(spec, model, named, steps, tokens_per_rank, world):
     if extra.get("scalecom"):  # the paper's regime: one epoch dense, its per-layer rates
         epoch = extra["epoch_steps"]
         inner = hc.ScaleCom(named, beta=1.0, warmup_steps=epoch if spec["compressor"] == "scalecom" else 0)
-        flops = scalecom_flops(model, tokens_per_rank)
-        inner.set_rates_from_flops(
-            flops,
-            {name: p.numel() for name, p in named if name in flops},
-            per_worker_batch=tokens_per_rank,
-            reference_batch=4500,
-        )
+        flops = paper_rates(inner, model, named, tokens_per_rank)
         if spec["compressor"] == "topk":  # the same k per layer, Top-K's all-gather
             ks = {name: inner.setting(name) for name in flops}
             inner = hc.TopK(named)

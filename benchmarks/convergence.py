@@ -34,6 +34,7 @@ import hvd_compress as hc
 from benchmarks.harness.jobs import add_job_options, command_line, mpirun_job, names_from
 from benchmarks.harness.machine import OthersShare, describe_machine, machine
 from benchmarks.harness.render import method_bars, panels, save_figure, save_record, stored, write_section
+from benchmarks.harness import methods
 from benchmarks.harness.training import StepCounter, horovod_optimizer, train_workload
 from examples.workloads import digits
 from hvd_compress.comm.rounds import Collective
@@ -43,15 +44,6 @@ SECTION = "Convergence"
 UNCOMPRESSED = "uncompressed"
 LGRECO = "L-GreCo (ACP-SGD)"
 GRAVAC = "GraVAC (Top-K)"
-# The registry's name of each plain method.
-REGISTERED = {
-    "FP16": "fp16",
-    "PowerSGD": "powersgd",
-    "ACP-SGD": "acpsgd",
-    "ScaleCom": "scalecom",
-    "QSGD": "qsgd",
-    "Top-K": "topk",
-}
 METHODS = [UNCOMPRESSED, "FP16", "PowerSGD", "ACP-SGD", LGRECO, GRAVAC, "ScaleCom", "QSGD", "Top-K"]
 # GraVAC as the multi-rank test runs it on the digits CNN (docs/methods.md): at epsilon 0.7 it
 # never leaves 10x there (Top-K keeps too little of this small CNN's gradient energy above).
@@ -109,7 +101,7 @@ def build_compression(method, named, settings, steps):
         return hc.LGreCo(hc.ACPSGD(named, **settings["ACP-SGD"]), **schedule["lgreco"])
     if method == GRAVAC:
         return hc.GraVAC(hc.TopK(named), **schedule["gravac"])
-    return hc.COMPRESSORS[REGISTERED[method]].build(named, **settings.get(method, {}))
+    return methods.build(method, named, **settings.get(method, {}))
 
 
 def train_with(method, spec):

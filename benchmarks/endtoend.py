@@ -59,9 +59,10 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.harness.methods import REGISTERED
 from benchmarks.harness.jobs import Progress, benchmark_argv, checkout_pythonpath, cluster_job, undisturbed
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import DOCS, notes_lines, panels, save_figure, stored, write_section
+from benchmarks.harness.render import DOCS, notes_lines, panels, save_figure, save_record, stored, write_section
 from benchmarks.harness.stats import summarise, timed_step
 from hvd_compress.comm.simulated import exchange_alone
 
@@ -99,16 +100,6 @@ def cnn(batch_generator):
 WORKLOADS = {"charlm": charlm, "cnn": cnn}
 
 
-# The registry's name of each plain method (rank: the --rank option).
-REGISTERED = {
-    "FP16": "fp16",
-    "PowerSGD": "powersgd",
-    "ACP-SGD": "acpsgd",
-    "ACP-SGD+fusion": "acpsgd",
-    "ScaleCom": "scalecom",
-}
-
-
 def build_compression(method, rank, named):
     """The compressor of ``method`` for the parameters ``named`` (None: plain Horovod)."""
     import hvd_compress as hc
@@ -120,10 +111,11 @@ def build_compression(method, rank, named):
         return hc.LGreCo(hc.ACPSGD(named, rank=rank), warmup_steps=3, decide_every=every)
     if method == "GraVAC":
         return hc.GraVAC(hc.ACPSGD(named, rank=rank), window=2)
-    if method not in REGISTERED:
+    if method not in METHODS:
         raise ValueError(f"endtoend: unknown method {method!r}; known: {', '.join(METHODS)}")
-    settings = {"rank": rank} if "rank" in hc.COMPRESSORS[REGISTERED[method]].defaults else {}
-    return hc.COMPRESSORS[REGISTERED[method]].build(named, **settings)
+    name = REGISTERED[method.removesuffix("+fusion")]
+    settings = {"rank": rank} if "rank" in hc.COMPRESSORS[name].defaults else {}  # low-rank: --rank
+    return hc.COMPRESSORS[name].build(named, **settings)
 
 
 # ----- one rank of one job --------------------------------------------------------------------
@@ -582,9 +574,8 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     progress = out / "endtoend.progress.json"
     results = sweep(args, progress)
-    (out / "endtoend.json").write_text(json.dumps(results, indent=1) + "\n")
+    save_record(out / "endtoend.json", results)
     progress.unlink()
-    draw_figure(results, out / "endtoend.png")
-    write_section(args.out, SECTION, markdown(results, "endtoend.png"))
+    render(args.out)
     for row in results["targets"]:
         print(f"{'met' if row['met'] else 'NOT met'}: {row['target']} = {row['value']:.2f} ({row['limit']})")

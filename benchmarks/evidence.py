@@ -25,31 +25,21 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+from benchmarks.harness.methods import REGISTERED
 from hvd_compress.advise.local import LOCAL_KINDS
 from hvd_compress.advise.projection import setting_label
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = {
-    "uncompressed": "none",
-    "FP16": "fp16",
-    "BF16": "bf16",
-    "ACP-SGD": "acpsgd",
-    "PowerSGD": "powersgd",
-    "QSGD": "qsgd",
-    "ScaleCom": "scalecom",
-    "Top-K": "topk",
-    "SignSGD": "signsgd",
-}
 CONTROLLERS = {"L-GreCo": "lgreco", "GraVAC": "gravac"}
 
 
 def method_key(label):
     """The registry's name of a table's method label, or None for a variant."""
-    if label in METHODS:
-        return METHODS[label]
+    if label in REGISTERED:
+        return REGISTERED[label]
     match = re.fullmatch(r"(L-GreCo|GraVAC) \(([^)]+)\)", label)
-    if match and match.group(2) in METHODS:
-        return f"{CONTROLLERS[match.group(1)]}/{METHODS[match.group(2)]}"
+    if match and match.group(2) in REGISTERED:
+        return f"{CONTROLLERS[match.group(1)]}/{REGISTERED[match.group(2)]}"
     return None
 
 

@@ -37,7 +37,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM
@@ -52,6 +51,7 @@ from benchmarks.harness.jobs import (
 )
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import panels, resumed, save_figure, save_record, stored, write_section
+from benchmarks.harness.methods import paper_rates
 from benchmarks.harness.training import StepCounter, horovod_optimizer, train_workload
 from benchmarks.harness.jobs import command_line as report_command_line
 from examples.workloads import digits
@@ -150,17 +150,6 @@ def lgreco_schedule(steps):
     return {"warmup_steps": every, "decide_every": every, "apply_delay": min(5, every - 1)}
 
 
-def scalecom_flops(model, tokens_per_rank):
-    """Forward FLOPs per step of each 2-D weight, for the paper's per-layer rule: 2 per token and
-    weight entry for a linear layer (a matrix product), none for an embedding (a lookup)."""
-    embeddings = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, torch.nn.Embedding)}
-    return {
-        name: 0.0 if name in embeddings else 2.0 * tokens_per_rank * p.numel()
-        for name, p in model.named_parameters()
-        if p.dim() == 2
-    }
-
-
 def build_compression(spec, model, named, steps, tokens_per_rank):
     """The ``compression=`` of ``hvd.DistributedOptimizer`` for the point; None: uncompressed."""
     if spec["compressor"] is None:
@@ -171,14 +160,7 @@ def build_compression(spec, model, named, steps, tokens_per_rank):
         settings["warmup_steps"] = max(1, steps // 10)
     inner = hc.COMPRESSORS[spec["compressor"]].build(named, **settings)
     if controller.get("flops_rule"):
-        # The paper's rule is stated at a per-worker batch of 4.5k tokens for language.
-        flops = scalecom_flops(model, tokens_per_rank)
-        inner.set_rates_from_flops(
-            flops,
-            {name: p.numel() for name, p in named if name in flops},
-            per_worker_batch=tokens_per_rank,
-            reference_batch=4500,
-        )
+        paper_rates(inner, model, named, tokens_per_rank)
     if controller.get("kind") == "lgreco":
         # The earlier variant (raw gradients, whole window), which quality.json's rows measured;
         # the reference's defaults run in ``benchmarks.claims``.
