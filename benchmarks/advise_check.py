@@ -1,7 +1,5 @@
 """advise's projection model against the step times the end-to-end benchmark measured.
 
-    python -m benchmarks advise_check [--from docs/benchmarks/endtoend.json] [--out docs/]
-
 A check of the model only, not of advise's measurements: for every rate, model and plain
 method of ``python -m benchmarks endtoend`` (S-SGD, FP16, PowerSGD, ACP-SGD, ScaleCom: the
 stock ``hvd.DistributedOptimizer`` runs; the wrapper's and the controllers' runs are not what

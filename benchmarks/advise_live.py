@@ -1,10 +1,5 @@
 """advise run live on the emulated cluster, against the step times the end-to-end benchmark measured.
 
-    python -m benchmarks advise_live [--rates 0.5,1,10] [--models charlm,cnn] [--np 4]
-        [--from docs/benchmarks/endtoend.json[,more.json]] [--repeat other/advise_live.json]
-        [--conditions TEXT] [--job-timeout 900] [--out docs/]
-    python -m benchmarks advise_live --reproject [--from ...] [--repeat ...] [--out docs/]
-
 For every rate an :mod:`emulated cluster <benchmarks.testbed>` of ``--np`` ranks is built, and
 on it, per model, the advise command line runs exactly as a user runs it under ``mpirun``
 (``OMP_NUM_THREADS=1``, as in the end-to-end jobs)::

@@ -1,9 +1,6 @@
 """Same-shape batching (issue 36, item 2): what ACP-SGD's low-rank work costs one layer at a
 time against one batched call per distinct matrix shape.
 
-    python -m benchmarks batching [--shapes resnet50,bert-base,transformer-xl] [--rank 4]
-        [--repeats 15] [--device cpu|cuda] [--out docs/] [--quick]
-
 Three measurements, each timing the median of ``--repeats`` calls between two device
 synchronisations, after one untimed call:
 

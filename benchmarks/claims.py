@@ -1,9 +1,6 @@
 """The L-GreCo protocol: L-GreCo against the uniform settings it is anchored at, and ScaleCom in
 its paper's regime, on the word-level GPT (``workloads/wordlm``), with paired seeds.
 
-    python -m benchmarks claims [--quick] [--max-minutes 360] [--job-timeout 7200] [--out docs/]
-        [--stage curve]
-
 The protocol (every point one ``mpirun -np 2`` job through the stock ``hvd.DistributedOptimizer``,
 seeds 0, 1 and 2):
 

@@ -1,10 +1,6 @@
 """Codec cost: what compressing, error feedback and decompressing cost per training step, on
 the gradient shapes of real models, side by side with PyTorch's own PowerSGD comm hook.
 
-    python -m benchmarks codec [--shapes resnet50,bert-base,transformer-xl] [--rank 4]
-        [--density 0.01] [--bits 4] [--repeats 3] [--rounds 3] [--device cpu|cuda] [--out docs/]
-        [--compiled] [--quick]
-
 Communication is left out: each compressor runs on one rank and every collective's result is
 the rank's own payload (what a world of one returns), so the time is encode + error feedback +
 decode. Torch's ``powerSGD_hook`` runs in a gloo process group of one over DDP-style buckets

@@ -1,11 +1,6 @@
 """Controller overhead: what L-GreCo's decisions and GraVAC's gain measurements cost, on the
 gradient shapes of real models, and whether any rank stalls waiting for a decision.
 
-    python -m benchmarks controller_overhead [--shapes resnet50,bert-base,transformer-xl]
-        [--step-ms 300] [--decide-every 1000] [--out docs/] [--quick]
-    python -m benchmarks controller_overhead --decision-cost [--shapes bert-base] [--rounds 3]
-        [--out docs/] [--quick]
-
 One process, one torch thread, the local transport (a world of one). Gradients are synthetic
 and seeded: each matrix a rank-16 signal with power-law singular values plus noise, so that the
 error tables have the spread of real gradients. For each shape set and L-GreCo over PowerSGD

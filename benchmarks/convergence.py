@@ -1,9 +1,6 @@
 """Convergence: what each compressor costs in model quality, on two real workloads trained by
 real multi-process Horovod jobs, against uncompressed training with the same seed and data.
 
-    python -m benchmarks convergence [--np 4] [--methods all] [--digits-seeds 3]
-        [--lm-steps 300] [--job-timeout 300] [--out docs/] [--quick]
-
 Workloads: the digits CNN of :mod:`examples.workloads.digits` trained as the multi-rank
 convergence test trains it (SGD, lr 0.1, 6 epochs per rank, so about 260 steps at any W; test
 accuracy on the held-out split, mean over seeds), and the character transformer of

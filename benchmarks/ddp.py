@@ -2,9 +2,6 @@
 this project's compressors through ``hvd_compress.ddp``, on an emulated cluster; and final
 digits accuracy of each under ``torchrun``.
 
-    python -m benchmarks ddp [--models charlm,cnn] [--rate 1] [--np 4] [--rank 4]
-        [--methods DDP,ACP-SGD,...] [--warmup 8] [--steps 12] [--repeats 1] [--out docs/] [--quick]
-
 Timing: an :mod:`emulated cluster <benchmarks.testbed>` of ``--np`` ranks (one network namespace
 each, links shaped by ``tc tbf`` to ``--rate`` Gbit/s); mpirun starts one process per namespace,
 and each joins a Gloo process group over its shaped link (``GLOO_SOCKET_IFNAME``). The models

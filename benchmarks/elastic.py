@@ -1,8 +1,6 @@
 """Elastic: training that loses a worker to SIGKILL, goes on with the others, and takes a new
 one in; error feedback kept by the survivors against reset, on the character LM.
 
-    python -m benchmarks elastic [--seeds 0,1] [--steps 300] [--out docs/]
-
 Each run is ``horovodrun -np 3 --min-np 2 --max-np 3 --host-discovery-script`` on this machine
 (Horovod's elastic mode, which runs under the Gloo controller), three "hosts" of one slot, all
 names of this machine ("localhost", "127.0.0.1", its host name, its addresses). The discovery

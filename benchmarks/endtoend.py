@@ -1,9 +1,6 @@
 """End to end: step time of every method on an emulated cluster, split into compute,
 compression and exposed communication, with the bytes each rank actually sent.
 
-    python -m benchmarks endtoend [--models charlm,cnn] [--rates 0.5,1,2.5] [--np 4]
-        [--methods ...] [--warmup 8] [--steps 12] [--out docs/]
-
 For every link rate an :mod:`emulated cluster <benchmarks.testbed>` of ``--np`` ranks
 is built (one network namespace per rank, ``tc tbf`` both ways), and for every model and method
 one job runs under mpirun. A job has three phases, every rank in step with the others, so the

@@ -2,10 +2,6 @@
 (``docs/benchmarks/quality-against-bytes.md``), and the steps each method needs to reach the uncompressed run's quality
 (``docs/benchmarks/time_to_quality.json``), read into the package's data file.
 
-    python -m benchmarks evidence [--from docs/benchmarks/quality-against-bytes.md]
-        [--steps docs/benchmarks/time_to_quality.json]
-        [--to hvd_compress/data/quality_evidence.json]
-
 Rerun it after ``python -m benchmarks quality`` rewrites that page, or after
 ``python -m benchmarks time_to_quality`` adds points. Each row becomes a record under the
 registry's name of its method (``powersgd``; a controller as ``lgreco/acpsgd``) and its setting

@@ -2,10 +2,6 @@
 whose replicate all-reduce goes through ``hvd_compress.fsdp.register`` (PowerSGD, ACP-SGD,
 L-GreCo over ACP-SGD).
 
-    python -m benchmarks fsdp [--models charlm,cnn] [--rate 1] [--rank 4] [--warmup 4]
-        [--steps 8] [--repeats 1] [--quality-steps 200] [--methods HSDP,PowerSGD,ACP-SGD,L-GreCo,...] [--seeds 0,1]
-        [--out docs/] [--quick]
-
 The cluster: two "nodes" of two ranks each (:mod:`benchmarks.testbed` with ``ranks_per_node=2``:
 one network namespace per node, its link to the bridge shaped by ``tc tbf`` to ``--rate``
 Gbit/s both ways; the two ranks of a node talk over its loopback, unshaped). mpirun starts the

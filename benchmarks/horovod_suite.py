@@ -1,9 +1,7 @@
 """Horovod 0.28.1's own optimizer tests with our compressors injected, on both integration paths,
 under ``mpirun -np 2``: the runner is ``tests/horovod_suite/``; this writes its record and page.
 
-    python -m benchmarks horovod_suite [--tests DIR] [--methods powersgd,topk] [--timeout 900]
-
-``DIR`` is Horovod's ``test/`` folder at v0.28.1 (``tests/horovod_suite/suite.py`` says where it
+``--tests DIR`` names Horovod's ``test/`` folder at v0.28.1 (``tests/horovod_suite/suite.py`` says where it
 is found without it). Results go to ``docs/benchmarks/horovod_suite.json`` (resumed: a rerun
 skips jobs already there) and a table in ``docs/benchmarks/horovods-own-optimizer-tests.md``; the
 explanations of failures are kept in ``EXPLAINED``.

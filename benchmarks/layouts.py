@@ -1,9 +1,6 @@
 """Low-rank products by memory layout: what the BLAS (the CPU's, or with ``--device cuda``
 cuBLAS) takes for the skinny products of PowerSGD and ACP-SGD, by the layout of their factors.
 
-    python -m benchmarks layouts [--ranks 1,2,4,8,16,32] [--threads 1] [--repeats 15]
-        [--device cpu|cuda] [--out docs/] [--quick]
-
 For each matrix shape (``SHAPES``: the SmallVGG CNN's fc1, BERT-base's feed-forward pair, its
 attention projection and word embedding, and the character LM's four matrices) and rank r:
 

@@ -1,7 +1,5 @@
 """What watching a compression with a metrics exporter costs per step, on the host.
 
-    python -m benchmarks metrics_overhead [--layers 294] [--rounds 40] [--out docs/]
-
 A world of one rank runs FP16 (the cheapest codec, so the exporter's own work shows) on
 ``--layers`` 4 x 4 gradients (294: the character LM's tensors), unwatched and watched by a
 ``JsonLines`` exporter writing every step and every 10 steps. The CPU time of this process

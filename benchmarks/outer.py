@@ -1,8 +1,5 @@
 """DiLoCo against per-step compression: quality against bytes on the character LM.
 
-    python -m benchmarks outer [--np 4] [--lm-steps 3000] [--inner-steps 10,50,100]
-        [--max-minutes 60] [--job-timeout 1800] [--out docs/] [--quick]
-
 Each point is one ``mpirun -np W`` job training the quality benchmark's character LM (same
 model, data, AdamW and learning-rate schedule, ``benchmarks.quality.LM``) through
 ``hvd_compress.DiLoCo``: ``inner_steps`` local AdamW steps, then the default Nesterov outer step

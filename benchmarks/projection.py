@@ -1,8 +1,6 @@
 """Projection: step time of every method at 8-64 workers and 1-100 Gbit/s, from an alpha-beta
 model fitted to the emulated cluster's measurements.
 
-    python -m benchmarks projection [--from docs/benchmarks/endtoend.json] [--out docs/]
-
 Model, for W ranks on links of B Gbit/s (the ring algorithms of Horovod's MPI back end):
 
 * all-reduce of n bytes: 2(W-1) alpha + 2(W-1)/W n beta;

@@ -1,9 +1,6 @@
 """Quality against bytes: the final quality each method reaches, against the bytes it sent over
 the whole run, for a sweep of settings per method; then the seeds' claims, checked.
 
-    python -m benchmarks quality [--np 4] [--workloads charlm,digits] [--lm-steps 3000]
-        [--max-minutes 120] [--job-timeout 900] [--out docs/] [--quick]
-
 Every point is one ``mpirun -np W`` job (one seed) through the stock
 ``hvd.DistributedOptimizer(optimizer, named_parameters=..., compression=X)``, on the workloads
 of the convergence benchmark: the digits CNN (SGD) and the character transformer (AdamW), the

@@ -1,9 +1,6 @@
 """Bytes per rank as ranks grow: every method's traffic counters at W = 2, 4, 8 and 32, the two
 terms of its formula fitted to them, and the W past which it sends more than uncompressed.
 
-    python -m benchmarks scaling [--np 2,4,8,32] [--steps 4] [--job-timeout 1800] [--out docs/]
-        [--quick]
-
 One ``mpirun -np W`` job per W on this host: on every rank, the character LM of "Time to quality"
 (``quality.LM``), each method of ``METHODS`` in turn trained ``--steps`` steps from the same
 weights through ``hvd_compress.DistributedOptimizer``. Rank 0 records what its compressor's

@@ -1,9 +1,6 @@
 """Time to quality: how many steps each method needs to reach the uncompressed run's quality
 (steps to target), the half of issue 33 that needs no network.
 
-    python -m benchmarks time_to_quality [--np 4] [--max-minutes 600] [--job-timeout 3600]
-        [--out docs/] [--quick] [--family "SparseLoCo H=10" ...]
-
 The workload is the character LM of "Quality against bytes" (``quality.LM``, AdamW, peak
 learning rate 2e-3, 4 ranks of 16 sequences of 32 bytes a step), trained through the stock
 ``hvd.DistributedOptimizer`` with the compressors that benchmark builds (``quality.point``,

@@ -2,10 +2,6 @@
 quality (from ``time_to_quality``) times its mean step time on an emulated cluster, at the two
 link settings of issue 33, chosen by r, the ratio of communication to compute.
 
-    python -m benchmarks time_to_target [--ratios 3,0.3] [--np 4] [--warmup 20] [--steps 100]
-        [--methods "FP16;DiLoCo H=50 (QSGD) bits 4"] [--job-timeout 900] [--max-other-cpu 0.05]
-        [--direct [RUNS]] [--out docs/] [--quick]
-
 r is the ring bound of the uncompressed all-reduce, 2(W-1)/W x M / B, over a step's compute,
 with B the all-reduce bandwidth measured at the gradient's own size M: so r is the measured time
 of one fused all-reduce of the whole fp32 gradient over the measured compute of a step (forward,
