@@ -15,14 +15,13 @@ Writes the "advise against end to end" page, ``<out>/benchmarks/advise-against-e
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
 import torch
 
 from benchmarks.endtoend import WORKLOADS
-from benchmarks.harness.jobs import say
+from benchmarks.harness.jobs import command_line, say
 from benchmarks.harness.render import DOCS, stored, write_section
 from hvd_compress import advise
 from hvd_compress.advise.measure import measure_codec
@@ -149,7 +148,7 @@ def main(argv=None):
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     measured = json.loads(args.source.read_text())
     rows, choices = check(measured)
-    command = " ".join(["python -m benchmarks advise_check"] + [shlex.quote(a) for a in sys.argv[1:]])
+    command = command_line("advise_check", dropped=())
     write_section(args.out, SECTION, markdown(rows, choices, command, measured))
     for choice in choices:
         say(

@@ -49,9 +49,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from benchmarks.advise_check import REGISTERED, WITHIN_CHOICE, WITHIN_STEP
-from benchmarks.harness.jobs import checkout_pythonpath, say
+from benchmarks.harness.jobs import checkout_pythonpath, command_line, say
 from benchmarks.harness.machine import OthersShare, describe_machine, machine
-from benchmarks.harness.render import DOCS, stored, write_section
+from benchmarks.harness.render import DOCS, save_record, stored, write_section
 from benchmarks.testbed import emulated_cluster, run_bounded
 from hvd_compress import advise
 from hvd_compress.advise.advice import SETTINGS
@@ -101,7 +101,7 @@ def sweep(args, path):
     results = json.loads(path.read_text()) if path.exists() else {}
     if results.get("np") != args.np:
         results = {"np": args.np, "points": {}}
-    results.update(command=command_line(), machine=machine(), conditions=args.conditions)
+    results.update(command=command_line("advise_live", dropped=()), machine=machine(), conditions=args.conditions)
 
     def missing(rate):
         return [model for model in args.models if f"{rate:g}/{model}" not in results["points"]]
@@ -113,7 +113,7 @@ def sweep(args, path):
             for model in missing(rate):
                 point = advise_point(cluster, model, args.job_timeout)
                 results["points"][f"{rate:g}/{model}"] = point
-                path.write_text(json.dumps(results, indent=1) + "\n")
+                save_record(path, results)
                 say(f"{rate:g} Gbit/s {model}: {point['advice']['recommendation']}")
     return results
 
@@ -166,7 +166,7 @@ def reproject(results):
         advice.recommendation = recommend(advice.candidates)
         point["advice"] = asdict(advice)
         point["table"] = advise.format_advice(advice)
-    results["reprojected"] = command_line()
+    results["reprojected"] = command_line("advise_live", dropped=())
     return results
 
 
@@ -502,10 +502,6 @@ def per_rate(points, file):
     return texts
 
 
-def command_line():
-    return " ".join(["python -m benchmarks advise_live"] + [shlex.quote(a) for a in sys.argv[1:]])
-
-
 def options() -> argparse.ArgumentParser:
     """The command's options, as ``main`` reads them and ``render`` reads them back from the record."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks advise_live", description=__doc__.splitlines()[0])
@@ -576,13 +572,13 @@ def main(argv=None):
     else:
         results = sweep(args, path)
     compare_all(results, sources)
-    path.write_text(json.dumps(results, indent=1) + "\n")
+    save_record(path, results)
     repeat = None
     if args.repeat:
         repeat = {**json.loads(args.repeat.read_text()), "file": str(args.repeat)}
         if args.reproject:
             repeat = {**reproject(repeat), "file": str(args.repeat)}
-            (path.parent / (args.repeat.stem + "_reprojected.json")).write_text(json.dumps(repeat, indent=1) + "\n")
+            save_record(path.parent / (args.repeat.stem + "_reprojected.json"), repeat)
         compare_all(repeat, sources)
     text = markdown(results, sources, repeat)
     if before is not None:

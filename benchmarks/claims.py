@@ -67,7 +67,7 @@ from benchmarks.harness.jobs import (
     train_one_point,
 )
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import panels, save_figure, stored, write_section
+from benchmarks.harness.render import panels, resumed, save_figure, save_record, stored, write_section
 from benchmarks.harness.training import StepCounter, train_workload
 from examples.workloads import charlm, wordlm
 from hvd_compress.comm.rounds import Collective
@@ -496,8 +496,7 @@ def launch(job, scale, slot, timeout):
 
 def run(args):
     path = results_path(args.out, args.scale)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    results = json.loads(path.read_text()) if path.exists() else {}
+    results = resumed(path)
     results.setdefault("points", {})
     results.update(machine=machine(), np=NP, quick=args.quick, scale=args.scale)
     scale = dict(SCALES[args.scale], device=args.device or SCALES[args.scale]["device"])
@@ -530,7 +529,7 @@ def run(args):
                     continue
                 results.setdefault("failures", {}).pop(spec["key"], None)
                 results["points"][spec["key"]] = {"spec": spec, "record": record}
-                path.write_text(json.dumps(results, indent=1) + "\n")
+                save_record(path, results)
                 write_report(results, args.out)
                 print(
                     f"{spec['key']}: perplexity {record['metric']:.3f}, "
@@ -538,7 +537,7 @@ def run(args):
                     f"{record['wire_bytes'] / 1e6:,.1f} MB in all, {record['job_seconds']:.0f} s",
                     flush=True,
                 )
-    path.write_text(json.dumps(results, indent=1) + "\n")
+    save_record(path, results)
     write_report(results, args.out)
     return results
 

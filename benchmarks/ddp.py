@@ -41,7 +41,6 @@ import contextlib
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -65,7 +64,7 @@ from benchmarks.harness.jobs import (
 )
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import notes_lines, resumed_section, stored, write_section
-from benchmarks.harness.stats import CodecClock, jobs_of, pooled, summarise
+from benchmarks.harness.stats import CodecClock, jobs_of, pooled, summarise, timed_steps
 
 RESULT_PREFIX = "DDP_RESULT "
 SECTION = "PyTorch DDP"
@@ -147,19 +146,6 @@ def timing_worker(args):
             flush=True,
         )
     dist.destroy_process_group()
-
-
-def timed_steps(module, optimizer, data, loss_of, steps):
-    """Seconds of each of ``steps`` training steps of ``module``, ``zero_grad`` to ``step``."""
-    seconds = []
-    for _ in range(steps):
-        x, y = next(data)
-        started = time.perf_counter()
-        optimizer.zero_grad()
-        loss_of(module, x, y).backward()
-        optimizer.step()
-        seconds.append(time.perf_counter() - started)
-    return seconds
 
 
 def digits_worker(args):

@@ -48,7 +48,6 @@ import argparse
 import copy
 import json
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -57,7 +56,14 @@ from pathlib import Path
 import torch
 
 from benchmarks.harness.methods import REGISTERED
-from benchmarks.harness.jobs import Progress, benchmark_argv, checkout_pythonpath, cluster_job, undisturbed
+from benchmarks.harness.jobs import (
+    Progress,
+    benchmark_argv,
+    checkout_pythonpath,
+    command_line,
+    cluster_job,
+    undisturbed,
+)
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import DOCS, notes_lines, panels, save_figure, save_record, stored, write_section
 from benchmarks.harness.stats import summarise, timed_step
@@ -346,13 +352,15 @@ def sweep(args, progress_path):
     if {key: results.get(key) for key in settings} != settings:
         results = {**settings, "load_average_before": os.getloadavg(), "minutes": 0.0, "rates": {}}
     results.update(
-        command=command_line(), machine=machine(), models={model: model_summary(model) for model in args.models}
+        command=command_line("endtoend", dropped=()),
+        machine=machine(),
+        models={model: model_summary(model) for model in args.models},
     )
     started, minutes_before = time.perf_counter(), results["minutes"]
 
     def save():
         results["minutes"] = round(minutes_before + (time.perf_counter() - started) / 60, 1)
-        progress_path.write_text(json.dumps(results, indent=1) + "\n")
+        save_record(progress_path, results)
 
     def wanted_at(rate):
         entry = results["rates"].get(f"{rate:g}", {})
@@ -514,10 +522,6 @@ def draw_figure(results, path):
         axis.set_ylabel("ms per step", fontsize=8)
     axes[0].legend(fontsize=6)
     save_figure(figure, path, dpi="figure")
-
-
-def command_line():
-    return " ".join(["python -m benchmarks endtoend"] + [shlex.quote(a) for a in sys.argv[1:]])
 
 
 def parse_args(argv):

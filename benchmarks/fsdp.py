@@ -47,7 +47,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -68,7 +67,7 @@ from benchmarks.harness.jobs import (
 )
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import notes_lines, resumed_section, stored, write_section
-from benchmarks.harness.stats import CodecClock, jobs_of, pooled, summarise
+from benchmarks.harness.stats import CodecClock, jobs_of, pooled, summarise, timed_steps
 
 RESULT_PREFIX = "FSDP_RESULT "
 SECTION = "FSDP2 / HSDP on the emulated cluster"
@@ -143,14 +142,7 @@ def timing_worker(args):
     # The quantized reduce-scatter runs outside the compressor's timed rounds: no codec column.
     codec = CodecClock(None if args.method in PURE_FSDP else compressor)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    seconds = []
-    for _ in range(args.warmup + args.steps):
-        x, y = next(data)
-        started = time.perf_counter()
-        optimizer.zero_grad()
-        loss_of(model, x, y).backward()
-        optimizer.step()
-        seconds.append(time.perf_counter() - started)
+    seconds = timed_steps(model, optimizer, data, loss_of, args.warmup + args.steps)
     if rank == 0:
         print(
             RESULT_PREFIX

@@ -13,9 +13,7 @@ Writes ``<out>/benchmarks/metrics_overhead.json`` and the "Metrics overhead" pag
 """
 
 import argparse
-import json
 import os
-import shlex
 import sys
 import tempfile
 import time
@@ -24,9 +22,9 @@ from pathlib import Path
 import torch
 
 import hvd_compress as hc
-from benchmarks.harness.jobs import say
+from benchmarks.harness.jobs import command_line, say
 from benchmarks.harness.machine import describe_machine, machine
-from benchmarks.harness.render import DOCS, stored, write_section
+from benchmarks.harness.render import DOCS, save_record, stored, write_section
 from hvd_compress.comm.simulated import SimulatedWorld
 
 SECTION = "Metrics overhead"
@@ -95,9 +93,7 @@ def main(argv=None):
         "rounds": args.rounds,
         "ms": measure(args.layers, args.rounds),
     }
-    out = args.out / "benchmarks"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics_overhead.json").write_text(json.dumps(result, indent=1) + "\n")
-    command = " ".join(["python -m benchmarks metrics_overhead"] + [shlex.quote(a) for a in sys.argv[1:]])
+    save_record(args.out / "benchmarks" / "metrics_overhead.json", result)
+    command = command_line("metrics_overhead", dropped=())
     write_section(args.out, SECTION, markdown(result, command))
     say(", ".join(f"{variant}: {ms:.3f} ms" for variant, ms in result["ms"].items()))

@@ -32,12 +32,12 @@ Writes ``<out>/benchmarks/projection.json``, ``projection.png`` and the "Project
 import argparse
 import json
 import math
-import shlex
 import sys
 from pathlib import Path
 
 from benchmarks.endtoend import WRAPPED
-from benchmarks.harness.render import DOCS, panels, save_figure, stored, write_section
+from benchmarks.harness.jobs import command_line
+from benchmarks.harness.render import DOCS, panels, save_figure, save_record, stored, write_section
 from hvd_compress.comm.rounds import Collective
 
 SECTION = "Projection"
@@ -291,10 +291,8 @@ def main(argv=None):
             "(python -m benchmarks endtoend --rates ...)"
         )
     result = project(measured)
-    out = args.out / "benchmarks"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "projection.json").write_text(json.dumps(result, indent=1) + "\n")
-    draw_figure(result, out / "projection.png")
-    command = " ".join(["python -m benchmarks projection"] + [shlex.quote(a) for a in sys.argv[1:]])
+    save_record(args.out / "benchmarks" / "projection.json", result)
+    draw_figure(result, args.out / "benchmarks" / "projection.png")
+    command = command_line("projection", dropped=())
     write_section(args.out, SECTION, markdown(result, command, "projection.png"))
     print(f"alpha {result['alpha_us']:.0f} us, efficiency {result['efficiency']:.2f}")

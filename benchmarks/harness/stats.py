@@ -3,7 +3,7 @@ one Horovod step timed in its parts, and the codec's own host time per step."""
 
 import statistics
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from hvd_compress.metrics import Exporter
 
@@ -95,3 +95,16 @@ def timed_step(optimizer, forward_backward):
         "backward": backward_done - started,
         "synchronize": synchronized - backward_done,
     }
+
+
+def timed_steps(module: Any, optimizer: Any, data: Any, loss_of: Any, steps: int) -> List[float]:
+    """Seconds of each of ``steps`` training steps of ``module``, ``zero_grad`` to ``step``."""
+    seconds = []
+    for _ in range(steps):
+        x, y = next(data)
+        started = time.perf_counter()
+        optimizer.zero_grad()
+        loss_of(module, x, y).backward()
+        optimizer.step()
+        seconds.append(time.perf_counter() - started)
+    return seconds
