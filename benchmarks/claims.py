@@ -49,7 +49,6 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
@@ -64,7 +63,6 @@ from benchmarks.harness.jobs import (
     root_cause,
     run_points,
     torchrun_job,
-    train_one_point,
 )
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import panels, resumed, save_figure, save_record, stored, write_section
@@ -300,19 +298,6 @@ def window_norms(decision):
         "residual_norm": math.sqrt(sum(layer["residual_norm"] ** 2 for layer in layers)),
         "budget": decision.budget,
     }
-
-
-def train_one_point_ddp(spec):
-    """One rank of a point under torchrun: Gloo, whose collectives take CUDA tensors too, so the
-    ranks can share one GPU; rank 0 prints the record."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    try:
-        record = train_point(spec)
-        if dist.get_rank() == 0:
-            print(RESULT_PREFIX + json.dumps(record), flush=True)
-    finally:
-        dist.destroy_process_group()
 
 
 # ----- what to run next -------------------------------------------------------------------------
@@ -1005,11 +990,4 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.parallel < 1:
         raise SystemExit(f"--parallel must be at least 1, got {args.parallel}")
-    run_points(args, train_one_point_of_either_backend, run, results_path(args.out, args.scale))
-
-
-def train_one_point_of_either_backend(spec):
-    if spec.get("backend") == "ddp":
-        train_one_point_ddp(spec)
-    else:
-        train_one_point(train_point, spec, RESULT_PREFIX)
+    run_points(args, train_point, run, results_path(args.out, args.scale), RESULT_PREFIX)

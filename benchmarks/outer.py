@@ -27,7 +27,7 @@ import horovod.torch as hvd
 import hvd_compress as hc
 from benchmarks.convergence import QUICK_LM
 from benchmarks.quality import LM, LM_STEPS
-from benchmarks.harness.jobs import add_job_options, mpirun_job, run_points, train_one_point
+from benchmarks.harness.jobs import add_job_options, mpirun_job, run_points
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import panels, resumed, save_figure, save_record, stored, write_section
 from benchmarks.harness.training import train_workload
@@ -242,9 +242,4 @@ def render(out: Path) -> None:
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    run_points(
-        args,
-        lambda spec: train_one_point(train_point, spec, RESULT_PREFIX),
-        run,
-        args.out / "benchmarks" / "outer.json",
-    )
+    run_points(args, train_point, run, args.out / "benchmarks" / "outer.json", RESULT_PREFIX)

@@ -44,7 +44,6 @@ from benchmarks.harness.jobs import (
     mpirun_job,
     names_from,
     run_points,
-    train_one_point,
 )
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import panels, resumed, save_figure, save_record, stored, write_section
@@ -581,9 +580,4 @@ def render(out: Path) -> None:
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    run_points(
-        args,
-        lambda spec: train_one_point(train_point, spec, RESULT_PREFIX),
-        run,
-        args.out / "benchmarks" / "quality.json",
-    )
+    run_points(args, train_point, run, args.out / "benchmarks" / "quality.json", RESULT_PREFIX)

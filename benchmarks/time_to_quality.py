@@ -49,7 +49,7 @@ from hvd_compress.advise.local import LOCAL_KINDS  # an outer step every inner_s
 from hvd_compress.comm.rounds import Collective
 from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
-from benchmarks.harness.jobs import Progress, add_job_options, mpirun_job, run_points, train_one_point
+from benchmarks.harness.jobs import Progress, add_job_options, mpirun_job, run_points
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import DOCS, method_bars, panels, resumed, save_record, stored, write_section
 from examples.workloads import charlm
@@ -783,9 +783,4 @@ def render(out: Path) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    run_points(
-        args,
-        lambda spec: train_one_point(train_point, spec, RESULT_PREFIX),
-        run,
-        args.out / "benchmarks" / "time_to_quality.json",
-    )
+    run_points(args, train_point, run, args.out / "benchmarks" / "time_to_quality.json", RESULT_PREFIX)

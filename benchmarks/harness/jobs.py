@@ -310,13 +310,22 @@ def run_or_work(args: Any, run: Callable[[Any], Any], workers: Dict[str, Callabl
 
 
 def run_points(
-    args: Any, train: Callable[[Dict[str, Any]], None], run: Callable[[Any], Dict[str, Any]], results: Path
+    args: Any,
+    train: Callable[[Dict[str, Any]], Any],
+    run: Callable[[Any], Dict[str, Any]],
+    results: Path,
+    prefix: Optional[str] = None,
 ) -> None:
     """The end of ``main()`` of a benchmark whose points run as jobs (claims, quality, outer,
-    time_to_quality): in a job (``--worker SPEC``), ``train`` the point it names; otherwise
-    ``run`` what is missing, and say how long it took and where the points are (``results``)."""
+    time_to_quality): in a job (``--worker SPEC``), ``train`` the point it names (with ``prefix``,
+    as ``train_one_point`` trains it); otherwise ``run`` what is missing, and say how long it took
+    and where the points are (``results``)."""
     if args.worker is not None:
-        train(json.loads(args.worker))
+        spec = json.loads(args.worker)
+        if prefix is None:
+            train(spec)
+        else:
+            train_one_point(train, spec, prefix)
         return
     started = time.perf_counter()
     points = run(args)["points"]
@@ -324,12 +333,24 @@ def run_points(
 
 
 def train_one_point(train_point, spec, prefix):
-    """One rank of a resumable benchmark's point (quality, claims, outer): trains ``spec`` on
-    Horovod and rank 0 prints the record, after ``prefix``, for the driver to read."""
-    import horovod.torch as hvd
+    """One rank of a resumable benchmark's point (quality, claims, outer, time_to_quality): trains
+    ``spec`` on Horovod, or where ``spec["backend"]`` is "ddp", on torch.distributed's Gloo under
+    torchrun (its collectives take CUDA tensors too, so the ranks can share one GPU); rank 0
+    prints the record, after ``prefix``, for the driver to read."""
+    import torch.distributed as dist
 
     torch.set_num_threads(1)  # the ranks share the machine's cores
-    hvd.init()
-    record = train_point(spec)
-    if hvd.rank() == 0:
-        print(prefix + json.dumps(record), flush=True)
+    ddp = spec.get("backend") == "ddp"
+    if ddp:
+        dist.init_process_group("gloo")
+    else:
+        import horovod.torch as hvd
+
+        hvd.init()
+    try:
+        record = train_point(spec)
+        if (dist.get_rank() if ddp else hvd.rank()) == 0:
+            print(prefix + json.dumps(record), flush=True)
+    finally:
+        if ddp:
+            dist.destroy_process_group()
