@@ -49,6 +49,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
 from benchmarks.harness.jobs import (
+    add_timing_options,
     add_cluster_worker_options,
     add_job_options,
     checkout_pythonpath,
@@ -370,15 +371,7 @@ def parse_args(argv):
     parser.add_argument("--np", type=int, default=4)
     parser.add_argument("--rank", type=int, default=4, help="rank of the low-rank methods")
     parser.add_argument("--methods", type=names_from(METHODS), default=METHODS, help="some of: " + ", ".join(METHODS))
-    parser.add_argument("--warmup", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--repeats", type=int, default=1, help="timing jobs per method, in rounds over the methods")
-    parser.add_argument(
-        "--max-other-cpu",
-        type=float,
-        default=0.05,
-        help="rerun a timing job when this share of the CPU went to other processes",
-    )
+    add_timing_options(parser, 8, 12, repeats=1)
     add_job_options(parser, 400, "2 ranks, the CNN, few steps, no shaping", ["timing", "digits"], None)
     add_cluster_worker_options(parser)
     parser.add_argument("--epochs", type=int, help=argparse.SUPPRESS)

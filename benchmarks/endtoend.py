@@ -57,6 +57,7 @@ import torch
 
 from benchmarks.harness.methods import REGISTERED
 from benchmarks.harness.jobs import (
+    add_timing_options,
     Progress,
     benchmark_argv,
     checkout_pythonpath,
@@ -536,15 +537,8 @@ def parse_args(argv):
     parser.add_argument("--methods", type=lambda text: text.split(","), default=METHODS)
     parser.add_argument("--np", type=int, default=4)
     parser.add_argument("--rank", type=int, default=4, help="rank of the low-rank methods")
-    parser.add_argument("--warmup", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--job-timeout", type=int, default=240)
-    parser.add_argument(
-        "--max-other-cpu",
-        type=float,
-        default=0.05,
-        help="rerun a job when this share of the CPU went to other processes",
-    )
+    add_timing_options(parser, 8, 12)
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)

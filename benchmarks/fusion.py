@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness.jobs import checkout_pythonpath, cluster_job, undisturbed
+from benchmarks.harness.jobs import add_timing_options, checkout_pythonpath, cluster_job, undisturbed
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import DOCS, save_figure
 from benchmarks.harness.stats import summarise, timed_step
@@ -66,9 +66,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=1.0, help="link rate, Gbit/s")
     parser.add_argument("--np", type=int, default=4, help="ranks")
-    parser.add_argument("--steps", type=int, default=20, help="measured steps per job")
-    parser.add_argument("--repeats", type=int, default=2, help="jobs per configuration")
-    parser.add_argument("--warmup", type=int, default=5, help="steps before measuring")
+    add_timing_options(parser, 5, 20, max_other_cpu=0.03, repeats=2)
     parser.add_argument("--out", default=str(DOCS))
     parser.add_argument("--cycle-time-ms", type=float, help="HOROVOD_CYCLE_TIME (default: Horovod's)")
     parser.add_argument("--d-model", type=int, default=256)
@@ -79,12 +77,6 @@ def parse_args(argv=None):
     parser.add_argument("--acp-rank", type=int, default=32, help="ACP-SGD's rank")
     parser.add_argument("--unpinned", action="store_true", help="leave ranks unbound to cores (noisier: see testbed)")
     parser.add_argument("--job-timeout", type=int, default=120, help="seconds per configuration")
-    parser.add_argument(
-        "--max-other-cpu",
-        type=float,
-        default=0.03,
-        help="rerun a job when this share of the CPU went to other processes",
-    )
     parser.add_argument("--only", nargs="*", help="run only these configurations (by label)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threshold", type=int, help=argparse.SUPPRESS)

@@ -65,6 +65,7 @@ from benchmarks import time_to_quality as ttq
 from benchmarks.evidence import advise_name
 from hvd_compress.advise.local import LOCAL_KINDS
 from benchmarks.harness.jobs import (
+    add_timing_options,
     Progress,
     add_job_options,
     benchmark_argv,
@@ -870,15 +871,7 @@ def parse_args(argv):
         type=lambda text: [v.strip() for v in text.split(";") if v.strip()],
         help="time only these labels of the time-to-quality results, ';'-separated (uncompressed always runs)",
     )
-    parser.add_argument("--warmup", type=int, default=20, help="untimed steps before the timed ones")
-    parser.add_argument("--steps", type=int, default=100, help="timed steps (a multiple of DiLoCo's H)")
-    parser.add_argument("--repeats", type=int, default=3, help="jobs per method and setting, pooled")
-    parser.add_argument(
-        "--max-other-cpu",
-        type=float,
-        default=0.05,
-        help="share of the cores other processes may take during a job before it runs again",
-    )
+    add_timing_options(parser, 20, 100, repeats=3, steps_help="timed steps (a multiple of DiLoCo's H)")
     parser.add_argument(
         "--ttq", type=Path, help="the time-to-quality JSON (default: <out>/benchmarks/time_to_quality.json)"
     )

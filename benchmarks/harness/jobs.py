@@ -254,6 +254,30 @@ def add_job_options(
         parser.add_argument("--worker", choices=list(workers), help=argparse.SUPPRESS)
 
 
+def add_timing_options(
+    parser: Any,
+    warmup: int,
+    steps: int,
+    max_other_cpu: float = 0.05,
+    repeats: Optional[int] = None,
+    steps_help: str = "timed steps per job",
+) -> None:
+    """The options of a benchmark that times training steps in jobs: ``--warmup`` untimed steps,
+    then ``--steps`` timed ones (``warmup`` and ``steps`` by default), ``--max-other-cpu`` (the
+    share of the cores other processes may take during a job before it runs again) and, where
+    ``repeats`` is given, ``--repeats`` (timing jobs per method, pooled)."""
+    parser.add_argument("--warmup", type=int, default=warmup, help="untimed steps before the timed ones")
+    parser.add_argument("--steps", type=int, default=steps, help=steps_help)
+    if repeats is not None:
+        parser.add_argument("--repeats", type=int, default=repeats, help="timing jobs per method, pooled")
+    parser.add_argument(
+        "--max-other-cpu",
+        type=float,
+        default=max_other_cpu,
+        help="share of the cores other processes may take during a job before it runs again",
+    )
+
+
 def names_from(known: Sequence[str]) -> Callable[[str], List[str]]:
     """An argparse ``type``: a comma-separated list of some of ``known`` (methods, workloads),
     refusing the others by name."""
