@@ -48,6 +48,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
+from benchmarks.convergence import DIGITS_EPOCHS_PER_RANK
 from benchmarks.harness.jobs import (
     add_timing_options,
     add_cluster_worker_options,
@@ -79,7 +80,6 @@ PORT = 29531
 # Targets: (method, least speed-up of the median step) and the accuracy tolerance.
 SPEEDUP_TARGETS = [("ACP-SGD", 1.45)]  # issue 36; against the faster variant of torch's hook that ran
 ACCURACY_POINTS = 1.0
-DIGITS_EPOCHS_PER_RANK = 6
 
 
 def register_method(ddp_model, method, rank):

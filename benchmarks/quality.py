@@ -36,11 +36,12 @@ from pathlib import Path
 
 
 import hvd_compress as hc
-from benchmarks.convergence import QUICK_LM
+from benchmarks.convergence import DIGITS_EPOCHS_PER_RANK, METRICS, QUICK_LM, UNCOMPRESSED, WORKLOADS, metric_text
 from benchmarks.harness.jobs import (
     RUN_LIMITS,
     Progress,
     add_job_options,
+    command_line,
     mpirun_job,
     names_from,
     run_points,
@@ -49,17 +50,12 @@ from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import panels, resumed, save_figure, save_record, stored, write_section
 from benchmarks.harness.methods import paper_rates
 from benchmarks.harness.training import StepCounter, horovod_optimizer, train_workload
-from benchmarks.harness.jobs import command_line as report_command_line
 from examples.workloads import digits
 from hvd_compress.comm.rounds import Collective
 
 RESULT_PREFIX = "QUALITY_RESULT "
 SECTION = "Quality against bytes"
-UNCOMPRESSED = "uncompressed"
-METRICS = {"digits": "test accuracy", "charlm": "validation perplexity"}
-WORKLOADS = {"digits": "Digits CNN", "charlm": "Character LM"}
 CLAIM_SEEDS = [0, 1, 2]
-DIGITS_EPOCHS_PER_RANK = 6  # as the convergence benchmark: about 260 steps at any W
 
 # The sweep: family -> (registry name, setting keyword, values). The LM's layers are 64 wide:
 # rank 16 is the highest that still shrinks any of them (PowerSGD sends the 64 x 64 ones dense).
@@ -290,7 +286,7 @@ def run_point(spec, args, results, path, progress):
     started = time.perf_counter()
     [record] = mpirun_job("quality", specs, args.np, args.job_timeout, RESULT_PREFIX, spec["key"], expected=1)
     results["points"][spec["key"]] = {"spec": spec, "record": record}
-    results["command"] = command_line()
+    results["command"] = command_line("quality", RUN_LIMITS)
     results["minutes"] = results.get("minutes", 0.0) + (time.perf_counter() - started) / 60
     save_record(path, results)
     write_report(results, args.out)
@@ -325,10 +321,6 @@ def run(args):
 
 
 # ----- the report ---------------------------------------------------------------------------------
-def metric_text(workload, value):
-    return f"{100 * value:.2f}%" if workload == "digits" else f"{value:.3f}"
-
-
 def table(results, workload):
     points = by_label(results, workload)
     base = points.get(UNCOMPRESSED)
@@ -540,11 +532,6 @@ def write_report(results, out):
     if results["points"]:
         draw_figure(results, figure)
     write_section(out, SECTION, markdown(results, figure.relative_to(figure.parent)))
-
-
-def command_line(benchmark: str = "quality") -> str:
-    """``benchmark``'s command, less the options that do not change results."""
-    return report_command_line(benchmark, RUN_LIMITS)
 
 
 def job_minutes(results, workload):

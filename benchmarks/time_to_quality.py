@@ -49,7 +49,7 @@ from hvd_compress.advise.local import LOCAL_KINDS  # an outer step every inner_s
 from hvd_compress.comm.rounds import Collective
 from benchmarks import quality
 from benchmarks.convergence import QUICK_LM
-from benchmarks.harness.jobs import Progress, add_job_options, mpirun_job, run_points
+from benchmarks.harness.jobs import RUN_LIMITS, Progress, add_job_options, command_line, mpirun_job, run_points
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import DOCS, method_bars, panels, resumed, save_record, stored, write_section
 from examples.workloads import charlm
@@ -405,7 +405,7 @@ def run_point(spec, lengths, target, args, results, path, progress) -> None:
     )
     [record] = mpirun_job("time_to_quality", job, args.np, args.job_timeout, RESULT_PREFIX, spec["key"], expected=1)
     results["points"][spec["key"]] = {"spec": dict(spec, lengths=lengths, target=target), "record": record}
-    results["command"] = quality.command_line("time_to_quality")
+    results["command"] = command_line("time_to_quality", RUN_LIMITS)
     save_record(path, results)
     write_report(results, args.out)
     last = record["points"][-1]
