@@ -50,9 +50,9 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 
 from benchmarks.convergence import DIGITS_EPOCHS_PER_RANK
 from benchmarks.harness.jobs import (
-    add_timing_options,
     add_cluster_worker_options,
     add_job_options,
+    add_timing_options,
     checkout_pythonpath,
     cluster_job,
     command_line,

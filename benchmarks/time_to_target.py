@@ -65,9 +65,9 @@ from benchmarks import time_to_quality as ttq
 from benchmarks.evidence import advise_name
 from hvd_compress.advise.local import LOCAL_KINDS
 from benchmarks.harness.jobs import (
-    add_timing_options,
     Progress,
     add_job_options,
+    add_timing_options,
     benchmark_argv,
     checkout_pythonpath,
     cluster_job,

@@ -1,3 +1,3 @@
-"""What every benchmark shares: how its jobs are launched and bounded (``jobs``), the machine it
-ran on (``machine``), step-time statistics (``stats``) and the writing of its page and figures
-from its JSON record (``render``)."""
+"""What every benchmark shares: its jobs (``jobs``), the machine it ran on (``machine``), step
+times (``stats``), training a workload on every rank (``training``), the method labels of its
+tables (``methods``) and its page and figures, written from its JSON record (``render``)."""
