@@ -37,6 +37,7 @@ missing=()
 have_py mpi4py || missing+=(mpi4py)
 have_py numpy || missing+=(numpy)
 have_py pytest || missing+=(pytest)
+have_py xdist || missing+=(pytest-xdist)  # ci/test.sh runs the unit tests two at a time
 have_py sklearn || missing+=(scikit-learn)
 have_py matplotlib || missing+=(matplotlib)  # benchmark plots
 have_py tensorboard || missing+=(tensorboard)  # hvd_compress.metrics.TensorBoard and its test

@@ -16,14 +16,21 @@
 # How long each tier takes, measured: docs/tests.md (the one place that says).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-selection=()
+quick=
 arguments=()
 for argument in "$@"; do
     if [[ "$argument" == "--quick" ]]; then
-        selection=(-m "not slow")
+        quick=" and not slow"
     else
         arguments+=("$argument")
     fi
 done
 bash ci/setup.sh
-python3 -m pytest -v -rs --durations=40 "${selection[@]}" "${arguments[@]}"
+tier() {  # a selection that leaves nothing to run (e.g. -k matching only launches) is not a failure
+    python3 -m pytest -v -rs "$@" || [ $? -eq 5 ]
+}
+# Two passes. The single-process unit tests, two at a time (pytest-xdist, a worker per core);
+# then the launches and the slow tests, one at a time, since their ranks need every core
+# (tests/conftest.py marks them `serial`).
+tier -n 2 -p no:benchmark -m "not serial" "${arguments[@]}"
+tier --durations=40 -m "serial$quick" "${arguments[@]}"

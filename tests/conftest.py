@@ -1,6 +1,8 @@
 import os
 from pathlib import Path
 
+import pytest
+
 # Single-process tests must not pick up a launcher's environment by accident.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -10,3 +12,14 @@ ROOT = str(Path(__file__).resolve().parents[1])
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [ROOT] + [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != ROOT]
 )
+
+
+UNIT = Path(__file__).parent / "unit"
+
+
+def pytest_collection_modifyitems(items):
+    """Marks ``serial`` what ci/test.sh runs one at a time after its parallel pass: the slow tests
+    and everything outside tests/unit (the launches), whose ranks need every core."""
+    for item in items:
+        if item.get_closest_marker("slow") is not None or UNIT not in item.path.parents:
+            item.add_marker(pytest.mark.serial)

@@ -25,14 +25,16 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("horovodrun") is None, reason="needs horovodrun (bash ci/setup.sh installs it)"),
 ]
 
-STEPS = 300  # a joining worker starts in seconds while training goes on: room to join before the end
+# A joining worker starts in seconds while training goes on: the third worker is back by about
+# step 70-100 (asked for at step 60), well before the end.
+STEPS = 150
 # Killed at step 45, between commits (every 10 steps). L-GreCo (decisions submitted at steps 25,
 # 45, ...): rank 0, the one computing the decision, dies right after submitting one, which is
 # then in flight.
 # One handler serves every compressor (integration/horovod/elastic.py), so two cover it: error feedback
 # with factors (PowerSGD) and a controller whose decision is in flight (L-GreCo); every
-# compressor's state round-trips in tests/unit/test_checkpoints.py. ScaleCom's run (64 s) moved to
-# `python -m benchmarks elastic` (all three) when CI landed at 53 min, over its 45.
+# compressor's state round-trips in tests/unit/test_checkpoints.py. ScaleCom's run (64 s) is left to
+# `python -m benchmarks elastic`, which runs all three, to keep CI under 45 minutes.
 KILLS = {"powersgd": (1, 45), "lgreco": (0, 45)}
 RUN_TIMEOUT = 300
 

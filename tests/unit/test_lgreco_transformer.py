@@ -1,4 +1,4 @@
-"""L-GreCo's first decision on a small transformer's real gradients: 200 steps of training on
+"""L-GreCo's first decision on a small transformer's real gradients: 100 steps of training on
 real text (the standard library's source) with compression in the loop, then the decision must
 send fewer bytes than the uniform default at no more than its total error."""
 
@@ -36,8 +36,8 @@ def compressed_in_the_loop(lgreco):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_first_decision_sends_fewer_bytes_within_the_error_budget(family):
-    lgreco = hc.LGreCo(FAMILIES[family](), warmup_steps=200, decide_every=100, apply_delay=5, transport="local")
-    charlm.train(compressed_in_the_loop(lgreco), steps=206, max_chars=500_000)
+    lgreco = hc.LGreCo(FAMILIES[family](), warmup_steps=100, decide_every=100, apply_delay=5, transport="local")
+    charlm.train(compressed_in_the_loop(lgreco), steps=106, max_chars=500_000)
     decision = lgreco.decisions[0]
     print(
         f"\n{family}: first decision sends {decision.total_bytes} bytes/step vs "
