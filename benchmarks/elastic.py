@@ -237,10 +237,13 @@ def run(
     feedback="keep",
     commit_every=10,
     timeout=600,
+    gloo_timeout=None,
 ):
     """One elastic run of 3 workers; with ``kill_rank``, the kill and the rejoin. Returns rank 0's
     result plus ``progress`` (rank 0's steps: step, size, loss), ``killed`` (who, when, and
     L-GreCo's decision in flight), ``steps_lost``, ``rejoined_at`` and ``wall_seconds``.
+    ``gloo_timeout``: seconds a survivor waits in a collective with the killed worker before
+    Gloo gives up (``HOROVOD_GLOO_TIMEOUT_SECONDS``; None: Horovod's 30).
     Raises RuntimeError with the output's tail if the run fails or overruns ``timeout``."""
     names = local_host_names()
     if len(names) < 4:
@@ -287,6 +290,8 @@ def run(
             str(-1 if kill_step is None else kill_step),
         ]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath(), PYTHONUNBUFFERED="1")
+        if gloo_timeout is not None:
+            env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(gloo_timeout)
         log = open(workdir / "output.log", "w+")
         started = time.perf_counter()
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

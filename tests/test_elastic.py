@@ -37,6 +37,9 @@ STEPS = 150
 # `python -m benchmarks elastic`, which runs all three, to keep CI under 45 minutes.
 KILLS = {"powersgd": (1, 45), "lgreco": (0, 45)}
 RUN_TIMEOUT = 300
+# A survivor blocked in a collective with the killed worker waits Gloo's timeout (Horovod's 30 s)
+# before it joins the recovery; 10 s is still 40 times a step here.
+GLOO_TIMEOUT = 10
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,7 @@ def undisturbed():
 
     def get(method):
         if method not in runs:
-            runs[method] = elastic.run("digits", method, steps=STEPS, timeout=RUN_TIMEOUT)
+            runs[method] = elastic.run("digits", method, steps=STEPS, timeout=RUN_TIMEOUT, gloo_timeout=GLOO_TIMEOUT)
         return runs[method]
 
     return get
@@ -55,7 +58,14 @@ def undisturbed():
 def test_a_killed_worker_leaves_and_a_new_one_joins(method, undisturbed):
     kill_rank, kill_step = KILLS[method]
     run = elastic.run(
-        "digits", method, steps=STEPS, kill_rank=kill_rank, kill_step=kill_step, rejoin_after=20, timeout=RUN_TIMEOUT
+        "digits",
+        method,
+        steps=STEPS,
+        kill_rank=kill_rank,
+        kill_step=kill_step,
+        rejoin_after=20,
+        timeout=RUN_TIMEOUT,
+        gloo_timeout=GLOO_TIMEOUT,
     )
     reference = undisturbed(method)
     print(
