@@ -35,3 +35,20 @@ def test_between_sites_the_soonest_local_method_is_set_against_uncompressed_and_
     lines = ttt.between_sites_targets(seconds, methods, seconds[ttq.UNCOMPRESSED])
     assert "missed (2.86x)" in lines[0] and "missed (0.29x)" in lines[1]
     assert "no local method" in ttt.between_sites_targets({ttq.UNCOMPRESSED: 1.0}, methods, 1.0)[0]
+
+
+def test_the_local_pick_is_read_from_advise_across_sites_line():
+    line = (
+        "across sites: streaming/qsgd H=50,F=2,delay=5,mixing=0.5,bits=4 is projected to reach uncompressed's "
+        "quality in 0.05x its time, sending 0.0043 MB a step (...)"
+    )
+    assert ttt.across_sites_pick(
+        line + "; sooner than the per-step topk density=0.01 (0.11x), the soonest per-step"
+    ) == (
+        "streaming/qsgd",
+        "H=50,F=2,delay=5,mixing=0.5,bits=4",
+    )
+    assert (
+        ttt.across_sites_pick(line + "; the per-step topk density=0.01 is sooner here (0.03x): train with it") is None
+    )
+    assert ttt.across_sites_pick("across sites: no local setting measured here reached ...") is None
