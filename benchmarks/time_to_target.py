@@ -299,7 +299,8 @@ def stock_label(methods: Dict[str, Dict[str, Any]], label: str) -> str:
 def run(args) -> Dict[str, Any]:
     from benchmarks.testbed import emulated_cluster
 
-    path = args.out / "benchmarks" / "time_to_target.json"
+    steps = json.loads(args.ttq.read_text())
+    path = args.out / "benchmarks" / f"{record_name(args.np, steps)}.json"
     results = resumed(path)
     # The first run's timing parameters describe the page; a setting timed otherwise keeps its own.
     timing = dict(np=args.np, steps=args.steps, warmup=args.warmup, repeats=args.repeats)
@@ -308,7 +309,6 @@ def run(args) -> Dict[str, Any]:
         results.setdefault(key, value)
     results["machine"] = machine()
     results.setdefault("settings", {})
-    steps = json.loads(args.ttq.read_text())
     methods = chosen_methods(priced_methods(steps), args.methods)
     progress = Progress(0, "time_to_target")
 
@@ -732,6 +732,21 @@ def advise_verdict(
             "advise's projected time to target against the measured (relative to uncompressed; "
             "\"step timed\": from advise's timed training steps, not its model): " + "; ".join(pairs) + "."
         )
+    steps_ms = {
+        lab: (projected[key]["step_ms"], entry["methods"][lab]["mean_step_ms"])
+        for key, lab in {**named, **{key: lab for lab, key in local.items()}}.items()
+        if key in projected and lab in entry["methods"] and projected[key].get("step_ms")
+    }
+    if steps_ms:
+        close = sum(abs(model / measured - 1) <= 0.2 for model, measured in steps_ms.values())
+        lines.append(
+            "advise's model of a step against the step measured here (ms): "
+            + "; ".join(
+                f"{lab} {model:.1f} vs {measured:.1f} ({model / measured - 1:+.0%})"
+                for lab, (model, measured) in steps_ms.items()
+            )
+            + f". Within 20%: {close} of {len(steps_ms)}."
+        )
     return lines
 
 
@@ -755,6 +770,13 @@ def markdown(results: Dict[str, Any], steps: Dict[str, Any]) -> str:
         "and is priced on the stock path's steps to target.",
         "",
     ]
+    if results["np"] != steps["np"]:
+        lines += [
+            f"The steps to target were measured at {steps['np']} ranks and are assumed the same at "
+            f"{results['np']} (the same batch per rank, so {results['np'] / steps['np']:g}x the global batch): "
+            "these rows test the step times and advise's model at this size, not quality.",
+            "",
+        ]
     for key, entry in results["settings"].items():
         probes = entry["probes"]
         probe_text = "; ".join(
@@ -880,13 +902,20 @@ def draw_figure(results: Dict[str, Any], steps: Dict[str, Any], path: Path) -> N
     save_figure(figure, path)
 
 
+def record_name(np: int, steps: Dict[str, Any]) -> str:
+    """The run's JSON and figure: "time_to_target" at the ranks of the time-to-quality results,
+    "time_to_target_np8" at 8 ranks (its page "Time to target at 8 ranks"), beside it."""
+    return "time_to_target" if np == steps["np"] else f"time_to_target_np{np}"
+
+
 def write_report(results: Dict[str, Any], steps: Dict[str, Any], out: Path) -> None:
-    figure = out / "benchmarks" / "time_to_target.png"
+    name = record_name(results["np"], steps)
+    figure = out / "benchmarks" / f"{name}.png"
     text = markdown(results, steps)
     if any(entry.get("methods") for entry in results["settings"].values()):
         draw_figure(results, steps, figure)
         text += f"\n\n![time to target]({figure.name})\n"
-    write_section(out, SECTION, text)
+    write_section(out, SECTION if name == "time_to_target" else f"{SECTION} at {results['np']} ranks", text)
 
 
 def parse_args(argv):
@@ -939,8 +968,10 @@ def parse_args(argv):
 
 
 def render(out: Path) -> None:
-    """Rewrites the page and figure from the stored JSON and time_to_quality's."""
-    write_report(stored(out, "time_to_target"), stored(out, "time_to_quality"), out)
+    """Rewrites the pages and figures from the stored JSON (one a number of ranks) and
+    time_to_quality's."""
+    for path in sorted((out / "benchmarks").glob("time_to_target*.json")):
+        write_report(json.loads(path.read_text()), stored(out, "time_to_quality"), out)
 
 
 def main(argv=None) -> None:
