@@ -1,4 +1,4 @@
-"""Same-shape batching (issue 36, item 2): what ACP-SGD's low-rank work costs one layer at a
+"""Same-shape batching: what ACP-SGD's low-rank work costs one layer at a
 time against one batched call per distinct matrix shape.
 
 Three measurements, each timing the median of ``--repeats`` calls between two device

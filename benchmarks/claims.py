@@ -21,7 +21,7 @@ seeds 0, 1 and 2):
   (this repository's earlier behaviour), the whole period with residuals, raw gradients over the
   last 10 steps (the two factors apart), no uncompressed warm-up; and the workload: the
   character LM (``quality``'s) at the anchors ``quality`` found;
-* the anchor-free verdict (issue 32), on the character LM (decisions every 150 steps): each
+* the anchor-free verdict, on the character LM (decisions every 150 steps): each
   family's uniform curve (``CHAR_CURVE``, 3 seeds) and L-GreCo anchored at each of its settings;
   per L-GreCo setting, the uniform curve's bytes per step at L-GreCo's 3-seed mean perplexity
   (interpolated in log bytes between neighbouring settings, never extrapolated) over L-GreCo's.
@@ -291,7 +291,7 @@ def train_point(spec):
 def window_norms(decision):
     """The window's gradient and residual norms over the layers the solver decided (root of
     the sum of the per-layer squares), and the error it expected at its budget: what the
-    flattening hypothesis needs (issue 32)."""
+    flattening hypothesis needs."""
     layers = decision.layers.values()
     return {
         "gradient_norm": math.sqrt(sum(layer["gradient_norm"] ** 2 for layer in layers)),
@@ -637,7 +637,7 @@ def uniform_bytes_at(curve: Sequence[Tuple[float, float]], perplexity: float) ->
 
 
 def curve_verdicts(results: Dict[str, Any], quick: bool) -> List[Tuple[str, Optional[bool], str]]:
-    """Issue 32's anchor-free verdict on the character LM, per L-GreCo setting: (claim text, met
+    """The anchor-free verdict on the character LM, per L-GreCo setting: (claim text, met
     or None, numbers), met where the uniform curve's bytes per step at L-GreCo's 3-seed mean
     perplexity are at least the claimed multiple of L-GreCo's."""
     seeds = SEEDS[:1] if quick else SEEDS
@@ -820,7 +820,7 @@ def markdown(results, figure):
         warmup, period, first = schedule(CHAR_STEPS)
         lines += [
             "",
-            "The same claims without the 1% anchor (issue 32): each family's uniform curve on the "
+            "The same claims without the 1% anchor: each family's uniform curve on the "
             f"character LM ({CHAR_STEPS} steps, L-GreCo deciding every {period} steps from step {first}), "
             "3 seeds per setting, and L-GreCo anchored at each setting; the uniform curve's bytes per step "
             "at L-GreCo's mean perplexity (log bytes interpolated between the neighbouring settings, "
@@ -870,7 +870,7 @@ def markdown(results, figure):
 
 
 def flattening_rows(results):
-    """Issue 32's flattening hypothesis, from the word-LM L-GreCo runs that recorded window norms:
+    """The flattening hypothesis, from the word-LM L-GreCo runs that recorded window norms:
     does the residual's share of what the solver sees grow over the run, and does the solver's
     ratio fall with it? Per run: that share and the ratio at the first and last decision, and
     their correlation over the decisions."""

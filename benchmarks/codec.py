@@ -14,23 +14,23 @@ Besides the per-step table the run measures Top-K selection alone (``topk_indice
 ``sum`` of every gradient), the yardstick for QSGD. Writes ``codec.json`` (raw numbers) and
 PNGs under ``<out>/benchmarks/`` and the "Codec cost" page beside them (``codec-cost.md``).
 
-Floor (issue 36): each codec's step against the least its algorithm must cost on this machine,
-``max(bytes / bandwidth, flops / GEMM throughput)``, both measured in the same run, in a fresh
-process with the codec processes' torch threads (torch's default, not the issue's one thread:
-a floor at fewer threads than the codecs had would be too lenient). ``floor_model`` counts, per
-tensor it compresses, the gradient read and the result written once (4 bytes an entry each),
-the residual read and written once where error feedback is on, and the payload written once and
-read back once (``payload_bytes``: factors, values and indices, codes and norms); a tensor sent
-whole is read once and written once. Flops: PowerSGD's ``P = M Q``, ``Q = M^T P`` and
-decompression ``P Q^T`` (2 n m r each), ACP-SGD's one projection a step and its decompression,
-and with error feedback the residual ``M - P Q^T`` (this rank's factor, where the decompression
-takes the mean: a product of its own, 2 n m r; before 2026-11-28 the model counted only its
-bytes); orthogonalisation, ``O((n + m) r^2)``, and the element-wise work are left out
-(memory-bound, counted as bytes). Bandwidth: the best of several copies of a 256 MiB buffer into
-another (read + write counted, STREAM's copy); GEMM throughput: the best of several runs of the three skinny
-products above on a 2048 x 2048 matrix at the run's rank, in the forms the codecs compute them
-(``maths.lowrank``; "Low-rank products by layout"). With ``--device cuda`` both are
-measured on the GPU. Target: PowerSGD, ACP-SGD, Top-K and QSGD within 1.5x of their floor.
+Floor: each codec's step against the least its algorithm must cost on this machine, ``max(bytes
+/ bandwidth, flops / GEMM throughput)``, both measured in the same run, in a fresh process with
+the codec processes' torch threads (torch's default, not the issue's one thread: a floor at
+fewer threads than the codecs had would be too lenient). ``floor_model`` counts, per tensor it
+compresses, the gradient read and the result written once (4 bytes an entry each), the residual
+read and written once where error feedback is on, and the payload written once and read back
+once (``payload_bytes``: factors, values and indices, codes and norms); a tensor sent whole is
+read once and written once. Flops: PowerSGD's ``P = M Q``, ``Q = M^T P`` and decompression ``P
+Q^T`` (2 n m r each), ACP-SGD's one projection a step and its decompression, and with error
+feedback the residual ``M - P Q^T`` (this rank's factor, where the decompression takes the mean:
+a product of its own, 2 n m r); orthogonalisation, ``O((n + m) r^2)``, and the element-wise work
+are left out (memory-bound, counted as bytes). Bandwidth: the best of several copies of a 256
+MiB buffer into another (read + write counted, STREAM's copy); GEMM throughput: the best of
+several runs of the three skinny products above on a 2048 x 2048 matrix at the run's rank, in
+the forms the codecs compute them (``maths.lowrank``; "Low-rank products by layout"). With
+``--device cuda`` both are measured on the GPU. Target: PowerSGD, ACP-SGD, Top-K and QSGD within
+1.5x of their floor.
 Beside the floor, not in it: QSGD's random draws (``noise_words``: a 64-bit word for four
 entries) at the rate one generator fills words in the same run, a bound the bytes do not show;
 and the bytes the low-rank codecs' operators move (``OPERATOR_PASSES``: each operator through
@@ -50,7 +50,7 @@ comparison that the noise between processes (20-40% here) does not blur: the sec
 ``--operators`` measures instead, and alone, the aten operators a step dispatches (counted under
 a ``TorchDispatchMode``) for every compressor, and those of L-GreCo's low-rank error rows one
 layer at a time against batched by shape, on each shape set (layers against distinct shapes):
-issue 36, operators should grow with distinct shapes. Writes ``codec-operators.json`` and the
+operators should grow with distinct shapes, not layers. Writes ``codec-operators.json`` and the
 "## Codec operators per step" section (``--device cuda``: ``codec-operators-cuda.json``, "... on a
 GPU"; the GPU's time per operator reads these counts, else the CPU's).
 
@@ -124,7 +124,7 @@ GEMM_PRODUCTS = (
     "`M Q` as `project_right` computes it, as `(Q^T M^T)^T` at rank 4 on a CPU; `M^T P` as `(P^T M)^T`; "
     "and `P Q^T` into existing memory"
 )
-EARLIER_GEMM_PRODUCTS = "`M Q`, `M^T P` and `P Q^T`"  # what runs before 2026-11-27 timed
+EARLIER_GEMM_PRODUCTS = "`M Q`, `M^T P` and `P Q^T`"  # what the older records' runs timed
 # Random 64-bit words per step of a compressed tensor of n entries, for the codecs that draw them:
 # QSGD's stochastic rounding. Not part of the issue's floor (bytes and GEMM flops): a bound beside it.
 NOISE_WORDS = {"QSGD": noise_words}
@@ -960,7 +960,7 @@ def floor_lines(results):
     machine_speed, rank = results["throughput"], results["options"]["rank"]
     lines = [
         "",
-        f"Floor (issue 36; the model is in `benchmarks/codec.py`'s docstring): memory bandwidth "
+        f"Floor (the model is in `benchmarks/codec.py`'s docstring): memory bandwidth "
         f"{machine_speed['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s (best of {THROUGHPUT_REPEATS} "
         f"copies of a {machine_speed['copy_bytes'] >> 20} MiB float32 buffer into another, read + "
         f"write counted), GEMM {machine_speed['gemm_flops_per_s'] / 1e9:.2f} GFLOP/s "
@@ -1137,7 +1137,7 @@ def bound_lines(results):
 
 def _integration_text(options):
     """How the codecs ran, where the run recorded it: runs before results were made in the
-    gradients' memory (the 2026-11-27 GPU run) made a fresh result per layer."""
+    gradients' memory (the first GPU run) made a fresh result per layer."""
     if not options.get("results_in_gradients"):
         return ""
     return (
@@ -1148,7 +1148,7 @@ def _integration_text(options):
 
 
 def _cycles_text(options):
-    rounds = options.get("rounds", 1)  # one round before 2026-11-28
+    rounds = options.get("rounds", 1)  # one round in the older records
     each = f"{options['repeats']} cycles of two steps after two warm-up steps"
     if rounds == 1:
         return f"median over {each}"
@@ -1216,7 +1216,7 @@ def operators_markdown(results):
         "",
         "Aten operators dispatched per step (counted under a `TorchDispatchMode`, after "
         f"{WARMUP_STEPS} warm-up steps, mean of {STEPS_PER_CYCLE}), one rank, communication "
-        "left out, as all (not views: on a GPU, those that may launch a kernel). Issue 36: they "
+        "left out, as all (not views: on a GPU, those that may launch a kernel). They "
         "should grow with distinct shapes, not layers.",
         "",
     ]

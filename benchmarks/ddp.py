@@ -78,7 +78,7 @@ ONE_BUCKET_MB = 1024
 COMPUTE_STEPS = 8  # of which the first 2 untimed
 PORT = 29531
 # Targets: (method, least speed-up of the median step) and the accuracy tolerance.
-SPEEDUP_TARGETS = [("ACP-SGD", 1.45)]  # issue 36; against the faster variant of torch's hook that ran
+SPEEDUP_TARGETS = [("ACP-SGD", 1.45)]  # against the faster variant of torch's hook that ran
 ACCURACY_POINTS = 1.0
 
 

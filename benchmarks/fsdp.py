@@ -31,7 +31,7 @@ Quality: the character LM of the quality benchmark (``examples.workloads.charlm.
 ``--quality-steps`` steps per seed; the final validation perplexity of each method and seed.
 L-GreCo decides first after a tenth of the steps, then every half of them.
 
-Target (issue 25): ACP-SGD at least 1.5x plain HSDP's step rate on the LM at 1 Gbit/s between
+Target: ACP-SGD at least 1.5x plain HSDP's step rate on the LM at 1 Gbit/s between
 nodes, its mean final perplexity within the seeds' spread of plain HSDP's (the larger of the
 two methods' max - min over seeds).
 

@@ -26,7 +26,7 @@ NOTES = (
     "Source of the tests: this machine cannot reach GitHub, so the tests were read through the "
     "project's code search and written to `/tmp/horovod_tests`, outside the repository. The two "
     "stored versions of `horovod/horovod`'s `test/parallel/test_torch.py` read (about 97,000 "
-    "characters each) lack tests issue 23 names, such as `test_optimizer_process_sets`; the stored "
+    "characters each) lack tests this suite runs, such as `test_optimizer_process_sets`; the stored "
     "copy found that has them is the fork "
     "`intel/intel-optimization-for-horovod` at `1084fef052956c9e11d19cce5cf3741cd913e103` "
     "(213,474 characters, Horovod 0.28 plus XPU branches that are dead on CPU). Its tests that "

@@ -1,5 +1,5 @@
 """Time to quality: how many steps each method needs to reach the uncompressed run's quality
-(steps to target), the half of issue 33 that needs no network.
+(steps to target), the half of time to target that needs no network.
 
 The workload is the character LM of "Quality against bytes" (``quality.LM``, AdamW, peak
 learning rate 2e-3, 4 ranks of 16 sequences of 32 bytes a step), trained through the stock
@@ -558,7 +558,7 @@ def budget(plan: Dict[str, Any], cap: Optional[int]) -> List[str]:
     return [
         f"**Budget.** An uncompressed job trains {base:,} steps; a compressed one at most {capped:,} "
         f"({'at the cap of ' + format(cap, ',') + ' steps' if cap else 'the cap is not set yet'}), fewer "
-        "when it reaches the target sooner. A step on idle cores is about 55 ms uncompressed (issue 33's "
+        "when it reaches the target sooner. A step on idle cores is about 55 ms uncompressed (a "
         "hand-run: 3,000 steps in 164 s) and up to about twice that with a CPU codec; the first "
         f"uncompressed seed took 37 min (194 ms a step) beside two other people's work. {whole} "
         "Traded to fit: one or two "

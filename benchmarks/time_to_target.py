@@ -1,6 +1,6 @@
 """Time to target on the emulated cluster: each method's median steps to the uncompressed run's
 quality (from ``time_to_quality``) times its mean step time on an emulated cluster, at the two
-link settings of issue 33, chosen by r, the ratio of communication to compute.
+link settings chosen by r, the ratio of communication to compute.
 
 r is the ring bound of the uncompressed all-reduce, 2(W-1)/W x M / B, over a step's compute,
 with B the all-reduce bandwidth measured at the gradient's own size M: so r is the measured time
@@ -29,7 +29,7 @@ whose median run did not reach the target are listed without one.
 advise: at each setting, ``python -m hvd_compress.advise --model examples.models:charlm_ttq`` runs
 on the same cluster, as a user runs it (its steps-to-target factors from the package's evidence,
 ``python -m benchmarks evidence``). Its pick is judged by the measured times to target: within
-10% of the fastest, and at r < 1 no more than 5% slower (issue 33's targets). A pick without a
+10% of the fastest, and at r < 1 no more than 5% slower. A pick without a
 measured time to target is said to be not validated. The CPU codec's share of a
 step is far larger here than on a GPU (see "Time to quality"), so these times are biased against
 compression.
@@ -40,7 +40,7 @@ each, one round of every method before the next, their median kept), for the fir
 length of the evaluation schedule at which their seed 0 reached the target, from the same
 ``build_training`` and warmup-stable-decay schedule: the sum of their steps' seconds is set
 against that length x the method's mean step, and their final loss against the one measured
-without the network (issue 33: the decomposition within 10% of the direct runs).
+without the network (the target: the decomposition within 10% of the direct runs).
 
 Resumes job by job from ``<out>/benchmarks/time_to_target.json``; writes the "Time to target"
 page, ``<out>/benchmarks/time-to-target.md``. ``--quick``: 2 ranks, the tiny LM, r = 3 only, a few steps,
@@ -242,7 +242,7 @@ def untimed_steps(spec: Dict[str, Any], schedule_steps: int, warmup: int) -> int
     return max(warmup, schedule_steps // 10 + 10) if late else warmup
 
 
-# Issue 33: the drop-in wrapper's overlapped path (hvd_compress.DistributedOptimizer) priced for
+# The drop-in wrapper's overlapped path (hvd_compress.DistributedOptimizer) priced for
 # the methods "Time to target" found soonest at r = 3: ACP-SGD rank 16 in its first pass, L-GreCo
 # over Top-K 10% since. Their steps to target are the stock path's: the same compressor on the
 # same gradients (not bit for bit: the wrapper fuses payloads itself, so a sum may round otherwise).
@@ -423,7 +423,7 @@ def seed_zero(steps: Dict[str, Any], label: str) -> Dict[str, Any]:
 
 
 def direct_runs(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], steps: Dict[str, Any]) -> Dict[str, int]:
-    """Issue 33's end-to-end runs at a setting, label -> steps: uncompressed, FP16, the two
+    """The end-to-end runs at a setting, label -> steps: uncompressed, FP16, the two
     compressing methods soonest to target by the decomposition, and advise's pick; each for the
     first length of the evaluation schedule at which its seed 0 reached the target."""
     seconds = {label: value for label, value in times_to_target(entry, methods).items() if value is not None}
@@ -613,7 +613,7 @@ def setting_table(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]]) -> 
 
 
 def targets(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], ratio: float) -> List[str]:
-    """Issue 33's targets that the measured settings decide."""
+    """The targets that the measured settings decide."""
     seconds = {k: v for k, v in times_to_target(entry, methods).items() if v is not None}
     if ttq.UNCOMPRESSED not in seconds or len(seconds) < 2:
         return ["Targets: not decided yet (uncompressed and at least one method needed)."]

@@ -35,22 +35,14 @@ SIZES = {
 # loaded CI machine that outlasted Gloo's 30 s timeout, and Gloo aborted every rank. The
 # launch's own timeout still bounds a hang.
 ENVIRONMENT = {"test_process_set.py": {"HOROVOD_DYNAMIC_PROCESS_SETS": "1", "HOROVOD_GLOO_TIMEOUT_SECONDS": "240"}}
-# Convergence runs about 14,000 optimizer steps. With 4 ranks on this 2-core machine Gloo takes
-# 74 ms a step against MPI's 9.6 ms (PowerSGD on the digits CNN, HOROVOD_CYCLE_TIME 0.1-20 ms
-# changed nothing), so that one launch alone would exceed the suite's budget. Gloo's
-# correctness at np 4 is covered by the other files; convergence at np 4 runs under MPI.
-# At np 2 the Gloo convergence launch alone took 177-376 s on 2 cores and repeats what others
-# show: convergence is shown under MPI at np 2 and np 4 (same training, same assertions), and
-# Gloo's correctness (bit-identical parameters, aggregates equal to the reference, both
-# integration paths, controllers' decisions) by test_exchange, test_lgreco and test_gravac under
-# Gloo at np 2.
-# Under MPI at np 4 the same launch took 195-205 s of CI's 45-minute budget: np 4 convergence
-# moved to the convergence benchmark (same workload, every method, 4 ranks).
-# Gloo with 4 ranks on 2 cores took 3-4 times MPI's time for the same files (test_exchange 166 s
-# against 44 s in the fresh-clone CI of 2026-11-27), and CI landed at 53 min, over its 45. The
-# 4-rank cases run under MPI here; under Gloo they run at np 2 here and across two containers
-# in docker/test.sh. L-GreCo's Gloo launch at np 4 went too: on an AMD EPYC CI machine the full
-# tier took 46 min (2,742 s), and that launch 100-300 s; its decisions run at np 4 under MPI.
+# What runs where, to keep CI under 45 minutes on 2 cores (each skip below gives its reason):
+# convergence (about 14,000 optimizer steps) runs under MPI at np 2; at np 4 it is the
+# convergence benchmark's (`python -m benchmarks convergence --np 4`, every method), since Gloo
+# takes 74 ms a step there against MPI's 9.6 ms and MPI's launch alone took 195-205 s. Gloo's
+# correctness (bit-identical parameters, aggregates equal to the reference, both integration
+# paths, the controllers' decisions) runs at np 2, in test_exchange, test_lgreco and
+# test_gravac; at np 4 Gloo takes 3-4 times MPI's time (test_exchange 166 s against 44 s), so the
+# 4-rank cases run under MPI here and under Gloo across two containers in docker/test.sh.
 GLOO_AT_4 = (
     "Gloo with 4 ranks on 2 cores takes 3-4x MPI's time: 4 ranks run under MPI, Gloo at np 2 "
     "and across two containers in docker/test.sh"

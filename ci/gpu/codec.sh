@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 36's GPU run (never on CI's path), from the repository root on the device machine (CUDA
+# The GPU run of the codec work (never on CI's path), from the repository root on the device machine (CUDA
 # torch, no Horovod: neither the CUDA tier nor the codec benchmark needs it), in at most 9.5 minutes:
 # the CUDA tier (tests/unit/test_cuda.py: the checkpoint fixes and the per-layer waits), then
 # `python -m benchmarks codec --device cuda` against torch's powerSGD_hook, with each codec's

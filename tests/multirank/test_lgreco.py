@@ -52,7 +52,7 @@ def test_every_rank_applies_each_decision_at_the_same_step(inner, path):
         history.append(tuple(lgreco.setting(name) for name in names))
     decisions = [(d.version, d.decided_at, d.effective_step, sorted(d.settings.items())) for d in lgreco.decisions]
     assert [d[:3] for d in decisions] == [(1, 4, 6), (2, 10, 12), (3, 16, 18)]
-    # Under mpirun too: no MPI calls of ours beside Horovod's background thread (issue 31).
+    # Under mpirun too: no MPI calls of ours beside Horovod's background thread.
     assert isinstance(lgreco.service.transport, HorovodTransport)
     assert_same_on_every_rank((decisions, history), f"lgreco.{inner}.{path}")
     assert_parameters_identical(model, f"lgreco.{inner}.{path}")

@@ -153,7 +153,7 @@ def settle_decisions(controllers, timeout=60.0):
         time.sleep(0.001)
 
 
-# 2026-11-27, H200: ScaleCom's residual (a Python 0 assigned through the leader's indices) and
+# Found on an H200: ScaleCom's residual (a Python 0 assigned through the leader's indices) and
 # L-GreCo's Top-K error rows (a Python list of k as an index) each waited once per layer; the
 # CPU audit (tests/unit/test_device_audit.py, waits_on_a_gpu) now catches both.
 @pytest.mark.parametrize("make", methods())

@@ -178,7 +178,7 @@ def audited_decisions(make, layers, steps=6):
 # (errors_of_layers). Whether it waits on a GPU is for the CUDA tier (tests/unit/test_cuda.py).
 @pytest.mark.parametrize("make", [p for p in methods() if p.id.startswith("lgreco")])
 def test_a_decision_reads_the_device_as_often_whatever_the_number_of_layers(make):
-    """Issue 36: the error table and the window's norms come back once per decision."""
+    """The error table and the window's norms come back once per decision."""
     few, many = audited_decisions(make, layers=2), audited_decisions(make, layers=6)
     assert many.waits == few.waits, f"waits that grow with the layers: {sorted((many.waits - few.waits).items())}"
 
@@ -212,7 +212,7 @@ def _to_cpu_from_a_device(func, args, kwargs):
 
 @pytest.mark.parametrize("make", methods())
 def test_a_step_s_host_waits_at_the_aten_level_do_not_grow_with_the_layers(make):
-    """Issue 36: what the function-level audit above might miss (a scalar read inside a torch
+    """What the function-level audit above might miss (a scalar read inside a torch
     function), counted where every scalar read ends: N same-shape layers against 2N."""
     few, many = (audited_steps(make, layers, HostWaits()).waits for layers in (3, 6))
     assert many == few, f"host waits that grow with the layers: {sorted((many - few).items())}"

@@ -376,7 +376,7 @@ def test_bucket_norms_are_float64_norms_rounded_and_never_below_a_magnitude():
 def test_bucket_norms_and_decoding_off_the_cpu_pad_the_last_bucket():
     """Off the CPU (here the meta device, as on a GPU) everything is one chunk: of whole
     buckets, the last padded. The GPU's codec benchmark failed on ResNet-50's 9,408-entry conv1
-    before it was (issue 36)."""
+    before it was."""
     x = torch.empty(9408, device="meta")
     assert quantize.bucket_norms(x, 512).shape == (19,)
     codes = torch.empty(9408, dtype=torch.int8, device="meta")

@@ -80,7 +80,7 @@ def test_json_lines_every_n_steps_with_codec_time_and_sampled_error(tmp_path):
 
 
 def test_each_decision_is_written_with_what_the_solver_saw(tmp_path):
-    """Issue 32: per layer the chosen setting, the error and size rows, and the window's
+    """Per layer the chosen setting, the error and size rows, and the window's
     gradient and residual norms, once per decision, at the step it took effect."""
     path = tmp_path / "metrics.jsonl"
     exporter = JsonLines(path, every=100)
