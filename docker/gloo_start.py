@@ -1,4 +1,4 @@
-"""Horovod alone, no hvd_compress: the start of examples/train_digits.py, where issue 31's
+"""Horovod alone, no hvd_compress: the start of examples/train_digits.py, where the random
 Gloo timeouts struck (hvd.init, then hvd.broadcast_parameters of the digits CNN's state, then a
 few all-reduces of its gradients' shapes). Run by docker/soak.sh ("start") to tell a failure of
 Horovod's Gloo controller at start-up apart from ours.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Repeats short two-container training jobs under Horovod's Gloo controller (or MPI's, with
 # SOAK_CONTROLLER=mpi) and counts how many pass: the check for flakes that one run in
-# docker/test.sh cannot see (issue 31: compressed runs timed out at random). Needs the image
+# docker/test.sh cannot see (compressed runs that timed out at random). Needs the image
 # docker/build.sh cpu made.
 #
 #   bash docker/soak.sh [RUNS] [METHOD ...]      # default: 10 runs of powersgd and lgreco

@@ -33,7 +33,7 @@ if [[ " ${targets[*]} " == *" cpu "* ]]; then
         read -r controller method <<< "$run"
         # A rank per core, as on a cluster. With 4 ranks on the host's 2 cores, a collective
         # between the containers now and then stalls for tens of seconds, whatever the
-        # compression (issue 31, DEVELOPERS.md): under Gloo past its 30 s timeout (PowerSGD 9 of
+        # compression (DEVELOPERS.md): under Gloo past its 30 s timeout (PowerSGD 9 of
         # 10 with nothing else running, uncompressed 8 of 10 under load; at one rank per
         # container 20 of 20), under MPI past L-GreCo's 60 s decision deadline (a fresh-clone CI
         # of 2026-11-27: all four ranks waiting in the same decision broadcast).
@@ -41,7 +41,7 @@ if [[ " ${targets[*]} " == *" cpu "* ]]; then
         adapt=(); [ $method = lgreco ] && adapt=(--compression acpsgd --adapt lgreco)
         [ $method = powersgd ] && adapt=(--compression powersgd)
         for attempt in 1 2; do
-            # What else runs on the host: issue 31's Gloo timeouts came with host CPU contention.
+            # What else runs on the host: the Gloo timeouts came with host CPU contention.
             log "host: $(uptime | sed 's/.*load/load/'); busiest: $(ps -eo pcpu,comm --sort=-pcpu | sed -n 2,4p | awk '{printf "%s %s%%; ", $2, $1}')"
             log "horovodrun --$controller $hosts python examples/train_digits.py ${adapt[*]} --epochs 3"
             # 3 epochs, as docker/soak.sh repeats them: the images and the multi-host wiring,
@@ -52,7 +52,7 @@ if [[ " ${targets[*]} " == *" cpu "* ]]; then
             grep -q "final test accuracy" "$work/$controller-$method.log" && break
             # Retried once, and only this: a job whose first error is Horovod's background
             # loop dying of Gloo's 30 s timeout. Under host CPU contention an uncompressed
-            # job dies that way too (DEVELOPERS.md, issue 31), so it says nothing of ours;
+            # job dies that way too (DEVELOPERS.md), so it says nothing of ours;
             # docker/soak.sh counts these, and the log says when it happened. Any other first
             # error fails the stage.
             first_error=$(grep -m1 -i "error\|exception" "$work/$controller-$method.log" || true)
