@@ -29,8 +29,8 @@ bash ci/setup.sh
 tier() {  # a selection that leaves nothing to run (e.g. -k matching only launches) is not a failure
     python3 -m pytest -v -rs "$@" || [ $? -eq 5 ]
 }
-# Two passes. The single-process unit tests, two at a time (pytest-xdist, a worker per core);
-# then the launches and the slow tests, one at a time, since their ranks need every core
-# (tests/conftest.py marks them `serial`).
-tier -n 2 -p no:benchmark -m "not serial" "${arguments[@]}"
+# Two passes. The unit tests, two at a time (pytest-xdist, a worker per core); then the tests
+# that start heavy jobs of ranks of their own, one at a time, since those need every core: the
+# launches (tests/conftest.py marks them `serial`) and the unit tests marked so.
+tier -n 2 -p no:benchmark -m "not serial$quick" "${arguments[@]}"
 tier --durations=40 -m "serial$quick" "${arguments[@]}"

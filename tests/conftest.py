@@ -18,8 +18,8 @@ UNIT = Path(__file__).parent / "unit"
 
 
 def pytest_collection_modifyitems(items):
-    """Marks ``serial`` what ci/test.sh runs one at a time after its parallel pass: the slow tests
-    and everything outside tests/unit (the launches), whose ranks need every core."""
+    """Marks ``serial`` everything outside tests/unit (the launches), whose ranks need every core:
+    ci/test.sh runs it one at a time after its parallel pass, with the unit tests marked so."""
     for item in items:
-        if item.get_closest_marker("slow") is not None or UNIT not in item.path.parents:
+        if UNIT not in item.path.parents:
             item.add_marker(pytest.mark.serial)

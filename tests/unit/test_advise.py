@@ -523,6 +523,7 @@ def test_advise_refuses_bad_input_naming_it():
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # two ranks of its own
 def test_advise_on_two_ranks_prints_its_table(tmp_path):
     """``python -m hvd_compress.advise`` under ``mpirun -np 2`` on the small character LM, with
     per-step methods and a local one (Streaming DiLoCo, from the evidence), which gets its own
@@ -564,6 +565,7 @@ def test_advise_on_two_ranks_prints_its_table(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # two ranks of its own
 def test_advise_check_compares_the_model_with_a_measured_run(tmp_path, monkeypatch):
     from benchmarks import __main__ as bench
 

@@ -17,6 +17,9 @@ from benchmarks.codec import HOOK, draws_ms, floor_ms, floor_model, measure_in_f
 from benchmarks.harness.render import page, write_section
 from benchmarks.shapes import parameter_count, shape_set
 
+# Their jobs start ranks of their own: ci/test.sh runs them one at a time, after the parallel pass.
+pytestmark = pytest.mark.serial
+
 
 def test_shape_sets_match_the_published_parameter_counts():
     assert parameter_count(shape_set("resnet50")) == 25_557_032

@@ -5,6 +5,9 @@ import json
 
 import pytest
 
+# Their jobs start ranks of their own: ci/test.sh runs them one at a time, after the parallel pass.
+pytestmark = pytest.mark.serial
+
 
 @pytest.mark.slow
 def test_outer_quick_runs_its_points_resumes_and_writes_its_section(tmp_path, benchmark_runs):

@@ -225,6 +225,7 @@ def test_progress_on_a_terminal_rewrites_one_status_line_under_whole_result_line
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # two ranks of its own
 def test_tensorboard_event_file_of_a_two_rank_run_holds_the_scalars(tmp_path):
     """examples/train_digits.py at np 2 under mpirun: rank 0 alone writes an event file, and
     tensorboard's event reader finds the metrics in it; the output lines are whole."""

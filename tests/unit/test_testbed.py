@@ -11,12 +11,16 @@ import pytest
 
 from benchmarks.testbed import EmulatedCluster, NetworkNamespacesUnavailable, emulated_cluster
 
+# Its jobs start ranks of their own: ci/test.sh runs it one at a time, after the parallel pass.
+pytestmark = pytest.mark.serial
+
 # Prefix and subnet of their own, so the test never touches a benchmark's testbed (hvdc*).
 PREFIX, SUBNET = "hvdt", "10.77.1"
 
 HELLO = """
 import os, subprocess
 from mpi4py import MPI
+
 world = MPI.COMM_WORLD
 namespace = subprocess.check_output(["ip", "netns", "identify", str(os.getpid())], text=True)
 total = world.allreduce(world.rank + 1)
