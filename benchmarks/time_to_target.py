@@ -690,9 +690,9 @@ def advise_verdict(
     # A local method's pick is advise's across-sites line, judged against the fastest of all;
     # its per-step pick is then judged against the fastest per-step method.
     local = {
-        label: advise_name(m["spec"])
-        for label, m in methods.items()
-        if advise_name(m["spec"])[0].split("/")[0] in LOCAL_KINDS
+        label: name
+        for label, name in ((label, advise_name(m["spec"])) for label, m in methods.items())
+        if name is not None and name[0].split("/")[0] in LOCAL_KINDS
     }
     judged = []
     across = entry["advise"].get("across_sites")
