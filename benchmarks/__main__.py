@@ -31,7 +31,7 @@ BENCHMARKS = {
     "where each stops paying",
     "solver": "the L-GreCo DP solver on a realistic instance",
     "time_to_quality": "steps to the uncompressed run's validation loss per method (warmup-stable-decay, seeds)",
-    "time_to_target": "time_to_quality's steps to target x step times on an emulated cluster at r = 3 and 0.3",
+    "time_to_target": "time_to_quality's steps to target x step times on an emulated cluster, at settings of r",
 }
 
 

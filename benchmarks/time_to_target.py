@@ -43,8 +43,10 @@ against that length x the method's mean step, and their final loss against the o
 without the network (the target: the decomposition within 10% of the direct runs).
 
 Resumes job by job from ``<out>/benchmarks/time_to_target.json``; writes the "Time to target"
-page, ``<out>/benchmarks/time-to-target.md``. ``--quick``: 2 ranks, the tiny LM, r = 3 only, a few steps,
-from a ``time_to_quality --quick`` JSON: a smoke test.
+page, ``<out>/benchmarks/time-to-target.md``. At other ranks than the time-to-quality runs'
+(``--np 8``): ``time_to_target_np8.json`` and the page "Time to target at 8 ranks". ``--quick``:
+2 ranks, the tiny LM, r = 3 only, a few steps, from a ``time_to_quality --quick`` JSON: a smoke
+test.
 """
 
 import argparse
@@ -709,6 +711,7 @@ def advise_verdict(
     per_step = min((lab for lab in seconds if lab not in local), key=seconds.get, default=None)
     for what, label in judged:
         if label not in seconds:
+            lines.append(f"Its {what} has no measured time to target here: not validated.")
             continue
         best = per_step if what == "per-step pick" and across_sites_pick(across) else fastest
         slower = seconds[label] / seconds[best] - 1

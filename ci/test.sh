@@ -17,20 +17,26 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 quick=
+marker=
 arguments=()
-for argument in "$@"; do
-    if [[ "$argument" == "--quick" ]]; then
-        quick=" and not slow"
-    else
-        arguments+=("$argument")
-    fi
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) quick=" and not slow" ;;
+        -m) marker=" and ($2)"; shift ;;  # joined to each pass's own marker, not replacing it
+        *) arguments+=("$1") ;;
+    esac
+    shift
 done
 bash ci/setup.sh
-tier() {  # a selection that leaves nothing to run (e.g. -k matching only launches) is not a failure
-    python3 -m pytest -v -rs "$@" || [ $? -eq 5 ]
-}
-# Two passes. The unit tests, two at a time (pytest-xdist, a worker per core); then the tests
-# that start heavy jobs of ranks of their own, one at a time, since those need every core: the
-# launches (tests/conftest.py marks them `serial`) and the unit tests marked so.
-tier -n 2 -p no:benchmark -m "not serial$quick" "${arguments[@]}"
-tier --durations=40 -m "serial$quick" "${arguments[@]}"
+# Two passes. The unit tests, two at a time (pytest-xdist; this project's machines have 2
+# cores); then the tests that start heavy jobs of ranks of their own, one at a time, since those
+# need every core: the launches (tests/conftest.py marks them `serial`) and the unit tests marked
+# so. pytest-benchmark is off in the parallel pass, which it would only warn about. A failure in
+# the first pass stops there. A pass with nothing selected (exit 5, e.g. -k naming only launches)
+# is not a failure unless both are.
+status=0
+python3 -m pytest -v -rs -n 2 -p no:benchmark -m "not serial$quick$marker" "${arguments[@]}" || status=$?
+[ "$status" -eq 0 ] || [ "$status" -eq 5 ] || exit "$status"
+python3 -m pytest -v -rs --durations=40 -m "serial$quick$marker" "${arguments[@]}" && exit 0 || second=$?
+if [ "$second" -eq 5 ] && [ "$status" -eq 0 ]; then exit 0; fi
+exit "$second"

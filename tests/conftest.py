@@ -14,12 +14,12 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 
-UNIT = Path(__file__).parent / "unit"
+UNIT = Path(__file__).resolve().parent / "unit"
 
 
 def pytest_collection_modifyitems(items):
     """Marks ``serial`` everything outside tests/unit (the launches), whose ranks need every core:
     ci/test.sh runs it one at a time after its parallel pass, with the unit tests marked so."""
     for item in items:
-        if UNIT not in item.path.parents:
+        if UNIT not in item.path.resolve().parents:
             item.add_marker(pytest.mark.serial)

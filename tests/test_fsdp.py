@@ -18,7 +18,7 @@ TIMEOUTS = {"test_fsdp_hsdp.py": 400, "test_fsdp_quantized.py": 180}
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="needs torchrun (comes with torch)")
-@pytest.mark.parametrize("test_file", sorted(TIMEOUTS))
+@pytest.mark.parametrize("test_file", [pytest.param(f, id=f"torchrun-4-{f}") for f in sorted(TIMEOUTS)])
 def test_launch(test_file):
     run_torchrun(4, test_file, HERE, TIMEOUTS[test_file])
 
