@@ -698,11 +698,11 @@ def advise_verdict(
     }
     judged = []
     across = entry["advise"].get("across_sites")
+    local_pick = across_sites_pick(across) if across else None
     if across:
         lines.append(f'Its line for the local methods: "{across}".')
-        judged.append(
-            ("pick across sites", next((lab for lab, n in local.items() if n == across_sites_pick(across)), None))
-        )
+    if local_pick is not None:
+        judged.append(("pick across sites", next((lab for lab, n in local.items() if n == local_pick), None)))
     label = named.get(pick)
     if label not in seconds:
         lines.append(f"Its pick ({' '.join(filter(None, pick))}) has no measured time to target here: not validated.")
@@ -713,7 +713,7 @@ def advise_verdict(
         if label not in seconds:
             lines.append(f"Its {what} has no measured time to target here: not validated.")
             continue
-        best = per_step if what == "per-step pick" and across_sites_pick(across) else fastest
+        best = per_step if what == "per-step pick" else fastest
         slower = seconds[label] / seconds[best] - 1
         for bound in (0.10, 0.05) if ratio < 1 else (0.10,):
             lines.append(
@@ -723,11 +723,12 @@ def advise_verdict(
             )
     projected = {(c["method"], c["setting"]): c for c in entry["advise"]["candidates"]}
     base = seconds.get(ttq.UNCOMPRESSED)
+    labels = {**named, **{key: lab for lab, key in local.items()}}
     pairs = [
         f"{lab}: projected {projected[key]['to_target']:.2f}x"
         f"{' (step timed)' if projected[key].get('timed_step_ms') is not None else ''}, "
         f"measured {seconds[lab] / base:.2f}x"
-        for key, lab in {**named, **{key: lab for lab, key in local.items()}}.items()
+        for key, lab in labels.items()
         if lab in seconds and key in projected and projected[key]["to_target"] is not None and base
     ]
     if pairs:
@@ -737,7 +738,7 @@ def advise_verdict(
         )
     steps_ms = {
         lab: (projected[key]["step_ms"], entry["methods"][lab]["mean_step_ms"])
-        for key, lab in {**named, **{key: lab for lab, key in local.items()}}.items()
+        for key, lab in labels.items()
         if key in projected and lab in entry["methods"] and projected[key].get("step_ms")
     }
     if steps_ms:
