@@ -27,13 +27,19 @@ before it. A method's score is the median over its seeds (a miss counts as infin
 
 Resumes point by point: each job's record goes into ``<out>/benchmarks/time_to_quality.json``
 (and its page, ``<out>/benchmarks/time-to-quality.md``, is rewritten) as soon as it ends; a rerun skips the
-points already there. ``--quick``: 2 ranks, the convergence benchmark's tiny LM, a few steps.
+points already there. Within a point, each rank saves its state at every length it evaluates
+(``<out>/benchmarks/time_to_quality.partial/``), so a job stopped by ``--max-minutes``, its
+timeout or the machine resumes from its last length, not from step 0.
+``--quick``: 2 ranks, the convergence benchmark's tiny LM, a few steps.
 """
 
 import argparse
 import copy
 import json
 import math
+import os
+import re
+import shutil
 import statistics
 import sys
 import time
@@ -55,6 +61,7 @@ from benchmarks.harness.render import DOCS, method_bars, panels, resumed, save_r
 from examples.workloads import charlm
 
 RESULT_PREFIX = "TTQ_RESULT "
+RUN_ONLY = ("progress", "deadline", "checkpoint")  # a job's fields that do not change what it trains
 SECTION = "Time to quality"
 UNCOMPRESSED = quality.UNCOMPRESSED
 WORKLOAD = "charlm"
@@ -260,8 +267,18 @@ def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
             obj.load_state_dict(saved[name])
         run.generator.set_state(saved["data"])
 
-    started, done, steps_taken, points = time.perf_counter(), 0, 0, []
+    checkpoint = Path(spec["checkpoint"]) / f"rank{rank}.pt" if spec.get("checkpoint") else None
+    started, done, steps_taken, points, wire_before = time.perf_counter(), 0, 0, [], 0
+    resumed_at = load_checkpoint(checkpoint, spec)
+    if resumed_at is not None:
+        restore(resumed_at["state"])
+        done, steps_taken, points, wire_before = (
+            resumed_at[key] for key in ("done", "steps_taken", "points", "wire_bytes")
+        )
+        started -= resumed_at["seconds"]
     for length in lengths:
+        if points and length <= points[-1]["length"]:
+            continue
         branch = length - cooldown_steps(length)
         train(done, branch, length)
         steps_taken += branch - done
@@ -270,8 +287,13 @@ def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
         steps_taken += length - branch
         # Rank 0's loss decides for all: every rank must stop at the same length. Named: the
         # default name is the object's type, None on the other ranks, and mismatched names hang.
-        loss = None if rank else validation_loss(run, spec["eval_windows"])
-        loss = hvd.broadcast_object(loss, root_rank=0, name="time_to_quality.loss")
+        # Its clock decides too: past the deadline, every rank stops at this length's checkpoint.
+        loss, stop = (
+            (None, None)
+            if rank
+            else (validation_loss(run, spec["eval_windows"]), time.time() >= spec.get("deadline", math.inf))
+        )
+        loss, stop = hvd.broadcast_object((loss, stop), root_rank=0, name="time_to_quality.loss")
         points.append({"length": length, "samples": length * size * spec["lm"]["batch_size"], "loss": loss})
         if rank == 0 and spec.get("progress"):
             with open(spec["progress"], "a") as log:
@@ -279,6 +301,12 @@ def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
         if target is not None and loss <= target:
             break
         restore(saved)
+        if checkpoint is not None:
+            wire = wire_before + (run.compression.traffic.wire_bytes if run.compression is not None else 0)
+            progress = dict(done=done, steps_taken=steps_taken, points=points, wire_bytes=wire)
+            save_checkpoint(checkpoint, spec, dict(progress, state=saved, seconds=time.perf_counter() - started))
+        if stop and length != lengths[-1]:
+            return {"key": spec["key"], "stopped_at": length}
     record = {
         "key": spec["key"],
         "points": points,
@@ -286,9 +314,36 @@ def train_point(spec: Dict[str, Any]) -> Dict[str, Any]:
         "world_size": size,
         "train_seconds": time.perf_counter() - started,
     }
+    if resumed_at is not None:
+        record["resumed_at"] = resumed_at["done"]  # the step it went on from; train_seconds spans the jobs
     if run.compression is not None:
-        record["wire_bytes_per_step"] = run.compression.traffic.wire_bytes / steps_taken
+        record["wire_bytes_per_step"] = (wire_before + run.compression.traffic.wire_bytes) / steps_taken
     return record
+
+
+def checkpoint_identity(spec: Dict[str, Any]) -> str:
+    """What a checkpoint must have been trained for to be resumed: the job's spec, less where
+    its progress goes and when it stops."""
+    return json.dumps({key: value for key, value in spec.items() if key not in RUN_ONLY}, sort_keys=True)
+
+
+def save_checkpoint(path: Path, spec: Dict[str, Any], progress: Dict[str, Any]) -> None:
+    """Writes this rank's ``progress`` (its stable run's state at the last branch, the lengths
+    evaluated, the steps, seconds and wire bytes so far) to ``path``, whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    torch.save(dict(progress, spec=checkpoint_identity(spec)), partial)
+    os.replace(partial, path)
+
+
+def load_checkpoint(path: Optional[Path], spec: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """This rank's saved progress for ``spec`` where every rank has one at the same step, else
+    None (a fresh start): ranks that resumed from different steps would train apart. Collective."""
+    mine = torch.load(path, weights_only=False) if path is not None and path.exists() else None
+    if mine is not None and mine["spec"] != checkpoint_identity(spec):
+        mine = None
+    steps = hvd.allgather_object(None if mine is None else mine["done"], name="time_to_quality.resume")
+    return mine if None not in steps and len(set(steps)) == 1 else None
 
 
 # ----- the target and the scores ----------------------------------------------------------------
@@ -393,7 +448,16 @@ def method_points(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
     )
 
 
-def run_point(spec, lengths, target, args, results, path, progress) -> None:
+def checkpoint_folder(out: Path, key: str) -> Path:
+    """Where the ranks of point ``key`` keep their checkpoints until its record is saved."""
+    return out / "benchmarks" / "time_to_quality.partial" / re.sub(r"[^\w.=-]+", "_", key)
+
+
+def run_point(spec, lengths, target, args, results, path, progress, deadline) -> None:
+    """Trains point ``spec`` as one job, from its checkpoint where an earlier job left one, and
+    saves its record; past ``deadline`` (seconds since the epoch) the job stops at its next
+    checkpoint and the point stays pending."""
+    checkpoints = checkpoint_folder(args.out, spec["key"])
     job = dict(
         spec,
         lm=args.lm,
@@ -402,11 +466,17 @@ def run_point(spec, lengths, target, args, results, path, progress) -> None:
         warmup=args.plan["warmup"],
         eval_windows=args.plan["eval_windows"],
         progress=args.progress and str(args.progress),
+        checkpoint=str(checkpoints),
+        deadline=deadline,
     )
     [record] = mpirun_job("time_to_quality", job, args.np, args.job_timeout, RESULT_PREFIX, spec["key"], expected=1)
+    if "stopped_at" in record:
+        progress.finished(f"{spec['key']}: stopped at {record['stopped_at']} steps; a rerun resumes there")
+        return
     results["points"][spec["key"]] = {"spec": dict(spec, lengths=lengths, target=target), "record": record}
     results["command"] = command_line("time_to_quality", RUN_LIMITS)
     save_record(path, results)
+    shutil.rmtree(checkpoints, ignore_errors=True)
     write_report(results, args.out)
     last = record["points"][-1]
     progress.finished(
@@ -421,7 +491,7 @@ def run(args) -> Dict[str, Any]:
     results = resumed(path)
     results.setdefault("points", {})
     results.update(machine=machine(), np=args.np, plan=args.plan)
-    deadline = time.monotonic() + 60 * args.max_minutes
+    deadline = time.time() + 60 * args.max_minutes
     plan = args.plan
     progress = Progress(0, "time_to_quality")
 
@@ -431,15 +501,16 @@ def run(args) -> Dict[str, Any]:
     base = pending(base_points(plan))
     progress.add(len(base))
     for spec in base:
-        if time.monotonic() < deadline:
+        if time.time() < deadline:
             progress.starting(spec["key"])
-            run_point(spec, [n for n in plan["lengths"] if n <= plan["longest"]], None, args, results, path, progress)
+            lengths = [n for n in plan["lengths"] if n <= plan["longest"]]
+            run_point(spec, lengths, None, args, results, path, progress, deadline)
     goal = target_of(results, plan["base_seeds"], plan["knee_gain"])
     if goal is not None:
         others = [spec for spec in pending(method_points(plan)) if not args.family or spec["family"] in args.family]
         progress.add(len(others))
         for spec in others:
-            if time.monotonic() < deadline:
+            if time.time() < deadline:
                 progress.starting(spec["key"])
                 run_point(
                     spec,
@@ -449,6 +520,7 @@ def run(args) -> Dict[str, Any]:
                     results,
                     path,
                     progress,
+                    deadline,
                 )
     write_report(results, args.out)
     return results
@@ -749,7 +821,14 @@ def write_report(results: Dict[str, Any], out: Path) -> None:
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m benchmarks time_to_quality", description=__doc__.splitlines()[0])
-    add_job_options(parser, 10800, "2 ranks, a tiny LM, a few steps: a smoke test", np=4, max_minutes=720.0)
+    add_job_options(
+        parser,
+        10800,
+        "2 ranks, a tiny LM, a few steps: a smoke test",
+        np=4,
+        max_minutes=720.0,
+        max_minutes_help="stop at the running job's next checkpoint after this long; rerun to resume",
+    )
     parser.add_argument("--progress", type=Path, help="append a line per length of the running job here")
     parser.add_argument(
         "--family",

@@ -233,18 +233,18 @@ def add_job_options(
     job_timeout_help: Optional[str] = "seconds per mpirun job",
     np: Optional[int] = None,
     max_minutes: Optional[float] = None,
+    max_minutes_help: str = "start no new point after this long; rerun to resume",
 ) -> None:
     """The options of a benchmark that runs its work as jobs: ``--job-timeout`` (``job_timeout``
     by default, of its type), ``--out`` (the docs folder to write into), ``--quick`` (a smoke
     test; ``quick`` says what it runs), the hidden ``--worker`` (what a job runs: one of
     ``workers``, or, without them, the JSON SPEC of a point), and where given, ``--np`` (ranks
-    per job, ``np`` by default) and ``--max-minutes`` (a resumable sweep's, ``max_minutes``)."""
+    per job, ``np`` by default) and ``--max-minutes`` (a resumable sweep's, ``max_minutes``, with
+    ``max_minutes_help``)."""
     if np is not None:
         parser.add_argument("--np", type=int, default=np, help="ranks per job")
     if max_minutes is not None:
-        parser.add_argument(
-            "--max-minutes", type=float, default=max_minutes, help="start no new point after this long; rerun to resume"
-        )
+        parser.add_argument("--max-minutes", type=float, default=max_minutes, help=max_minutes_help)
     parser.add_argument("--job-timeout", type=type(job_timeout), default=job_timeout, help=job_timeout_help)
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--quick", action="store_true", help=quick)

@@ -1052,12 +1052,23 @@ def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(t
     assert labels == {"uncompressed", "FP16", "L-GreCo (PowerSGD) rank 8", "DiLoCo H=10 (QSGD) bits 4"}
     base = results["points"]["charlm/uncompressed/seed 0"]
     assert [p["length"] for p in base["record"]["points"]] == [n for n in plan["lengths"] if n <= plan["longest"]]
+    assert not (tmp_path / "benchmarks" / "time_to_quality.partial").exists() or not any(
+        (tmp_path / "benchmarks" / "time_to_quality.partial").iterdir()
+    ), "a finished point's checkpoints are left behind"
     # A cool-down branched and the stable run restored: the longest length's loss is that of a
-    # run that never branched (DiLoCo: its anchors, outer momentum and period restored too).
+    # run that never branched (DiLoCo: its anchors, outer momentum and period restored too). A
+    # job stopped at its deadline after the first length, and a second one resumed from its
+    # checkpoint, end where the job that ran through did, with the same steps and bytes.
     diloco = results["points"]["charlm/DiLoCo H=10 (QSGD) bits 4/seed 0"]["spec"]
     for spec in (base["spec"], diloco):
-        losses = []
-        for lengths in ([plan["longest"] // 2, plan["longest"]], [plan["longest"]]):
+        records = []
+        halves = [plan["longest"] // 2, plan["longest"]]
+        for lengths, extra in (
+            (halves, {}),
+            ([plan["longest"]], {}),
+            (halves, {"checkpoint": str(tmp_path / "resume" / spec["key"]), "deadline": 0}),
+            (halves, {"checkpoint": str(tmp_path / "resume" / spec["key"])}),
+        ):
             job = dict(
                 spec,
                 lm=ttq.QUICK_LM,
@@ -1065,10 +1076,17 @@ def test_time_to_quality_quick_branches_exactly_resumes_and_writes_its_section(t
                 target=None,
                 warmup=plan["warmup"],
                 eval_windows=plan["eval_windows"],
+                **extra,
             )
             [record] = mpirun_job("time_to_quality", job, 2, 600, ttq.RESULT_PREFIX, "branch", expected=1)
-            losses.append(record["points"][-1]["loss"])
-        assert losses[0] == losses[1], spec["label"]
+            records.append(record)
+        through, unbranched, stopped, resumed = records
+        assert through["points"][-1]["loss"] == unbranched["points"][-1]["loss"], spec["label"]
+        assert stopped == {"key": spec["key"], "stopped_at": halves[0], "job_seconds": stopped["job_seconds"]}
+        assert resumed["resumed_at"] == halves[0] - ttq.cooldown_steps(halves[0]) and "resumed_at" not in through
+        assert resumed["points"] == through["points"], spec["label"]
+        assert resumed["steps_taken"] == through["steps_taken"]
+        assert resumed.get("wire_bytes_per_step") == through.get("wire_bytes_per_step")
     text = page(tmp_path, "Time to quality").read_text()
     assert (
         text.startswith("# Time to quality\n")
