@@ -3,6 +3,7 @@ Run it before choosing a method, under the launcher and on the ranks that will t
 
     mpirun -np 4 python -m hvd_compress.advise --model examples.models:charlm
     horovodrun -np 16 python -m hvd_compress.advise --model mypackage.models:resnet --json advice.json
+    mpirun -np 8 python -m hvd_compress.advise --model examples.models:charlm --world 256  # projected
 
 ``--model module:function``: ``function()`` returns the model, or ``(model, loss_of)`` where
 ``loss_of(model)`` is the loss of one fresh batch of this rank (then compute is measured);
@@ -44,7 +45,17 @@ What it does, on every rank together:
    from its timed step: the projection leaves out the host work of riding Horovod's hooks,
    Horovod's cycles and ranks that share cores, and on the emulated cluster of "Time to target"
    it had put FP16 10% ahead of uncompressed where training measured it 12% behind.
-7. **Across sites**: the local methods (DiLoCo, SparseLoCo, Streaming DiLoCo) at each period
+7. **More ranks than launched** (``--world W``): each codec runs as one of W ranks (its
+   collectives answered as if W ranks had sent the same payload: bytes, messages, and an
+   all-gather's decoding of W payloads, at W), and each link measured on the launched ranks is
+   scaled to W as the ring algorithms scale (``projection.scaled_link``): a hop's latency for
+   each further message a rank sends in turn, the rest by the bytes it sends. A hop's latency
+   is what the all-reduce's latency has over the all-gather's (W - 1 more messages in turn);
+   the rest of a latency is a collective's fixed start, Horovod's cycle, the same at any W.
+   Compute is as measured (the same batch per rank); a step-to-target factor is as measured
+   where it was (fewer ranks, a smaller global batch). No timed check: W ranks are not there to
+   time.
+8. **Across sites**: the local methods (DiLoCo, SparseLoCo, Streaming DiLoCo) at each period
    and codec this project measured to target (``local.py``). One exchange of the codec on this
    model's gradients (a pseudo-gradient has a gradient's shape) is measured as a step's, priced
    on the links all exposed (Streaming DiLoCo: a fragment's ``1/F`` of the bytes, less what

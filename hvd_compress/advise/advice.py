@@ -26,7 +26,7 @@ from hvd_compress.advise.measure import (
     measure_links,
     slowest_codec,
 )
-from hvd_compress.advise.projection import Candidate, Link, project, setting_label
+from hvd_compress.advise.projection import Candidate, Link, hop_latency, project, scaled_link, setting_label
 from hvd_compress.advise.ranks import LaunchedRanks, launched_ranks
 from hvd_compress.registry import COMPRESSORS, controllable
 
@@ -49,6 +49,7 @@ class Advice:
     recommendation: str
     steps_workload: str = ""  # where the steps-to-target factors shown were measured
     across_sites: str = ""  # the local methods' line (``local.local_advice``), where any was measured
+    measured_world: int = 0  # the ranks the links were measured on, where world_size is projected
 
 
 def settings_of(method: str) -> List[Dict[str, Any]]:
@@ -93,6 +94,7 @@ def advise(
     compute_steps: int = 6,
     repeats: int = 3,
     timed_steps: int = 30,
+    world: Optional[int] = None,
 ) -> Advice:
     """Measures and projects every method (``methods``: registry names, default all) for
     ``model`` on the launched ranks; every rank must call it. ``compute_ms``: forward plus
@@ -103,7 +105,9 @@ def advise(
     two, four ranks sharing two cores gave Top-K 1% a codec of 6 ms in one run and 12.5 in the
     next, and the pick at r = 3 flipped between Top-K 1% and FP16. ``timed_steps``: real training
     steps timed per setting that could be picked (``check.py``; needs ``loss_of`` and Horovod's
-    ranks; 0: projections alone)."""
+    ranks; 0: projections alone). ``world``: project to this many ranks instead of the launched
+    ones (codec, bytes and messages measured as one of ``world`` ranks, the links measured on
+    the launched ranks scaled by ``scaled_link``; no timed check); raises ValueError under 2."""
     device = next(model.parameters()).device
     ranks = ranks or launched_ranks(device)
     methods = list(methods or [*COMPRESSORS, *PROJECTED_CONTROLLERS, *LOCAL_KINDS])
@@ -115,6 +119,9 @@ def advise(
         )
     if "none" not in methods:
         methods.insert(0, "none")
+    if world is not None and world < 2:
+        raise ValueError(f"world must be 2 ranks or more to project to, got {world!r}")
+    world = ranks.size if world is None else world
     if timed_steps < 0:
         raise ValueError(f"timed_steps must be 0 (projections alone) or more, got {timed_steps!r}")
     if loss_of is None and compute_ms is None:
@@ -136,13 +143,13 @@ def advise(
     for method in (m for m in methods if m in COMPRESSORS):
         for setting in settings_of(method):
             ranks.barrier()  # every rank's codec runs at once, as in training
-            mine = measure_codec(method, setting, grads, named, ranks.rank, ranks.size, codec_steps)
+            mine = measure_codec(method, setting, grads, named, ranks.rank, world, codec_steps)
             candidates.append(slowest_codec(every_rank(ranks, mine)))
     for method, setting in controlled(methods, evidence):
         # Rank 0 decides, as in training, and every rank runs its decision.
         layer_settings = ranks.agree(decided_settings(method, setting, grads, named) if ranks.rank == 0 else None)
         ranks.barrier()
-        mine = measure_codec(method, setting, grads, named, ranks.rank, ranks.size, codec_steps, layer_settings)
+        mine = measure_codec(method, setting, grads, named, ranks.rank, world, codec_steps, layer_settings)
         candidates.append(slowest_codec(every_rank(ranks, mine)))
     # The advice and its timed check are per-step methods' (stock hvd.DistributedOptimizer
     # times them); the local methods get their own line.
@@ -150,7 +157,7 @@ def advise(
     local = []  # (candidate, its point): one exchange of its codec, measured as a step's
     for point in local_points(evidence, [m for m in methods if m in LOCAL_KINDS]):
         ranks.barrier()
-        mine = measure_codec(point.compressor, point.options, grads, named, ranks.rank, ranks.size, codec_steps)
+        mine = measure_codec(point.compressor, point.options, grads, named, ranks.rank, world, codec_steps)
         candidate = slowest_codec(every_rank(ranks, mine))
         candidate.method, candidate.setting = point.method, point.setting
         local.append((candidate, point))
@@ -160,6 +167,11 @@ def advise(
         for collective, (_, per_message) in [*candidate.messages.items(), *candidate.serial_messages.items()]:
             largest[collective] = max(largest.get(collective, 0.0), per_message)
     links = measure_links(ranks, largest, device, repeats)
+    if world != ranks.size:
+        hop_s = hop_latency(links, ranks.size)
+        links = {
+            collective: scaled_link(link, collective, ranks.size, world, hop_s) for collective, link in links.items()
+        }
     for candidate in per_step:
         project(candidate, links, forward_s + backward_s, backward_s)
     for candidate, point in local:
@@ -173,7 +185,7 @@ def advise(
         candidate.set_speedup(baseline.step_ms / candidate.step_ms)
     baseline.quality_ok = True
     hvd = getattr(ranks, "horovod", None)
-    if timed_steps and loss_of is not None and hvd is not None:
+    if timed_steps and loss_of is not None and hvd is not None and world == ranks.size:
 
         def time_one(candidate: Candidate) -> float:
             ranks.barrier()
@@ -182,7 +194,7 @@ def advise(
 
         check_by_timing(per_step, time_one, PICK_SEEDS)
     return Advice(
-        ranks.size,
+        world,
         sum(g.numel() for g in grads.values()),
         1e3 * (forward_s + backward_s),
         1e3 * backward_s,
@@ -193,6 +205,7 @@ def advise(
         if any(c.steps_factor is not None for c in candidates if c.method != "none")
         else "",
         across_sites=local_advice(candidates),
+        measured_world=ranks.size,
     )
 
 
@@ -203,6 +216,11 @@ def format_advice(advice: Advice) -> str:
         f"compute {advice.compute_ms:.1f} ms a step (backward {advice.backward_ms:.1f} ms)",
         "links (latency, bandwidth as each rank contributes bytes):",
     ]
+    if advice.measured_world not in (0, advice.world_size):
+        lines[1:1] = [
+            f"projected to {advice.world_size} ranks: links measured on {advice.measured_world} and scaled as the ring "
+            f"algorithms scale; codec, bytes and messages as one of {advice.world_size} ranks; compute as measured"
+        ]
     for collective, link in advice.links.items():
         bandwidth = "-" if math.isinf(link.bytes_per_s) else f"{8 * link.bytes_per_s / 1e9:.2f} Gbit/s"
         lines.append(f"  {collective:9} {1e6 * link.latency_s:8.0f} us  {bandwidth}")

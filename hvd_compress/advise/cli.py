@@ -34,6 +34,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         default=30,
         help="real training steps timed per setting that could be picked (0: projections alone)",
     )
+    parser.add_argument(
+        "--world",
+        type=int,
+        help="project to this many ranks (links measured on the launched ranks, scaled as the ring algorithms "
+        "scale; no timed check); default: the launched ranks",
+    )
     args = parser.parse_args(argv)
     model, loss_of = load_model(args.model)
     device = torch.device(args.device)
@@ -49,6 +55,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         ranks=ranks,
         methods=args.methods.split(",") if args.methods else None,
         timed_steps=args.timed_steps,
+        world=args.world,
     )
     if ranks.rank == 0:
         sys.stdout.write(format_advice(advice) + "\n")  # one write: whole lines under any launcher

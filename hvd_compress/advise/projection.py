@@ -130,6 +130,39 @@ def fit_link(measured: Dict[int, float]) -> Link:
     return Link(points[0][1], 1 / slope if slope > 0 else float("inf"), dict(measured))
 
 
+def _ring_messages(collective: str, world: int) -> int:
+    """The messages one rank sends in turn in a ring ``collective`` over ``world`` ranks: a
+    reduce-scatter then an all-gather for an all-reduce, ``world - 1`` for the others."""
+    return 2 * (world - 1) if collective == Collective.ALLREDUCE.value else world - 1
+
+
+def hop_latency(links: Dict[str, Link], world: int) -> float:
+    """Seconds each message a rank sends in turn adds to a collective's latency, from links
+    measured over ``world`` ranks: an all-reduce sends ``world - 1`` more in turn than an
+    all-gather, so the difference of their latencies over that is a hop's, and the rest of a
+    latency a fixed cost (a collective's start, Horovod's cycle). 0 where either was not
+    measured or the all-reduce's latency is no larger."""
+    if "allreduce" not in links or "allgather" not in links or world < 2:
+        return 0.0
+    return max(0.0, (links["allreduce"].latency_s - links["allgather"].latency_s) / (world - 1))
+
+
+def scaled_link(link: Link, collective: str, measured_world: int, world: int, hop_s: float = 0.0) -> Link:
+    """``link``, measured for ``collective`` over ``measured_world`` ranks, as the ring
+    algorithms scale it to ``world`` ranks (the alpha-beta model of Thakur et al. 2005, as
+    ``Collective.wire_bytes`` counts bytes): ``hop_s`` (``hop_latency``) more latency for each
+    further message a rank sends in turn, and each measured time's part above the latency
+    scaled by the bytes a rank sends. Raises ValueError where either world is under 2 ranks (a
+    link of one rank carries nothing to scale)."""
+    if min(world, measured_world) < 2:
+        raise ValueError(f"world: links scale between worlds of 2 ranks or more, not {measured_world} -> {world}")
+    latency = link.latency_s + hop_s * (_ring_messages(collective, world) - _ring_messages(collective, measured_world))
+    probe = 1 << 20  # bytes: the ratio of wire bytes at any size, up to the padding of shards
+    wire = Collective(collective).wire_bytes(probe, world) / Collective(collective).wire_bytes(probe, measured_world)
+    measured = {n: latency + (s - link.latency_s) * wire for n, s in link.measured.items()}
+    return Link(latency, link.bytes_per_s / wire, measured)
+
+
 def project(candidate: Candidate, links: Dict[str, Link], compute_s: float, backward_s: float) -> None:
     """Fills in the candidate's communication and step time (the package docstring's model)."""
     communication, last = 0.0, 0.0

@@ -605,3 +605,58 @@ def test_the_table_marks_methods_that_send_more_than_uncompressed_at_these_ranks
     marked = [line for line in text.splitlines() if line.startswith(("topk", "fp16", "none"))]
     assert [line.split()[0] for line in marked if "*" in line.split()[2]] == ["topk"]
     assert "* sends more bytes per step than uncompressed at 32 ranks" in text
+
+
+def test_a_link_is_scaled_to_more_ranks_as_the_ring_algorithms_scale():
+    """From 8 to 32 ranks a ring all-reduce sends 62 messages in turn, not 14, and 2(W-1)/W of
+    its bytes; an all-gather 31 messages, not 7, and (W-1) times its bytes. A hop's latency is
+    the all-reduce's over the all-gather's, over the W - 1 messages more it sends in turn."""
+    from hvd_compress.advise.projection import Link, hop_latency, scaled_link
+
+    link = Link(1e-3, 1e9, {4096: 1.5e-3, 1 << 20: 3e-3})
+    hop = 1e-5
+    allreduce = scaled_link(link, "allreduce", 8, 32, hop)
+    wire = (2 * 31 / 32) / (2 * 7 / 8)
+    assert allreduce.latency_s == pytest.approx(1e-3 + 48 * hop) and allreduce.bytes_per_s == pytest.approx(1e9 / wire)
+    assert allreduce.measured[1 << 20] == pytest.approx(1e-3 + 48 * hop + 2e-3 * wire)
+    allgather = scaled_link(link, "allgather", 8, 32, hop)
+    assert allgather.latency_s == pytest.approx(1e-3 + 24 * hop) and allgather.bytes_per_s == pytest.approx(
+        1e9 * 7 / 31
+    )
+    assert scaled_link(link, "alltoall", 8, 8, hop).measured == pytest.approx(link.measured)
+    for measured_world, world in ((8, 1), (1, 8)):
+        with pytest.raises(ValueError, match="world"):
+            scaled_link(link, "allreduce", measured_world, world)
+    links = {"allreduce": Link(1e-3 + 14 * hop, 1e9), "allgather": Link(1e-3 + 7 * hop, 1e9)}
+    assert hop_latency(links, 8) == pytest.approx(hop)
+    assert hop_latency({"allreduce": links["allgather"], "allgather": links["allreduce"]}, 8) == 0.0
+    assert hop_latency({"allreduce": links["allreduce"]}, 8) == 0.0
+
+
+class TwoRanks(OneRank):
+    size = 2
+
+
+def test_advise_projects_to_more_ranks_than_launched_and_marks_the_all_gathers_that_stop_paying():
+    """Launched on 2 ranks, projected to 32: each codec runs as one of 32 ranks, so Top-K 10%
+    all-gathers 31 payloads and sends more than uncompressed, and the table says what was
+    projected; no timed check runs."""
+    model, loss_of = small_model()
+    options = dict(methods=["topk", "fp16"], ranks=TwoRanks(), codec_steps=1, compute_steps=1, repeats=1)
+    advice = adv.advise(model, loss_of, world=32, **options)
+    assert (advice.world_size, advice.measured_world) == (32, 2)
+    by_name = {(c.method, c.setting): c for c in advice.candidates}
+    dense = by_name["none", ""].wire_bytes
+    parameters = sum(p.numel() for p in model.parameters())
+    assert dense == pytest.approx(2 * 31 / 32 * 4 * parameters, rel=1e-3)
+    assert by_name["topk", "density=0.1"].wire_bytes > dense > by_name["fp16", ""].wire_bytes
+    assert all(c.timed_step_ms is None for c in advice.candidates)
+    text = adv.format_advice(advice)
+    assert "projected to 32 ranks: links measured on 2" in text
+    assert "* sends more bytes per step than uncompressed at 32 ranks" in text
+    launched = adv.advise(model, loss_of, **options)
+    assert launched.world_size == 2 and by_name["topk", "density=0.1"].wire_bytes > 10 * next(
+        c.wire_bytes for c in launched.candidates if (c.method, c.setting) == ("topk", "density=0.1")
+    )
+    with pytest.raises(ValueError, match="world"):
+        adv.advise(model, loss_of, world=1, **options)
