@@ -352,13 +352,22 @@ def run(args) -> Dict[str, Any]:
             and (m["score"]["median"] is not None or label == ttq.UNCOMPRESSED)
         ]
         advise_due = "advise" not in entry or bool(stale_factors(entry["advise"]))
-        if wanted or advise_due:
-            progress.add(len(wanted) + advise_due)
+        projections = entry.setdefault("projected", {})
+        if advise_due:  # on the factors advise reruns for
+            projections.clear()
+        worlds = [world for world in args.project_to if str(world) not in projections]
+        if wanted or advise_due or worlds:
+            progress.add(len(wanted) + advise_due + len(worlds))
             with emulated_cluster(args.np, entry["rate_gbit"]) as cluster:
                 if advise_due:
                     progress.starting(f"r = {ratio:g}, advise")
                     entry["advise"] = advised(cluster, args)
                     progress.finished(f"r = {ratio:g}, advise: {entry['advise']['recommendation']}")
+                    save_record(path, results)
+                for world in worlds:
+                    progress.starting(f"r = {ratio:g}, advise --world {world}")
+                    projections[str(world)] = advised(cluster, args, world)
+                    progress.finished(f"r = {ratio:g}, at {world} ranks: {projections[str(world)]['recommendation']}")
                     save_record(path, results)
                 for label in wanted:
                     spec = methods[label]["spec"]
@@ -459,9 +468,10 @@ def job_environment(spec: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
     }
 
 
-def advised(cluster, args) -> Dict[str, Any]:
-    """advise run on ``cluster`` as a user runs it, on this LM: its recommendation and, per
-    candidate, the projected step and time to target (relative to uncompressed)."""
+def advised(cluster, args, world: Optional[int] = None) -> Dict[str, Any]:
+    """advise run on ``cluster`` as a user runs it, on this LM (projected to ``world`` ranks
+    where given): its recommendation and, per candidate, the bytes one rank sends a step, the
+    projected step and time to target (relative to uncompressed)."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "advice.json"
         argv = [
@@ -473,6 +483,7 @@ def advised(cluster, args) -> Dict[str, Any]:
             "--json",
             str(out),
             *(["--methods", args.advise_methods] if args.advise_methods else []),
+            *(["--world", str(world)] if world else []),
         ]
         started = time.perf_counter()
         returncode, stdout, stderr = cluster.run(argv, timeout=args.job_timeout, env=job_environment())
@@ -490,7 +501,16 @@ def advised(cluster, args) -> Dict[str, Any]:
         "candidates": [
             {
                 key: c[key]
-                for key in ("method", "setting", "step_ms", "timed_step_ms", "speedup", "steps_factor", "to_target")
+                for key in (
+                    "method",
+                    "setting",
+                    "wire_bytes",
+                    "step_ms",
+                    "timed_step_ms",
+                    "speedup",
+                    "steps_factor",
+                    "to_target",
+                )
             }
             for c in advice["candidates"]
         ],
@@ -814,8 +834,59 @@ def markdown(results: Dict[str, Any], steps: Dict[str, Any]) -> str:
         ]
         lines += setting_table(entry, methods) if entry["methods"] else ["No method timed yet.", ""]
         lines += targets(entry, methods, float(key)) + [""]
+        lines += projection_table(entry, methods, results["np"], steps["np"])
         lines += direct_table(entry, steps, methods)
     return "\n".join(lines + notes_lines(results))
+
+
+def projection_table(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], np: int, steps_np: int) -> List[str]:
+    """advise's projections to more ranks on this setting's links (``--project-to``), beside its
+    model and the measurement at the ranks launched: per method timed here, bytes one rank sends,
+    step and time to target relative to uncompressed."""
+    projected = entry.get("projected", {})
+    if not projected or "advise" not in entry:
+        return []
+    worlds = sorted(projected, key=int)
+    named = advise_names(methods)
+    by_world = {world: {(c["method"], c["setting"]): c for c in projected[world]["candidates"]} for world in worlds}
+    here = {(c["method"], c["setting"]): c for c in entry["advise"]["candidates"]}
+    seconds = times_to_target(entry, methods)
+    base = seconds.get(ttq.UNCOMPRESSED)
+    header = (
+        f"| method | step at {np} (ms), measured | advise's model at {np} | "
+        + " | ".join(f"MB a rank sends at {w} | step at {w} (ms) | to target at {w}" for w in worlds)
+        + f" | to target at {np}, measured |"
+    )
+    lines = [
+        f"Projected to {' and '.join(worlds)} ranks by advise on this setting's links "
+        f"(`{projected[worlds[-1]]['command']}`): each codec run as one of W ranks, the links probed on "
+        f"{np} ranks scaled as the ring algorithms scale (latency by the messages a rank sends in turn, "
+        "the rest by its bytes), compute as measured (the same batch per rank). Time to target is "
+        f"relative to uncompressed's at the same W, on the steps to target measured at {steps_np} ranks "
+        "(assumed the same at W: a larger global batch may need other steps). Methods that send more "
+        "than uncompressed at W are marked *.",
+        "",
+        header,
+        "|---" * (3 + 3 * len(worlds) + 1) + "|",
+    ]
+    for label, m in methods.items():
+        key = next((k for k, lab in named.items() if lab == label), None)
+        if label not in entry["methods"] or key is None or key not in here:
+            continue
+        cells = [label, f"{entry['methods'][label]['mean_step_ms']:.1f}", f"{here[key]['step_ms']:.1f}"]
+        for world in worlds:
+            c, dense = by_world[world].get(key), by_world[world][("none", "")]
+            if c is None:
+                cells += ["-", "-", "-"]
+                continue
+            mark = "*" if c["wire_bytes"] > dense["wire_bytes"] else ""
+            cells += [f"{c['wire_bytes'] / 1e6:.3g}{mark}", f"{c['step_ms']:.1f}", factor_text(c["to_target"])]
+        measured = seconds.get(label)
+        cells.append("-" if measured is None or not base else f"{measured / base:.2f}x")
+        lines.append("| " + " | ".join(cells) + " |")
+    for world in worlds:
+        lines += ["", f"advise at {world} ranks: \"{projected[world]['recommendation']}\""]
+    return lines + [""]
 
 
 def direct_table(entry: Dict[str, Any], steps: Dict[str, Any], methods: Dict[str, Dict[str, Any]]) -> List[str]:
@@ -939,6 +1010,14 @@ def parse_args(argv):
         "--advise-model",
         default="examples.models:charlm_ttq",
         help="advise's --model: this benchmark's LM, as a user would name it",
+    )
+    parser.add_argument(
+        "--project-to",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="W",
+        help="also run advise --world W on each setting's cluster: its projection to W ranks, beside the measured",
     )
     parser.add_argument(
         "--direct",
