@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness.jobs import Progress, checkout_pythonpath
+from benchmarks.harness.jobs import Progress, checkout_pythonpath, options_argv
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import DOCS, resumed, save_record, stored, write_section
 
@@ -255,39 +255,19 @@ def run(
         script.write_text(f"#!/bin/sh\ncat {workdir / 'hosts'}\n")
         script.chmod(0o755)
         argv = [
-            "horovodrun",
-            "-np",
-            "3",
-            "--min-np",
-            "2",
-            "--max-np",
-            "3",
-            "--host-discovery-script",
-            str(script),
-            "--gloo",
-            sys.executable,
-            "-m",
-            "benchmarks",
-            "elastic",
-            "--worker",
-            "--workdir",
-            str(workdir),
-            "--workload",
-            workload,
-            "--method",
-            method,
-            "--steps",
-            str(steps),
-            "--seed",
-            str(seed),
-            "--feedback",
-            feedback,
-            "--commit-every",
-            str(commit_every),
-            "--kill-rank",
-            str(-1 if kill_rank is None else kill_rank),
-            "--kill-step",
-            str(-1 if kill_step is None else kill_step),
+            *("horovodrun", "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script)),
+            *("--gloo", sys.executable, "-m", "benchmarks", "elastic", "--worker"),
+            *options_argv(
+                workdir=workdir,
+                workload=workload,
+                method=method,
+                steps=steps,
+                seed=seed,
+                feedback=feedback,
+                commit_every=commit_every,
+                kill_rank=-1 if kill_rank is None else kill_rank,
+                kill_step=-1 if kill_step is None else kill_step,
+            ),
         ]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath(), PYTHONUNBUFFERED="1")
         if gloo_timeout is not None:

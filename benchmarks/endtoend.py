@@ -64,6 +64,7 @@ from benchmarks.harness.jobs import (
     cluster_job,
     command_line,
     names_from,
+    options_argv,
     undisturbed,
 )
 from benchmarks.harness.machine import describe_machine, machine
@@ -284,16 +285,7 @@ def run_job(cluster, args, flags, env=None):
 def method_job(cluster, args, model, method, progress):
     flags = [
         "--worker",
-        "--model",
-        model,
-        "--method",
-        method,
-        "--rank",
-        str(args.rank),
-        "--warmup",
-        str(args.warmup),
-        "--steps",
-        str(args.steps),
+        *options_argv(model=model, method=method, rank=args.rank, warmup=args.warmup, steps=args.steps),
     ]
     # Our buckets are the only fusion for the wrapper; stock runs keep Horovod's.
     env = {"HOROVOD_FUSION_THRESHOLD": "0"} if method in WRAPPED else None

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness.jobs import add_timing_options, checkout_pythonpath, cluster_job, undisturbed
+from benchmarks.harness.jobs import add_timing_options, checkout_pythonpath, cluster_job, options_argv, undisturbed
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import DOCS, save_figure
 from benchmarks.harness.stats import summarise, timed_step
@@ -60,6 +60,8 @@ WHOLE_MODEL = 2**62
 SCALED_DEFAULTS = {"scaled 25 MiB (paper, DDP)": 25 * 2**20, "scaled 64 MiB (Horovod)": 64 * 2**20}
 RESULT_PREFIX = "FUSION_RESULT "
 BEGIN, END = "<!-- fusion results: begin -->", "<!-- fusion results: end -->"
+# The options a configuration's job passes on to its ranks.
+WORKER_OPTIONS = ("steps", "warmup", "d_model", "layers", "heads", "context", "batch", "acp_rank")
 
 
 def parse_args(argv=None):
@@ -164,41 +166,13 @@ def model_summary(args):
 
 
 def run_configuration(cluster, args, threshold, scaled):
-    argv = [
-        sys.executable,
-        "-m",
-        "benchmarks.fusion",
-        "--worker",
-        "--threshold",
-        str(threshold),
-        *(["--scaled"] if scaled else []),
-        *_shared_flags(args),
-    ]
+    argv = [sys.executable, "-m", "benchmarks.fusion", "--worker", "--threshold", str(threshold)]
+    argv += ["--scaled"] if scaled else []
+    argv += options_argv(**{key: getattr(args, key) for key in WORKER_OPTIONS})
     env = {"HOROVOD_FUSION_THRESHOLD": "0", "OMP_NUM_THREADS": "1", "PYTHONPATH": checkout_pythonpath()}
     if args.cycle_time_ms is not None:
         env["HOROVOD_CYCLE_TIME"] = str(args.cycle_time_ms)
     return cluster_job(cluster, argv, env, args.job_timeout, RESULT_PREFIX)
-
-
-def _shared_flags(args):
-    return [
-        "--steps",
-        str(args.steps),
-        "--warmup",
-        str(args.warmup),
-        "--d-model",
-        str(args.d_model),
-        "--layers",
-        str(args.layers),
-        "--heads",
-        str(args.heads),
-        "--context",
-        str(args.context),
-        "--batch",
-        str(args.batch),
-        "--acp-rank",
-        str(args.acp_rank),
-    ]
 
 
 def run_key(args):

@@ -119,36 +119,14 @@ class EmulatedCluster:
             if self.pin_ranks
             else ["--bind-to", "none"]
         )
+        # TCP on the shaped links only: no shared memory, no UCX or other fabrics.
+        transports = {"pml": "ob1", "btl": "tcp,self", "btl_tcp_if_include": f"{self.subnet}.0/24"}
+        transports["oob_tcp_if_include"] = self.bridge
         return [
-            "mpirun",
-            "--allow-run-as-root",
-            "--oversubscribe",
-            *placement,
-            "-np",
-            str(self.ranks),
-            # TCP on the shaped links only: no shared memory, no UCX or other fabrics.
-            "--mca",
-            "pml",
-            "ob1",
-            "--mca",
-            "btl",
-            "tcp,self",
-            "--mca",
-            "btl_tcp_if_include",
-            f"{self.subnet}.0/24",
-            "--mca",
-            "oob_tcp_if_include",
-            self.bridge,
-            "-x",
-            "PMIX_MCA_ptl_tcp_remote_connections",
-            "-x",
-            "PMIX_MCA_ptl_tcp_if_include",
-            *exports,
-            "sh",
-            "-c",
-            enter,
-            "sh",
-            *argv,
+            *("mpirun", "--allow-run-as-root", "--oversubscribe", *placement, "-np", str(self.ranks)),
+            *(item for name, value in transports.items() for item in ("--mca", name, value)),
+            *("-x", "PMIX_MCA_ptl_tcp_remote_connections", "-x", "PMIX_MCA_ptl_tcp_if_include", *exports),
+            *("sh", "-c", enter, "sh", *argv),
         ]
 
     def mpirun_environment(self, env=None):

@@ -170,18 +170,8 @@ def mpirun_job(benchmark, spec, np, timeout, result_prefix, what, expected=None)
     or RuntimeError with the job's output."""
     from benchmarks.testbed import run_bounded
 
-    argv = [
-        *LOCAL_MPIRUN,
-        "-np",
-        str(np),
-        "-x",
-        "PYTHONPATH",
-        "-x",
-        "OMP_NUM_THREADS",
-        "-x",
-        "PATH",
-        *benchmark_argv(benchmark, "--worker", json.dumps(spec)),
-    ]
+    exports = ("-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "PATH")
+    argv = [*LOCAL_MPIRUN, "-np", str(np), *exports, *benchmark_argv(benchmark, "--worker", json.dumps(spec))]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=checkout_pythonpath())
     started = time.perf_counter()
     returncode, stdout, stderr = run_bounded(argv, timeout, env)
@@ -317,11 +307,15 @@ def init_cluster_worker(args: Any, port: int, ranks_per_node: int = 1) -> int:
     return dist.get_rank()
 
 
+def options_argv(**flags: Any) -> List[str]:
+    """``flags`` as command-line options: ``kill_rank=1`` as ``--kill-rank 1``."""
+    return [item for key, value in flags.items() for item in (f"--{key.replace('_', '-')}", str(value))]
+
+
 def worker_argv(benchmark: str, args: Any, kind: str, **flags: Any) -> List[str]:
     """The command of one of ``benchmark``'s jobs running its ``kind`` worker: ``--rank`` from
     ``args`` (the low-rank methods' rank), and ``flags`` as options."""
-    argv = benchmark_argv(benchmark, "--worker", kind, "--rank", str(args.rank))
-    return argv + [item for key, value in flags.items() for item in (f"--{key.replace('_', '-')}", str(value))]
+    return benchmark_argv(benchmark, "--worker", kind, *options_argv(rank=args.rank, **flags))
 
 
 def run_or_work(args: Any, run: Callable[[Any], Any], workers: Dict[str, Callable[[Any], Any]]) -> None:
