@@ -65,6 +65,7 @@ from benchmarks.harness.jobs import (
     worker_argv,
 )
 from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.methods import low_rank
 from benchmarks.harness.render import notes_lines, resumed_section, stored, write_section
 from benchmarks.harness.stats import CodecClock, jobs_of, pooled, summarise, timed_steps
 
@@ -85,7 +86,6 @@ ACCURACY_POINTS = 1.0
 def register_method(ddp_model, method, rank):
     """Registers ``method``'s comm hook on ``ddp_model`` (nothing for plain DDP); returns this
     project's compressor, or None."""
-    import hvd_compress as hc
     import hvd_compress.ddp
 
     if method == "DDP":
@@ -94,14 +94,7 @@ def register_method(ddp_model, method, rank):
         state = PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2)
         ddp_model.register_comm_hook(state, powerSGD_hook)
         return None
-    compressors = {
-        "PowerSGD": lambda: hc.PowerSGD(rank=rank),
-        "ACP-SGD": lambda: hc.ACPSGD(rank=rank),
-        "L-GreCo": lambda: hc.LGreCo(hc.ACPSGD(rank=rank), warmup_steps=3, decide_every=1000),
-    }
-    if method not in compressors:
-        raise ValueError(f"ddp: unknown method {method!r}; known: {', '.join(METHODS)}")
-    return hvd_compress.ddp.register(ddp_model, compressors[method]()).compressor
+    return hvd_compress.ddp.register(ddp_model, low_rank(method, rank)).compressor
 
 
 def ddp_options(method):

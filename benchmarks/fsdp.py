@@ -66,6 +66,7 @@ from benchmarks.harness.jobs import (
     worker_argv,
 )
 from benchmarks.harness.machine import describe_machine, machine
+from benchmarks.harness.methods import low_rank
 from benchmarks.harness.render import notes_lines, resumed_section, stored, write_section
 from benchmarks.harness.stats import CodecClock, jobs_of, pooled, summarise, timed_steps
 
@@ -93,16 +94,10 @@ def make_compressor(method, rank, first_decision, decide_every):
 
     if method in (PLAIN, FLOOR, PLAIN_FSDP):
         return None
-    compressors = {
-        "FSDP int8": lambda: hc.QuantizedAllReduce(bits=8),
-        "FSDP int4": lambda: hc.QuantizedAllReduce(bits=4),
-        "PowerSGD": lambda: hc.PowerSGD(rank=rank),
-        "ACP-SGD": lambda: hc.ACPSGD(rank=rank),
-        "L-GreCo": lambda: hc.LGreCo(hc.ACPSGD(rank=rank), warmup_steps=first_decision, decide_every=decide_every),
-    }
-    if method not in compressors:
-        raise ValueError(f"fsdp: unknown method {method!r}; known: {', '.join(METHODS + PURE_FSDP)}")
-    return compressors[method]()
+    quantized = {"FSDP int8": 8, "FSDP int4": 4}
+    if method in quantized:
+        return hc.QuantizedAllReduce(bits=quantized[method])
+    return low_rank(method, rank, first_decision, decide_every)
 
 
 def hsdp(model, method, rank, first_decision=3, decide_every=1000):

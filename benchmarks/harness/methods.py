@@ -29,6 +29,15 @@ def build(label: str, named: Any = None, **settings: Any) -> Any:
     return hc.COMPRESSORS[REGISTERED[label]].build(named, **settings)
 
 
+def low_rank(label: str, rank: int, first_decision: int = 3, decide_every: int = 1000) -> Any:
+    """PowerSGD, ACP-SGD or L-GreCo over ACP-SGD (``label``) at ``rank``, as the torch.distributed
+    benchmarks (ddp, fsdp) register them: L-GreCo decides first at step ``first_decision``, then
+    every ``decide_every`` steps."""
+    if label == "L-GreCo":
+        return hc.LGreCo(hc.ACPSGD(rank=rank), warmup_steps=first_decision, decide_every=decide_every)
+    return build(label, rank=rank)
+
+
 def scalecom_flops(model: torch.nn.Module, tokens_per_rank: int) -> Dict[str, float]:
     """Forward FLOPs per step of each 2-D weight, for the paper's per-layer rule: 2 per token and
     weight entry for a linear layer (a matrix product), none for an embedding (a lookup)."""
