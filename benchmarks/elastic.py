@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness.jobs import Progress, checkout_pythonpath, options_argv
+from benchmarks.harness.jobs import Progress, checkout_pythonpath, command_line, options_argv
 from benchmarks.harness.machine import describe_machine, machine
 from benchmarks.harness.render import DOCS, resumed, save_record, stored, write_section
 
@@ -341,7 +341,7 @@ def benchmark(args):
     path = args.out / "benchmarks" / "elastic.json"
     results = resumed(path)
     results.update(
-        command=command_line(),
+        command=command_line("elastic", dropped=()),
         machine=machine(),
         steps=args.steps,
         kill_rank=args.kill_rank,
@@ -400,10 +400,6 @@ def markdown(results, seeds):
     if lost:
         lines += ["", f"Steps lost at the kill (redone from the last commit): {sorted(set(lost))}."]
     return "\n".join(lines)
-
-
-def command_line():
-    return " ".join(["python -m benchmarks elastic"] + sys.argv[1:])
 
 
 def parse_args(argv):
