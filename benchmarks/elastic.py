@@ -254,16 +254,14 @@ def run(
         script = workdir / "discover.sh"
         script.write_text(f"#!/bin/sh\ncat {workdir / 'hosts'}\n")
         script.chmod(0o755)
+        recorded = dict(workload=workload, method=method, feedback=feedback, seed=seed)  # also in the result
         argv = [
             *("horovodrun", "-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script)),
             *("--gloo", sys.executable, "-m", "benchmarks", "elastic", "--worker"),
             *options_argv(
                 workdir=workdir,
-                workload=workload,
-                method=method,
+                **recorded,
                 steps=steps,
-                seed=seed,
-                feedback=feedback,
                 commit_every=commit_every,
                 kill_rank=-1 if kill_rank is None else kill_rank,
                 kill_step=-1 if kill_step is None else kill_step,
@@ -319,10 +317,7 @@ def run(
         steps_lost=steps_lost,
         rejoined_at=rejoined_at,
         wall_seconds=wall,
-        workload=workload,
-        method=method,
-        feedback=feedback,
-        seed=seed,
+        **recorded,
     )
     return result
 
