@@ -860,8 +860,9 @@ def projection_table(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], 
     lines = [
         f"Projected to {' and '.join(worlds)} ranks by advise on this setting's links "
         f"(`{projected[worlds[-1]]['command']}`): each codec run as one of W ranks, the links probed on "
-        f"{np} ranks scaled as the ring algorithms scale (latency by the messages a rank sends in turn, "
-        "the rest by its bytes), compute as measured (the same batch per rank). Time to target is "
+        f"{np} ranks scaled as the ring algorithms scale (a hop's latency, the all-reduce's over the "
+        "all-gather's, for each further message a rank sends in turn; the rest by its bytes), compute as "
+        "measured (the same batch per rank). Time to target is "
         f"relative to uncompressed's at the same W, on the steps to target measured at {steps_np} ranks "
         "(assumed the same at W: a larger global batch may need other steps). Methods that send more "
         "than uncompressed at W are marked *.",

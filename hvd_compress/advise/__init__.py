@@ -50,7 +50,8 @@ What it does, on every rank together:
    all-gather's decoding of W payloads, at W), and each link measured on the launched ranks is
    scaled to W as the ring algorithms scale (``projection.scaled_link``): a hop's latency for
    each further message a rank sends in turn, the rest by the bytes it sends. A hop's latency
-   is what the all-reduce's latency has over the all-gather's (W - 1 more messages in turn);
+   is what the all-reduce's latency has over the all-gather's (W - 1 more messages in turn;
+   each latency the intercept of its probes, the smallest less its bytes at the bandwidth);
    the rest of a latency is a collective's fixed start, Horovod's cycle, the same at any W.
    Compute is as measured (the same batch per rank); a step-to-target factor is as measured
    where it was (fewer ranks, a smaller global batch). No timed check: W ranks are not there to

@@ -33,6 +33,15 @@ class Link:
                 return s0 + (s1 - s0) * (nbytes - n0) / (n1 - n0)
         return points[-1][1] + (nbytes - points[-1][0]) / self.bytes_per_s
 
+    @property
+    def intercept_s(self) -> float:
+        """The latency a message of no bytes would see: the smallest probe's time less its bytes
+        at the bandwidth (``latency_s`` is that probe's time, bytes and all), at least 0."""
+        if len(self.measured) < 2 or math.isinf(self.bytes_per_s):
+            return self.latency_s
+        nbytes = min(int(n) for n in self.measured)
+        return max(0.0, self.latency_s - nbytes / self.bytes_per_s)
+
 
 def setting_label(setting: Dict[str, Any]) -> str:
     """A setting as advise's table and the evidence name it: {"rank": 8} -> "rank=8"."""
@@ -144,7 +153,7 @@ def hop_latency(links: Dict[str, Link], world: int) -> float:
     measured or the all-reduce's latency is no larger."""
     if "allreduce" not in links or "allgather" not in links or world < 2:
         return 0.0
-    return max(0.0, (links["allreduce"].latency_s - links["allgather"].latency_s) / (world - 1))
+    return max(0.0, (links["allreduce"].intercept_s - links["allgather"].intercept_s) / (world - 1))
 
 
 def scaled_link(link: Link, collective: str, measured_world: int, world: int, hop_s: float = 0.0) -> Link:
@@ -152,15 +161,17 @@ def scaled_link(link: Link, collective: str, measured_world: int, world: int, ho
     algorithms scale it to ``world`` ranks (the alpha-beta model of Thakur et al. 2005, as
     ``Collective.wire_bytes`` counts bytes): ``hop_s`` (``hop_latency``) more latency for each
     further message a rank sends in turn, and each measured time's part above the latency
-    scaled by the bytes a rank sends. Raises ValueError where either world is under 2 ranks (a
-    link of one rank carries nothing to scale)."""
+    (``Link.intercept_s``) scaled by the bytes a rank sends. Raises ValueError where either
+    world is under 2 ranks (a link of one rank carries nothing to scale)."""
     if min(world, measured_world) < 2:
         raise ValueError(f"world: links scale between worlds of 2 ranks or more, not {measured_world} -> {world}")
-    latency = link.latency_s + hop_s * (_ring_messages(collective, world) - _ring_messages(collective, measured_world))
+    hops = _ring_messages(collective, world) - _ring_messages(collective, measured_world)
+    intercept = link.intercept_s + hop_s * hops
     probe = 1 << 20  # bytes: the ratio of wire bytes at any size, up to the padding of shards
     wire = Collective(collective).wire_bytes(probe, world) / Collective(collective).wire_bytes(probe, measured_world)
-    measured = {n: latency + (s - link.latency_s) * wire for n, s in link.measured.items()}
-    return Link(latency, link.bytes_per_s / wire, measured)
+    scaled = Link(intercept + (link.latency_s - link.intercept_s) * wire, link.bytes_per_s / wire)
+    scaled.measured = {n: intercept + (s - link.intercept_s) * wire for n, s in link.measured.items()}
+    return scaled
 
 
 def project(candidate: Candidate, links: Dict[str, Link], compute_s: float, backward_s: float) -> None:

@@ -609,25 +609,27 @@ def test_the_table_marks_methods_that_send_more_than_uncompressed_at_these_ranks
 
 def test_a_link_is_scaled_to_more_ranks_as_the_ring_algorithms_scale():
     """From 8 to 32 ranks a ring all-reduce sends 62 messages in turn, not 14, and 2(W-1)/W of
-    its bytes; an all-gather 31 messages, not 7, and (W-1) times its bytes. A hop's latency is
-    the all-reduce's over the all-gather's, over the W - 1 messages more it sends in turn."""
-    from hvd_compress.advise.projection import Link, hop_latency, scaled_link
+    its bytes; an all-gather 31 messages, not 7, and (W-1) times its bytes. Latency is the
+    intercept (the smallest probe less its bytes); a hop's, the all-reduce's over the
+    all-gather's, over the W - 1 messages more it sends in turn."""
+    from hvd_compress.advise.projection import Link, fit_link, hop_latency, scaled_link
 
-    link = Link(1e-3, 1e9, {4096: 1.5e-3, 1 << 20: 3e-3})
+    link = fit_link({4096: 1e-3 + 4096 / 1e8, 1 << 20: 1e-3 + (1 << 20) / 1e8, 1 << 22: 1e-3 + (1 << 22) / 1e8})
+    assert link.intercept_s == pytest.approx(1e-3) and link.latency_s == pytest.approx(1e-3 + 4096 / 1e8)
     hop = 1e-5
     allreduce = scaled_link(link, "allreduce", 8, 32, hop)
     wire = (2 * 31 / 32) / (2 * 7 / 8)
-    assert allreduce.latency_s == pytest.approx(1e-3 + 48 * hop) and allreduce.bytes_per_s == pytest.approx(1e9 / wire)
-    assert allreduce.measured[1 << 20] == pytest.approx(1e-3 + 48 * hop + 2e-3 * wire)
+    assert allreduce.intercept_s == pytest.approx(1e-3 + 48 * hop)
+    assert allreduce.bytes_per_s == pytest.approx(1e8 / wire)
+    assert allreduce.seconds(1 << 21) == pytest.approx(1e-3 + 48 * hop + (1 << 21) * wire / 1e8)
     allgather = scaled_link(link, "allgather", 8, 32, hop)
-    assert allgather.latency_s == pytest.approx(1e-3 + 24 * hop) and allgather.bytes_per_s == pytest.approx(
-        1e9 * 7 / 31
-    )
+    assert allgather.intercept_s == pytest.approx(1e-3 + 24 * hop)
+    assert allgather.seconds(1 << 20) == pytest.approx(1e-3 + 24 * hop + (1 << 20) * 31 / 7 / 1e8)
     assert scaled_link(link, "alltoall", 8, 8, hop).measured == pytest.approx(link.measured)
     for measured_world, world in ((8, 1), (1, 8)):
         with pytest.raises(ValueError, match="world"):
             scaled_link(link, "allreduce", measured_world, world)
-    links = {"allreduce": Link(1e-3 + 14 * hop, 1e9), "allgather": Link(1e-3 + 7 * hop, 1e9)}
+    links = {"allreduce": Link(1e-3 + 14 * hop, math.inf), "allgather": Link(1e-3 + 7 * hop, math.inf)}
     assert hop_latency(links, 8) == pytest.approx(hop)
     assert hop_latency({"allreduce": links["allgather"], "allgather": links["allreduce"]}, 8) == 0.0
     assert hop_latency({"allreduce": links["allreduce"]}, 8) == 0.0
