@@ -49,17 +49,25 @@ PROGRESS_FILE = "progress.jsonl"
 KILLED_FILE = "killed.json"
 SECTION = "Elastic training"
 WORKLOADS = ("digits", "charlm")
-METHODS = ("powersgd", "scalecom", "lgreco", "qallreduce")
+LOCAL_METHODS = ("diloco", "streaming")  # outer steps on QSGD 4 bits' pseudo-gradients, H = 10
+METHODS = ("powersgd", "scalecom", "lgreco", "qallreduce", *LOCAL_METHODS)
 
 
 # ----- the worker (every rank, under horovodrun's elastic driver) -------------------------------
 def build(method, model, optimizer):
     """(compression, distributed optimizer): PowerSGD, ScaleCom and the two-hop quantized
     all-reduce on the stock optimizer, L-GreCo over ACP-SGD on the wrapper, with a short
-    schedule (decisions at steps 25, 45, ...)."""
+    schedule (decisions at steps 25, 45, ...); DiLoCo and Streaming DiLoCo (two fragments, each
+    applied 2 steps after it starts, so a commit can find one in flight) over ``optimizer``."""
     import horovod.torch as hvd
     import hvd_compress as hc
 
+    if method in LOCAL_METHODS:
+        codec = hc.QSGD(bits=4)
+        if method == "diloco":
+            return codec, hc.DiLoCo(optimizer, model.named_parameters(), codec, inner_steps=10)
+        options = dict(inner_steps=10, fragments=2, delay=2, mixing=0.5)
+        return codec, hc.StreamingDiLoCo(optimizer, model.named_parameters(), codec, **options)
     if method == "lgreco":
         compression = hc.LGreCo(hc.ACPSGD(rank=4, min_numel=0), warmup_steps=25, decide_every=20, timeout=120.0)
         return compression, hc.DistributedOptimizer(optimizer, model.named_parameters(), compression)
@@ -146,15 +154,20 @@ def worker(args):
     workdir = Path(args.workdir)
     work = Workload(args.workload, args.steps, args.seed)
     compression, optimizer = build(args.method, work.model, work.optimizer)
-    initialise_state(optimizer)
     compression.feedback_on_world_change = args.feedback
-    state = hvd.elastic.TorchState(model=work.model, optimizer=optimizer, compression=compression, step=0)
+    if args.method in LOCAL_METHODS:  # DiLoCo's handler holds its codec's state
+        handlers = dict(optimizer=work.optimizer, outer=optimizer)
+    else:
+        initialise_state(optimizer)
+        handlers = dict(optimizer=optimizer, compression=compression)
+    state = hvd.elastic.TorchState(model=work.model, **handlers, step=0)
     resets = []
     state.register_reset_callbacks([lambda: resets.append({"step": state.step, "size": hvd.size()})])
 
     @hvd.elastic.run
     def train(state):
         while state.step < args.steps:
+            started = time.perf_counter()
             for group in optimizer.param_groups:
                 group["lr"] = work.lr(state.step)
             x, y = work.batch(state.step, hvd.rank(), hvd.size())
@@ -162,6 +175,7 @@ def worker(args):
             loss = work.loss(x, y)
             loss.backward()
             optimizer.step()
+            time.sleep(max(0.0, args.min_step_seconds - (time.perf_counter() - started)))
             state.step += 1
             if hvd.rank() == 0:
                 with open(workdir / PROGRESS_FILE, "a") as progress:
@@ -183,7 +197,9 @@ def worker(args):
                 state.commit()
 
     train(state)
-    flat = torch.cat([p.detach().reshape(-1) for p in work.model.parameters()])
+    # A local method's replicas agree on the anchors; its weights are local between outer steps.
+    shared = optimizer.state_dict()["anchors"].values() if args.method in LOCAL_METHODS else work.model.parameters()
+    flat = torch.cat([p.detach().reshape(-1) for p in shared])
     everyone = hvd.allgather(flat.unsqueeze(0), name="elastic.parameters")
     identical = all(torch.equal(everyone[0], row) for row in everyone)
     metric, value = work.final()
@@ -238,12 +254,15 @@ def run(
     commit_every=10,
     timeout=600,
     gloo_timeout=None,
+    min_step_seconds=0.0,
 ):
     """One elastic run of 3 workers; with ``kill_rank``, the kill and the rejoin. Returns rank 0's
     result plus ``progress`` (rank 0's steps: step, size, loss), ``killed`` (who, when, and
     L-GreCo's decision in flight), ``steps_lost``, ``rejoined_at`` and ``wall_seconds``.
     ``gloo_timeout``: seconds a survivor waits in a collective with the killed worker before
-    Gloo gives up (``HOROVOD_GLOO_TIMEOUT_SECONDS``; None: Horovod's 30).
+    Gloo gives up (``HOROVOD_GLOO_TIMEOUT_SECONDS``; None: Horovod's 30). ``min_step_seconds``:
+    each step padded to at least this long, so that a joining worker, which takes seconds to
+    start, finds training still going when its steps take milliseconds (a local method's).
     Raises RuntimeError with the output's tail if the run fails or overruns ``timeout``."""
     names = local_host_names()
     if len(names) < 4:
@@ -263,6 +282,7 @@ def run(
                 **recorded,
                 steps=steps,
                 commit_every=commit_every,
+                min_step_seconds=min_step_seconds,
                 kill_rank=-1 if kill_rank is None else kill_rank,
                 kill_step=-1 if kill_step is None else kill_step,
             ),
@@ -405,6 +425,12 @@ def parse_args(argv):
     parser.add_argument("--kill-step", type=int, default=105)
     parser.add_argument("--rejoin-after", type=int, default=50)
     parser.add_argument("--commit-every", type=int, default=10)
+    parser.add_argument(
+        "--min-step-seconds",
+        type=float,
+        default=0.0,
+        help="pad each step to this long: a local method's steps take milliseconds here, a GPU job's far more",
+    )
     parser.add_argument("--run-timeout", type=int, default=900)
     parser.add_argument("--out", type=Path, default=DOCS)
     worker_options = parser.add_argument_group("worker (internal)")
