@@ -498,6 +498,9 @@ def advised(cluster, args, world: Optional[int] = None) -> Dict[str, Any]:
         "wall_seconds": round(time.perf_counter() - started, 1),
         "compute_ms": advice["compute_ms"],
         "steps_workload": advice["steps_workload"],
+        # Each link's (latency s: its smallest probe's time, bytes/s) and, where projected, a hop's latency.
+        "hop_s": advice.get("hop_s", 0.0),
+        "links": {name: [link["latency_s"], link["bytes_per_s"]] for name, link in advice.get("links", {}).items()},
         "candidates": [
             {
                 key: c[key]
@@ -865,7 +868,9 @@ def projection_table(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], 
         "measured (the same batch per rank). Time to target is "
         f"relative to uncompressed's at the same W, on the steps to target measured at {steps_np} ranks "
         "(assumed the same at W: a larger global batch may need other steps). Methods that send more "
-        "than uncompressed at W are marked *.",
+        "than uncompressed at W are marked *. A hop's latency, as each run of advise estimated it: "
+        + ", ".join(f"{1e6 * projected[w].get('hop_s', 0.0):.0f} us (to {w})" for w in worlds)
+        + ".",
         "",
         header,
         "|---" * (3 + 3 * len(worlds) + 1) + "|",

@@ -50,6 +50,7 @@ class Advice:
     steps_workload: str = ""  # where the steps-to-target factors shown were measured
     across_sites: str = ""  # the local methods' line (``local.local_advice``), where any was measured
     measured_world: int = 0  # the ranks the links were measured on, where world_size is projected
+    hop_s: float = 0.0  # a hop's latency (``projection.hop_latency``) the projection added per message in turn
 
 
 def settings_of(method: str) -> List[Dict[str, Any]]:
@@ -167,6 +168,7 @@ def advise(
         for collective, (_, per_message) in [*candidate.messages.items(), *candidate.serial_messages.items()]:
             largest[collective] = max(largest.get(collective, 0.0), per_message)
     links = measure_links(ranks, largest, device, repeats)
+    hop_s = 0.0
     if world != ranks.size:
         hop_s = hop_latency(links, ranks.size)
         links = {
@@ -206,6 +208,7 @@ def advise(
         else "",
         across_sites=local_advice(candidates),
         measured_world=ranks.size,
+        hop_s=hop_s,
     )
 
 
@@ -219,7 +222,8 @@ def format_advice(advice: Advice) -> str:
     if advice.measured_world not in (0, advice.world_size):
         lines[1:1] = [
             f"projected to {advice.world_size} ranks: links measured on {advice.measured_world} and scaled as the ring "
-            f"algorithms scale; codec, bytes and messages as one of {advice.world_size} ranks; compute as measured"
+            f"algorithms scale (a hop's latency {1e6 * advice.hop_s:.0f} us); codec, bytes and messages as one of "
+            f"{advice.world_size} ranks; compute as measured"
         ]
     for collective, link in advice.links.items():
         bandwidth = "-" if math.isinf(link.bytes_per_s) else f"{8 * link.bytes_per_s / 1e9:.2f} Gbit/s"
