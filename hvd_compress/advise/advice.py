@@ -120,8 +120,14 @@ def advise(
         )
     if "none" not in methods:
         methods.insert(0, "none")
-    if world is not None and world < 2:
-        raise ValueError(f"world must be 2 ranks or more to project to, got {world!r}")
+    if world is not None and (not isinstance(world, int) or isinstance(world, bool) or world < 2):
+        raise ValueError(f"world must be a whole number of ranks, 2 or more, to project to; got {world!r}")
+    if world is not None and world != ranks.size and ranks.size < 2:
+        raise ValueError(
+            f"world: projecting to {world} ranks scales links measured over the launched ranks, and "
+            f"{ranks.size} was launched; launch 2 or more (4 or more to estimate a hop's latency) under "
+            "mpirun, horovodrun or torchrun"
+        )
     world = ranks.size if world is None else world
     if timed_steps < 0:
         raise ValueError(f"timed_steps must be 0 (projections alone) or more, got {timed_steps!r}")
@@ -220,10 +226,16 @@ def format_advice(advice: Advice) -> str:
         "links (latency, bandwidth as each rank contributes bytes):",
     ]
     if advice.measured_world not in (0, advice.world_size):
-        lines[1:1] = [
-            f"projected to {advice.world_size} ranks: links measured on {advice.measured_world} and scaled as the ring "
-            f"algorithms scale (a hop's latency {1e6 * advice.hop_s:.0f} us); codec, bytes and messages as one of "
-            f"{advice.world_size} ranks; compute as measured"
+        hop = (
+            f"a hop's latency {1e6 * advice.hop_s:.0f} us"
+            if advice.hop_s > 0
+            else "no hop latency added: not told from noise on these ranks"
+        )
+        lines[1:] = [
+            f"projected to {advice.world_size} ranks, not launched: links measured on {advice.measured_world} and "
+            f"scaled as the ring algorithms scale ({hop}); codec, bytes and messages as one of "
+            f"{advice.world_size} ranks; compute as measured; no timed check",
+            f"links scaled to {advice.world_size} ranks (latency, bandwidth as each rank contributes bytes):",
         ]
     for collective, link in advice.links.items():
         bandwidth = "-" if math.isinf(link.bytes_per_s) else f"{8 * link.bytes_per_s / 1e9:.2f} Gbit/s"
@@ -264,7 +276,7 @@ def format_advice(advice: Advice) -> str:
     if any(c.wire_bytes > dense for c in advice.candidates):
         lines.append(
             f"* sends more bytes per step than uncompressed at {advice.world_size} ranks: an "
-            f"all-gather's bytes grow with the ranks, uncompressed's all-reduce's do not"
+            f"all-gather's bytes grow with the ranks, an all-reduce's stay under twice the gradient's"
         )
     if any(c.period > 1 for c in advice.candidates):
         lines.append("local methods (setting H=...): bytes, codec and communication per step, their exchange's over H")

@@ -15,6 +15,17 @@ from hvd_compress.advise.measure import load_model
 from hvd_compress.advise.ranks import launched_ranks
 
 
+def _world(text: str) -> int:
+    """``--world``: a whole number of ranks, 2 or more."""
+    try:
+        world = int(text)
+    except ValueError:
+        world = 0
+    if world < 2:
+        raise argparse.ArgumentTypeError(f"a whole number of ranks, 2 or more, to project to; got {text!r}")
+    return world
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m hvd_compress.advise", description=sys.modules[__package__].__doc__.splitlines()[0]
@@ -36,7 +47,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     )
     parser.add_argument(
         "--world",
-        type=int,
+        type=_world,
         help="project to this many ranks (links measured on the launched ranks, scaled as the ring algorithms "
         "scale; no timed check); default: the launched ranks",
     )

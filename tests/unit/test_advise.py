@@ -633,6 +633,7 @@ def test_a_link_is_scaled_to_more_ranks_as_the_ring_algorithms_scale():
     assert hop_latency(links, 8) == pytest.approx(hop)
     assert hop_latency({"allreduce": links["allgather"], "allgather": links["allreduce"]}, 8) == 0.0
     assert hop_latency({"allreduce": links["allreduce"]}, 8) == 0.0
+    assert hop_latency(links, 2) == 0.0  # one hop of difference: not told from noise
 
 
 class TwoRanks(OneRank):
@@ -654,11 +655,16 @@ def test_advise_projects_to_more_ranks_than_launched_and_marks_the_all_gathers_t
     assert by_name["topk", "density=0.1"].wire_bytes > dense > by_name["fp16", ""].wire_bytes
     assert all(c.timed_step_ms is None for c in advice.candidates)
     text = adv.format_advice(advice)
-    assert "projected to 32 ranks: links measured on 2" in text
+    assert "projected to 32 ranks, not launched: links measured on 2" in text and "no timed check" in text
+    assert "no hop latency added: not told from noise" in text  # 2 ranks: one hop of difference
+    assert "links scaled to 32 ranks" in text
     assert "* sends more bytes per step than uncompressed at 32 ranks" in text
     launched = adv.advise(model, loss_of, **options)
     assert launched.world_size == 2 and by_name["topk", "density=0.1"].wire_bytes > 10 * next(
         c.wire_bytes for c in launched.candidates if (c.method, c.setting) == ("topk", "density=0.1")
     )
-    with pytest.raises(ValueError, match="world"):
-        adv.advise(model, loss_of, world=1, **options)
+    for world in (1, 32.0, "32", True):
+        with pytest.raises(ValueError, match="world"):
+            adv.advise(model, loss_of, world=world, **options)
+    with pytest.raises(ValueError, match="world: .* launch 2 or more"):
+        adv.advise(model, loss_of, world=8, **dict(options, ranks=OneRank()))
