@@ -51,8 +51,8 @@ def ring_terms(collective, nbytes, world):
     rank: the messages a rank sends in turn, and the bytes it sends (``Collective.wire_bytes``,
     as ``Traffic`` counts them). A ring all-reduce is a reduce-scatter then an all-gather:
     2(W-1) messages; the others W-1."""
-    messages = 2 * (world - 1) if collective == Collective.ALLREDUCE.value else world - 1
-    return messages, Collective(collective).wire_bytes(nbytes, world)
+    ring = Collective(collective)
+    return ring.ring_messages(world), ring.wire_bytes(nbytes, world)
 
 
 def fit(probes, world):

@@ -875,9 +875,8 @@ def projection_table(entry: Dict[str, Any], methods: Dict[str, Dict[str, Any]], 
         header,
         "|---" * (3 + 3 * len(worlds) + 1) + "|",
     ]
-    for label, m in methods.items():
-        key = next((k for k, lab in named.items() if lab == label), None)
-        if label not in entry["methods"] or key is None or key not in here:
+    for key, label in named.items():
+        if label not in entry["methods"] or key not in here:
             continue
         cells = [label, f"{entry['methods'][label]['mean_step_ms']:.1f}", f"{here[key]['step_ms']:.1f}"]
         for world in worlds:

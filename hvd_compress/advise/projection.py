@@ -139,12 +139,6 @@ def fit_link(measured: Dict[int, float]) -> Link:
     return Link(points[0][1], 1 / slope if slope > 0 else float("inf"), dict(measured))
 
 
-def _ring_messages(collective: str, world: int) -> int:
-    """The messages one rank sends in turn in a ring ``collective`` over ``world`` ranks: a
-    reduce-scatter then an all-gather for an all-reduce, ``world - 1`` for the others."""
-    return 2 * (world - 1) if collective == Collective.ALLREDUCE.value else world - 1
-
-
 HOP_MIN_WORLD = 4  # launched ranks from which a hop's latency is estimated (W - 1 hops of difference)
 
 
@@ -170,13 +164,15 @@ def scaled_link(link: Link, collective: str, measured_world: int, world: int, ho
     world is under 2 ranks (a link of one rank carries nothing to scale)."""
     if min(world, measured_world) < 2:
         raise ValueError(f"world: links scale between worlds of 2 ranks or more, not {measured_world} -> {world}")
-    hops = _ring_messages(collective, world) - _ring_messages(collective, measured_world)
-    intercept = link.intercept_s + hop_s * hops
+    ring = Collective(collective)
+    intercept = link.intercept_s + hop_s * (ring.ring_messages(world) - ring.ring_messages(measured_world))
     probe = 1 << 20  # bytes: the ratio of wire bytes at any size, up to the padding of shards
-    wire = Collective(collective).wire_bytes(probe, world) / Collective(collective).wire_bytes(probe, measured_world)
-    scaled = Link(intercept + (link.latency_s - link.intercept_s) * wire, link.bytes_per_s / wire)
-    scaled.measured = {n: intercept + (s - link.intercept_s) * wire for n, s in link.measured.items()}
-    return scaled
+    wire = ring.wire_bytes(probe, world) / ring.wire_bytes(probe, measured_world)
+    return Link(
+        intercept + (link.latency_s - link.intercept_s) * wire,
+        link.bytes_per_s / wire,
+        {n: intercept + (s - link.intercept_s) * wire for n, s in link.measured.items()},
+    )
 
 
 def project(candidate: Candidate, links: Dict[str, Link], compute_s: float, backward_s: float) -> None:

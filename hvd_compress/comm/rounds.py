@@ -19,6 +19,11 @@ class Collective(enum.Enum):
     ALLTOALL = "alltoall"  # payload (W, c): row j goes to rank j; result row j came from rank j
     BROADCAST = "broadcast"  # result: the root's payload (other ranks' payloads only give the shape)
 
+    def ring_messages(self, world_size: int) -> int:
+        """Messages one rank sends in turn for this collective under the ring algorithms: a
+        reduce-scatter then an all-gather for an all-reduce, ``world_size - 1`` for the others."""
+        return 2 * (world_size - 1) if self is Collective.ALLREDUCE else world_size - 1
+
     def wire_bytes(self, payload_bytes, world_size):
         """Bytes one rank sends for this collective under the bandwidth-optimal (ring) algorithms."""
         w = world_size
